@@ -1,0 +1,123 @@
+"""A varlen attention for packed sequences, plugged into transformers without any extra package.
+
+``register_varlen_attention()`` registers ``"kernelguard_varlen"`` through ``transformers.AttentionInterface``.
+It calls ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10; a flash kernel, CUDA only) with the
+``cu_seq_lens_q/k`` and ``max_length_q/k`` that packed batches carry, so full-attention layers never build
+the O(T^2) block mask SDPA derives from packed position ids. Unknown implementation names make transformers'
+mask builder return no mask, which is what a varlen kernel wants.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+VARLEN_NAME = "kernelguard_varlen"
+
+# Filled on registration; tests may point it at a CPU reference with the same signature.
+_VARLEN_IMPL: Callable[..., Any] | None = None
+_VARLEN_PARAMS: frozenset[str] = frozenset()
+
+
+def torch_varlen_attn() -> Callable[..., Any] | None:
+    """torch's ``varlen_attn`` when this torch has it (2.13 does; checked with hasattr, not by version)."""
+    try:
+        from torch.nn.attention import varlen
+    except ImportError:
+        return None
+    return getattr(varlen, "varlen_attn", None)
+
+
+def set_varlen_impl(fn: Callable[..., Any] | None) -> None:
+    global _VARLEN_IMPL, _VARLEN_PARAMS
+    _VARLEN_IMPL = fn
+    _VARLEN_PARAMS = frozenset(inspect.signature(fn).parameters) if fn is not None else frozenset()
+
+
+def varlen_attention_forward(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    """transformers attention-interface function. query/key/value are [B, H, T, D]; returns [B, T, H, D]."""
+    import torch
+
+    if _VARLEN_IMPL is None:
+        raise RuntimeError("kernelguard_varlen was called before register_varlen_attention() found varlen_attn")
+    if attention_mask is not None and not (
+        isinstance(attention_mask, torch.Tensor) and bool(attention_mask.all())
+    ):
+        raise ValueError("kernelguard_varlen takes packed 1D batches (cu_seq_lens_*), not an attention mask")
+    if dropout:
+        raise ValueError("kernelguard_varlen does not implement attention dropout; set attention_dropout=0")
+    bsz, heads, q_len, dim = query.shape
+    kv_heads, k_len = key.shape[1], key.shape[2]
+    cu_q = kwargs.get("cu_seq_lens_q")
+    cu_k = kwargs.get("cu_seq_lens_k", cu_q)
+    if cu_q is None:
+        # Unpacked batch: every row is one sequence.
+        cu_q = torch.arange(bsz + 1, device=query.device, dtype=torch.int32) * q_len
+        cu_k = torch.arange(bsz + 1, device=query.device, dtype=torch.int32) * k_len
+        max_q, max_k = q_len, k_len
+    else:
+        if bsz != 1:
+            raise ValueError(f"packed varlen attention needs batch size 1, got {bsz}")
+        max_q = int(kwargs.get("max_length_q") or q_len)
+        max_k = int(kwargs.get("max_length_k") or max_q)
+    q = query.transpose(1, 2).reshape(bsz * q_len, heads, dim)
+    k = key.transpose(1, 2).reshape(bsz * k_len, kv_heads, dim)
+    v = value.transpose(1, 2).reshape(bsz * k_len, kv_heads, value.shape[-1])
+    extra: dict[str, Any] = {}
+    if kv_heads != heads:
+        if "enable_gqa" in _VARLEN_PARAMS:
+            extra["enable_gqa"] = True
+        else:
+            k = k.repeat_interleave(heads // kv_heads, dim=1)
+            v = v.repeat_interleave(heads // kv_heads, dim=1)
+    causal = True if is_causal is None else bool(is_causal)
+    if "is_causal" in _VARLEN_PARAMS:  # torch 2.10/2.11 spelling
+        extra["is_causal"] = causal
+    elif causal:  # torch 2.13: causal is window (-1, 0); the default (-1, -1) is bidirectional
+        extra["window_size"] = (-1, 0)
+    if scaling is not None and "scale" in _VARLEN_PARAMS:
+        extra["scale"] = scaling
+    out = _VARLEN_IMPL(
+        q, k, v, cu_q.to(q.device, torch.int32), cu_k.to(q.device, torch.int32), max_q, max_k, **extra
+    )
+    if isinstance(out, tuple):
+        out = out[0]
+    return out.reshape(bsz, q_len, heads, -1), None
+
+
+def register_varlen_attention(*, device_type: str | None = None) -> str:
+    """Register ``kernelguard_varlen`` and return the attention implementation name to use for packed training.
+
+    - torch has ``varlen_attn`` and the device is CUDA: ``"kernelguard_varlen"``;
+    - else ``flash_attn`` is importable on CUDA: ``"flash_attention_2"`` (transformers' own varlen path);
+    - else ``"sdpa"`` — which builds a block mask from packed position ids; the guard decides whether that is
+      allowed (``--allow attention``).
+    """
+    import torch
+
+    if device_type is None:
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    impl = torch_varlen_attn()
+    if impl is not None:
+        from transformers import AttentionInterface
+
+        if _VARLEN_IMPL is None:
+            set_varlen_impl(impl)
+        AttentionInterface.register(VARLEN_NAME, varlen_attention_forward)
+        if device_type == "cuda":
+            return VARLEN_NAME
+    if device_type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"

@@ -1,0 +1,173 @@
+"""The one place that composes live probing, provider inspection and the pure resolver."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import catalog
+from .env import Environment, probe
+from .errors import ConfigError
+from .providers.installed import PackageFacts, probe_package
+from .resolver import Facts, Resolution, Target, allow_set, resolve
+
+CONFIG_KEYS = {"model", "mode", "arch", "allow", "packed", "hub"}
+
+
+@dataclass(frozen=True, slots=True)
+class CheckOptions:
+    model: str = "qwen3_5"
+    mode: str = "training"
+    archs: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()
+    packed: bool | None = None  # default: packed for training
+    hub: bool = False
+    run: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    options: CheckOptions
+    env: Environment
+    resolution: Resolution
+    model_origin: str
+    numerics: Any | None = None  # smoke.NumericsReport
+    extra_notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return self.resolution.ok and (self.numerics is None or self.numerics.ok)
+
+
+def normalise_arch(value: str) -> str:
+    """Accept "9.0", "90", "sm_90", "sm90a", "9.0a" -> "9.0" / "9.0a"."""
+    text = value.strip().lower().removeprefix("sm_").removeprefix("sm").removeprefix("compute_")
+    suffix = ""
+    if text and text[-1] in "af":
+        text, suffix = text[:-1], text[-1]
+    if "." not in text and text.isdigit() and len(text) >= 2:
+        text = f"{text[:-1]}.{text[-1]}"
+    try:
+        major, minor = (int(part) for part in text.split("."))
+    except ValueError:
+        raise ConfigError(
+            f"--arch {value!r} is not a compute capability.", fix="use e.g. --arch 9.0 (H100/H200), 8.0 (A100), 10.0"
+        ) from None
+    return f"{major}.{minor}{suffix}"
+
+
+def load_pyproject_defaults(start: Path | None = None) -> dict[str, Any]:
+    """``[tool.kernelguard]`` of the nearest pyproject.toml, validated."""
+    directory = (start or Path.cwd()).resolve()
+    for folder in (directory, *directory.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            return _read_tool_table(candidate)
+    return {}
+
+
+def _read_tool_table(path: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"could not read {path}: {exc}", fix=f"fix the TOML syntax in {path}") from None
+    table = data.get("tool", {}).get("kernelguard", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"[tool.kernelguard] in {path} must be a table.")
+    unknown = sorted(set(table) - CONFIG_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {', '.join(unknown)} in [tool.kernelguard] of {path}.",
+            fix=f"use only: {', '.join(sorted(CONFIG_KEYS))}",
+        )
+    for key in ("arch", "allow"):
+        if key in table and isinstance(table[key], str):
+            table[key] = [table[key]]
+    return table
+
+
+def _target(options: CheckOptions, env: Environment) -> Target:
+    if options.archs:
+        archs = tuple(dict.fromkeys(normalise_arch(a) for a in options.archs))
+        source = "--arch"
+    elif env.gpus:
+        archs = tuple(dict.fromkeys(g.capability for g in env.gpus))
+        source = "visible GPU: " + ", ".join(f"{g.index}: {g.name}" for g in env.gpus)
+    else:
+        archs, source = (), "unknown (no GPU visible, no --arch)"
+    return Target(archs=archs, arch_source=source, allow=allow_set(options.allow), use_hub=options.hub)
+
+
+def _probe_packages(requirements: catalog.Requirements) -> dict[str, PackageFacts]:
+    facts: dict[str, PackageFacts] = {}
+    for req in requirements.kernels:
+        spec = req.package_spec
+        if spec is None or req.module is None or req.module in facts:
+            continue
+        facts[req.module] = probe_package(spec, req.module, req.kernel)
+    if requirements.needs_varlen_attention:
+        facts["flash_attn"] = probe_package(catalog.PACKAGES["flash_attn"], "flash_attn", "flash_attn_varlen_func")
+    return facts
+
+
+def _probe_hub(requirements: catalog.Requirements, target: Target) -> dict[str, Any]:
+    if not target.use_hub:
+        return {}
+    from .providers.hub import probe_hub_kernel
+
+    repos = {req.hub.repo_id for req in requirements.kernels if req.hub is not None}
+    return {
+        repo: probe_hub_kernel(repo, allow_untrusted="untrusted-hub-repo" in target.allow) for repo in sorted(repos)
+    }
+
+
+def _torch_has_varlen(env: Environment) -> bool:
+    if env.torch_error or env.torch_version.value is None:
+        return False
+    try:
+        return importlib.util.find_spec("torch.nn.attention.varlen") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def run_check(options: CheckOptions) -> CheckResult:
+    source = catalog.transformers_source()
+    spec = catalog.resolve_model(options.model, source)
+    packed = options.mode == "training" if options.packed is None else options.packed
+    requirements = catalog.requirements(spec, options.mode, packed=packed, source=source)
+    env = probe()
+    target = _target(options, env)
+    facts = Facts(
+        env=env,
+        packages=_probe_packages(requirements),
+        hub=_probe_hub(requirements, target),
+        kernels_window=catalog.kernels_version_window(source),
+        transformers_min_versions={name: catalog.transformers_min_version(name, source) for name in catalog.PACKAGES},
+        torch_varlen_attention=_torch_has_varlen(env),
+    )
+    resolution = resolve(facts, requirements, target)
+    numerics = _run_numerics(resolution, spec, env, target) if options.run else None
+    return CheckResult(options, env, resolution, spec.origin, numerics)
+
+
+def _run_numerics(resolution: Resolution, spec: catalog.ModelSpec, env: Environment, target: Target) -> Any:
+    if not env.gpus:
+        raise ConfigError(
+            "--run executes the kernels on a GPU, and no CUDA GPU is visible here.",
+            fix="run `kernelguard check --run` on a GPU node, or drop --run",
+        )
+    from .smoke import run_numerics
+
+    kernels = [
+        v.kernel for v in resolution.verdicts if v.selected is not None and v.selected.kind == "package"
+    ]
+    lift = "fla-640-refusal" in target.allow or os.environ.get("KERNELGUARD_LIFT_FLA_640") == "1"
+    return run_numerics(kernels, config=spec.config, device="cuda", lift_fla_hopper_refusal=lift)

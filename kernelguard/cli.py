@@ -1,0 +1,103 @@
+"""``kernelguard`` command line. Handlers only parse arguments and call the library.
+
+Exit codes: 0 every required kernel is served well; 1 a requirement fails; 2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .errors import ConfigError, KernelGuardError
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # argparse's default exit code is already 2; keep it, with our one-line hint.
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n(see `{self.prog} --help`)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kernelguard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    check = sub.add_parser("check", help="which provider serves each kernel, and why the others were rejected")
+    check.add_argument("--model", help="family (qwen3_5), config.json, or local model folder [default: qwen3_5]")
+    check.add_argument("--mode", choices=("training", "inference"), help="[default: training]")
+    check.add_argument("--arch", action="append", metavar="CC",
+                       help="target compute capability, repeatable (9.0 = H100/H200); default: visible GPUs")
+    check.add_argument("--allow", action="append", metavar="ID",
+                       help="accept one known issue, a kernel's fallback, or 'attention' (repeatable)")
+    packed = check.add_mutually_exclusive_group()
+    packed.add_argument("--packed", dest="packed", action="store_true", default=None,
+                        help="packed 1D sequences (default for training): needs a varlen attention")
+    packed.add_argument("--no-packed", dest="packed", action="store_false")
+    check.add_argument("--hub", action="store_true", default=None,
+                       help="the job loads with use_kernels=True: also resolve Kernel Hub kernels")
+    check.add_argument("--run", action="store_true", help="on a GPU: run each fast kernel fwd+bwd vs the torch reference")
+    check.add_argument("--json", action="store_true", help="machine-readable output (schema in kernelguard/report.py)")
+
+    sub.add_parser("issues", help="list the known-bad stacks kernelguard checks")
+
+    train = sub.add_parser("train", help="packed FSDP2 fine-tuning that starts only once the guard passes",
+                           add_help=False)
+    train.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _check(args: argparse.Namespace) -> int:
+    from .check import CheckOptions, load_pyproject_defaults, run_check
+    from .report import render, to_json
+
+    defaults = load_pyproject_defaults()
+    options = CheckOptions(
+        model=args.model or defaults.get("model", "qwen3_5"),
+        mode=args.mode or defaults.get("mode", "training"),
+        archs=tuple(args.arch or defaults.get("arch", ())),
+        allow=tuple(args.allow or ()) + tuple(defaults.get("allow", ())),
+        packed=args.packed if args.packed is not None else defaults.get("packed"),
+        hub=bool(args.hub if args.hub is not None else defaults.get("hub", False)),
+        run=args.run,
+    )
+    result = run_check(options)
+    print(to_json(result) if args.json else render(result))
+    return EXIT_OK if result.ok else EXIT_FAIL
+
+
+def _issues() -> int:
+    from .known_issues import KNOWN_ISSUES, POLICY_ALLOW_IDS
+
+    for issue in KNOWN_ISSUES:
+        print(f"{issue.id}\n  {issue.title}\n  effect: {issue.effect}\n  fix: {issue.fix}\n  source: {issue.source}\n")
+    print("other --allow values:")
+    for name, meaning in POLICY_ALLOW_IDS.items():
+        print(f"  {name}: {meaning}")
+    print("  <kernel name> (e.g. chunk_gated_delta_rule): accept that kernel's torch reference path")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "check":
+            return _check(args)
+        if args.command == "issues":
+            return _issues()
+        from .train.__main__ import main as train_main
+
+        return train_main(args.rest)
+    except ConfigError as exc:
+        print(f"kernelguard: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KernelGuardError as exc:
+        print(f"kernelguard: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""probe(): the facts of the live system, each with where it came from.
+
+This is one of the two places (with ``providers``) that touch the live system. Everything here degrades into
+a recorded fact or error: the probe never raises, so ``kernelguard check`` can explain a broken torch too.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+# Distributions whose versions matter to kernel selection. Keys are distribution names as pip knows them.
+WATCHED_DISTRIBUTIONS: tuple[str, ...] = (
+    "torch",
+    "triton",
+    "transformers",
+    "kernels",
+    "fla-core",
+    "flash-linear-attention",
+    "causal-conv1d",
+    "mamba-ssm",
+    "flash-attn",
+    "tilelang",
+    "z3-solver",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """A value and the source it was read from (a function, a file, a flag)."""
+
+    value: Any
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "source": self.source}
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    name: str
+    capability: str  # "9.0"
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """Everything kernel selection depends on. Made-up Environments drive the resolver's tests."""
+
+    python: Fact
+    platform: Fact
+    machine: Fact
+    glibc: Fact
+    torch_version: Fact
+    torch_error: str | None
+    cuda_version: Fact  # torch's CUDA runtime, None for CPU/ROCm builds
+    hip_version: Fact
+    cxx11_abi: Fact
+    gpus: tuple[Gpu, ...]
+    driver: Fact
+    packages: dict[str, Fact] = field(default_factory=dict)  # distribution -> version (None when absent)
+
+    def version_of(self, distribution: str) -> str | None:
+        fact = self.packages.get(distribution)
+        return None if fact is None else fact.value
+
+    @property
+    def triton_version(self) -> str | None:
+        return self.version_of("triton") or self.version_of("pytorch-triton")
+
+    def to_dict(self) -> dict[str, Any]:
+        simple = {
+            name: getattr(self, name).to_dict()
+            for name in (
+                "python",
+                "platform",
+                "machine",
+                "glibc",
+                "torch_version",
+                "cuda_version",
+                "hip_version",
+                "cxx11_abi",
+                "driver",
+            )
+        }
+        return {
+            **simple,
+            "torch_error": self.torch_error,
+            "gpus": [
+                {"index": g.index, "name": g.name, "capability": g.capability, "source": g.source}
+                for g in self.gpus
+            ],
+            "packages": {name: fact.to_dict() for name, fact in sorted(self.packages.items())},
+        }
+
+
+def distribution_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _glibc() -> Fact:
+    libc, version = platform.libc_ver()
+    value = f"{libc} {version}".strip() or None
+    return Fact(value, "platform.libc_ver()")
+
+
+def _packages() -> dict[str, Fact]:
+    facts = {name: Fact(distribution_version(name), "importlib.metadata") for name in WATCHED_DISTRIBUTIONS}
+    # torch's own Triton ships as pytorch-triton in nightly/ROCm builds; record it only when present.
+    nightly_triton = distribution_version("pytorch-triton")
+    if nightly_triton:
+        facts["pytorch-triton"] = Fact(nightly_triton, "importlib.metadata")
+    return facts
+
+
+def _torch_facts() -> tuple[Fact, str | None, Fact, Fact, Fact, tuple[Gpu, ...]]:
+    """Import torch once; a broken torch is a fact to report, not a crash."""
+    missing = Fact(None, "import torch")
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001 - any import failure is reported verbatim
+        error = f"{type(exc).__name__}: {exc}"
+        installed = distribution_version("torch")
+        if installed is None:
+            error = "torch is not installed"
+        return Fact(installed, "importlib.metadata"), error, missing, missing, missing, ()
+    version = Fact(torch.__version__, "torch.__version__")
+    cuda = Fact(torch.version.cuda, "torch.version.cuda")
+    hip = Fact(getattr(torch.version, "hip", None), "torch.version.hip")
+    abi = Fact(bool(torch.compiled_with_cxx11_abi()), "torch.compiled_with_cxx11_abi()")
+    return version, None, cuda, hip, abi, _visible_gpus(torch)
+
+
+def _visible_gpus(torch: Any) -> tuple[Gpu, ...]:
+    try:
+        if not torch.cuda.is_available():
+            return ()
+        gpus = []
+        for index in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(index)
+            gpus.append(
+                Gpu(index, torch.cuda.get_device_name(index), f"{major}.{minor}", "torch.cuda.get_device_capability")
+            )
+        return tuple(gpus)
+    except Exception:  # noqa: BLE001 - a CUDA init failure means "no usable GPU", which is what we report
+        return ()
+
+
+def _driver() -> Fact:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return Fact(None, "nvidia-smi (not on PATH)")
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return Fact(None, "nvidia-smi (failed)")
+    return Fact(out.splitlines()[0] if out else None, "nvidia-smi --query-gpu=driver_version")
+
+
+def probe(*, import_torch: bool = True) -> Environment:
+    """Read the live system. ``import_torch=False`` gives a cheap probe from package metadata only."""
+    if import_torch:
+        torch_version, torch_error, cuda, hip, abi, gpus = _torch_facts()
+    else:
+        unread = Fact(None, "not probed (import_torch=False)")
+        torch_version = Fact(distribution_version("torch"), "importlib.metadata")
+        torch_error, cuda, hip, abi, gpus = None, unread, unread, unread, ()
+    return Environment(
+        python=Fact(platform.python_version(), "platform.python_version()"),
+        platform=Fact(sys.platform, "sys.platform"),
+        machine=Fact(platform.machine(), "platform.machine()"),
+        glibc=_glibc(),
+        torch_version=torch_version,
+        torch_error=torch_error,
+        cuda_version=cuda,
+        hip_version=hip,
+        cxx11_abi=abi,
+        gpus=gpus,
+        driver=_driver() if gpus or os.environ.get("KERNELGUARD_PROBE_DRIVER") else Fact(None, "no GPU visible"),
+        packages=_packages(),
+    )

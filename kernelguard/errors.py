@@ -1,0 +1,97 @@
+"""One exception hierarchy for everything kernelguard raises.
+
+Every error is built from structured fields and stays picklable (``__reduce__`` rebuilds it from those
+fields), so it survives pytest-xdist workers, torchrun children and multiprocessing pools intact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class KernelGuardError(Exception):
+    """Base class. ``message`` is a complete, human sentence; ``fix`` is the command or step that fixes it."""
+
+    def __init__(self, message: str, *, fix: str | None = None, details: dict[str, Any] | None = None) -> None:
+        self.message = message
+        self.fix = fix
+        self.details = dict(details or {})
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        return self.message if not self.fix else f"{self.message}\nFix: {self.fix}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self._state()))
+
+    def _state(self) -> dict[str, Any]:
+        return {"message": self.message, "fix": self.fix, "details": self.details}
+
+
+def _rebuild(cls: type[KernelGuardError], state: dict[str, Any]) -> KernelGuardError:
+    message = state.pop("message")
+    return cls(message, **state)
+
+
+class ConfigError(KernelGuardError):
+    """Bad user input: an unknown model, a malformed config file, a bad flag value. CLI exit code 2."""
+
+
+class ResolutionError(KernelGuardError):
+    """A required kernel has no acceptable provider. Carries the whole decision trace in ``report``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        fix: str | None = None,
+        details: dict[str, Any] | None = None,
+        report: str = "",
+    ) -> None:
+        self.report = report
+        super().__init__(message, fix=fix, details=details)
+
+    def _render(self) -> str:
+        base = super()._render()
+        return f"{base}\n\n{self.report}" if self.report else base
+
+    def _state(self) -> dict[str, Any]:
+        return {**super()._state(), "report": self.report}
+
+
+class UnsupportedTransformersError(KernelGuardError):
+    """The installed transformers selects kernels in a way this kernelguard release does not understand."""
+
+
+class KernelFallbackError(KernelGuardError):
+    """A slow torch reference path was (or would be) entered.
+
+    ``layer`` is the module path (``model.layers.3.linear_attn``), ``kernel`` the kernel name
+    (``chunk_gated_delta_rule``), ``reason`` why the fast provider was not used.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        fix: str | None = None,
+        details: dict[str, Any] | None = None,
+        layer: str = "",
+        kernel: str = "",
+        reason: str = "",
+    ) -> None:
+        self.layer = layer
+        self.kernel = kernel
+        self.reason = reason
+        super().__init__(message, fix=fix, details=details)
+
+    def _state(self) -> dict[str, Any]:
+        return {**super()._state(), "layer": self.layer, "kernel": self.kernel, "reason": self.reason}
+
+
+class NumericsError(KernelGuardError):
+    """A fast kernel disagrees with the torch reference beyond the documented tolerance."""
+
+
+class DataError(KernelGuardError):
+    """Malformed training data: names the file, row and field."""

@@ -1,0 +1,122 @@
+"""Known-bad stacks, as data. Each row names its source and is matched by the pure resolver.
+
+A row matches a candidate provider when every condition it sets holds. Conditions are version specifiers
+(``packaging``) over facts the probe collects, the target archs, the mode, and the model's key head dim. The
+resolver turns a match into a rejection unless the user allowed the row's ID (``--allow ID``); an allowed
+match is still shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class KnownIssue:
+    id: str
+    title: str
+    source: str
+    effect: str  # what goes wrong, one sentence
+    fix: str
+    kernels: tuple[str, ...] = ()  # empty: any kernel served by `provider`
+    provider: str | None = None  # import name ("fla") or None for "any"
+    archs: tuple[str, ...] = ()  # target compute capabilities this applies to
+    modes: tuple[str, ...] = ()
+    triton: str | None = None  # version specifier on the installed Triton
+    provider_version: str | None = None  # specifier on the provider's version
+    key_head_dim_max: int | None = None  # applies only when the model's key head dim <= this
+    key_head_dim_min: int | None = None
+    requires_installed: tuple[str, ...] = ()  # distributions that must be present for the issue to exist
+    unless_installed: tuple[str, ...] = ()  # a distribution whose presence avoids the issue
+    # Rows the resolver detects from facts of their own kind rather than from the conditions above:
+    # "undefined-symbol" (a compiled extension fails to load against this torch), "kernels-window",
+    # "installed-set" (a combination of installed distributions, reported once for the whole environment).
+    detector: str | None = None
+
+
+FLA_640 = "https://github.com/fla-org/flash-linear-attention/issues/640"
+
+KNOWN_ISSUES: tuple[KnownIssue, ...] = (
+    KnownIssue(
+        id="fla-640-wrong-grads",
+        title="fla gated-delta backward gives wrong dk/dg on Hopper with Triton 3.4-3.7.0",
+        source=FLA_640,
+        effect=(
+            "the Triton chunk backward (chunk_bwd_dqkwg) corrupts dk and dg when the key-dim tile is 64, i.e. key "
+            "head dim <= 64; training silently learns from wrong gradients"
+        ),
+        fix="pip install 'triton>=3.7.1' (or install tilelang + z3-solver so fla uses its TileLang backend)",
+        kernels=("chunk_gated_delta_rule", "chunk_kda"),
+        provider="fla",
+        archs=("9.0",),
+        modes=("training",),
+        triton=">=3.4,<3.7.1",
+        key_head_dim_max=64,
+        unless_installed=("tilelang",),
+    ),
+    KnownIssue(
+        id="fla-640-refusal",
+        title="fla refuses the gated backward on Hopper with Triton 3.4-3.7.0",
+        source=FLA_640,
+        effect=(
+            "fla raises RuntimeError at the first gated backward ('Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs "
+            "produces incorrect results') for every shape, so training stops at step 1; at key head dim >= 128 "
+            "the numbers are correct (measured on an H200: 0.50-0.58% bf16 error), so allowing this lifts the "
+            "refusal in kernelguard's guard and trainer"
+        ),
+        fix=(
+            "pip install 'triton>=3.7.1', or accept with --allow fla-640-refusal "
+            "(safe at this key head dim; verify with kernelguard check --run)"
+        ),
+        kernels=("chunk_gated_delta_rule", "chunk_kda"),
+        provider="fla",
+        archs=("9.0",),
+        modes=("training",),
+        triton=">=3.4,<3.7.1",
+        provider_version=">=0.6.0",
+        key_head_dim_min=65,
+        unless_installed=("tilelang",),
+    ),
+    KnownIssue(
+        id="tilelang-without-z3",
+        title="tilelang installed without z3-solver breaks `import fla`",
+        source="https://github.com/tile-ai/tilelang (libz3.so.4.15 is loaded at import)",
+        effect="importing fla fails (OSError: libz3.so...: cannot open shared object file), so every fla kernel falls back",
+        fix="pip install z3-solver  (or pip uninstall tilelang)",
+        provider="fla",
+        requires_installed=("tilelang",),
+        unless_installed=("z3-solver",),
+        detector="installed-set",
+    ),
+    KnownIssue(
+        id="extension-built-for-other-torch",
+        title="a compiled extension built against another torch (or CUDA / C++ ABI)",
+        source="https://github.com/Dao-AILab/causal-conv1d/issues (undefined symbol at import, e.g. _ZN3c10...)",
+        effect="the extension fails to load with 'undefined symbol', transformers swallows the ImportError "
+        "and runs the torch reference path",
+        fix="rebuild against the installed torch: pip install --no-build-isolation --no-cache-dir --force-reinstall PKG",
+        detector="undefined-symbol",
+    ),
+    KnownIssue(
+        id="kernels-version",
+        title="kernels package outside the version window transformers accepts",
+        source="transformers/utils/import_utils.py KERNELS_MIN_VERSION / KERNELS_MAX_VERSION, is_kernels_available()",
+        effect="is_kernels_available() is False, so transformers silently never uses Kernel Hub kernels",
+        fix="pip install 'kernels>=MIN,<MAX' (the window of the installed transformers)",
+        detector="kernels-window",
+    ),
+)
+
+
+def by_id(issue_id: str) -> KnownIssue | None:
+    return next((issue for issue in KNOWN_ISSUES if issue.id == issue_id), None)
+
+
+# Allow IDs that are not known issues: they accept one slow path or one policy by name.
+#   a kernel name ("chunk_gated_delta_rule") accepts its torch reference path;
+#   "attention" accepts an O(T^2) block-mask attention in packed training;
+#   "untrusted-hub-repo" accepts Kernel Hub repositories outside the trusted organisations.
+POLICY_ALLOW_IDS: dict[str, str] = {
+    "attention": "accept sdpa/eager attention (O(T^2) block mask) in packed training",
+    "untrusted-hub-repo": "accept Kernel Hub repositories outside the trusted organisations",
+}

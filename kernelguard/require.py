@@ -1,0 +1,55 @@
+"""The import-time assertion for jobs: one line at the top of a training script.
+
+    import kernelguard
+    kernelguard.require(model="qwen3_5", mode="training")
+
+fails the job in its first seconds with the same decision trace ``kernelguard check`` prints, instead of
+after hours on a slow fallback path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .check import CheckOptions, CheckResult, run_check
+from .errors import ResolutionError
+
+
+def check(
+    model: str = "qwen3_5",
+    *,
+    mode: str = "training",
+    arch: str | Iterable[str] | None = None,
+    allow: Iterable[str] = (),
+    packed: bool | None = None,
+    hub: bool = False,
+) -> CheckResult:
+    """Resolve providers for ``model`` without raising on a failed requirement (see ``CheckResult.ok``)."""
+    archs = (arch,) if isinstance(arch, str) else tuple(arch or ())
+    return run_check(
+        CheckOptions(model=model, mode=mode, archs=archs, allow=tuple(allow), packed=packed, hub=hub)
+    )
+
+
+def require(
+    model: str = "qwen3_5",
+    *,
+    mode: str = "training",
+    arch: str | Iterable[str] | None = None,
+    allow: Iterable[str] = (),
+    packed: bool | None = None,
+    hub: bool = False,
+) -> CheckResult:
+    """Raise ``ResolutionError`` (with the full ``kernelguard check`` trace) unless every kernel is served."""
+    from .report import render, verdict_line
+
+    result = check(model, mode=mode, arch=arch, allow=allow, packed=packed, hub=hub)
+    if not result.ok:
+        failing = [v.kernel for v in result.resolution.verdicts if not v.ok]
+        raise ResolutionError(
+            f"kernelguard.require({model!r}, mode={mode!r}): {verdict_line(result).removeprefix('verdict: ')}",
+            fix="see the fix line under each rejected provider below, or accept a fallback with allow=[...]",
+            details={"failing": failing},
+            report=render(result),
+        )
+    return result

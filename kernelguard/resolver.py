@@ -1,0 +1,453 @@
+"""Pure resolution: facts + requirements -> decisions with reasons. No probing, no torch import.
+
+Every candidate provider of every required kernel gets one ``Decision``: accepted or rejected, with a full
+sentence that says what was expected and what was found, and the command that fixes it. The first accepted
+candidate, in the order transformers tries them, serves the kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from .catalog import PACKAGES, VARLEN_ATTENTION, KernelRequirement, Requirements
+from .env import Environment
+from .known_issues import KNOWN_ISSUES, KnownIssue
+from .providers.installed import PackageFacts
+
+# Status of one candidate.
+SELECTED = "selected"  # accepted and first in order: this serves the kernel
+ACCEPTED = "accepted"  # would work, but an earlier candidate wins
+REJECTED = "rejected"
+SKIPPED = "skipped"  # not considered in this configuration (e.g. Hub kernels not requested)
+FALLBACK = "fallback"  # the torch reference path
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What the job will run on and what the user accepts."""
+
+    archs: tuple[str, ...] = ()  # compute capabilities, "9.0"; empty = unknown
+    arch_source: str = "unknown"
+    allow: frozenset[str] = frozenset()
+    use_hub: bool = False  # the job loads with use_kernels=True / calls kernelize()
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    env: Environment
+    packages: Mapping[str, PackageFacts] = field(default_factory=dict)  # by module path
+    hub: Mapping[str, Any] = field(default_factory=dict)  # repo_id -> providers.hub.HubKernelProbe
+    kernels_window: tuple[str, str] | None = None
+    transformers_min_versions: Mapping[str, str | None] = field(default_factory=dict)
+    torch_varlen_attention: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    kernel: str
+    provider: str  # "fla (fla.ops.gated_delta_rule)", "hub kernels-community/fla", "torch reference"
+    kind: str  # "package" | "hub" | "torch" | "reference"
+    status: str
+    reason: str
+    fix: str | None = None
+    issues: tuple[str, ...] = ()  # known-issue IDs that matched (allowed or not)
+
+    @property
+    def usable(self) -> bool:
+        return self.status in (SELECTED, ACCEPTED)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "kind": self.kind,
+            "status": self.status,
+            "reason": self.reason,
+            "fix": self.fix,
+            "known_issues": list(self.issues),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class KernelVerdict:
+    kernel: str
+    candidates: tuple[Decision, ...]
+    ok: bool  # a fast provider serves it, or its fallback was explicitly allowed
+
+    @property
+    def selected(self) -> Decision | None:
+        return next((d for d in self.candidates if d.status == SELECTED), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    requirements: Requirements
+    target: Target
+    verdicts: tuple[KernelVerdict, ...]
+    notes: tuple[str, ...]  # things the user must know that are not one kernel's decision
+    unchecked: tuple[str, ...]  # what could not be checked here, and how to check it
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _version_in(version: str | None, spec: str | None) -> bool:
+    if spec is None:
+        return True
+    if version is None:
+        return False
+    try:
+        return Version(version) in SpecifierSet(spec, prereleases=True)
+    except (InvalidVersion, InvalidSpecifier):
+        return False
+
+
+def _base_version(version: str | None) -> str | None:
+    try:
+        return Version(version).base_version if version else None
+    except InvalidVersion:
+        return version
+
+
+def _torch_minor(version: str | None) -> str | None:
+    base = _base_version(version)
+    return ".".join(base.split(".")[:2]) if base else None
+
+
+def _issue_matches(
+    issue: KnownIssue, kernel: str, provider: str | None, provider_version: str | None, facts: Facts, target: Target,
+    requirements: Requirements,
+) -> tuple[bool, str | None]:
+    """(matches, unknown) — unknown names the missing fact when the row cannot be decided here."""
+    if issue.detector is not None:
+        return False, None
+    if issue.provider is not None and issue.provider != provider:
+        return False, None
+    if issue.kernels and kernel not in issue.kernels:
+        return False, None
+    if issue.modes and requirements.mode not in issue.modes:
+        return False, None
+    if any(facts.env.version_of(d) is None for d in issue.requires_installed):
+        return False, None
+    if any(facts.env.version_of(d) is not None for d in issue.unless_installed):
+        return False, None
+    if issue.triton is not None and not _version_in(_base_version(facts.env.triton_version), issue.triton):
+        return False, None
+    if issue.provider_version is not None and not _version_in(_base_version(provider_version), issue.provider_version):
+        return False, None
+    key_dim = requirements.key_head_dim
+    if issue.key_head_dim_max is not None or issue.key_head_dim_min is not None:
+        if key_dim is None:
+            return False, f"known issue {issue.id} depends on the key head dim (pass --model CONFIG.json)"
+        if issue.key_head_dim_max is not None and key_dim > issue.key_head_dim_max:
+            return False, None
+        if issue.key_head_dim_min is not None and key_dim < issue.key_head_dim_min:
+            return False, None
+    if issue.archs:
+        if not target.archs:
+            return False, f"known issue {issue.id} applies on compute capability {', '.join(issue.archs)} (pass --arch)"
+        if not set(issue.archs) & set(target.archs):
+            return False, None
+    return True, None
+
+
+def _issue_sentence(issue: KnownIssue, allowed: bool) -> str:
+    verdict = "allowed by --allow" if allowed else "rejected"
+    return f"known issue {issue.id} ({issue.source}): {issue.effect}; {verdict}"
+
+
+# --------------------------------------------------------------------------------------------- candidates
+
+
+def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decision | None:
+    if req.hub is None:
+        return None
+    label = f"hub {req.hub.repo_id}"
+    if req.hub.revision:
+        label += f"@{req.hub.revision[:12]}"
+    elif req.hub.version is not None:
+        label += f" (version {req.hub.version})"
+
+    def rejected(reason: str, fix: str | None = None, status: str = REJECTED) -> Decision:
+        return Decision(req.kernel, label, "hub", status, reason, fix)
+
+    if not target.use_hub:
+        return rejected(
+            "not requested: transformers only swaps in Kernel Hub kernels when the model is loaded with "
+            "use_kernels=True (pass --hub to check them).",
+            status=SKIPPED,
+        )
+    kernels_version = facts.env.version_of("kernels")
+    if kernels_version is None:
+        return rejected("the kernels package is not installed.", "pip install kernels")
+    window = facts.kernels_window
+    if window and not _version_in(_base_version(kernels_version), f">={window[0]},<{window[1]}"):
+        return rejected(
+            f"kernels {kernels_version} is outside [{window[0]}, {window[1]}), the range this transformers accepts, "
+            "so is_kernels_available() is False and Hub kernels are silently disabled.",
+            f"pip install 'kernels>={window[0]},<{window[1]}'",
+        )
+    probe = facts.hub.get(req.hub.repo_id)
+    if probe is None:
+        return rejected("the Hub repository was not probed.")
+    if not probe.trusted and "untrusted-hub-repo" not in target.allow:
+        return rejected(
+            f"repository {req.hub.repo_id} is outside the trusted organisations.",
+            "pass --allow untrusted-hub-repo to accept it",
+        )
+    if probe.chosen_variant is None:
+        rejections = "; ".join(f"{v.variant}: {v.reason}" for v in probe.variants if not v.accepted)
+        where = f"{probe.source}" + (f" at {probe.location}" if probe.location else "")
+        detail = f" Variants: {rejections}." if rejections else ""
+        note = f" {probe.note}" if probe.note else ""
+        return rejected(
+            f"no build variant matches this system ({where}).{detail}{note}",
+            f"kernels download {req.hub.repo_id}  (or set LOCAL_KERNELS={req.hub.repo_id}=PATH)",
+        )
+    return Decision(
+        req.kernel, label, "hub", ACCEPTED, f"build variant {probe.chosen_variant} from {probe.source}.", None
+    )
+
+
+def _package_decision(
+    req: KernelRequirement, facts: Facts, target: Target, requirements: Requirements, unchecked: list[str]
+) -> Decision | None:
+    spec = req.package_spec
+    if spec is None or req.module is None:
+        return None
+    label = f"{spec.import_name} ({req.module}.{req.kernel})"
+    found = facts.packages.get(req.module)
+
+    def rejected(reason: str, fix: str | None = spec.install, issues: tuple[str, ...] = ()) -> Decision:
+        return Decision(req.kernel, label, "package", REJECTED, reason, fix, issues)
+
+    if found is None or (found.version is None and found.import_error is not None):
+        return rejected(f"{' / '.join(spec.distributions)} is not installed (import {req.module!r} failed).")
+    minimum = facts.transformers_min_versions.get(spec.import_name)
+    if minimum and not _version_in(_base_version(found.version), f">={minimum}"):
+        return rejected(
+            f"{found.distribution} {found.version} is older than {minimum}, the minimum transformers requires.",
+            f"pip install -U '{found.distribution}>={minimum}'",
+        )
+    broken = [e for e in found.extensions if e.load_error]
+    if found.import_error or broken:
+        error = found.import_error or broken[0].load_error or ""
+        if "undefined symbol" in error:
+            torch_now = _torch_minor(facts.env.torch_version.value)
+            built = f"built for torch {found.built_for_torch}" if found.built_for_torch else "built for another torch"
+            return rejected(
+                f"its compiled extension does not load against the installed torch {facts.env.torch_version.value} "
+                f"({error}): {built}, found torch {torch_now}.",
+                f"pip install --no-build-isolation --no-cache-dir --force-reinstall {found.distribution}",
+                ("extension-built-for-other-torch",),
+            )
+        return rejected(f"importing {req.module}.{req.kernel} fails exactly as transformers would see it: {error}.")
+    if target.archs and "cuda" not in found.devices:
+        return rejected(
+            f"it runs on {', '.join(found.devices)} ({found.devices_source}), the target is a CUDA GPU.", None
+        )
+    arch_problems = _arch_problems(found, target, unchecked, label)
+    if arch_problems:
+        return rejected(arch_problems, spec.install)
+    matched: list[str] = []
+    for issue in KNOWN_ISSUES:
+        hit, unknown = _issue_matches(issue, req.kernel, spec.import_name, found.version, facts, target, requirements)
+        if unknown:
+            unchecked.append(f"{req.kernel}: {unknown}")
+        if not hit:
+            continue
+        matched.append(issue.id)
+        if issue.id not in target.allow:
+            return rejected(_issue_sentence(issue, allowed=False), issue.fix, tuple(matched))
+    reason = f"{found.distribution or spec.import_name} {found.version or '(no version)'} imports {req.module}.{req.kernel}"
+    if spec.compiled and found.extensions:
+        reason += f"; extensions load and contain {_describe_targets(found)}"
+    reason += "."
+    for issue_id in matched:
+        issue = next(i for i in KNOWN_ISSUES if i.id == issue_id)
+        reason += f" Note: {_issue_sentence(issue, allowed=True)}."
+    return Decision(req.kernel, label, "package", ACCEPTED, reason, None, tuple(matched))
+
+
+def _describe_targets(found: PackageFacts) -> str:
+    sass = sorted({s for e in found.extensions for s in e.sass})
+    ptx = sorted({p for e in found.extensions for p in e.ptx})
+    parts = [", ".join(sass) + " SASS" if sass else "no SASS", ", ".join(ptx) + " PTX" if ptx else "no PTX"]
+    return " and ".join(parts)
+
+
+def _arch_problems(found: PackageFacts, target: Target, unchecked: list[str], label: str) -> str | None:
+    if not found.extensions:
+        return None
+    if not target.archs:
+        unchecked.append(f"{label}: GPU archs compiled into its extensions were read ({_describe_targets(found)}) "
+                         "but not compared with a target (pass --arch, e.g. --arch 9.0)")
+        return None
+    from .providers.cuda_arch import arch_runs  # pure function; lives beside the reader it interprets
+
+    for extension in found.extensions:
+        if extension.arch_error:
+            if "no embedded CUDA code" in extension.arch_error:
+                continue  # a host-only helper library inside the wheel
+            unchecked.append(f"{label}: could not read the GPU code of {extension.path}: {extension.arch_error}")
+            continue
+        for arch in target.archs:
+            ok, sentence = arch_runs(_as_targets(extension), arch)
+            if not ok:
+                return f"{extension.path.rsplit('/', 1)[-1]} cannot run on compute capability {arch}: {sentence}"
+    return None
+
+
+def _as_targets(extension: Any) -> Any:
+    from .providers.cuda_arch import CudaTargets
+
+    return CudaTargets(
+        path=extension.path,
+        sass=extension.sass,
+        ptx=extension.ptx,
+        method=extension.arch_method or "elf-fatbin",
+        error=extension.arch_error,
+    )
+
+
+def _reference_decision(kernel: str, target: Target, call_site: str) -> Decision:
+    allowed = kernel in target.allow
+    reason = (
+        f"{call_site} is transformers' pure-PyTorch reference: correct but 2-4x slower in training "
+        "(launch-bound; GPU utilisation still reads high)"
+    )
+    reason += "; explicitly allowed by --allow." if allowed else "; used only when every provider above is rejected."
+    return Decision(kernel, "torch reference", "reference", FALLBACK, reason)
+
+
+def _finish(kernel: str, candidates: list[Decision], allowed_fallback: bool) -> KernelVerdict:
+    promoted: list[Decision] = []
+    chosen = False
+    for decision in candidates:
+        if decision.status == ACCEPTED and not chosen:
+            decision = Decision(**{**_fields(decision), "status": SELECTED})
+            chosen = True
+        elif decision.status == FALLBACK and not chosen and allowed_fallback:
+            decision = Decision(**{**_fields(decision), "status": SELECTED})
+            chosen = True
+        promoted.append(decision)
+    return KernelVerdict(kernel, tuple(promoted), ok=chosen)
+
+
+def _fields(decision: Decision) -> dict[str, Any]:
+    return {name: getattr(decision, name) for name in Decision.__slots__}
+
+
+def _resolve_kernel(req: KernelRequirement, facts: Facts, target: Target, requirements: Requirements,
+                    unchecked: list[str]) -> KernelVerdict:
+    candidates = [
+        d
+        for d in (_hub_decision(req, facts, target), _package_decision(req, facts, target, requirements, unchecked))
+        if d is not None
+    ]
+    candidates.append(_reference_decision(req.kernel, target, req.call_site))
+    return _finish(req.kernel, candidates, allowed_fallback=req.kernel in target.allow)
+
+
+def _resolve_attention(facts: Facts, target: Target, unchecked: list[str]) -> KernelVerdict:
+    """Packed training needs an attention that takes cu_seqlens instead of an O(T^2) block mask."""
+    candidates: list[Decision] = []
+    flash = facts.packages.get("flash_attn")
+    spec = PACKAGES["flash_attn"]
+    if flash is None or flash.version is None:
+        candidates.append(Decision(VARLEN_ATTENTION, "flash_attn (flash_attn_varlen_func)", "package", REJECTED,
+                                   "flash-attn is not installed.", spec.install))
+    elif flash.import_error:
+        candidates.append(Decision(VARLEN_ATTENTION, "flash_attn (flash_attn_varlen_func)", "package", REJECTED,
+                                   f"importing flash_attn fails: {flash.import_error}.", spec.install))
+    else:
+        problem = _arch_problems(flash, target, unchecked, "flash_attn")
+        candidates.append(Decision(VARLEN_ATTENTION, "flash_attn (flash_attn_varlen_func)", "package",
+                                   REJECTED if problem else ACCEPTED,
+                                   problem or f"flash-attn {flash.version} imports flash_attn_varlen_func.",
+                                   spec.install if problem else None))
+    varlen = "torch.nn.attention.varlen.varlen_attn (attn_implementation='kernelguard_varlen')"
+    if facts.env.torch_version.value and facts.env.cuda_version.value is None and not facts.env.torch_error \
+            and facts.env.cuda_version.source.startswith("torch"):
+        candidates.append(Decision(VARLEN_ATTENTION, varlen, "torch", REJECTED,
+                                   f"torch {facts.env.torch_version.value} is a build without CUDA; varlen_attn "
+                                   "runs only on CUDA GPUs.", "install a CUDA build of torch"))
+    elif not facts.torch_varlen_attention:
+        candidates.append(Decision(VARLEN_ATTENTION, varlen, "torch", REJECTED,
+                                   f"torch {facts.env.torch_version.value} has no torch.nn.attention.varlen.varlen_attn.",
+                                   "pip install 'torch>=2.10'"))
+    elif target.archs and any(_arch_below(a, "8.0") for a in target.archs):
+        candidates.append(Decision(VARLEN_ATTENTION, varlen, "torch", REJECTED,
+                                   "varlen_attn needs compute capability >= 8.0 (flash backend); target is "
+                                   f"{', '.join(target.archs)}.", None))
+    else:
+        candidates.append(Decision(VARLEN_ATTENTION, varlen, "torch", ACCEPTED,
+                                   "built into the installed torch; kernelguard.attention registers it with "
+                                   "transformers' AttentionInterface (kernelguard train does this).", None))
+    allowed = "attention" in target.allow
+    candidates.append(Decision(
+        VARLEN_ATTENTION, "sdpa / eager with a block mask", "reference", FALLBACK,
+        "builds an O(T^2) block mask from packed position_ids for every full-attention layer"
+        + ("; explicitly allowed by --allow attention." if allowed else "; used only when nothing above serves."),
+    ))
+    return _finish(VARLEN_ATTENTION, candidates, allowed_fallback=allowed)
+
+
+def _arch_below(arch: str, floor: str) -> bool:
+    try:
+        return Version(arch.rstrip("af")) < Version(floor)
+    except InvalidVersion:
+        return False
+
+
+def _global_notes(facts: Facts, target: Target) -> list[str]:
+    notes = []
+    window, kernels_version = facts.kernels_window, facts.env.version_of("kernels")
+    if window and kernels_version and not _version_in(_base_version(kernels_version), f">={window[0]},<{window[1]}"):
+        notes.append(
+            f"known issue kernels-version: kernels {kernels_version} is outside [{window[0]}, {window[1]}) accepted "
+            f"by transformers, so Kernel Hub kernels are silently disabled; fix: pip install "
+            f"'kernels>={window[0]},<{window[1]}'"
+        )
+    if facts.env.torch_error:
+        notes.append(f"torch could not be imported: {facts.env.torch_error}")
+    for issue in KNOWN_ISSUES:
+        installed = all(facts.env.version_of(d) for d in issue.requires_installed)
+        avoided = any(facts.env.version_of(d) for d in issue.unless_installed)
+        if issue.detector == "installed-set" and installed and not avoided:
+            notes.append(f"known issue {issue.id} ({issue.source}): {issue.effect}; fix: {issue.fix}")
+    unknown = sorted(a for a in target.allow if not _is_known_allow(a))
+    if unknown:
+        notes.append(f"--allow {', '.join(unknown)}: not a known issue, kernel name or policy; ignored")
+    return notes
+
+
+def _is_known_allow(name: str) -> bool:
+    from .known_issues import POLICY_ALLOW_IDS
+
+    return name in POLICY_ALLOW_IDS or any(i.id == name for i in KNOWN_ISSUES) or "_" in name
+
+
+def resolve(facts: Facts, requirements: Requirements, target: Target) -> Resolution:
+    """Decide, for every kernel ``requirements`` needs, which provider serves it — or that none does."""
+    unchecked: list[str] = []
+    verdicts = [_resolve_kernel(req, facts, target, requirements, unchecked) for req in requirements.kernels]
+    if requirements.needs_varlen_attention:
+        verdicts.append(_resolve_attention(facts, target, unchecked))
+    if not target.archs:
+        unchecked.insert(0, "no GPU visible and no --arch given: GPU-arch checks and arch-specific known issues "
+                            "were skipped (pass --arch 9.0 for an H100/H200 target)")
+    return Resolution(requirements, target, tuple(verdicts), tuple(_global_notes(facts, target)),
+                      tuple(dict.fromkeys(unchecked)))
+
+
+def allow_set(values: Iterable[str]) -> frozenset[str]:
+    return frozenset(v.strip() for v in values if v and v.strip())

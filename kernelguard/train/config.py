@@ -1,0 +1,148 @@
+"""TrainConfig: every knob of `kernelguard train`, validated once, with the fix in every error."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from kernelguard.errors import ConfigError
+
+PARAM_DTYPES = ("bf16", "fp32", "fp16")
+OVERLONG_POLICIES = ("truncate", "drop")
+ATTENTION_CHOICES = ("auto", "varlen", "sdpa", "flash_attention_2", "eager")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    model: str
+    data: str
+    output: Path
+    tokenizer: str | None = None
+    block_size: int = 8192
+    max_steps: int | None = None
+    schedule_steps: int | None = None
+    epochs: int = 1
+    grad_accum: int = 1
+    lr: float = 1e-5
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    seed: int = 0
+    resume: bool = False
+    allow: tuple[str, ...] = ()
+    messages_column: str = "messages"
+    split: str = "train"
+    overlong: str = "truncate"
+    skip_bad_rows: bool = False
+    assistant_only_loss: bool = True
+    param_dtype: str = "bf16"
+    attention: str = "auto"
+    activation_checkpointing: bool = True
+    reshard_after_forward: bool = True
+    save_every: int = 0
+    peak_tflops: float | None = None
+    export: bool = True
+    plot: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.output = Path(self.output)
+        self.allow = tuple(self.allow)
+        if self.tokenizer is None:
+            self.tokenizer = self.model
+        _positive("block_size", self.block_size, "--block-size 8192")
+        _positive("epochs", self.epochs, "--epochs 1")
+        _positive("grad_accum", self.grad_accum, "--grad-accum 1")
+        if self.max_steps is not None:
+            _positive("max_steps", self.max_steps, "--max-steps 100, or leave it out to train for --epochs")
+        if self.schedule_steps is not None:
+            _positive("schedule_steps", self.schedule_steps, "leave --schedule-steps out to use the epoch length")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"warmup_steps is {self.warmup_steps}; it must be >= 0.", fix="--warmup-steps 0")
+        if self.save_every < 0:
+            raise ConfigError(f"save_every is {self.save_every}; it must be >= 0.", fix="--save-every 0")
+        if not self.lr > 0:
+            raise ConfigError(f"lr is {self.lr}; it must be > 0.", fix="--lr 1e-5")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"min_lr_ratio is {self.min_lr_ratio}; it must be in [0, 1].", fix="--min-lr-ratio 0.1")
+        if not self.grad_clip >= 0:
+            raise ConfigError(f"grad_clip is {self.grad_clip}; it must be >= 0 (0 disables).", fix="--grad-clip 1.0")
+        if self.param_dtype not in PARAM_DTYPES:
+            raise ConfigError(
+                f"param_dtype is {self.param_dtype!r}; expected one of {', '.join(PARAM_DTYPES)}.",
+                fix="--param-dtype bf16 (GPU) or --param-dtype fp32 (CPU tests)",
+            )
+        if self.overlong not in OVERLONG_POLICIES:
+            raise ConfigError(
+                f"overlong is {self.overlong!r}; expected one of {', '.join(OVERLONG_POLICIES)}.",
+                fix="--overlong truncate",
+            )
+        if self.attention not in ATTENTION_CHOICES:
+            raise ConfigError(
+                f"attention is {self.attention!r}; expected one of {', '.join(ATTENTION_CHOICES)}.",
+                fix="--attention auto",
+            )
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ConfigError(f"peak_tflops is {self.peak_tflops}; it must be > 0.", fix="--peak-tflops 989")
+        if self.output.exists() and not self.output.is_dir():
+            raise ConfigError(f"output {self.output} exists and is not a directory.", fix="pass a directory path")
+
+
+def _positive(name: str, value: int, fix: str) -> None:
+    if not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} is {value!r}; it must be a positive integer.", fix=fix)
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"kernelguard train: {message}", fix=f"see `{self.prog} --help`")
+
+
+def build_parser(prog: str = "python -m kernelguard.train") -> argparse.ArgumentParser:
+    p = _ArgumentParser(
+        prog=prog,
+        description="Packed FSDP2 supervised fine-tuning that starts only once kernelguard's guard passes.",
+        epilog="Exit codes: 0 ok; 2 usage, config or data error; 3 the guard refused (a slow fallback would run).",
+    )
+    p.add_argument("--model", required=True, help="local model directory, or a config.json for random init")
+    p.add_argument("--tokenizer", help="local tokenizer directory (default: --model)")
+    p.add_argument("--data", required=True, help="jsonl/json/parquet file or folder, or a dataset name")
+    p.add_argument("--output", required=True, type=Path)
+    p.add_argument("--block-size", type=int, default=8192)
+    p.add_argument("--max-steps", type=int, help="stop after this optimizer step (the schedule is not changed)")
+    p.add_argument("--schedule-steps", type=int, help="length of the LR schedule (default: epochs of data)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--grad-accum", type=int, default=1, help="packed blocks per rank per optimizer step")
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--allow", nargs="*", default=[], metavar="ID", help="explicitly allowed fallbacks")
+    p.add_argument("--messages-column", default="messages")
+    p.add_argument("--split", default="train")
+    p.add_argument("--overlong", choices=OVERLONG_POLICIES, default="truncate")
+    p.add_argument("--skip-bad-rows", action="store_true")
+    p.add_argument("--all-tokens-loss", dest="assistant_only_loss", action="store_false")
+    p.add_argument("--param-dtype", choices=PARAM_DTYPES, default="bf16")
+    p.add_argument("--attention", choices=ATTENTION_CHOICES, default="auto")
+    p.add_argument("--no-activation-checkpointing", dest="activation_checkpointing", action="store_false")
+    p.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false")
+    p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
+    p.add_argument("--peak-tflops", type=float, help="override the accelerator's peak for MFU")
+    p.add_argument("--no-export", dest="export", action="store_false")
+    p.add_argument("--no-plot", dest="plot", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> TrainConfig:
+    ns = vars(build_parser().parse_args(argv))
+    ns["allow"] = tuple(ns["allow"] or ())
+    names = {f.name for f in fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in ns.items() if k in names})

@@ -1,0 +1,195 @@
+"""Process group, meta-device model construction, activation checkpointing and FSDP2 sharding.
+
+The model is built on the meta device on every rank (so the guard can inspect it before any data work and
+models larger than one GPU never exist whole on one), wrapped (AC per decoder layer, ``fully_shard`` per
+decoder layer and the root), materialized with ``to_empty`` and filled from a full state dict that only
+rank 0 holds (``from_pretrained`` on CPU, or a seeded random init), broadcast shard by shard by
+``set_model_state_dict(..., broadcast_from_rank0=True)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from kernelguard.errors import ConfigError
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+@dataclass(frozen=True, slots=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> DistInfo:
+    """torchrun's environment (any rendezvous it was given), else a one-process group for plain `python -m`."""
+    use_cuda = torch.cuda.is_available()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if use_cuda:
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            device = torch.device("cpu")
+            dist.init_process_group("gloo")
+    else:
+        local_rank = 0
+        device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+        if use_cuda:
+            torch.cuda.set_device(device)
+        dist.init_process_group(
+            "nccl" if use_cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1
+        )
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+def model_source(model: str) -> tuple[Any, Path | None]:
+    """(config, weights directory or None for random init) for a model directory or a config.json."""
+    from transformers import AutoConfig
+
+    path = Path(model)
+    if path.is_file():
+        if path.suffix != ".json":
+            raise ConfigError(f"--model {model} is a file but not a config.json.", fix="pass a model directory")
+        try:
+            raw = json.loads(path.read_text())
+            model_type = raw.pop("model_type")
+            return AutoConfig.for_model(model_type, **raw), None
+        except (ValueError, KeyError) as e:
+            raise ConfigError(f"--model {model} is not a usable config.json: {e!r}", fix="check model_type") from e
+    if path.is_dir() and (path / "config.json").exists():
+        config = AutoConfig.from_pretrained(str(path))
+        has_weights = any((path / f).exists() for f in WEIGHT_FILES)
+        return config, path if has_weights else None
+    raise ConfigError(
+        f"--model {model} is neither a model directory with config.json nor a config.json file.",
+        fix="pass a local model directory or a config.json (no downloads are made)",
+    )
+
+
+def _causal_lm_class(config: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM
+
+
+def build_meta_model(config: Any, *, attn_implementation: str) -> nn.Module:
+    """The model on the meta device, fp32, ``use_cache=False``, with the chosen attention implementation."""
+    config.use_cache = False
+    with torch.device("meta"):
+        model = _causal_lm_class(config).from_config(
+            config, attn_implementation=attn_implementation, dtype=torch.float32
+        )
+    return model
+
+
+def full_state_on_rank0(config: Any, weights: Path | None, *, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(persistent state dict, non-persistent buffers) of the initial model, on CPU in fp32."""
+    cls = _causal_lm_class(config)
+    if weights is not None:
+        model = cls.from_pretrained(str(weights), config=config, dtype=torch.float32)
+    else:
+        torch.manual_seed(seed)
+        model = cls.from_config(config, dtype=torch.float32)
+    state = model.state_dict()
+    buffers = {name: b for name, b in model.named_buffers() if name not in state}
+    return state, buffers
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    for name in ("model.layers", "model.language_model.layers", "transformer.h"):
+        obj: Any = model
+        try:
+            for part in name.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        if isinstance(obj, nn.ModuleList):
+            return obj
+    raise ConfigError(
+        f"could not find the decoder layers of {type(model).__name__}.",
+        fix="report the model class; kernelguard train knows model.layers and model.language_model.layers",
+    )
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        layers[i] = checkpoint_wrapper(layer, preserve_rng_state=True)
+
+
+def apply_fsdp(model: nn.Module, *, mesh: Any, mp_policy: Any, reshard_after_forward: bool = True) -> nn.Module:
+    """``fully_shard`` every decoder layer, then the root (embeddings, final norm, LM head)."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        # The last layer's parameters are needed again at once by backward: keep them unsharded.
+        last = i == len(layers) - 1
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward and not last)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
+    return model
+
+
+def mixed_precision(param_dtype: str) -> Any:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=torch.float32)
+
+
+def materialize(
+    model: nn.Module,
+    *,
+    info: DistInfo,
+    config: Any,
+    weights: Path | None,
+    seed: int,
+) -> None:
+    """to_empty on this rank's device, then fill parameters and buffers from rank 0's full state."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model.to_empty(device=info.device)
+    state: dict[str, torch.Tensor] = {}
+    buffers: dict[str, torch.Tensor] = {}
+    if info.is_main:
+        state, buffers = full_state_on_rank0(config, weights, seed=seed)
+    set_model_state_dict(
+        model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
+    )
+    # Non-persistent buffers (rotary inv_freq, ...) are not in any state dict: send them as objects.
+    box = [buffers]
+    dist.broadcast_object_list(box, src=0)
+    own = dict(model.named_buffers())
+    for name, value in box[0].items():
+        target = own.get(name) or own.get(_wrapped_name(name))
+        if target is None:
+            raise ConfigError(f"buffer {name} of the initial model is missing after wrapping.", fix="report this")
+        with torch.no_grad():
+            target.copy_(value.to(target.device, target.dtype))
+
+
+def _wrapped_name(name: str) -> str:
+    parts = name.split(".")
+    for i in range(len(parts) - 1):
+        if parts[i] == "layers" and parts[i + 1].isdigit():
+            return ".".join(parts[: i + 2] + ["_checkpoint_wrapped_module"] + parts[i + 2 :])
+    return name

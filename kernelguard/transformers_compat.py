@@ -1,0 +1,395 @@
+"""How the installed transformers selects kernel implementations, found generically.
+
+transformers >= 5.15 decorates each reference function (``torch_chunk_gated_delta_rule``, ``causal_conv1d_fn``,
+...) in a modeling module with ``use_kernel_func_from_hub_with_fallback(func_name, package)``. The decorator
+tries ``import package`` once, at module import, and returns a closure ``wrapped`` whose cells hold
+``implementation`` (the package function, or the torch function on failure) and ``torch_function``. With the
+``kernels`` package active, ``wrapped`` is further turned into a kernels ``Func`` module instance that
+``kernelize()`` may point at a Hub kernel. Layers look the module-level name up at call time.
+
+Releases up to ~5.14 chose at layer construction instead (``self.chunk_gated_delta_rule = ... or
+torch_chunk_gated_delta_rule``); :func:`instance_attribute_sites` reads that pattern.
+
+No model class is named here: a layer is any module whose class ``forward`` references (``co_names``) a module
+global that unpacks to such a closure. Only the standard library is imported at module import time.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import re
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import FunctionType, ModuleType
+from typing import Any
+
+from kernelguard.errors import UnsupportedTransformersError
+
+MIN_TRANSFORMERS = (5, 0)
+DECORATOR_NAME = "use_kernel_func_from_hub_with_fallback"
+TRIPWIRE_ATTR = "__kernelguard_tripwire__"
+DEVICES_ATTR = "__kernelguard_devices__"
+# Devices a provider is assumed to run on when it does not declare __kernelguard_devices__.
+DEFAULT_DEVICES: tuple[str, ...] = ("cuda",)
+
+# Distribution name and install command per import name (what a user types to fix a missing provider).
+_PIP_FIX = {
+    "fla": "pip install flash-linear-attention",
+    "causal_conv1d": "pip install causal-conv1d --no-build-isolation  (builds with nvcc)",
+    "mamba_ssm": "pip install mamba-ssm --no-build-isolation  (builds with nvcc)",
+}
+# Used when transformers' own table (`_KERNELS_INTERNAL_PATH_MAPPINGS`) is absent.
+_DEFAULT_INTERNAL_PATHS = {
+    "chunk_gated_delta_rule": "ops.gated_delta_rule",
+    "fused_recurrent_gated_delta_rule": "ops.gated_delta_rule",
+    "chunk_kda": "ops.kda",
+    "fused_recurrent_kda": "ops.kda",
+}
+# Decode-only kernels: entered only with a KV/state cache (generation), never in a training forward.
+DECODE_ONLY_KERNELS = frozenset(
+    {"fused_recurrent_gated_delta_rule", "causal_conv1d_update", "selective_state_update", "fused_recurrent_kda"}
+)
+# Instance-attribute pattern of transformers <= 5.14: the attribute names a layer stores its kernel under.
+_INSTANCE_KERNEL_ATTR = re.compile(r"(gated_delta_rule|causal_conv1d|kda|selective_scan|ssd|mamba)")
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackClosure:
+    """What one decorated function decided at import time."""
+
+    kernel: str  # transformers' func_name, e.g. "chunk_gated_delta_rule"
+    package: str  # import name tried, e.g. "fla"
+    implementation: Callable[..., Any]
+    torch_function: Callable[..., Any]
+    wrapped: Callable[..., Any]  # transformers' closure (calls `implementation`)
+    func_module: Any = None  # the kernels `Func` instance, when kernels turned `wrapped` into a module
+
+    @property
+    def is_torch_reference(self) -> bool:
+        return self.implementation is self.torch_function
+
+    @property
+    def internal_module(self) -> str:
+        internal = internal_path(self.kernel)
+        return self.package if internal is None else f"{self.package}.{internal}"
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalSite:
+    """A module-level name (``module.__dict__[name]``) that a layer forward calls."""
+
+    module: str  # module whose globals the forward reads, e.g. transformers.models.qwen3_5.modeling_qwen3_5
+    name: str  # e.g. "torch_chunk_gated_delta_rule"
+    closure: FallbackClosure
+
+
+# --------------------------------------------------------------------------------------------- versions ---
+def transformers_version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = re.match(r"\d+", piece)
+        parts.append(int(digits.group()) if digits else 0)
+    return tuple(parts)
+
+
+def _hub_kernels_module() -> ModuleType | None:
+    try:
+        return importlib.import_module("transformers.integrations.hub_kernels")
+    except Exception:
+        return None
+
+
+@functools.lru_cache(maxsize=8)
+def _probe_decorator(version: str) -> str | None:
+    """Decorate a dummy with the real decorator and check the closure layout we rely on.
+
+    Returns None when understood, else a sentence saying what differs. Cached per transformers version.
+    """
+    hub = _hub_kernels_module()
+    decorator = getattr(hub, DECORATOR_NAME, None) if hub is not None else None
+    if decorator is None:
+        return f"transformers.integrations.hub_kernels has no `{DECORATOR_NAME}`"
+
+    def _kernelguard_probe(x: Any) -> Any:
+        return x
+
+    try:
+        decorated = decorator("kernelguard_probe", "kernelguard_probe_missing_package")(_kernelguard_probe)
+    except Exception as exc:  # noqa: BLE001 - any failure means we do not understand it
+        return f"`{DECORATOR_NAME}` failed on a probe function: {type(exc).__name__}: {exc}"
+    closure = unpack_closure(decorated)
+    if closure is None or closure.torch_function is not _kernelguard_probe or not closure.is_torch_reference:
+        return f"`{DECORATOR_NAME}` no longer returns a closure holding `implementation` and `torch_function`"
+    return None
+
+
+def selection_mechanism() -> str:
+    """``"decorator"`` (>= 5.15) or ``"instance-attribute"`` (<= 5.14); refuses anything else."""
+    version = transformers_version()
+    if _version_tuple(version) < MIN_TRANSFORMERS:
+        raise UnsupportedTransformersError(
+            f"unsupported transformers version {version}: kernelguard needs transformers >= 5.0.",
+            fix="pip install -U 'transformers>=5.17,<6'",
+        )
+    hub = _hub_kernels_module()
+    if hub is not None and hasattr(hub, DECORATOR_NAME):
+        problem = _probe_decorator(version)
+        if problem is not None:
+            raise unsupported(version, problem)
+        return "decorator"
+    return "instance-attribute"
+
+
+def unsupported(version: str, why: str) -> UnsupportedTransformersError:
+    return UnsupportedTransformersError(
+        f"unsupported transformers version {version}: {why}; kernelguard cannot tell which kernel "
+        "implementation its layers run, and refuses to guess.",
+        fix="use a transformers release kernelguard is tested with (5.17 - 5.23), or upgrade kernelguard",
+    )
+
+
+# ------------------------------------------------------------------------------------------ unpacking ---
+def _cells(fn: Any) -> dict[str, Any]:
+    code = getattr(fn, "__code__", None)
+    closure = getattr(fn, "__closure__", None)
+    if code is None or not closure:
+        return {}
+    out = {}
+    for name, cell in zip(code.co_freevars, closure):
+        try:
+            out[name] = cell.cell_contents
+        except ValueError:  # empty cell
+            continue
+    return out
+
+
+def unpack_closure(obj: Any, _depth: int = 0) -> FallbackClosure | None:
+    """The decorator's decision behind ``obj`` (a wrapped function, a kernels Func module, or our tripwire)."""
+    if obj is None or _depth > 4:
+        return None
+    tripwire = getattr(obj, TRIPWIRE_ATTR, None) if callable(obj) else None
+    if tripwire is not None:
+        return unpack_closure(tripwire.original, _depth + 1)
+    cells = _cells(obj)
+    if "implementation" in cells and "torch_function" in cells:
+        return FallbackClosure(
+            kernel=str(cells.get("func_name", getattr(cells["torch_function"], "__name__", "?"))),
+            package=str(cells.get("package", "?")),
+            implementation=cells["implementation"],
+            torch_function=cells["torch_function"],
+            wrapped=obj,
+        )
+    if hasattr(obj, "kernel_layer_name") and not isinstance(obj, (FunctionType, type)):
+        # kernels' `Func` module: its class forward closes over `func` (transformers' `wrapped`).
+        inner = _cells(type(obj).forward).get("func")
+        found = unpack_closure(inner, _depth + 1)
+        if found is not None:
+            return FallbackClosure(
+                kernel=found.kernel, package=found.package, implementation=found.implementation,
+                torch_function=found.torch_function, wrapped=found.wrapped, func_module=obj,
+            )
+    return None
+
+
+def hub_kernel(closure: FallbackClosure) -> str | None:
+    """``repo@revision`` when ``kernelize()`` pointed this Func module at a Hub kernel, else None."""
+    func_module = closure.func_module
+    if func_module is None:
+        return None
+    forward = func_module.__dict__.get("forward")
+    impl = getattr(forward, "__func__", None)
+    if impl is None or impl is type(func_module).forward:
+        return None
+    owner = _owner_class(impl)
+    try:
+        from kernels.layer import layer as kernels_layer
+
+        cached = getattr(kernels_layer, "_CACHED_LAYER", {})
+        for repo, cls in cached.items():
+            if cls is owner:
+                repo_id = getattr(repo, "repo_id", None) or getattr(repo, "_repo_id", None) or str(repo)
+                revision = getattr(repo, "revision", None) or getattr(repo, "_revision", None) or "unknown"
+                return f"{repo_id}@{revision}"
+    except Exception:  # noqa: BLE001 - best effort: the kernels internals are not public API
+        pass
+    return f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}@unknown"
+
+
+def _owner_class(fn: Any) -> Any:
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    qualname = getattr(fn, "__qualname__", "")
+    obj: Any = module
+    for part in qualname.split(".")[:-1]:
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def internal_path(kernel: str) -> str | None:
+    hub = _hub_kernels_module()
+    table = getattr(hub, "_KERNELS_INTERNAL_PATH_MAPPINGS", None) if hub is not None else None
+    if isinstance(table, dict):
+        return table.get(kernel, _DEFAULT_INTERNAL_PATHS.get(kernel))
+    return _DEFAULT_INTERNAL_PATHS.get(kernel)
+
+
+# ---------------------------------------------------------------------------------------- discovery ---
+def iter_modeling_modules() -> Iterator[ModuleType]:
+    """Every loaded transformers model module (no import is triggered)."""
+    for name, module in list(sys.modules.items()):
+        if module is not None and name.startswith("transformers.models.") and ".modeling_" in name:
+            yield module
+
+
+def module_sites(module: ModuleType) -> list[GlobalSite]:
+    """The decorated kernel globals defined in (or imported into) one module."""
+    sites = []
+    for name, value in list(vars(module).items()):
+        if name.startswith("__") or not callable(value):
+            continue
+        closure = unpack_closure(value)
+        if closure is not None:
+            sites.append(GlobalSite(module=module.__name__, name=name, closure=closure))
+    return sites
+
+
+def loaded_sites() -> list[GlobalSite]:
+    return [site for module in iter_modeling_modules() for site in module_sites(module)]
+
+
+def forward_code_names(cls: type) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """Names the class forward looks up, and the globals dict it looks them up in."""
+    return _forward_names(cls)
+
+
+@functools.lru_cache(maxsize=1024)
+def _forward_names(cls: type) -> tuple[tuple[str, ...], dict[str, Any]]:
+    forward = getattr(cls, "forward", None)
+    if forward is None:
+        return (), {}
+    try:
+        forward = inspect.unwrap(forward)
+    except ValueError:
+        pass
+    code = getattr(forward, "__code__", None)
+    if code is None:
+        return (), {}
+    return tuple(code.co_names), getattr(forward, "__globals__", {})
+
+
+def layer_global_sites(layer: Any) -> list[GlobalSite]:
+    """Decorated globals the layer's class forward calls (empty for modules that are not kernel layers)."""
+    names, globals_ = forward_code_names(type(layer))
+    module_name = str(globals_.get("__name__", "?"))
+    sites = []
+    for name in names:
+        value = globals_.get(name)
+        if value is None or not callable(value):
+            continue
+        closure = unpack_closure(value)
+        if closure is not None:
+            sites.append(GlobalSite(module=module_name, name=name, closure=closure))
+    return sites
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSite:
+    """transformers <= 5.14: ``layer.<attr>`` chosen at construction (None = inline torch code)."""
+
+    attr: str
+    value: Callable[..., Any] | None
+
+    @property
+    def is_torch_reference(self) -> bool:
+        if self.value is None:
+            return True
+        return str(getattr(self.value, "__module__", "")).startswith("transformers.")
+
+    @property
+    def package(self) -> str:
+        if self.value is None or self.is_torch_reference:
+            return _package_for_attr(self.attr)
+        return str(getattr(self.value, "__module__", "?")).split(".")[0]
+
+
+def _package_for_attr(attr: str) -> str:
+    if "conv1d" in attr:
+        return "causal_conv1d"
+    if "mamba" in attr or "scan" in attr or "ssd" in attr:
+        return "mamba_ssm"
+    return "fla"
+
+
+def instance_attribute_sites(layer: Any) -> list[InstanceSite]:
+    names, _ = forward_code_names(type(layer))
+    sites = []
+    for attr in names:
+        if attr not in vars(layer) or not _INSTANCE_KERNEL_ATTR.search(attr):
+            continue
+        value = vars(layer)[attr]
+        if value is None or isinstance(value, FunctionType) or callable(value):
+            sites.append(InstanceSite(attr=attr, value=value))
+    return sites
+
+
+# ------------------------------------------------------------------------------------------ reasons ---
+def why_not_imported(closure: FallbackClosure) -> str:
+    """Re-run the import the decorator made; report what it raised (or that it works now)."""
+    try:
+        module = importlib.import_module(closure.package)
+        if getattr(module, closure.kernel, None) is None:
+            module = importlib.import_module(closure.internal_module)
+        if getattr(module, closure.kernel, None) is None:
+            return (
+                f"`{closure.internal_module}` imports but has no `{closure.kernel}` "
+                f"({closure.package} {getattr(module, '__version__', '')} too old?)"
+            )
+    except BaseException as exc:  # noqa: BLE001 - report exactly what the decorator swallowed
+        return f"`import {closure.internal_module}` failed: {type(exc).__name__}: {exc}"
+    return (
+        f"`{closure.internal_module}` imports now, but did not when the modeling module was imported; "
+        "restart the process (or import the provider before transformers models)"
+    )
+
+
+def pip_fix(package: str) -> str:
+    return _PIP_FIX.get(package, f"pip install {package.replace('_', '-')}")
+
+
+def provider_devices(implementation: Any) -> tuple[str, ...]:
+    """Devices a provider declares via ``__kernelguard_devices__`` on its top-level package."""
+    top = str(getattr(implementation, "__module__", "") or "").split(".")[0]
+    package = sys.modules.get(top)
+    declared = getattr(package, DEVICES_ATTR, None)
+    if declared is None:
+        return DEFAULT_DEVICES
+    return tuple(str(d) for d in declared)
+
+
+def kernels_hub_status() -> str | None:
+    """A sentence when transformers has Hub kernels switched off because of the kernels version, else None."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from transformers.utils import import_utils
+    except Exception:  # noqa: BLE001
+        return None
+    low = getattr(import_utils, "KERNELS_MIN_VERSION", None)
+    high = getattr(import_utils, "KERNELS_MAX_VERSION", None)
+    try:
+        installed = version("kernels")
+    except PackageNotFoundError:
+        return "Kernel Hub kernels are off: `kernels` is not installed"
+    available = getattr(import_utils, "is_kernels_available", lambda: True)()
+    if available:
+        return None
+    window = f" (transformers accepts [{low}, {high}))" if low and high else ""
+    return f"Kernel Hub kernels are off: kernels {installed} is outside transformers' accepted range{window}"

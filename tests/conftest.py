@@ -1,0 +1,84 @@
+"""Shared fixtures. Each block is owned by one area; add new fixtures in a labelled block of your own."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))  # so tests can `import tiny_models`
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fake fast-kernel providers (owner: runtime guard). tests/fake_providers/{fla,causal_conv1d}.
+# ---------------------------------------------------------------------------------------------------------
+FAKE_PROVIDERS_DIR = TESTS_DIR / "fake_providers"
+_PURGED_PREFIXES = ("fla", "causal_conv1d", "transformers.models.")
+
+
+def _is_purged(name: str) -> bool:
+    return any(name == p or name.startswith(p if p.endswith(".") else p + ".") for p in _PURGED_PREFIXES)
+
+
+def _purge_modules() -> dict[str, ModuleType]:
+    """Drop fla*/causal_conv1d*/transformers.models.* so the next import re-runs transformers'
+    import-time kernel choice (its decorator tries `import fla...` exactly once, at module import)."""
+    removed = {name: mod for name, mod in sys.modules.items() if _is_purged(name)}
+    for name in removed:
+        del sys.modules[name]
+    return removed
+
+
+def _restore_modules(saved: dict[str, ModuleType]) -> None:
+    _purge_modules()
+    sys.modules.update(saved)
+    # `from pkg import sub` reads the parent's attribute first: point parents back at the saved children.
+    for name, mod in saved.items():
+        parent_name, _, child = name.rpartition(".")
+        parent = sys.modules.get(parent_name)
+        if parent is not None:
+            try:
+                setattr(parent, child, mod)
+            except (AttributeError, TypeError):
+                pass
+
+
+@pytest.fixture
+def fresh_transformers_models() -> Iterator[None]:
+    """transformers modeling modules are re-imported fresh inside the test (no fakes) and restored after."""
+    saved = _purge_modules()
+    try:
+        yield
+    finally:
+        _restore_modules(saved)
+
+
+@pytest.fixture
+def fake_providers(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Put the fake `fla` / `causal_conv1d` first on sys.path and make transformers choose again.
+
+    Import model classes *inside* the test (e.g. `tiny_models.tiny_model`), never at test-module import:
+    a class imported before this fixture ran carries the choice made without the fakes.
+    """
+    saved = _purge_modules()
+    monkeypatch.syspath_prepend(str(FAKE_PROVIDERS_DIR))
+    try:
+        yield FAKE_PROVIDERS_DIR
+    finally:
+        _restore_modules(saved)
+
+
+@pytest.fixture
+def tiny() -> object:
+    """`tests/tiny_models.py` as a fixture: `tiny.tiny_model("qwen3_5")`, `tiny.tiny_config(...)`."""
+    import tiny_models
+
+    return tiny_models
+
+
+# --------------------------------------------------------------------------- end of runtime-guard block ---

@@ -1,0 +1,79 @@
+"""Tiny random-init hybrid models (GDN + full attention) for CPU tests.
+
+``tiny_model(family)`` imports the modeling module at call time, so a model built inside the
+``fake_providers`` fixture uses the kernel choice transformers made with the fakes importable.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# family -> (modeling module, config class, causal-LM class)
+_FAMILIES: dict[str, tuple[str, str, str]] = {
+    "qwen3_5": ("transformers.models.qwen3_5", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+    "qwen3_next": ("transformers.models.qwen3_next", "Qwen3NextConfig", "Qwen3NextForCausalLM"),
+    "qwen3_5_moe": ("transformers.models.qwen3_5_moe", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
+}
+
+FAMILIES = tuple(_FAMILIES)
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "max_position_embeddings": 512,
+    "use_cache": False,
+    "tie_word_embeddings": False,
+}
+_MOE: dict[str, Any] = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+}
+
+
+def _classes(family: str) -> tuple[type, type]:
+    try:
+        package, config_name, model_name = _FAMILIES[family]
+    except KeyError:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(_FAMILIES)}") from None
+    module = importlib.import_module(package)
+    return getattr(module, config_name), getattr(module, model_name)
+
+
+def tiny_config(family: str, **overrides: Any) -> Any:
+    """A config with hidden 64, vocab 256, 4 layers (3 linear_attention + 1 full_attention)."""
+    config_cls, _ = _classes(family)
+    values = dict(_COMMON)
+    if family in ("qwen3_next", "qwen3_5_moe"):
+        values.update(_MOE)
+    values.update(overrides)
+    if "num_hidden_layers" in overrides and "layer_types" not in overrides:
+        n = overrides["num_hidden_layers"]
+        values["layer_types"] = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
+    attn_implementation = values.pop("attn_implementation", "sdpa")
+    config = config_cls(**values)
+    config._attn_implementation = attn_implementation
+    return config
+
+
+def tiny_model(family: str, *, seed: int = 0, **overrides: Any) -> Any:
+    """A random-init causal LM of ``family`` in eval mode, float32, on CPU."""
+    import torch
+
+    _, model_cls = _classes(family)
+    config = tiny_config(family, **overrides)
+    torch.manual_seed(seed)
+    return model_cls(config).eval()
