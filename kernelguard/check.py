@@ -118,14 +118,44 @@ def _probe_packages(requirements: catalog.Requirements) -> dict[str, PackageFact
     return facts
 
 
-def _probe_hub(requirements: catalog.Requirements, target: Target) -> dict[str, Any]:
+def _hub_target(env: Environment, target: Target) -> Any:
+    """The facts kernels' variant resolver needs, taken from our probe so --arch works without a GPU."""
+    from .providers.hub import HubTarget
+
+    if env.torch_version.value is None:
+        return None
+    capability = None
+    if target.archs:
+        major, minor = target.archs[0].rstrip("af").split(".")
+        capability = (int(major), int(minor))
+    cxx11 = env.cxx11_abi.value if isinstance(env.cxx11_abi.value, bool) else True
+    return HubTarget(
+        torch_version=env.torch_version.value,
+        cuda_version=env.cuda_version.value,
+        backend=f"rocm{''.join(env.hip_version.value.split('.')[:2])}" if env.hip_version.value else None,
+        cxx11_abi=cxx11,
+        cpu=env.machine.value or "x86_64",
+        os="linux" if env.platform.value == "linux" else str(env.platform.value),
+        gpu_capability=capability,
+    )
+
+
+def _probe_hub(requirements: catalog.Requirements, target: Target, env: Environment) -> dict[str, Any]:
     if not target.use_hub:
         return {}
     from .providers.hub import probe_hub_kernel
 
-    repos = {req.hub.repo_id for req in requirements.kernels if req.hub is not None}
+    hub_target = _hub_target(env, target)
+    repos = {req.hub.repo_id: req.hub for req in requirements.kernels if req.hub is not None}
     return {
-        repo: probe_hub_kernel(repo, allow_untrusted="untrusted-hub-repo" in target.allow) for repo in sorted(repos)
+        repo_id: probe_hub_kernel(
+            repo_id,
+            target=hub_target,
+            allow_untrusted="untrusted-hub-repo" in target.allow,
+            revision=repo.revision,
+            version=repo.version,
+        )
+        for repo_id, repo in sorted(repos.items())
     }
 
 
@@ -148,7 +178,7 @@ def run_check(options: CheckOptions) -> CheckResult:
     facts = Facts(
         env=env,
         packages=_probe_packages(requirements),
-        hub=_probe_hub(requirements, target),
+        hub=_probe_hub(requirements, target, env),
         kernels_window=catalog.kernels_version_window(source),
         transformers_min_versions={name: catalog.transformers_min_version(name, source) for name in catalog.PACKAGES},
         torch_varlen_attention=_torch_has_varlen(env),

@@ -387,9 +387,9 @@ def kernels_hub_status() -> str | None:
     try:
         installed = version("kernels")
     except PackageNotFoundError:
-        return "Kernel Hub kernels are off: `kernels` is not installed"
+        return "Kernel Hub off: `kernels` is not installed"
     available = getattr(import_utils, "is_kernels_available", lambda: True)()
     if available:
         return None
-    window = f" (transformers accepts [{low}, {high}))" if low and high else ""
-    return f"Kernel Hub kernels are off: kernels {installed} is outside transformers' accepted range{window}"
+    window = f" [{low}, {high})" if low and high else ""
+    return f"Kernel Hub off: kernels {installed} is outside transformers' accepted range{window}"

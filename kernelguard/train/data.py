@@ -152,7 +152,7 @@ def iter_rows(data: str, *, split: str = "train", skipped: Counter[str], skip_ba
             raise ConfigError("reading a dataset by name needs `datasets`.", fix="pip install 'kernelguard[train]'") from e
         try:
             ds = datasets.load_dataset(data, split=split)
-        except Exception as e:  # noqa: BLE001 - any hub/network failure is a usage error here
+        except Exception as e:
             raise ConfigError(f"could not load dataset {data!r} (split {split!r}): {e}", fix="check --data") from e
         yield from _iter_dataset(ds, data)
         return
@@ -164,7 +164,7 @@ def iter_rows(data: str, *, split: str = "train", skipped: Counter[str], skip_ba
 
             try:
                 ds = datasets.load_dataset("parquet", data_files=[str(path)], split="train")
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 raise _data_error(str(path), 0, "<file>", f"unreadable Parquet: {e}", "rewrite the file") from e
             yield from _iter_dataset(ds, str(path))
 
@@ -208,7 +208,7 @@ def load_tokenizer(path: str) -> Any:
 
     try:
         tok = AutoTokenizer.from_pretrained(path)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise ConfigError(f"could not load a tokenizer from {path}: {e}", fix="pass --tokenizer DIR") from e
     if not getattr(tok, "chat_template", None):
         raise ConfigError(f"the tokenizer at {path} has no chat_template.", fix="use a tokenizer with a chat template")

@@ -41,7 +41,7 @@ def init_distributed() -> DistInfo:
     """torchrun's environment (any rendezvous it was given), else a one-process group for plain `python -m`."""
     use_cuda = torch.cuda.is_available()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         if use_cuda:
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)
@@ -180,7 +180,9 @@ def materialize(
     dist.broadcast_object_list(box, src=0)
     own = dict(model.named_buffers())
     for name, value in box[0].items():
-        target = own.get(name) or own.get(_wrapped_name(name))
+        target = own.get(name)
+        if target is None:
+            target = own.get(_wrapped_name(name))
         if target is None:
             raise ConfigError(f"buffer {name} of the initial model is missing after wrapping.", fix="report this")
         with torch.no_grad():
