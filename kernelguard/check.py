@@ -88,9 +88,31 @@ def _read_tool_table(path: Path) -> dict[str, Any]:
             f"unknown key(s) {', '.join(unknown)} in [tool.kernelguard] of {path}.",
             fix=f"use only: {', '.join(sorted(CONFIG_KEYS))}",
         )
+    return _validated(table, path)
+
+
+def _validated(table: dict[str, Any], path: Path) -> dict[str, Any]:
+    def bad(key: str, expected: str) -> ConfigError:
+        return ConfigError(
+            f"[tool.kernelguard] {key} in {path} must be {expected}, found {table[key]!r}.",
+            fix='see README.md, Configuration (e.g. arch = ["9.0"], allow = ["fla-640-refusal"], packed = true)',
+        )
+
     for key in ("arch", "allow"):
-        if key in table and isinstance(table[key], str):
-            table[key] = [table[key]]
+        if key not in table:
+            continue
+        value = table[key]
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad(key, "a string or a list of strings (quote numbers: \"9.0\")")
+        table[key] = value
+    for key in ("model", "mode"):
+        if key in table and not isinstance(table[key], str):
+            raise bad(key, "a string")
+    for key in ("packed", "hub"):
+        if key in table and not isinstance(table[key], bool):
+            raise bad(key, "true or false")
     return table
 
 
@@ -169,6 +191,8 @@ def _torch_has_varlen(env: Environment) -> bool:
 
 
 def run_check(options: CheckOptions) -> CheckResult:
+    for arch in options.archs:
+        normalise_arch(arch)  # a usage error should not wait for the probe
     source = catalog.transformers_source()
     spec = catalog.resolve_model(options.model, source)
     packed = options.mode == "training" if options.packed is None else options.packed

@@ -64,8 +64,19 @@ def _check(args: argparse.Namespace) -> int:
         run=args.run,
     )
     result = run_check(options)
-    print(to_json(result) if args.json else render(result))
+    _print(to_json(result) if args.json else render(result))
     return EXIT_OK if result.ok else EXIT_FAIL
+
+
+def _print(text: str) -> None:
+    """Print, tolerating a closed pipe (`kernelguard check | head`)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Point stdout at devnull so the interpreter's final flush does not raise again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _issues() -> int:

@@ -154,7 +154,8 @@ def _issue_matches(
     if issue.archs:
         if not target.archs:
             return False, f"known issue {issue.id} applies on compute capability {', '.join(issue.archs)} (pass --arch)"
-        if not set(issue.archs) & set(target.archs):
+        # An arch-specific target (sm_90a) is the same chip as 9.0 for a known issue.
+        if not set(issue.archs) & {arch.rstrip("af") for arch in target.archs}:
             return False, None
     return True, None
 
@@ -204,7 +205,7 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
             "pass --allow untrusted-hub-repo to accept it",
         )
     if probe.chosen_variant is None:
-        rejections = "; ".join(f"{v.variant}: {v.reason}" for v in probe.variants if not v.accepted)
+        rejections = "; ".join(f"{v.variant}: {v.reason.rstrip('.')}" for v in probe.variants if not v.accepted)
         where = f"{probe.source}" + (f" at {probe.location}" if probe.location else "")
         detail = f" Variants: {rejections}." if rejections else ""
         note = f" {probe.note}" if probe.note else ""
@@ -375,7 +376,10 @@ def _resolve_attention(facts: Facts, target: Target, unchecked: list[str]) -> Ke
                                    problem or f"flash-attn {flash.version} imports flash_attn_varlen_func.",
                                    spec.install if problem else None))
     varlen = "torch.nn.attention.varlen.varlen_attn (attn_implementation='kernelguard_varlen')"
-    if facts.env.torch_version.value and facts.env.cuda_version.value is None and not facts.env.torch_error \
+    if facts.env.torch_error:
+        candidates.append(Decision(VARLEN_ATTENTION, varlen, "torch", REJECTED,
+                                   f"torch cannot be imported ({facts.env.torch_error}).", "reinstall torch"))
+    elif facts.env.torch_version.value and facts.env.cuda_version.value is None \
             and facts.env.cuda_version.source.startswith("torch"):
         candidates.append(Decision(VARLEN_ATTENTION, varlen, "torch", REJECTED,
                                    f"torch {facts.env.torch_version.value} is a build without CUDA; varlen_attn "
@@ -408,7 +412,7 @@ def _arch_below(arch: str, floor: str) -> bool:
         return False
 
 
-def _global_notes(facts: Facts, target: Target) -> list[str]:
+def _global_notes(facts: Facts, target: Target, requirements: Requirements) -> list[str]:
     notes = []
     window, kernels_version = facts.kernels_window, facts.env.version_of("kernels")
     if window and kernels_version and not _version_in(_base_version(kernels_version), f">={window[0]},<{window[1]}"):
@@ -424,16 +428,17 @@ def _global_notes(facts: Facts, target: Target) -> list[str]:
         avoided = any(facts.env.version_of(d) for d in issue.unless_installed)
         if issue.detector == "installed-set" and installed and not avoided:
             notes.append(f"known issue {issue.id} ({issue.source}): {issue.effect}; fix: {issue.fix}")
-    unknown = sorted(a for a in target.allow if not _is_known_allow(a))
+    kernel_names = {k.kernel for k in requirements.kernels} | {VARLEN_ATTENTION}
+    unknown = sorted(a for a in target.allow if not _is_known_allow(a, kernel_names))
     if unknown:
         notes.append(f"--allow {', '.join(unknown)}: not a known issue, kernel name or policy; ignored")
     return notes
 
 
-def _is_known_allow(name: str) -> bool:
+def _is_known_allow(name: str, kernel_names: set[str]) -> bool:
     from .known_issues import POLICY_ALLOW_IDS
 
-    return name in POLICY_ALLOW_IDS or any(i.id == name for i in KNOWN_ISSUES) or "_" in name
+    return name in POLICY_ALLOW_IDS or name in kernel_names or any(i.id == name for i in KNOWN_ISSUES)
 
 
 def resolve(facts: Facts, requirements: Requirements, target: Target) -> Resolution:
@@ -445,7 +450,7 @@ def resolve(facts: Facts, requirements: Requirements, target: Target) -> Resolut
     if not target.archs:
         unchecked.insert(0, "no GPU visible and no --arch given: GPU-arch checks and arch-specific known issues "
                             "were skipped (pass --arch 9.0 for an H100/H200 target)")
-    return Resolution(requirements, target, tuple(verdicts), tuple(_global_notes(facts, target)),
+    return Resolution(requirements, target, tuple(verdicts), tuple(_global_notes(facts, target, requirements)),
                       tuple(dict.fromkeys(unchecked)))
 
 

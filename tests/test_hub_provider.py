@@ -241,7 +241,7 @@ def test_untrusted_org_is_marked_and_not_resolved(tmp_path: Path) -> None:
     assert probe.chosen_variant is None and probe.variants == ()
     assert probe.note is not None
     assert "outside the trusted organisations (kernels-community)" in probe.note
-    assert "--allow-hub-repo someone/fast-gdn" in probe.note
+    assert "pass --allow untrusted-hub-repo to accept it" in probe.note
 
     allowed = probe_hub_kernel("someone/fast-gdn", target=CPU_213, local_path=str(repo), allow_untrusted=True)
     assert allowed.trusted

@@ -187,7 +187,7 @@ def _is_trusted(repo_id: str, allow_untrusted: bool) -> bool:
 def _untrusted_message(repo_id: str) -> str:
     return (
         f"Repository {repo_id} is outside the trusted organisations ({', '.join(TRUSTED_ORGS)}); "
-        f"pass --allow-hub-repo {repo_id} to accept it."
+        f"pass --allow untrusted-hub-repo to accept it."
     )
 
 

@@ -1,0 +1,252 @@
+"""Builders shared by the `kernelguard check` tests (resolver, installed provider, CLI).
+
+Made-up facts (``make_env``, ``make_pkg``, ``make_ext``), a synthetic CUDA ELF writer (fatbin layout as in
+``kernelguard/providers/cuda_arch.py``; same bytes as tests/test_cuda_arch.py builds), and fake installed
+distributions written into a temporary site dir (``*.dist-info`` with METADATA and RECORD).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib
+import json
+import struct
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from kernelguard.env import Environment, Fact, Gpu
+from kernelguard.providers.installed import ExtensionFacts, PackageFacts
+
+# ------------------------------------------------------------------------------------------- made-up facts
+
+INSTALL = {
+    "fla": "pip install flash-linear-attention",
+    "causal_conv1d": "pip install causal-conv1d --no-build-isolation  # compiles with nvcc for TORCH_CUDA_ARCH_LIST",
+}
+UNDEFINED_SYMBOL = "ImportError: /x/causal_conv1d_cuda.so: undefined symbol: _ZN3c1017RegisterOperatorsD1Ev"
+EXT_SO = "causal_conv1d_cuda.cpython-311-x86_64-linux-gnu.so"
+
+
+def make_env(
+    *,
+    torch: str | None = "2.13.0",
+    cuda: str | None = "12.8",
+    abi: bool | None = True,
+    triton: str | None = "3.7.1",
+    gpus: tuple[str, ...] = (),
+    torch_error: str | None = None,
+    kernels: str | None = "0.18.2",
+    packages: Mapping[str, str | None] | None = None,
+) -> Environment:
+    """A made-up system. ``torch`` is the release; the version string gets the usual local tag."""
+    local = f"+cu{cuda.replace('.', '')}" if cuda else "+cpu"
+    torch_version = None if torch is None else f"{torch}{local}"
+    installed: dict[str, str | None] = {
+        "torch": torch_version,
+        "triton": triton,
+        "kernels": kernels,
+        "transformers": "5.23.0",
+        **(packages or {}),
+    }
+    return Environment(
+        python=Fact("3.11.7", "made up"),
+        platform=Fact("linux", "made up"),
+        machine=Fact("x86_64", "made up"),
+        glibc=Fact("glibc 2.35", "made up"),
+        torch_version=Fact(torch_version, "torch.__version__"),
+        torch_error=torch_error,
+        cuda_version=Fact(cuda, "torch.version.cuda"),
+        hip_version=Fact(None, "torch.version.hip"),
+        cxx11_abi=Fact(abi, "torch.compiled_with_cxx11_abi()"),
+        gpus=tuple(
+            Gpu(i, "NVIDIA H200" if c == "9.0" else f"GPU sm {c}", c, "made up") for i, c in enumerate(gpus)
+        ),
+        driver=Fact(None, "made up"),
+        packages={name: Fact(value, "made up") for name, value in installed.items()},
+    )
+
+
+def make_ext(
+    sass: tuple[str, ...] = ("sm_90",),
+    ptx: tuple[str, ...] = (),
+    *,
+    load_error: str | None = None,
+    arch_error: str | None = None,
+    name: str = EXT_SO,
+) -> ExtensionFacts:
+    return ExtensionFacts(
+        path=f"/site-packages/{name}",
+        module=name.split(".", 1)[0],
+        load_error=load_error,
+        sass=frozenset(sass),
+        ptx=frozenset(ptx),
+        arch_error=arch_error,
+        arch_method="elf-fatbin",
+    )
+
+
+def make_pkg(
+    import_name: str,
+    version: str | None,
+    *,
+    module: str | None = None,
+    attribute: str = "",
+    distribution: str | None = None,
+    import_error: str | None = None,
+    devices: tuple[str, ...] = ("cuda",),
+    built_for_torch: str | None = None,
+    extensions: tuple[ExtensionFacts, ...] = (),
+) -> PackageFacts:
+    defaults = {
+        "fla": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule", "fla-core"),
+        "causal_conv1d": ("causal_conv1d", "causal_conv1d_fn", "causal-conv1d"),
+        "flash_attn": ("flash_attn", "flash_attn_varlen_func", "flash-attn"),
+    }[import_name]
+    return PackageFacts(
+        import_name=import_name,
+        distribution=distribution or (defaults[2] if version else None),
+        version=version,
+        module=module or defaults[0],
+        attribute=attribute or defaults[1],
+        import_error=import_error,
+        devices=devices,
+        devices_source="made up",
+        built_for_torch=built_for_torch,
+        extensions=extensions,
+    )
+
+
+def find(resolution: Any, kernel: str, kind: str | None = None) -> Any:
+    """The verdict for ``kernel`` or, with ``kind`` ("package", "hub", "torch", "reference"), its candidate."""
+    verdict = next(v for v in resolution.verdicts if v.kernel == kernel)
+    if kind is None:
+        return verdict
+    return next(d for d in verdict.candidates if d.kind == kind)
+
+
+# ------------------------------------------------------------------------------------ synthetic CUDA ELF
+
+FATBIN_MAGIC = 0xBA55ED50
+KIND_PTX, KIND_CUBIN = 1, 2
+_FLAGS_64BIT_LINUX = 0x11
+
+
+def _fatbin_entry(kind: int, arch: int) -> bytes:
+    payload = (b"\x7fELF" if kind == KIND_CUBIN else b".ver") + bytes(20)
+    header = struct.pack(
+        "<HHIQQHHIIIQ", kind, 0x0101, 64, len(payload), 0, 8, 1, arch, 0, 0, _FLAGS_64BIT_LINUX
+    )
+    return header.ljust(64, b"\0") + payload
+
+
+def fatbin(sass: tuple[int, ...] = (), ptx: tuple[int, ...] = ()) -> bytes:
+    body = b"".join(_fatbin_entry(KIND_CUBIN, a) for a in sass) + b"".join(
+        _fatbin_entry(KIND_PTX, a) for a in ptx
+    )
+    return struct.pack("<IHHQ", FATBIN_MAGIC, 1, 16, len(body)) + body
+
+
+def elf64(sections: list[tuple[str, bytes]]) -> bytes:
+    """Minimal ELF64 little-endian shared object (not loadable: no program headers) with these sections."""
+    names = b"\0" + b"".join(name.encode() + b"\0" for name, _ in sections) + b".shstrtab\0"
+    body = bytearray()
+    headers = [bytes(64)]
+    name_offset = 1
+    for name, data in [*sections, (".shstrtab", names)]:
+        while (64 + len(body)) % 8:
+            body.append(0)
+        offset = 64 + len(body)
+        headers.append(struct.pack("<IIQQQQIIQQ", name_offset, 1, 2, offset, offset, len(data), 0, 0, 8, 0))
+        name_offset += len(name) + 1
+        body += data
+    while len(body) % 8:
+        body.append(0)
+    ident = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
+    header = struct.pack(
+        "<16sHHIQQQIHHHHHH",
+        ident,
+        3,
+        62,
+        1,
+        0,
+        0,
+        64 + len(body),
+        0,
+        64,
+        0,
+        0,
+        64,
+        len(headers),
+        len(headers) - 1,
+    )
+    return header + bytes(body) + b"".join(headers)
+
+
+def cuda_so(sass: tuple[int, ...] = (), ptx: tuple[int, ...] = ()) -> bytes:
+    return elf64([(".text", b"\xc3" * 16), (".nv_fatbin", fatbin(sass, ptx))])
+
+
+# ----------------------------------------------------------------------------- fake installed distributions
+
+
+def _record_line(relative: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{relative},sha256={digest},{len(data)}"
+
+
+def write_distribution(
+    site: Path,
+    name: str,
+    version: str,
+    files: Mapping[str, str | bytes],
+    *,
+    direct_url: str | None = None,
+) -> Path:
+    """Install ``files`` (paths relative to ``site``) as distribution ``name`` the way pip leaves it."""
+    site.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for relative, content in files.items():
+        data = content.encode() if isinstance(content, str) else content
+        target = site / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        lines.append(_record_line(relative, data))
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    meta = {"METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", "INSTALLER": "pip\n"}
+    if direct_url is not None:
+        meta["direct_url.json"] = json.dumps({"url": direct_url, "archive_info": {}})
+    for file_name, text in meta.items():
+        (info / file_name).write_text(text)
+        lines.append(_record_line(f"{info.name}/{file_name}", text.encode()))
+    lines.append(f"{info.name}/RECORD,,")
+    (info / "RECORD").write_text("\n".join(lines) + "\n")
+    return info
+
+
+PROVIDER_MODULES = ("fla", "causal_conv1d", "causal_conv1d_cuda")
+
+
+def _ours(name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in PROVIDER_MODULES)
+
+
+@contextmanager
+def isolated_provider_modules() -> Iterator[None]:
+    """Fake providers import fresh inside, and whatever was imported before is back afterwards."""
+    saved: dict[str, ModuleType] = {n: m for n, m in sys.modules.items() if _ours(n)}
+    for name in saved:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        for name in [n for n in sys.modules if _ours(n)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+        importlib.invalidate_caches()

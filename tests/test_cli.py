@@ -1,0 +1,514 @@
+"""`kernelguard check` / `kernelguard issues` through the real entry points, in subprocesses.
+
+Every run happens in a fresh tmp cwd (so `[tool.kernelguard]` of this repository never leaks in) with no GPU
+visible (CUDA_VISIBLE_DEVICES=""). "This machine" means the CI machine: CPU torch, no fla, no causal-conv1d,
+no flash-attn; tests that depend on that skip elsewhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+from check_helpers import write_distribution
+
+from kernelguard import catalog
+from kernelguard.known_issues import KNOWN_ISSUES
+
+FAKE_PROVIDERS = Path(__file__).resolve().parent / "fake_providers"
+ALLOW_ALL = ("--allow", "chunk_gated_delta_rule", "--allow", "causal_conv1d_fn", "--allow", "attention")
+TRANSFORMERS = metadata.version("transformers")
+TORCH = metadata.version("torch")
+KERNELS = metadata.version("kernels")
+STATUSES = {"selected", "accepted", "rejected", "skipped", "fallback"}
+
+
+def _is_cpu_ci_machine() -> bool:
+    if any(importlib.util.find_spec(m) is not None for m in ("fla", "causal_conv1d", "flash_attn")):
+        return False
+    import torch
+
+    return torch.version.cuda is None
+
+
+no_fast_packages = pytest.mark.skipif(
+    not _is_cpu_ci_machine(),
+    reason="expectations for the CPU CI machine (CPU torch; no fla, causal-conv1d or flash-attn installed)",
+)
+
+
+def kg(
+    *args: str,
+    cwd: Path,
+    pythonpath: tuple[Path, ...] = (),
+    command: tuple[str, ...] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "KERNELGUARD_PROBE_DRIVER", "LOCAL_KERNELS")
+    }
+    env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1")
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
+    base = command or (sys.executable, "-m", "kernelguard")
+    return subprocess.run(
+        [*base, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def kg_json(*args: str, cwd: Path, rc: int, **kwargs: Any) -> dict[str, Any]:
+    proc = kg("check", "--json", *args, cwd=cwd, **kwargs)
+    assert proc.returncode == rc, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    data: dict[str, Any] = json.loads(proc.stdout)  # stdout is exactly one JSON document
+    return data
+
+
+def kernel(data: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(k for k in data["kernels"] if k["kernel"] == name)
+
+
+def candidate(data: dict[str, Any], name: str, kind: str) -> dict[str, Any]:
+    return next(c for c in kernel(data, name)["candidates"] if c["kind"] == kind)
+
+
+def kernels_note() -> str | None:
+    window = catalog.kernels_version_window()
+    if window is None or (window[0] <= KERNELS < window[1]):  # plain string compare is fine for 0.x.y here
+        return None
+    return (
+        f"known issue kernels-version: kernels {KERNELS} is outside [{window[0]}, {window[1]}) accepted by "
+        f"transformers, so Kernel Hub kernels are silently disabled; fix: pip install "
+        f"'kernels>={window[0]},<{window[1]}'"
+    )
+
+
+def write_config(folder: Path, key_dim: int = 64) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.json"
+    path.write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3_5_text",
+                "linear_key_head_dim": key_dim,
+                "linear_value_head_dim": 128,
+                "hidden_size": 1024,
+            }
+        )
+    )
+    return path
+
+
+# ------------------------------------------------------------------------------------------- human text
+
+
+@no_fast_packages
+def test_default_check_fails_with_the_whole_trace(tmp_path: Path) -> None:
+    proc = kg("check", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    assert (
+        lines[0]
+        == f"kernelguard check: qwen3_5 (family name), training, packed sequences, transformers {TRANSFORMERS}"
+    )
+    assert lines[1] == "target: GPU arch unknown (unknown (no GPU visible, no --arch))"
+    assert re.match(rf"torch {re.escape(TORCH)} \(no CUDA, (pre-)?cxx11 ABI\) \| Triton ", lines[2]), lines[2]
+    assert lines[2].endswith("| no GPU visible")
+    for name in ("causal_conv1d_fn", "chunk_gated_delta_rule", "varlen_attention"):
+        assert f"{name:<34} FAIL  no fast provider: the torch reference path would run" in lines
+    text = proc.stdout
+    assert "  [-] rejected  fla (fla.ops.gated_delta_rule.chunk_gated_delta_rule)" in lines
+    assert "fix: pip install flash-linear-attention" in text
+    assert "fix: pip install causal-conv1d --no-build-isolation" in text
+    assert f"torch {TORCH} is a build without CUDA; varlen_attn runs only on CUDA GPUs." in " ".join(
+        line.strip() for line in lines
+    )
+    assert "  [!] fallback  torch reference" in lines
+    assert lines[-1] == (
+        "verdict: FAIL - 3 of 3 required kernels would run a slow fallback: causal_conv1d_fn, "
+        "chunk_gated_delta_rule, varlen_attention (exit 1)"
+    )
+    assert "not checked here:" in lines
+
+
+@no_fast_packages
+def test_allowed_fallbacks_exit_0(tmp_path: Path) -> None:
+    proc = kg("check", *ALLOW_ALL, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert f"{'chunk_gated_delta_rule':<34} OK    torch reference, explicitly allowed" in lines
+    assert f"{'varlen_attention':<34} OK    torch reference, explicitly allowed" in lines
+    assert "  [x] selected  sdpa / eager with a block mask" in lines
+    assert lines[-1] == (
+        "verdict: OK - all 3 required kernels are served; allowed fallbacks: causal_conv1d_fn, "
+        "chunk_gated_delta_rule, varlen_attention; 1 item(s) not checked here (see above) (exit 0)"
+    )
+
+
+def _console_script() -> str | None:
+    here = Path(sys.executable).parent
+    return shutil.which("kernelguard") or shutil.which("kernelguard", path=str(here))
+
+
+@no_fast_packages
+@pytest.mark.skipif(_console_script() is None, reason="the kernelguard console script is not installed")
+def test_console_script_is_the_same_command(tmp_path: Path) -> None:
+    script = _console_script()
+    assert script is not None
+    ok = kg("check", *ALLOW_ALL, "--arch", "9.0", cwd=tmp_path, command=(script,))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.splitlines()[-1] == (
+        "verdict: OK - all 3 required kernels are served; allowed fallbacks: "
+        "causal_conv1d_fn, chunk_gated_delta_rule, varlen_attention (exit 0)"
+    )
+    bad = kg("check", "--model", "nope", cwd=tmp_path, command=(script,))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.startswith("kernelguard: error: unknown model 'nope'")
+    assert kg("issues", cwd=tmp_path, command=(script,)).stdout.startswith(KNOWN_ISSUES[0].id + "\n")
+
+
+# -------------------------------------------------------------------------------------------------- JSON
+
+
+@no_fast_packages
+def test_json_follows_the_documented_schema(tmp_path: Path) -> None:
+    data = kg_json(cwd=tmp_path, rc=1)
+    assert set(data) == {
+        "schema_version",
+        "ok",
+        "model",
+        "transformers",
+        "target",
+        "allow",
+        "kernels",
+        "notes",
+        "unchecked",
+        "numerics",
+        "environment",
+    }
+    assert (data["schema_version"], data["ok"], data["numerics"], data["allow"]) == (1, False, None, [])
+    assert data["model"] == {
+        "name": "qwen3_5",
+        "family": "qwen3_5",
+        "origin": "family name",
+        "mode": "training",
+        "packed": True,
+        "key_head_dim": 128,
+        "key_head_dim_source": "default of qwen3_5's config class",
+    }
+    assert data["transformers"] == TRANSFORMERS
+    assert data["target"] == {"archs": [], "source": "unknown (no GPU visible, no --arch)"}
+    assert [k["kernel"] for k in data["kernels"]] == [
+        "causal_conv1d_fn",
+        "chunk_gated_delta_rule",
+        "varlen_attention",
+    ]
+    for entry in data["kernels"]:
+        assert set(entry) == {"kernel", "ok", "selected", "candidates"}
+        assert (entry["ok"], entry["selected"]) == (False, None)
+        for cand in entry["candidates"]:
+            assert set(cand) == {"provider", "kind", "status", "reason", "fix", "known_issues"}
+            assert cand["status"] in STATUSES and cand["kind"] in {"package", "hub", "torch", "reference"}
+            assert isinstance(cand["known_issues"], list) and cand["reason"].endswith(".")
+        assert entry["candidates"][-1]["status"] == "fallback"
+    fla = candidate(data, "chunk_gated_delta_rule", "package")
+    assert fla == {
+        "provider": "fla (fla.ops.gated_delta_rule.chunk_gated_delta_rule)",
+        "kind": "package",
+        "status": "rejected",
+        "reason": "fla-core / flash-linear-attention is not installed (import 'fla.ops.gated_delta_rule' "
+        "failed).",
+        "fix": "pip install flash-linear-attention",
+        "known_issues": [],
+    }
+    assert candidate(data, "chunk_gated_delta_rule", "hub")["status"] == "skipped"
+    note = kernels_note()
+    assert data["notes"] == ([note] if note else [])
+    assert data["unchecked"][0].startswith("no GPU visible and no --arch given")
+    env = data["environment"]
+    assert env["torch_version"] == {"value": TORCH, "source": "torch.__version__"}
+    assert env["torch_error"] is None and env["gpus"] == []
+    assert env["packages"]["transformers"] == {"value": TRANSFORMERS, "source": "importlib.metadata"}
+
+
+# --------------------------------------------------------------------------------------- model argument
+
+
+@no_fast_packages
+@pytest.mark.parametrize("as_folder", [False, True], ids=["config.json", "model-folder"])
+def test_model_from_config_file_or_folder(tmp_path: Path, as_folder: bool) -> None:
+    config = write_config(tmp_path / "my-model", key_dim=64)
+    model = str(config.parent) if as_folder else str(config)
+    data = kg_json("--model", model, *ALLOW_ALL, cwd=tmp_path, rc=0)
+    assert data["ok"] is True
+    assert data["model"] == {
+        "name": model,
+        "family": "qwen3_5",
+        "origin": str(config),
+        "mode": "training",
+        "packed": True,
+        "key_head_dim": 64,
+        "key_head_dim_source": f"linear_key_head_dim in {config}",
+    }
+    assert [k["selected"] for k in data["kernels"]] == [
+        "torch reference",
+        "torch reference",
+        "sdpa / eager with a block mask",
+    ]
+
+
+# ------------------------------------------------------------------------------------------ pyproject
+
+
+@no_fast_packages
+def test_pyproject_defaults_are_read_from_cwd(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "job"\n\n[tool.kernelguard]\nmodel = "qwen3_next"\narch = "sm_90"\n'
+        'allow = ["chunk_gated_delta_rule", "causal_conv1d_fn"]\n'
+    )
+    data = kg_json("--allow", "attention", cwd=tmp_path, rc=0)
+    assert data["model"]["family"] == "qwen3_next"
+    assert data["target"] == {"archs": ["9.0"], "source": "--arch"}
+    assert data["allow"] == ["attention", "causal_conv1d_fn", "chunk_gated_delta_rule"]
+    # Flags win over the table (arch, model, mode, packed); --allow adds to its allow list.
+    overridden = kg_json(
+        "--arch", "80", "--model", "qwen3_5", "--mode", "inference", "--no-packed", cwd=tmp_path, rc=1
+    )
+    assert overridden["target"] == {"archs": ["8.0"], "source": "--arch"}
+    assert (overridden["model"]["family"], overridden["model"]["mode"], overridden["model"]["packed"]) == (
+        "qwen3_5",
+        "inference",
+        False,
+    )
+    assert overridden["allow"] == ["causal_conv1d_fn", "chunk_gated_delta_rule"]
+    assert [(k["kernel"], k["ok"]) for k in overridden["kernels"]] == [
+        ("causal_conv1d_update", False),
+        ("causal_conv1d_fn", True),
+        ("chunk_gated_delta_rule", True),
+        ("fused_recurrent_gated_delta_rule", False),
+    ]
+
+
+def test_pyproject_arch_as_number_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[tool.kernelguard]\narch = 9.0\n")
+    proc = kg("check", cwd=tmp_path)
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 2
+
+
+# ------------------------------------------------------------------------------------------- exit 2
+
+
+def _bad_config(tmp_path: Path) -> list[str]:
+    (tmp_path / "config.json").write_text("{not json")
+    return ["check", "--model", "config.json"]
+
+
+def _no_model_type(tmp_path: Path) -> list[str]:
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    return ["check", "--model", "config.json"]
+
+
+def _bad_pyproject(tmp_path: Path) -> list[str]:
+    (tmp_path / "pyproject.toml").write_text('[tool.kernelguard]\nmodle = "qwen3_5"\n')
+    return ["check"]
+
+
+def _bad_toml(tmp_path: Path) -> list[str]:
+    (tmp_path / "pyproject.toml").write_text("[tool.kernelguard\n")
+    return ["check"]
+
+
+USAGE_ERRORS = {
+    "unknown-model": (
+        lambda p: ["check", "--model", "nope"],
+        (
+            "kernelguard: error: unknown model 'nope': not a family with fallback kernels in "
+            "transformers, and not a file."
+        ),
+        "Fix: use one of: ",
+    ),
+    "bad-arch": (
+        lambda p: ["check", "--arch", "banana"],
+        "kernelguard: error: --arch 'banana' is not a compute capability.",
+        "Fix: use e.g. --arch 9.0 (H100/H200), 8.0 (A100), 10.0",
+    ),
+    "malformed-config": (
+        _bad_config,
+        (
+            "kernelguard: error: could not read model config config.json: Expecting "
+            "property name enclosed in double quotes"
+        ),
+        "Fix: pass a valid config.json",
+    ),
+    "config-without-model-type": (
+        _no_model_type,
+        ("kernelguard: error: config.json has no 'model_type', so the model family is unknown."),
+        "Fix: pass the config.json of a ",
+    ),
+    "non-hybrid-model": (
+        lambda p: ["check", "--model", "llama"],
+        "kernelguard: error: unknown model 'llama'",
+        "qwen3_5",
+    ),
+    "unknown-flag": (
+        lambda p: ["check", "--bogus"],
+        "kernelguard: error: unrecognized arguments: --bogus",
+        "(see `kernelguard --help`)",
+    ),
+    "bad-mode": (
+        lambda p: ["check", "--mode", "train"],
+        "kernelguard check: error: argument --mode: invalid choice",
+        "(see `kernelguard check --help`)",
+    ),
+    "no-command": (
+        lambda p: [],
+        "kernelguard: error: the following arguments are required: command",
+        "(see `kernelguard --help`)",
+    ),
+    "run-without-gpu": (
+        lambda p: ["check", "--run"],
+        "kernelguard: error: --run executes the kernels on a GPU, and no CUDA GPU is visible here.",
+        "Fix: run `kernelguard check --run` on a GPU node, or drop --run",
+    ),
+    "bad-pyproject-key": (
+        _bad_pyproject,
+        "kernelguard: error: unknown key(s) modle in [tool.kernelguard] of ",
+        "Fix: use only: allow, arch, hub, mode, model, packed",
+    ),
+    "bad-toml": (_bad_toml, "kernelguard: error: could not read ", "Fix: fix the TOML syntax in "),
+}
+
+
+@pytest.mark.parametrize("name", list(USAGE_ERRORS))
+def test_usage_errors_exit_2_with_one_error_line_and_a_fix(tmp_path: Path, name: str) -> None:
+    make_args, error, fix = USAGE_ERRORS[name]
+    proc = kg(*make_args(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith(error), proc.stderr
+    assert fix in proc.stderr
+
+
+# --------------------------------------------------------------------------------------------- issues
+
+
+def test_issues_lists_every_known_issue_and_policy_allow(tmp_path: Path) -> None:
+    proc = kg("issues", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    for issue in KNOWN_ISSUES:
+        at = lines.index(issue.id)
+        assert lines[at + 1 : at + 5] == [
+            f"  {issue.title}",
+            f"  effect: {issue.effect}",
+            f"  fix: {issue.fix}",
+            f"  source: {issue.source}",
+        ]
+    assert "other --allow values:" in lines
+    assert any(line.startswith("  attention: ") for line in lines)
+    assert any(line.startswith("  untrusted-hub-repo: ") for line in lines)
+
+
+# ------------------------------------------------------------------------------------- fake providers
+
+
+def _fake_triton(tmp_path: Path, version: str) -> Path:
+    site = tmp_path / "triton-site"
+    write_distribution(site, "triton", version, {"triton/__init__.py": f'__version__ = "{version}"\n'})
+    return site
+
+
+def test_fake_providers_serve_the_kernels_until_fla_640_applies(tmp_path: Path) -> None:
+    """Fake fla 0.6.0 on PYTHONPATH serves; a Triton 3.6.0 distribution next to it makes fla #640 apply."""
+    paths = (FAKE_PROVIDERS, _fake_triton(tmp_path, "3.6.0"))
+    refused = kg_json("--arch", "9.0", "--allow", "attention", cwd=tmp_path, rc=1, pythonpath=paths)
+    assert refused["environment"]["packages"]["triton"]["value"] == "3.6.0"
+    fla = candidate(refused, "chunk_gated_delta_rule", "package")
+    assert (fla["status"], fla["known_issues"]) == ("rejected", ["fla-640-refusal"])
+    assert fla["reason"].startswith("known issue fla-640-refusal (https://github.com/fla-org/")
+    assert "--allow fla-640-refusal" in fla["fix"]
+    assert kernel(refused, "causal_conv1d_fn")["selected"] == "causal_conv1d (causal_conv1d.causal_conv1d_fn)"
+
+    proc = kg(
+        "check",
+        "--arch",
+        "9.0",
+        "--allow",
+        "attention",
+        "--allow",
+        "fla-640-refusal",
+        cwd=tmp_path,
+        pythonpath=paths,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "| Triton 3.6.0 |" in lines[2]
+    assert (
+        f"{'chunk_gated_delta_rule':<34} OK    served by fla (fla.ops.gated_delta_rule.chunk_gated_delta_rule)"
+        in lines
+    )
+    assert f"{'causal_conv1d_fn':<34} OK    served by causal_conv1d (causal_conv1d.causal_conv1d_fn)" in lines
+    text = " ".join(line.strip() for line in lines)  # reasons are wrapped at 110 columns
+    assert (
+        "fla 0.6.0+kernelguard.fake imports fla.ops.gated_delta_rule.chunk_gated_delta_rule. Note: known issue "
+        "fla-640-refusal (" in text
+    )
+    assert "causal_conv1d 1.6.0+kernelguard.fake imports causal_conv1d.causal_conv1d_fn." in text
+    assert lines[-1] == (
+        "verdict: OK - all 3 required kernels are served; allowed fallbacks: varlen_attention (exit 0)"
+    )
+
+    config = write_config(tmp_path / "small", key_dim=64)
+    wrong = kg_json(
+        "--model",
+        str(config),
+        "--arch",
+        "9.0",
+        "--allow",
+        "attention",
+        "--allow",
+        "fla-640-refusal",
+        cwd=tmp_path,
+        rc=1,
+        pythonpath=paths,
+    )
+    fla = candidate(wrong, "chunk_gated_delta_rule", "package")
+    assert (fla["status"], fla["known_issues"]) == ("rejected", ["fla-640-wrong-grads"])
+    assert fla["fix"].startswith("pip install 'triton>=3.7.1'")
+
+
+# ------------------------------------------------------------------------------------------ broken torch
+
+
+@no_fast_packages
+def test_check_runs_and_reports_when_torch_cannot_be_imported(tmp_path: Path) -> None:
+    broken = tmp_path / "broken-torch"
+    (broken / "torch").mkdir(parents=True)
+    (broken / "torch" / "__init__.py").write_text('raise ImportError("torch is broken on purpose")\n')
+    proc = kg("check", cwd=tmp_path, pythonpath=(broken,))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert re.search(
+        rf"^torch {re.escape(TORCH)} \(import fails\) \(no CUDA, ABI unknown\) \|", proc.stdout, re.MULTILINE
+    )
+    assert (
+        "  - torch could not be imported: ImportError: torch is broken on purpose" in proc.stdout.splitlines()
+    )
+    data = kg_json(cwd=tmp_path, rc=1, pythonpath=(broken,))
+    assert data["environment"]["torch_error"] == "ImportError: torch is broken on purpose"
+    assert data["environment"]["cxx11_abi"] == {"value": None, "source": "import torch"}

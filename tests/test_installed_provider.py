@@ -1,0 +1,341 @@
+"""providers.installed.probe_package on real (fake) distributions in a tmp site dir, then the pure resolver.
+
+Each test writes a ``*.dist-info`` (METADATA, RECORD, optional direct_url.json) plus the package files into
+``site/`` and puts it first on sys.path. Compiled extensions are synthetic ELF files with a hand-made fatbin
+(the arch reader parses them); a synthetic ELF cannot be dlopen'ed, so where a test needs the extension's
+*import* to behave a certain way, a same-named ``.py`` module in ``shadow/`` (ahead of ``site/`` on sys.path)
+stands in for the loaded extension. One test builds a real .so with gcc when a compiler is present.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from check_helpers import cuda_so, fatbin, isolated_provider_modules, make_env, write_distribution
+
+from kernelguard import catalog
+from kernelguard.catalog import PACKAGES
+from kernelguard.providers.installed import ExtensionFacts, PackageFacts, probe_package
+from kernelguard.resolver import REJECTED, SELECTED, Facts, Target, resolve
+
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # ".cpython-311-x86_64-linux-gnu.so"
+EXT = f"causal_conv1d_cuda{SUFFIX}"
+SYMBOL = "_ZN3c1017RegisterOperatorsD1Ev"
+UNDEFINED = f"/x/causal_conv1d_cuda.so: undefined symbol: {SYMBOL}"
+CONV_INIT = (
+    "import causal_conv1d_cuda  # noqa: F401\n\n\ndef causal_conv1d_fn(*args, **kwargs):\n    return None\n"
+)
+FORCE_REINSTALL = "pip install --no-build-isolation --no-cache-dir --force-reinstall causal-conv1d"
+CAUSAL_WHEEL_URL = (
+    "https://github.com/Dao-AILab/causal-conv1d/releases/download/v1.5.0.post8/"
+    "causal_conv1d-1.5.0.post8+cu12torch2.6cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"
+)
+
+
+@dataclass
+class Site:
+    site: Path
+    shadow: Path
+
+    def shadow_module(self, name: str, source: str) -> None:
+        (self.shadow / f"{name}.py").write_text(source)
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Site]:
+    paths = Site(tmp_path / "site", tmp_path / "shadow")
+    paths.site.mkdir()
+    paths.shadow.mkdir()
+    with isolated_provider_modules():
+        monkeypatch.syspath_prepend(str(paths.site))
+        monkeypatch.syspath_prepend(str(paths.shadow))  # ahead of site/: stand-ins for extension modules
+        yield paths
+
+
+def probe_fla() -> PackageFacts:
+    return probe_package(PACKAGES["fla"], "fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
+
+
+def probe_conv(**kwargs: bool) -> PackageFacts:
+    return probe_package(PACKAGES["causal_conv1d"], "causal_conv1d", "causal_conv1d_fn", **kwargs)
+
+
+def decide(found: PackageFacts, kernel: str, archs: tuple[str, ...] = ("9.0",)) -> Any:
+    """The package candidate's decision for qwen3_5 packed training on an H200 with torch 2.13 + CUDA 12.8."""
+    facts = Facts(
+        env=make_env(gpus=("9.0",)),
+        packages={found.module: found},
+        transformers_min_versions={name: catalog.transformers_min_version(name) for name in PACKAGES},
+        torch_varlen_attention=True,
+    )
+    res = resolve(
+        facts,
+        catalog.requirements(catalog.resolve_model("qwen3_5"), "training", packed=True),
+        Target(archs=archs, arch_source="test"),
+    )
+    verdict = next(v for v in res.verdicts if v.kernel == kernel)
+    return next(d for d in verdict.candidates if d.kind == "package")
+
+
+def write_fla(
+    site: Site,
+    version: str,
+    body: str = "def chunk_gated_delta_rule(*args, **kwargs):\n    return None\n",
+    name: str = "flash-linear-attention",
+) -> None:
+    write_distribution(
+        site.site,
+        name,
+        version,
+        {
+            "fla/__init__.py": f'__version__ = "{version}"\n',
+            "fla/ops/__init__.py": "",
+            "fla/ops/gated_delta_rule/__init__.py": body,
+        },
+    )
+
+
+def write_conv(
+    site: Site,
+    version: str = "1.5.0",
+    *,
+    sass: tuple[int, ...] = (90,),
+    direct_url: str | None = None,
+    extension_source: str | None = None,
+) -> Path:
+    write_distribution(
+        site.site,
+        "causal-conv1d",
+        version,
+        {"causal_conv1d/__init__.py": CONV_INIT, EXT: cuda_so(sass)},
+        direct_url=direct_url,
+    )
+    if extension_source is not None:
+        site.shadow_module("causal_conv1d_cuda", extension_source)
+    return (site.site / EXT).resolve()
+
+
+# ------------------------------------------------------------------------------------------------ fla
+
+
+def test_fla_too_old_for_transformers(site: Site) -> None:
+    write_fla(site, "0.1.0")
+    found = probe_fla()
+    assert found == PackageFacts(
+        import_name="fla",
+        distribution="flash-linear-attention",
+        version="0.1.0",
+        module="fla.ops.gated_delta_rule",
+        attribute="chunk_gated_delta_rule",
+        import_error=None,
+        devices=("cuda", "xpu"),
+        devices_source="kernelguard default for this package",
+        built_for_torch=None,
+        extensions=(),
+    )
+    decision = decide(found, "chunk_gated_delta_rule")
+    assert decision.status == REJECTED
+    assert (
+        decision.reason
+        == "flash-linear-attention 0.1.0 is older than 0.2.2, the minimum transformers requires."
+    )
+    assert decision.fix == "pip install -U 'flash-linear-attention>=0.2.2'"
+
+
+def test_fla_core_is_preferred_and_served(site: Site) -> None:
+    write_fla(site, "0.6.0", name="fla-core")
+    found = probe_fla()
+    assert (found.distribution, found.version, found.import_error) == ("fla-core", "0.6.0", None)
+    decision = decide(found, "chunk_gated_delta_rule", archs=("8.0",))
+    assert decision.status == SELECTED
+    assert decision.reason == "fla-core 0.6.0 imports fla.ops.gated_delta_rule.chunk_gated_delta_rule."
+
+
+def test_fla_without_the_function_transformers_takes(site: Site) -> None:
+    write_fla(site, "0.6.0", body="def fused_recurrent_gated_delta_rule(*args, **kwargs):\n    return None\n")
+    found = probe_fla()
+    error = "AttributeError: module 'fla.ops.gated_delta_rule' has no attribute 'chunk_gated_delta_rule'"
+    assert found.import_error == error
+    decision = decide(found, "chunk_gated_delta_rule")
+    assert decision.status == REJECTED
+    assert decision.reason == (
+        "importing fla.ops.gated_delta_rule.chunk_gated_delta_rule fails exactly as "
+        f"transformers would see it: {error}."
+    )
+
+
+def test_fla_import_failure_and_declared_devices(site: Site) -> None:
+    write_fla(site, "0.6.0")
+    (site.site / "fla/__init__.py").write_text(
+        'raise OSError("libz3.so.4.15: cannot open shared object file")\n'
+    )
+    found = probe_fla()
+    assert (found.version, found.import_error) == (
+        "0.6.0",
+        "OSError: libz3.so.4.15: cannot open shared object file",
+    )
+    assert found.devices_source == "kernelguard default for this package"
+
+
+def test_source_checkout_without_distribution_reads_version_and_devices(site: Site) -> None:
+    for relative, text in {
+        "fla/__init__.py": '__version__ = "0.6.0"\n__kernelguard_devices__ = ("cpu", "cuda")\n',
+        "fla/ops/__init__.py": "",
+        "fla/ops/gated_delta_rule/__init__.py": "def chunk_gated_delta_rule():\n    pass\n",
+    }.items():
+        (site.site / relative).parent.mkdir(parents=True, exist_ok=True)
+        (site.site / relative).write_text(text)
+    found = probe_fla()
+    assert (found.distribution, found.version, found.import_error) == (None, "0.6.0", None)
+    assert (found.devices, found.devices_source) == (("cpu", "cuda"), "fla.__kernelguard_devices__")
+
+
+# ---------------------------------------------------------------------------------------- causal_conv1d
+
+
+def test_extension_with_undefined_symbol(site: Site) -> None:
+    so = write_conv(site, extension_source=f"raise ImportError({UNDEFINED!r})\n")
+    found = probe_conv()
+    assert found.distribution == "causal-conv1d" and found.version == "1.5.0"
+    assert found.import_error == f"ImportError: {UNDEFINED}"
+    assert found.built_for_torch is None
+    [ext] = found.extensions
+    assert (ext.path, ext.module, ext.load_error) == (
+        str(so),
+        "causal_conv1d_cuda",
+        f"ImportError: {UNDEFINED}",
+    )
+    assert (ext.sass, ext.ptx, ext.arch_error) == (frozenset({"sm_90"}), frozenset(), None)
+    decision = decide(found, "causal_conv1d_fn")
+    assert decision.status == REJECTED
+    assert decision.issues == ("extension-built-for-other-torch",)
+    assert decision.reason == (
+        f"its compiled extension does not load against the installed torch 2.13.0+cu128 (ImportError: {UNDEFINED}): "
+        "built for another torch, found torch 2.13."
+    )
+    assert decision.fix == FORCE_REINSTALL
+
+
+@pytest.mark.parametrize(
+    "version, direct_url, built_for",
+    [
+        ("1.5.0.post8", CAUSAL_WHEEL_URL, "2.6"),
+        ("1.5.0+cu12torch2.11cxx11abiTRUE", None, "2.11"),
+        ("1.5.0", "https://download.pytorch.org/whl/causal_conv1d-1.5.0-cp311-cp311-linux_x86_64.whl", None),
+    ],
+)
+def test_wheel_name_says_which_torch_it_was_built_for(
+    site: Site, version: str, direct_url: str | None, built_for: str | None
+) -> None:
+    write_conv(site, version, direct_url=direct_url, extension_source=f"raise ImportError({UNDEFINED!r})\n")
+    found = probe_conv()
+    assert found.built_for_torch == built_for
+    decision = decide(found, "causal_conv1d_fn")
+    built = f"built for torch {built_for}" if built_for else "built for another torch"
+    assert decision.reason.endswith(f"): {built}, found torch 2.13.")
+
+
+def test_extension_loads_but_lacks_the_target_arch(site: Site) -> None:
+    so = write_conv(site, sass=(80,), extension_source="LOADED = True\n")
+    found = probe_conv()
+    assert found.import_error is None
+    assert found.extensions == (
+        ExtensionFacts(
+            path=str(so),
+            module="causal_conv1d_cuda",
+            load_error=None,
+            sass=frozenset({"sm_80"}),
+            ptx=frozenset(),
+            arch_error=None,
+            arch_method=found.extensions[0].arch_method,
+        ),
+    )
+    rejected = decide(found, "causal_conv1d_fn", archs=("9.0",))
+    assert rejected.status == REJECTED
+    assert rejected.reason == (
+        f"{EXT} cannot run on compute capability 9.0: built for sm_80 (SASS) and no PTX; "
+        "needs sm_90 SASS or PTX <= compute_90"
+    )
+    assert rejected.fix == PACKAGES["causal_conv1d"].install
+    served = decide(found, "causal_conv1d_fn", archs=("8.6",))
+    assert served.status == SELECTED
+    assert served.reason == (
+        "causal-conv1d 1.5.0 imports causal_conv1d.causal_conv1d_fn; extensions load and "
+        "contain sm_80 SASS and no PTX."
+    )
+
+
+def test_archs_are_read_without_loading_extensions(site: Site) -> None:
+    write_conv(site, sass=(80, 86), extension_source=f"raise ImportError({UNDEFINED!r})\n")
+    found = probe_conv(load_extensions=False)
+    [ext] = found.extensions
+    assert ext.load_error is None  # not tried
+    assert ext.sass == frozenset({"sm_80", "sm_86"})
+    assert found.import_error == f"ImportError: {UNDEFINED}"  # the package import itself still ran
+
+
+def test_unloadable_synthetic_elf_is_a_load_error_not_a_crash(site: Site) -> None:
+    write_distribution(
+        site.site,
+        "causal-conv1d",
+        "1.5.0",
+        {
+            "causal_conv1d/__init__.py": "def causal_conv1d_fn(*args, **kwargs):\n    return None\n",
+            f"causal_conv1d/_C{SUFFIX}": cuda_so((90,)),
+        },
+    )
+    found = probe_conv()
+    assert found.import_error is None
+    [ext] = found.extensions
+    assert ext.module == "causal_conv1d._C"
+    assert ext.load_error is not None and ext.load_error.startswith("ImportError: ")
+    assert ext.sass == frozenset({"sm_90"})
+    decision = decide(found, "causal_conv1d_fn")
+    assert decision.status == REJECTED
+    assert decision.reason.startswith(
+        "importing causal_conv1d.causal_conv1d_fn fails exactly as transformers would see it: ImportError: "
+    )
+
+
+def test_not_installed(site: Site) -> None:
+    found = probe_conv()
+    assert (found.distribution, found.version) == (None, None)
+    assert found.import_error == "ModuleNotFoundError: No module named 'causal_conv1d'"
+    decision = decide(found, "causal_conv1d_fn")
+    assert decision.reason == "causal-conv1d is not installed (import 'causal_conv1d' failed)."
+
+
+@pytest.mark.skipif(
+    not (shutil.which("cc") and shutil.which("objcopy")), reason="needs a C compiler and objcopy"
+)
+def test_real_shared_object_with_undefined_libtorch_symbol(site: Site, tmp_path: Path) -> None:
+    """A real dlopen failure: the .so needs a c10 symbol that the loaded libtorch does not export."""
+    source = tmp_path / "ext.c"
+    source.write_text(
+        f"extern void {SYMBOL}(void);\nvoid *PyInit_causal_conv1d_cuda(void) {{ {SYMBOL}(); return 0; }}\n"
+    )
+    fat = tmp_path / "fatbin.bin"
+    fat.write_bytes(fatbin((80, 90)))
+    built = tmp_path / "built.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(built), str(source)], check=True, capture_output=True)
+    subprocess.run(
+        ["objcopy", "--add-section", f".nv_fatbin={fat}", str(built)], check=True, capture_output=True
+    )
+    write_distribution(
+        site.site, "causal-conv1d", "1.5.0", {"causal_conv1d/__init__.py": CONV_INIT, EXT: built.read_bytes()}
+    )
+    found = probe_conv()
+    assert found.import_error is not None and f"undefined symbol: {SYMBOL}" in found.import_error
+    [ext] = found.extensions
+    assert ext.load_error is not None and f"undefined symbol: {SYMBOL}" in ext.load_error
+    assert ext.sass == frozenset({"sm_80", "sm_90"})
+    decision = decide(found, "causal_conv1d_fn")
+    assert decision.issues == ("extension-built-for-other-torch",)
+    assert decision.fix == FORCE_REINSTALL
