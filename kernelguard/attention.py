@@ -51,7 +51,9 @@ def varlen_attention_forward(
     import torch
 
     if _VARLEN_IMPL is None:
-        raise RuntimeError("kernelguard_varlen was called before register_varlen_attention() found varlen_attn")
+        raise RuntimeError(
+            "kernelguard_varlen was called before register_varlen_attention() found varlen_attn"
+        )
     if attention_mask is not None and not (
         isinstance(attention_mask, torch.Tensor) and bool(attention_mask.all())
     ):
@@ -60,8 +62,8 @@ def varlen_attention_forward(
         raise ValueError("kernelguard_varlen does not implement attention dropout; set attention_dropout=0")
     bsz, heads, q_len, dim = query.shape
     kv_heads, k_len = key.shape[1], key.shape[2]
-    cu_q = kwargs.get("cu_seq_lens_q")
-    cu_k = kwargs.get("cu_seq_lens_k", cu_q)
+    cu_q: Any = kwargs.get("cu_seq_lens_q")
+    cu_k: Any = kwargs.get("cu_seq_lens_k", cu_q)
     if cu_q is None:
         # Unpacked batch: every row is one sequence.
         cu_q = torch.arange(bsz + 1, device=query.device, dtype=torch.int32) * q_len

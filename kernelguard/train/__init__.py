@@ -1,1 +1,19 @@
-"""Packed FSDP2 fine-tuning that starts only once the guard passes. Entry point: ``kernelguard.train.__main__``."""
+"""`kernelguard train`: packed FSDP2 supervised fine-tuning that starts only once the guard passes.
+
+    torchrun --nproc-per-node N [--nnodes M --rdzv-backend c10d --rdzv-endpoint HOST:PORT] \\
+        -m kernelguard.train --model DIR_OR_CONFIG_JSON [--tokenizer DIR] --data FILE_DIR_OR_NAME \\
+        --block-size 8192 --output DIR [--max-steps N] [--resume] [--allow ID ...]
+
+Order of work: build the model on the meta device -> ``guard(model, mode="training", packed=True,
+allow=...)`` (refuses with exit 3 before any data is read) -> load, validate and tokenize chat data ->
+best-fit-decreasing packing into 1D blocks -> activation checkpointing + FSDP2 -> weights from rank 0 ->
+train -> atomic DCP checkpoints -> safetensors export (``OUTPUT/final``) -> ``metrics.jsonl`` +
+``metrics.png``.
+
+Exit codes: 0 ok; 2 usage, config or data error; 3 the guard refused. Under torchrun the launcher itself
+exits 1 when a worker fails and prints each worker's exit code.
+
+Modules: config (TrainConfig, argv), data (rows -> examples), packing (bin packing, block tensors),
+parallel (process group, meta model, AC, FSDP2), checkpoint (DCP save/resume, export), metrics (FLOPs,
+MFU, JSONL, plot), loop (the run), __main__ (entry point).
+"""

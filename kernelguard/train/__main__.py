@@ -37,8 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     except GuardRefused as e:
         if info.is_main:
             print(e.report, file=sys.stderr)
-            print("kernelguard train: refused to start (exit 3); pass --allow ID only for a fallback you accept.",
-                  file=sys.stderr)
+            print(
+                "kernelguard train: refused to start (exit 3); pass --allow ID only for a fallback you accept.",
+                file=sys.stderr,
+            )
         return EXIT_GUARD
     except (ConfigError, DataError) as e:
         if info.is_main:

@@ -54,7 +54,9 @@ def remove_incomplete(output: Path) -> list[Path]:
         if not root.is_dir():
             continue
         for p in root.iterdir():
-            if p.is_dir() and (p.name.endswith(".tmp") or (_step_of(p) is not None and not (p / MARKER).exists())):
+            if p.is_dir() and (
+                p.name.endswith(".tmp") or (_step_of(p) is not None and not (p / MARKER).exists())
+            ):
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
     return removed
@@ -116,7 +118,7 @@ def load_checkpoint(path: Path, *, model: Any, optimizer: Any, world_size: int) 
             fix="resume with the same --nproc-per-node x --nnodes, or start a new --output",
         )
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     rng_file = path / f"rng_rank{dist.get_rank()}.pt"
@@ -132,7 +134,9 @@ def export_final(
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full: dict[str, Any] = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
     final = output / "final"
     if not is_main:
         dist.barrier()
@@ -142,9 +146,7 @@ def export_final(
     tmp.mkdir(parents=True)
     tied = bool(getattr(config.get_text_config(), "tie_word_embeddings", False))
     tensors = {
-        k: v.detach().to(dtype).contiguous()
-        for k, v in full.items()
-        if not (tied and k == "lm_head.weight")
+        k: v.detach().to(dtype).contiguous() for k, v in full.items() if not (tied and k == "lm_head.weight")
     }
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     config.use_cache = True

@@ -59,17 +59,25 @@ class TrainConfig:
         if self.max_steps is not None:
             _positive("max_steps", self.max_steps, "--max-steps 100, or leave it out to train for --epochs")
         if self.schedule_steps is not None:
-            _positive("schedule_steps", self.schedule_steps, "leave --schedule-steps out to use the epoch length")
+            _positive(
+                "schedule_steps", self.schedule_steps, "leave --schedule-steps out to use the epoch length"
+            )
         if self.warmup_steps < 0:
-            raise ConfigError(f"warmup_steps is {self.warmup_steps}; it must be >= 0.", fix="--warmup-steps 0")
+            raise ConfigError(
+                f"warmup_steps is {self.warmup_steps}; it must be >= 0.", fix="--warmup-steps 0"
+            )
         if self.save_every < 0:
             raise ConfigError(f"save_every is {self.save_every}; it must be >= 0.", fix="--save-every 0")
         if not self.lr > 0:
             raise ConfigError(f"lr is {self.lr}; it must be > 0.", fix="--lr 1e-5")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ConfigError(f"min_lr_ratio is {self.min_lr_ratio}; it must be in [0, 1].", fix="--min-lr-ratio 0.1")
+            raise ConfigError(
+                f"min_lr_ratio is {self.min_lr_ratio}; it must be in [0, 1].", fix="--min-lr-ratio 0.1"
+            )
         if not self.grad_clip >= 0:
-            raise ConfigError(f"grad_clip is {self.grad_clip}; it must be >= 0 (0 disables).", fix="--grad-clip 1.0")
+            raise ConfigError(
+                f"grad_clip is {self.grad_clip}; it must be >= 0 (0 disables).", fix="--grad-clip 1.0"
+            )
         if self.param_dtype not in PARAM_DTYPES:
             raise ConfigError(
                 f"param_dtype is {self.param_dtype!r}; expected one of {', '.join(PARAM_DTYPES)}.",
@@ -88,7 +96,9 @@ class TrainConfig:
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ConfigError(f"peak_tflops is {self.peak_tflops}; it must be > 0.", fix="--peak-tflops 989")
         if self.output.exists() and not self.output.is_dir():
-            raise ConfigError(f"output {self.output} exists and is not a directory.", fix="pass a directory path")
+            raise ConfigError(
+                f"output {self.output} exists and is not a directory.", fix="pass a directory path"
+            )
 
 
 def _positive(name: str, value: int, fix: str) -> None:
@@ -98,7 +108,7 @@ def _positive(name: str, value: int, fix: str) -> None:
 
 class _ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"kernelguard train: {message}", fix=f"see `{self.prog} --help`")
+        raise ConfigError(message, fix=f"see `{self.prog} --help`")
 
 
 def build_parser(prog: str = "python -m kernelguard.train") -> argparse.ArgumentParser:
@@ -112,7 +122,9 @@ def build_parser(prog: str = "python -m kernelguard.train") -> argparse.Argument
     p.add_argument("--data", required=True, help="jsonl/json/parquet file or folder, or a dataset name")
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--block-size", type=int, default=8192)
-    p.add_argument("--max-steps", type=int, help="stop after this optimizer step (the schedule is not changed)")
+    p.add_argument(
+        "--max-steps", type=int, help="stop after this optimizer step (the schedule is not changed)"
+    )
     p.add_argument("--schedule-steps", type=int, help="length of the LR schedule (default: epochs of data)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--grad-accum", type=int, default=1, help="packed blocks per rank per optimizer step")
@@ -123,7 +135,15 @@ def build_parser(prog: str = "python -m kernelguard.train") -> argparse.Argument
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
-    p.add_argument("--allow", nargs="*", default=[], metavar="ID", help="explicitly allowed fallbacks")
+    p.add_argument(
+        "--allow",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="ID",
+        help="explicitly allowed slow paths: a kernel name (chunk_gated_delta_rule, causal_conv1d_fn), attention, "
+        "a known-issue ID; repeatable",
+    )
     p.add_argument("--messages-column", default="messages")
     p.add_argument("--split", default="train")
     p.add_argument("--overlong", choices=OVERLONG_POLICIES, default="truncate")

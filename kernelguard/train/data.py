@@ -19,6 +19,7 @@ earlier turns (e.g. strip reasoning from history) are rejected with a DataError 
 from __future__ import annotations
 
 import json
+from array import array
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -68,6 +69,39 @@ class DataStats:
         )
 
 
+class ExampleStore:
+    """Tokenized examples in two flat int32 arrays (4 bytes a token, not a Python int object each).
+
+    ``store[i]`` is ``(input_ids, labels)`` as lists; ``lengths()`` feeds the packer."""
+
+    def __init__(self) -> None:
+        self._ids = array("i")
+        self._labels = array("i")
+        self._offsets = array("q", [0])
+
+    def append(self, ids: list[int], labels: list[int]) -> None:
+        self._ids.extend(ids)
+        self._labels.extend(labels)
+        self._offsets.append(len(self._ids))
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        a, b = self._offsets[i], self._offsets[i + 1]
+        return self._ids[a:b].tolist(), self._labels[a:b].tolist()
+
+    def __iter__(self) -> Iterator[tuple[list[int], list[int]]]:
+        return (self[i] for i in range(len(self)))
+
+    def lengths(self) -> list[int]:
+        off = self._offsets
+        return [off[i + 1] - off[i] for i in range(len(self))]
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
     file: str
@@ -95,9 +129,13 @@ def resolve_files(data: str) -> list[Path] | None:
             )
         return [path]
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in JSON_SUFFIXES + PARQUET_SUFFIXES)
+        files = sorted(
+            p for p in path.rglob("*") if p.is_file() and p.suffix in JSON_SUFFIXES + PARQUET_SUFFIXES
+        )
         if not files:
-            raise ConfigError(f"data folder {path} holds no .jsonl, .json or .parquet files.", fix="check --data")
+            raise ConfigError(
+                f"data folder {path} holds no .jsonl, .json or .parquet files.", fix="check --data"
+            )
         return files
     if path.suffix in JSON_SUFFIXES + PARQUET_SUFFIXES or data.startswith((".", "/")):
         raise ConfigError(f"data path {data} does not exist.", fix="check --data")
@@ -111,7 +149,9 @@ def _iter_json_file(path: Path, skipped: Counter[str], skip_bad: bool) -> Iterat
         try:
             items = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
-            raise _data_error(name, 0, "<file>", f"not valid UTF-8 at byte {e.start}", "re-encode the file as UTF-8")
+            raise _data_error(
+                name, 0, "<file>", f"not valid UTF-8 at byte {e.start}", "re-encode the file as UTF-8"
+            )
         except json.JSONDecodeError as e:
             raise _data_error(name, 0, "<file>", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}")
         for i, item in enumerate(items):
@@ -132,7 +172,9 @@ def _iter_json_file(path: Path, skipped: Counter[str], skip_bad: bool) -> Iterat
             value = json.loads(text)
         except json.JSONDecodeError as e:
             if not skip_bad:
-                raise _data_error(name, lineno, "<line>", f"invalid JSON at column {e.colno}: {e.msg}") from None
+                raise _data_error(
+                    name, lineno, "<line>", f"invalid JSON at column {e.colno}: {e.msg}"
+                ) from None
             skipped["invalid_json"] += 1
             continue
         yield Row(name, lineno, value)
@@ -149,11 +191,15 @@ def iter_rows(data: str, *, split: str = "train", skipped: Counter[str], skip_ba
         try:
             import datasets
         except ImportError as e:
-            raise ConfigError("reading a dataset by name needs `datasets`.", fix="pip install 'kernelguard[train]'") from e
+            raise ConfigError(
+                "reading a dataset by name needs `datasets`.", fix="pip install 'kernelguard[train]'"
+            ) from e
         try:
             ds = datasets.load_dataset(data, split=split)
         except Exception as e:
-            raise ConfigError(f"could not load dataset {data!r} (split {split!r}): {e}", fix="check --data") from e
+            raise ConfigError(
+                f"could not load dataset {data!r} (split {split!r}): {e}", fix="check --data"
+            ) from e
         yield from _iter_dataset(ds, data)
         return
     for path in files:
@@ -165,7 +211,9 @@ def iter_rows(data: str, *, split: str = "train", skipped: Counter[str], skip_ba
             try:
                 ds = datasets.load_dataset("parquet", data_files=[str(path)], split="train")
             except Exception as e:
-                raise _data_error(str(path), 0, "<file>", f"unreadable Parquet: {e}", "rewrite the file") from e
+                raise _data_error(
+                    str(path), 0, "<file>", f"unreadable Parquet: {e}", "rewrite the file"
+                ) from e
             yield from _iter_dataset(ds, str(path))
 
 
@@ -178,7 +226,11 @@ def validate_messages(row: Row, column: str, *, need_assistant: bool) -> list[di
     if column not in row.value:
         cols = ", ".join(sorted(map(str, row.value))) or "none"
         raise _data_error(
-            f, r, column, f"column {column!r} is missing (columns: {cols})", f"pass --messages-column NAME (one of: {cols})"
+            f,
+            r,
+            column,
+            f"column {column!r} is missing (columns: {cols})",
+            f"pass --messages-column NAME (one of: {cols})",
         )
     messages = row.value[column]
     if not isinstance(messages, (list, tuple)):
@@ -189,13 +241,19 @@ def validate_messages(row: Row, column: str, *, need_assistant: bool) -> list[di
     for i, msg in enumerate(messages):
         where = f"{column}[{i}]"
         if not isinstance(msg, dict):
-            raise _data_error(f, r, where, f"expected an object with role and content, got {type(msg).__name__}")
+            raise _data_error(
+                f, r, where, f"expected an object with role and content, got {type(msg).__name__}"
+            )
         role = msg.get("role")
         if not isinstance(role, str) or role not in ROLES:
-            raise _data_error(f, r, f"{where}.role", f"unknown role {role!r}; expected one of {', '.join(sorted(ROLES))}")
+            raise _data_error(
+                f, r, f"{where}.role", f"unknown role {role!r}; expected one of {', '.join(sorted(ROLES))}"
+            )
         content = msg.get("content")
         if not isinstance(content, str):
-            raise _data_error(f, r, f"{where}.content", f"content must be a string, got {type(content).__name__}")
+            raise _data_error(
+                f, r, f"{where}.content", f"content must be a string, got {type(content).__name__}"
+            )
         out.append({"role": role, "content": content})
     if need_assistant and not any(m["role"] == "assistant" for m in out):
         raise _data_error(f, r, column, "no assistant message, so there is nothing to train on")
@@ -211,9 +269,13 @@ def load_tokenizer(path: str) -> Any:
     except Exception as e:
         raise ConfigError(f"could not load a tokenizer from {path}: {e}", fix="pass --tokenizer DIR") from e
     if not getattr(tok, "chat_template", None):
-        raise ConfigError(f"the tokenizer at {path} has no chat_template.", fix="use a tokenizer with a chat template")
+        raise ConfigError(
+            f"the tokenizer at {path} has no chat_template.", fix="use a tokenizer with a chat template"
+        )
     if not getattr(tok, "is_fast", False):
-        raise ConfigError(f"the tokenizer at {path} is not a fast tokenizer (no offsets).", fix="ship tokenizer.json")
+        raise ConfigError(
+            f"the tokenizer at {path} is not a fast tokenizer (no offsets).", fix="ship tokenizer.json"
+        )
     return tok
 
 
@@ -229,7 +291,9 @@ def _render(tokenizer: Any, messages: list[dict[str, str]], *, generation_prompt
     return text if isinstance(text, str) else str(text)
 
 
-def assistant_spans(tokenizer: Any, messages: list[dict[str, str]], row: Row) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(
+    tokenizer: Any, messages: list[dict[str, str]], row: Row
+) -> tuple[str, list[tuple[int, int]]]:
     """The full rendering and the character spans of every assistant turn in it (see module docstring)."""
     full = _render(tokenizer, messages, generation_prompt=False)
     spans: list[tuple[int, int]] = []
@@ -285,11 +349,11 @@ def load_examples(
     skip_bad_rows: bool = False,
     assistant_only: bool = True,
     chunk: int = 2048,
-) -> tuple[list[tuple[list[int], list[int]]], DataStats]:
-    """Every usable example as (input_ids, labels), plus counts. Raises DataError on the first bad row
+) -> tuple[ExampleStore, DataStats]:
+    """Every usable example as (input_ids, labels) in an ExampleStore, plus counts. Raises DataError on the first bad row
     unless ``skip_bad_rows``; raises DataError when nothing usable is left."""
     stats = DataStats()
-    examples: list[tuple[list[int], list[int]]] = []
+    examples = ExampleStore()
     pending: list[tuple[Row, list[dict[str, str]]]] = []
 
     def flush() -> None:
@@ -307,7 +371,7 @@ def load_examples(
             stats.examples += 1
             stats.tokens += len(ids)
             stats.loss_tokens += loss_tokens
-            examples.append((ids, labels))
+            examples.append(ids, labels)
         pending.clear()
 
     for row in iter_rows(data, split=split, skipped=stats.bad_rows, skip_bad=skip_bad_rows):
@@ -318,14 +382,16 @@ def load_examples(
             if not skip_bad_rows:
                 raise
             field_name = str(e.details.get("field", "row"))
-            stats.bad_rows[field_name.rsplit(".", 1)[-1] if "." in field_name else field_name.split("[")[0]] += 1
+            stats.bad_rows[
+                field_name.rsplit(".", 1)[-1] if "." in field_name else field_name.split("[")[0]
+            ] += 1
             continue
         pending.append((row, msgs))
         if len(pending) >= chunk:
             flush()
     flush()
     stats.rows += sum(stats.bad_rows[k] for k in ("not_utf8", "invalid_json"))
-    if not examples:
+    if len(examples) == 0:
         raise DataError(
             f"no usable training examples in {data} ({stats.render()}).",
             fix="check the data, --messages-column and --overlong",

@@ -123,7 +123,9 @@ def make_plan(cfg: TrainConfig, blocks: list[list[int]], world_size: int) -> Pla
     return Plan(blocks, steps_per_epoch, total, stop, cfg.schedule_steps or max(total, stop))
 
 
-def step_block_ids(plan: Plan, step: int, *, rank: int, world_size: int, seed: int, grad_accum: int) -> list[int]:
+def step_block_ids(
+    plan: Plan, step: int, *, rank: int, world_size: int, seed: int, grad_accum: int
+) -> list[int]:
     """Block indices this rank trains on at 0-based optimizer step ``step`` (epochs cycle)."""
     epoch, within = divmod(step, plan.steps_per_epoch)
     mine = shard_blocks(len(plan.blocks), rank=rank, world_size=world_size, seed=seed, epoch=epoch)
@@ -140,14 +142,19 @@ def lr_lambda(warmup: int, total: int, min_ratio: float) -> Any:
     return f
 
 
-def make_optimizer(model: Any, cfg: TrainConfig, device: torch.device, *, schedule_steps: int) -> tuple[Any, Any]:
-    decay, no_decay = [], []
+def make_optimizer(
+    model: Any, cfg: TrainConfig, device: torch.device, *, schedule_steps: int
+) -> tuple[Any, Any]:
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=device.type == "cuda")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, schedule_steps, cfg.min_lr_ratio))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lr_lambda(cfg.warmup_steps, schedule_steps, cfg.min_lr_ratio)
+    )
     return opt, sched
 
 
@@ -226,9 +233,11 @@ def _run_gated(
         assistant_only=cfg.assistant_only_loss,
     )
     log(info, f"data: {dstats.render()}")
-    lengths = [len(ids) for ids, _ in examples]
+    lengths = examples.lengths()
     blocks = pack_best_fit_decreasing(lengths, cfg.block_size, seed=cfg.seed)
-    pstats = packing_stats(blocks, lengths, cfg.block_size, truncated=dstats.truncated, dropped=dstats.dropped_overlong)
+    pstats = packing_stats(
+        blocks, lengths, cfg.block_size, truncated=dstats.truncated, dropped=dstats.dropped_overlong
+    )
     log(info, pstats.render())
     plan = make_plan(cfg, blocks, info.world_size)
     pad_id = pad_token_id(tokenizer)
@@ -238,7 +247,12 @@ def _run_gated(
     mesh = init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp",))
     if cfg.activation_checkpointing:
         apply_activation_checkpointing(model)
-    apply_fsdp(model, mesh=mesh, mp_policy=mixed_precision(cfg.param_dtype), reshard_after_forward=cfg.reshard_after_forward)
+    apply_fsdp(
+        model,
+        mesh=mesh,
+        mp_policy=mixed_precision(cfg.param_dtype),
+        reshard_after_forward=cfg.reshard_after_forward,
+    )
     materialize(model, info=info, config=hf_config, weights=weights, seed=cfg.seed)
     model.train()
 
@@ -263,14 +277,26 @@ def _run_gated(
     peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops(info.device)
     bar = None
     if info.is_main and cfg.progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=plan.stop_step, initial=start, desc="train", unit="step", file=sys.stderr)
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            log(info, "tqdm is not installed: no progress bar (metrics still go to metrics.jsonl)")
+        else:
+            bar = tqdm(total=plan.stop_step, initial=start, desc="train", unit="step", file=sys.stderr)
     try:
         for step in range(start, plan.stop_step):
-            ids = step_block_ids(plan, step, rank=info.rank, world_size=info.world_size, seed=cfg.seed, grad_accum=cfg.grad_accum)
-            micro = [build_packed_block([examples[i] for i in plan.blocks[b]], cfg.block_size, pad_id) for b in ids]
-            seq_lens = [len(examples[i][0]) for b in ids for i in plan.blocks[b]]
+            ids = step_block_ids(
+                plan,
+                step,
+                rank=info.rank,
+                world_size=info.world_size,
+                seed=cfg.seed,
+                grad_accum=cfg.grad_accum,
+            )
+            micro = [
+                build_packed_block([examples[i] for i in plan.blocks[b]], cfg.block_size, pad_id) for b in ids
+            ]
+            seq_lens = [lengths[i] for b in ids for i in plan.blocks[b]]
             if info.device.type == "cuda":
                 torch.cuda.synchronize(info.device)
             t0 = time.perf_counter()
@@ -284,7 +310,9 @@ def _run_gated(
                 torch.cuda.synchronize(info.device)
             dt = time.perf_counter() - t0
             totals = torch.tensor(
-                [float(sum(seq_lens)), step_flops(hf_config, seq_lens)], dtype=torch.float64, device=info.device
+                [float(sum(seq_lens)), step_flops(hf_config, seq_lens)],
+                dtype=torch.float64,
+                device=info.device,
             )
             dist.all_reduce(totals)
             real_tokens, flops = float(totals[0]), float(totals[1])
@@ -318,22 +346,38 @@ def _run_gated(
             ckpt.remove_incomplete(cfg.output)
     if cfg.export:
         ckpt.export_final(
-            cfg.output, model=model, config=hf_config, tokenizer=tokenizer, dtype=DTYPES[cfg.param_dtype], is_main=info.is_main
+            cfg.output,
+            model=model,
+            config=hf_config,
+            tokenizer=tokenizer,
+            dtype=DTYPES[cfg.param_dtype],
+            is_main=info.is_main,
         )
     if info.is_main and cfg.plot and (cfg.output / "metrics.jsonl").exists():
-        plot_metrics(cfg.output / "metrics.jsonl", cfg.output / "metrics.png")
+        try:
+            plot_metrics(cfg.output / "metrics.jsonl", cfg.output / "metrics.png")
+        except ImportError:
+            log(info, "matplotlib is not installed: no metrics.png (pip install 'kernelguard[train]')")
     log(info, f"done: {plan.stop_step} steps; output in {cfg.output}")
     return 0
 
 
-def _save(cfg: TrainConfig, info: DistInfo, model: Any, optimizer: Any, scheduler: Any, step: int, plan: Plan) -> None:
+def _save(
+    cfg: TrainConfig, info: DistInfo, model: Any, optimizer: Any, scheduler: Any, step: int, plan: Plan
+) -> None:
     epoch, within = divmod(step, plan.steps_per_epoch)
     state = {
         "step": step,
         "scheduler": scheduler.state_dict(),
-        "data": {"epoch": epoch, "step_in_epoch": within, "blocks_per_rank_consumed": within * cfg.grad_accum},
+        "data": {
+            "epoch": epoch,
+            "step_in_epoch": within,
+            "blocks_per_rank_consumed": within * cfg.grad_accum,
+        },
         "world_size": info.world_size,
         "seed": cfg.seed,
         "num_blocks": len(plan.blocks),
     }
-    ckpt.save_checkpoint(cfg.output, step=step, model=model, optimizer=optimizer, trainer_state=state, is_main=info.is_main)
+    ckpt.save_checkpoint(
+        cfg.output, step=step, model=model, optimizer=optimizer, trainer_state=state, is_main=info.is_main
+    )

@@ -57,7 +57,9 @@ def _check_lengths(lengths: Sequence[int], block_size: int) -> None:
     for i, n in enumerate(lengths):
         if n <= 0 or n > block_size:
             # Zero-length segments break fla's varlen kernels; overlong ones must be truncated or dropped first.
-            raise ValueError(f"example {i} has length {n}; every length must be in [1, block_size={block_size}]")
+            raise ValueError(
+                f"example {i} has length {n}; every length must be in [1, block_size={block_size}]"
+            )
 
 
 def pack_best_fit_decreasing(lengths: Sequence[int], block_size: int, *, seed: int = 0) -> list[list[int]]:
@@ -93,12 +95,12 @@ def pack_best_fit_decreasing(lengths: Sequence[int], block_size: int, *, seed: i
             blocks[block_id].append(idx)
             remaining = cap - n
         if remaining > 0:
-            stack = open_by_capacity.get(remaining)
-            if stack is None:
+            same = open_by_capacity.get(remaining)
+            if same is None:
                 open_by_capacity[remaining] = [block_id]
                 insort(capacities, remaining)
             else:
-                stack.append(block_id)
+                same.append(block_id)
     return blocks
 
 
@@ -117,7 +119,12 @@ def pack_sequential_greedy(lengths: Sequence[int], block_size: int) -> list[list
 
 
 def packing_stats(
-    blocks: Sequence[Sequence[int]], lengths: Sequence[int], block_size: int, *, truncated: int = 0, dropped: int = 0
+    blocks: Sequence[Sequence[int]],
+    lengths: Sequence[int],
+    block_size: int,
+    *,
+    truncated: int = 0,
+    dropped: int = 0,
 ) -> PackingStats:
     return PackingStats(
         blocks=len(blocks),
@@ -162,7 +169,9 @@ def build_packed_block(
     for segment, (ids, labs) in enumerate(examples):
         n = len(ids)
         if n == 0 or n != len(labs):
-            raise ValueError(f"example {segment}: {n} input ids and {len(labs)} labels (need equal, non-zero)")
+            raise ValueError(
+                f"example {segment}: {n} input ids and {len(labs)} labels (need equal, non-zero)"
+            )
         input_ids.extend(ids)
         labels.append(IGNORE_INDEX)
         labels.extend(labs[1:])

@@ -54,9 +54,7 @@ def init_distributed() -> DistInfo:
         device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
         if use_cuda:
             torch.cuda.set_device(device)
-        dist.init_process_group(
-            "nccl" if use_cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1
-        )
+        dist.init_process_group("nccl" if use_cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device)
 
 
@@ -67,13 +65,17 @@ def model_source(model: str) -> tuple[Any, Path | None]:
     path = Path(model)
     if path.is_file():
         if path.suffix != ".json":
-            raise ConfigError(f"--model {model} is a file but not a config.json.", fix="pass a model directory")
+            raise ConfigError(
+                f"--model {model} is a file but not a config.json.", fix="pass a model directory"
+            )
         try:
             raw = json.loads(path.read_text())
             model_type = raw.pop("model_type")
             return AutoConfig.for_model(model_type, **raw), None
         except (ValueError, KeyError) as e:
-            raise ConfigError(f"--model {model} is not a usable config.json: {e!r}", fix="check model_type") from e
+            raise ConfigError(
+                f"--model {model} is not a usable config.json: {e!r}", fix="check model_type"
+            ) from e
     if path.is_dir() and (path / "config.json").exists():
         config = AutoConfig.from_pretrained(str(path))
         has_weights = any((path / f).exists() for f in WEIGHT_FILES)
@@ -100,7 +102,9 @@ def build_meta_model(config: Any, *, attn_implementation: str) -> nn.Module:
     return model
 
 
-def full_state_on_rank0(config: Any, weights: Path | None, *, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def full_state_on_rank0(
+    config: Any, weights: Path | None, *, seed: int
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(persistent state dict, non-persistent buffers) of the initial model, on CPU in fp32."""
     cls = _causal_lm_class(config)
     if weights is not None:
@@ -137,7 +141,9 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
         layers[i] = checkpoint_wrapper(layer, preserve_rng_state=True)
 
 
-def apply_fsdp(model: nn.Module, *, mesh: Any, mp_policy: Any, reshard_after_forward: bool = True) -> nn.Module:
+def apply_fsdp(
+    model: nn.Module, *, mesh: Any, mp_policy: Any, reshard_after_forward: bool = True
+) -> nn.Module:
     """``fully_shard`` every decoder layer, then the root (embeddings, final norm, LM head)."""
     from torch.distributed.fsdp import fully_shard
 
@@ -145,7 +151,9 @@ def apply_fsdp(model: nn.Module, *, mesh: Any, mp_policy: Any, reshard_after_for
     for i, layer in enumerate(layers):
         # The last layer's parameters are needed again at once by backward: keep them unsharded.
         last = i == len(layers) - 1
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward and not last)
+        fully_shard(
+            layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward and not last
+        )
     fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
     return model
 
@@ -168,7 +176,7 @@ def materialize(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     model.to_empty(device=info.device)
-    state: dict[str, torch.Tensor] = {}
+    state: dict[str, Any] = {}
     buffers: dict[str, torch.Tensor] = {}
     if info.is_main:
         state, buffers = full_state_on_rank0(config, weights, seed=seed)
@@ -184,7 +192,9 @@ def materialize(
         if target is None:
             target = own.get(_wrapped_name(name))
         if target is None:
-            raise ConfigError(f"buffer {name} of the initial model is missing after wrapping.", fix="report this")
+            raise ConfigError(
+                f"buffer {name} of the initial model is missing after wrapping.", fix="report this"
+            )
         with torch.no_grad():
             target.copy_(value.to(target.device, target.dtype))
 

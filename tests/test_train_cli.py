@@ -1,0 +1,176 @@
+"""`kernelguard train` end to end on CPU: 2-rank FSDP2 (gloo) through torchrun, the guard gate, exact
+kill-and-resume, export, and malformed input failing before any checkpoint is written."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import train_helpers as h
+
+pytestmark = pytest.mark.slow
+
+STEPS, KILL_AT = 6, 3
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("train")
+    return {
+        "root": root,
+        "tok": h.write_tokenizer(root / "tok"),
+        "model": h.write_model_config(root / "model"),
+        "data": h.write_jsonl(root / "data.jsonl", h.copy_task_rows(400)),
+    }
+
+
+def _args(assets: dict[str, Path], output: Path, *extra: str) -> list[str]:
+    return [
+        "--model",
+        str(assets["model"]),
+        "--tokenizer",
+        str(assets["tok"]),
+        "--data",
+        str(assets["data"]),
+        "--output",
+        str(output),
+        "--block-size",
+        "256",
+        "--param-dtype",
+        "fp32",
+        "--lr",
+        "3e-3",
+        "--schedule-steps",
+        "8",
+        "--warmup-steps",
+        "1",
+        "--no-progress",
+        "--allow",
+        "attention",
+        *extra,
+    ]
+
+
+def _metrics(output: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def full_run(assets: dict[str, Path]) -> Path:
+    out = assets["root"] / "full"
+    r = h.run_train(_args(assets, out, "--max-steps", str(STEPS)))
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_two_rank_fsdp2_loss_decreases_and_outputs(full_run: Path) -> None:
+    recs = _metrics(full_run)
+    assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
+    losses = [r["loss"] for r in recs]
+    assert losses[-1] < losses[0] - 0.5, losses
+    for r in recs:
+        assert r["tokens_per_s"] > 0 and math.isfinite(r["grad_norm"]) and 0 <= r["padding_pct"] < 100
+        assert r["mfu"] is None  # no known peak on CPU without --peak-tflops
+    assert (full_run / "metrics.png").stat().st_size > 0
+    assert sorted(p.name for p in (full_run / "checkpoints").iterdir()) == [f"step_{STEPS}"]
+
+
+def test_export_loads_with_from_pretrained(full_run: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    final = full_run / "final"
+    model = AutoModelForCausalLM.from_pretrained(str(final), dtype=torch.float32)
+    saved = load_file(str(final / "model.safetensors"))
+    state = model.state_dict()
+    assert saved.keys() <= state.keys()
+    assert all(torch.equal(state[k], v) for k, v in saved.items())
+    assert AutoTokenizer.from_pretrained(str(final)).chat_template
+    assert not list(full_run.glob("*.tmp"))
+
+
+def test_kill_and_resume_matches_uninterrupted_run(assets: dict[str, Path], full_run: Path) -> None:
+    from safetensors.torch import load_file
+
+    out = assets["root"] / "resumed"
+    r = h.run_train(_args(assets, out, "--max-steps", str(KILL_AT), "--no-export", "--no-plot"))
+    assert r.returncode == 0, r.stderr
+    # A crash mid-save leaves a folder without its marker: it must be ignored (and cleaned up).
+    (out / "checkpoints" / f"step_{KILL_AT + 1}.tmp").mkdir()
+    (out / "checkpoints" / f"step_{KILL_AT + 2}").mkdir()
+    r = h.run_train(_args(assets, out, "--max-steps", str(STEPS), "--resume"))
+    assert r.returncode == 0, r.stderr
+    assert f"resumed from {out / 'checkpoints' / f'step_{KILL_AT}'} at step {KILL_AT}" in r.stderr
+    a, b = _metrics(full_run), _metrics(out)
+    assert [x["step"] for x in b] == list(range(1, STEPS + 1))
+    for x, y in zip(a, b):
+        assert abs(x["loss"] - y["loss"]) <= 1e-6 and abs(x["lr"] - y["lr"]) <= 1e-12
+    pa, pb = (
+        load_file(str(full_run / "final" / "model.safetensors")),
+        load_file(str(out / "final" / "model.safetensors")),
+    )
+    assert pa.keys() == pb.keys()
+    assert max(float((pa[k] - pb[k]).abs().max()) for k in pa) <= 1e-6
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step_{KILL_AT}", f"step_{STEPS}"]
+
+
+def test_guard_refuses_without_fast_providers(assets: dict[str, Path]) -> None:
+    out = assets["root"] / "refused"
+    r = h.run_train(_args(assets, out, "--max-steps", "2"), fakes=False)
+    # torchrun itself exits 1 when a worker fails (and stops the others); it lists the exit code 3.
+    assert r.returncode != 0 and "exitcode  : 3" in r.stderr, r.stderr
+    assert "chunk_gated_delta_rule" in r.stderr and "causal_conv1d_fn" in r.stderr
+    assert "refused to start" in r.stderr
+    assert not out.exists()  # refused before any data work or output
+    # Without torchrun the process exit code is exactly 3.
+    r = h.run_train(_args(assets, out, "--max-steps", "2"), fakes=False, nproc=0)
+    assert r.returncode == 3, r.stderr
+    assert "chunk_gated_delta_rule" in r.stderr and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        (
+            {"messages": [{"role": "user", "content": ["not", "a", "string"]}]},
+            "row 2, field 'messages[0].content'",
+        ),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "row 2, field 'messages[0].role'"),
+        ({"text": "hello"}, "row 2, field 'messages': column 'messages' is missing"),
+        ({"messages": []}, "row 2, field 'messages': the conversation is empty"),
+        (b"\xc3\x28", "row 2, field '<line>': not valid UTF-8"),
+    ],
+    ids=["content", "role", "column", "empty", "utf8"],
+)
+def test_malformed_input_exits_2_before_any_checkpoint(
+    assets: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], row: Any, expected: str
+) -> None:
+    from kernelguard.train.__main__ import main
+
+    data = tmp_path / "bad.jsonl"
+    good = json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
+    bad = row if isinstance(row, bytes) else json.dumps(row).encode()
+    data.write_bytes(good.encode() + b"\n" + bad + b"\n" + good.encode() + b"\n")
+    out = tmp_path / "out"
+    args = _args(assets, out, "--max-steps", "1")
+    args[args.index("--data") + 1] = str(data)
+    # In process, world size 1, real (slow) torch kernels explicitly allowed: the gate passes, the data fails.
+    args += ["--allow", "chunk_gated_delta_rule", "causal_conv1d_fn"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert str(data) in err and expected in err, err
+    assert not out.exists()
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from kernelguard.train.__main__ import main
+
+    assert main(["--model", "m", "--data", "d", "--output", str(tmp_path), "--block-size", "0"]) == 2
+    assert "block_size is 0" in capsys.readouterr().err
+    assert main(["--data", "d"]) == 2
+    assert main(["--model", str(tmp_path / "none"), "--data", "d", "--output", str(tmp_path / "o")]) == 2
+    assert "neither a model directory" in capsys.readouterr().err

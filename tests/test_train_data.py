@@ -1,0 +1,142 @@
+"""Chat data: assistant spans, overlong policy, file kinds, and every malformed-input case (one clear error
+naming file, row and field; or skipped with a count)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import train_helpers as h
+
+from kernelguard.errors import ConfigError, DataError
+from kernelguard.train.data import load_examples
+from kernelguard.train.packing import IGNORE_INDEX
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(h.write_tokenizer(tmp_path_factory.mktemp("tok"))))
+
+
+def _load(tokenizer: Any, data: Path, **kw: Any) -> tuple[list[Any], Any]:
+    kw.setdefault("block_size", 512)
+    return load_examples(data=str(data), tokenizer=tokenizer, **kw)
+
+
+GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+
+
+def test_assistant_only_labels_cover_exactly_the_assistant_turns(tokenizer: Any, tmp_path: Path) -> None:
+    conv = {
+        "messages": [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "ab"},
+            {"role": "assistant", "content": "cd"},
+            {"role": "user", "content": "ef"},
+            {"role": "assistant", "content": "gh"},
+        ]
+    }
+    ((ids, labels),) = _load(tokenizer, h.write_jsonl(tmp_path / "d.jsonl", [conv]))[0]
+    trained = tokenizer.decode([t for t, lab in zip(ids, labels) if lab != IGNORE_INDEX])
+    assert trained == "cd<|im_end|>\ngh<|im_end|>\n"
+    assert all(lab in (IGNORE_INDEX, t) for t, lab in zip(ids, labels))
+    ((ids2, labels2),) = _load(tokenizer, tmp_path / "d.jsonl", assistant_only=False)[0]
+    assert ids2 == ids and labels2 == ids
+
+
+def test_overlong_truncate_and_drop_are_counted(tokenizer: Any, tmp_path: Path) -> None:
+    long = {"messages": [{"role": "user", "content": "x" * 10}, {"role": "assistant", "content": "y" * 100}]}
+    data = h.write_jsonl(tmp_path / "d.jsonl", [GOOD, long, GOOD])
+    ex, stats = _load(tokenizer, data, block_size=64)
+    assert stats.truncated == 1 and stats.examples == 3 and max(len(i) for i, _ in ex) == 64
+    ex, stats = _load(tokenizer, data, block_size=64, overlong="drop")
+    assert stats.dropped_overlong == 1 and stats.examples == 2
+
+
+def test_parquet_json_array_and_folder(tokenizer: Any, tmp_path: Path) -> None:
+    import datasets
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    datasets.Dataset.from_list([GOOD, GOOD]).to_parquet(str(folder / "a.parquet"))
+    (folder / "b.json").write_text(json.dumps([GOOD]))
+    h.write_jsonl(folder / "c.jsonl", [GOOD, GOOD, GOOD])
+    _, stats = _load(tokenizer, folder)
+    assert stats.rows == 6 and stats.examples == 6
+    _, stats = _load(tokenizer, folder / "a.parquet")
+    assert stats.examples == 2
+
+
+def test_configurable_column(tokenizer: Any, tmp_path: Path) -> None:
+    data = h.write_jsonl(tmp_path / "d.jsonl", [{"conversation": GOOD["messages"]}])
+    assert _load(tokenizer, data, column="conversation")[1].examples == 1
+
+
+BAD_ROWS: list[tuple[str, Any, str]] = [
+    ("missing-column", {"msgs": GOOD["messages"]}, "'messages'"),
+    ("empty-messages", {"messages": []}, "'messages'"),
+    ("not-a-list", {"messages": "hello"}, "'messages'"),
+    (
+        "non-string-content",
+        {"messages": [{"role": "user", "content": 5}, GOOD["messages"][1]]},
+        "'messages[0].content'",
+    ),
+    (
+        "unknown-role",
+        {"messages": [{"role": "wizard", "content": "x"}, GOOD["messages"][1]]},
+        "'messages[0].role'",
+    ),
+    ("no-assistant", {"messages": [{"role": "user", "content": "x"}]}, "'messages'"),
+    ("not-an-object", [1, 2], "'<row>'"),
+]
+
+
+@pytest.mark.parametrize(("case", "row", "field"), BAD_ROWS, ids=[c for c, _, _ in BAD_ROWS])
+def test_malformed_row_names_file_row_and_field(
+    tokenizer: Any, tmp_path: Path, case: str, row: Any, field: str
+) -> None:
+    data = h.write_jsonl(tmp_path / "d.jsonl", [GOOD, GOOD, row, GOOD])
+    with pytest.raises(DataError) as info:
+        _load(tokenizer, data)
+    text = str(info.value)
+    assert str(data) in text and "row 3" in text and f"field {field}" in text, text
+    assert info.value.details["row"] == 3
+    ex, stats = _load(tokenizer, data, skip_bad_rows=True)
+    assert len(ex) == 3 and sum(stats.bad_rows.values()) == 1
+
+
+def test_non_utf8_bytes_and_invalid_json(tokenizer: Any, tmp_path: Path) -> None:
+    good = json.dumps(GOOD).encode()
+    data = tmp_path / "d.jsonl"
+    data.write_bytes(
+        good + b"\n" + b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}\n' + good + b"\n"
+    )
+    with pytest.raises(DataError, match=r"d\.jsonl, row 2, field '<line>': not valid UTF-8"):
+        _load(tokenizer, data)
+    assert _load(tokenizer, data, skip_bad_rows=True)[1].bad_rows["not_utf8"] == 1
+    data.write_bytes(good + b"\n" + good[:-3] + b"\n")
+    with pytest.raises(DataError, match=r"row 2, field '<line>': invalid JSON"):
+        _load(tokenizer, data)
+
+
+def test_parquet_row_errors_name_the_row(tokenizer: Any, tmp_path: Path) -> None:
+    import datasets
+
+    path = tmp_path / "d.parquet"
+    datasets.Dataset.from_list(
+        [GOOD, {"messages": [{"role": "user", "content": "only a question"}]}]
+    ).to_parquet(str(path))
+    with pytest.raises(DataError, match=r"d\.parquet, row 1, field 'messages': no assistant message"):
+        _load(tokenizer, path)
+
+
+def test_missing_path_and_no_usable_rows(tokenizer: Any, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        _load(tokenizer, tmp_path / "nope.jsonl")
+    data = h.write_jsonl(tmp_path / "d.jsonl", [{"messages": []}])
+    with pytest.raises(DataError, match="no usable training examples"):
+        _load(tokenizer, data, skip_bad_rows=True)
