@@ -23,6 +23,7 @@ Torch and the kernels are imported inside functions: importing this module costs
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import math
 import sys
@@ -35,16 +36,16 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "REL_TOL",
     "KERNELS",
+    "REL_TOL",
     "GdnShape",
     "NumericsCase",
     "NumericsReport",
-    "shapes_for_model",
-    "generic_shapes",
-    "run_numerics",
-    "lift_fla_hopper_refusal",
     "default_providers",
+    "generic_shapes",
+    "lift_fla_hopper_refusal",
+    "run_numerics",
+    "shapes_for_model",
 ]
 
 REL_TOL = 0.02
@@ -95,12 +96,16 @@ class GdnShape:
 
     def __post_init__(self) -> None:
         if self.num_v_heads % self.num_k_heads:
-            raise ValueError(f"value heads {self.num_v_heads} must be a multiple of key heads {self.num_k_heads}")
+            raise ValueError(
+                f"value heads {self.num_v_heads} must be a multiple of key heads {self.num_k_heads}"
+            )
         if self.segments is not None:
             if self.batch != 1:
                 raise ValueError("packed (varlen) shapes have batch 1")
             if sum(self.segments) != self.seq_len or min(self.segments) <= 0:
-                raise ValueError(f"segments {self.segments} must be positive and sum to seq_len {self.seq_len}")
+                raise ValueError(
+                    f"segments {self.segments} must be positive and sum to seq_len {self.seq_len}"
+                )
 
     @property
     def conv_dim(self) -> int:
@@ -198,14 +203,26 @@ def generic_shapes() -> list[GdnShape]:
     """Small model-independent shapes. Key head dim 64 is where fla's Hopper bug bites (BK = 64); 128 is
     the Qwen3.5 geometry measured correct. Segment lengths are not multiples of fla's chunk size 64."""
     return [
-        GdnShape(num_k_heads=4, num_v_heads=4, key_dim=64, value_dim=64, batch=2, seq_len=256, origin="generic"),
         GdnShape(
-            num_k_heads=4, num_v_heads=8, key_dim=64, value_dim=128, seq_len=1024,
-            segments=(300, 500, 224), origin="generic",
+            num_k_heads=4, num_v_heads=4, key_dim=64, value_dim=64, batch=2, seq_len=256, origin="generic"
         ),
         GdnShape(
-            num_k_heads=4, num_v_heads=4, key_dim=128, value_dim=128, seq_len=1024,
-            segments=(300, 500, 224), origin="generic",
+            num_k_heads=4,
+            num_v_heads=8,
+            key_dim=64,
+            value_dim=128,
+            seq_len=1024,
+            segments=(300, 500, 224),
+            origin="generic",
+        ),
+        GdnShape(
+            num_k_heads=4,
+            num_v_heads=4,
+            key_dim=128,
+            value_dim=128,
+            seq_len=1024,
+            segments=(300, 500, 224),
+            origin="generic",
         ),
     ]
 
@@ -215,17 +232,20 @@ def _text_config(config: Any) -> Any:
     if callable(getter):
         try:
             return getter()
-        except Exception:  # noqa: BLE001 - odd configs: fall back to the object itself
-            pass
+        except (AttributeError, TypeError, ValueError):  # odd configs: fall back to the object itself
+            return getattr(config, "text_config", None) or config
     return getattr(config, "text_config", None) or config
 
 
-def shapes_for_model(config: Any | None) -> list[GdnShape]:
+def shapes_for_model(config: Any | None, *, generic: bool = True) -> list[GdnShape]:
     """The model's own GDN geometry (heads, GVA ratio, head dims, conv width) in a padded-batch and a packed
-    layout, followed by :func:`generic_shapes` (which cover key head dim 64 and 128)."""
-    generic = generic_shapes()
+    layout, followed by :func:`generic_shapes` (key head dim 64 and 128) unless ``generic=False``.
+
+    The generic key-dim-64 shapes make a stack that is wrong only at small head dims (fla issue 640) fail
+    even for a model whose own head dim is 128; pass ``generic=False`` to judge the model's shapes alone."""
+    extra = generic_shapes() if generic or config is None else []
     if config is None:
-        return generic
+        return extra
     text = _text_config(config)
     try:
         hk = int(text.linear_num_key_heads)
@@ -238,12 +258,19 @@ def shapes_for_model(config: Any | None) -> list[GdnShape]:
             f"{type(text).__name__} has no gated-delta-net fields (linear_num_key_heads, linear_key_head_dim, ...)"
         ) from exc
     origin = getattr(text, "model_type", None) or type(text).__name__
-    common = dict(num_k_heads=hk, num_v_heads=hv, key_dim=kd, value_dim=vd, conv_kernel=width, origin=origin)
+    common: dict[str, Any] = {
+        "num_k_heads": hk,
+        "num_v_heads": hv,
+        "key_dim": kd,
+        "value_dim": vd,
+        "conv_kernel": width,
+        "origin": origin,
+    }
     model = [
-        GdnShape(**common, batch=2, seq_len=256),  # type: ignore[arg-type]
-        GdnShape(**common, seq_len=1024, segments=(300, 500, 224)),  # type: ignore[arg-type]
+        GdnShape(**common, batch=2, seq_len=256),
+        GdnShape(**common, seq_len=1024, segments=(300, 500, 224)),
     ]
-    return model + generic
+    return model + extra
 
 
 # --------------------------------------------------------------------------------------------- fla refusal
@@ -261,10 +288,10 @@ def lift_fla_hopper_refusal() -> list[str]:
     importlib.import_module("fla.ops.common.chunk_o")  # the consumer; also loads fla.utils
     changed = []
     for name, module in list(sys.modules.items()):
-        if (name == "fla" or name.startswith("fla.")) and module is not None:
-            if getattr(module, _FLA_REFUSAL_FLAG, None) is False:
-                setattr(module, _FLA_REFUSAL_FLAG, True)
-                changed.append(name)
+        in_fla = name == "fla" or name.startswith("fla.")
+        if in_fla and module is not None and getattr(module, _FLA_REFUSAL_FLAG, None) is False:
+            setattr(module, _FLA_REFUSAL_FLAG, True)
+            changed.append(name)
     return changed
 
 
@@ -287,6 +314,28 @@ def default_providers(kernels: Iterable[str]) -> tuple[dict[str, Callable[..., A
     return providers, missing
 
 
+def hub_wrapper(obj: Any) -> Callable[..., Any] | None:
+    """transformers' ``wrapped`` function (from ``use_kernel_func_from_hub_with_fallback``) behind a
+    module-level GDN/conv name: the name itself, or — when the ``kernels`` package is active and turned it
+    into a ``Func`` module — the function that module's ``forward`` closes over."""
+    if inspect.isfunction(obj):
+        return obj
+    forward = getattr(type(obj), "forward", None)
+    if inspect.isfunction(forward) and forward.__closure__:
+        cells = dict(zip(forward.__code__.co_freevars, (c.cell_contents for c in forward.__closure__)))
+        inner = cells.get("func")
+        if inspect.isfunction(inner):
+            return inner
+    return None
+
+
+def undecorated(obj: Any) -> Callable[..., Any] | None:
+    """The undecorated torch function behind a decorated module-level name (``functools.wraps`` sets
+    ``__wrapped__``), or None when it cannot be found."""
+    wrapper = hub_wrapper(obj)
+    return inspect.unwrap(wrapper) if wrapper is not None else None
+
+
 def _references() -> tuple[dict[str, Callable[..., Any]], str]:
     import importlib
 
@@ -297,7 +346,12 @@ def _references() -> tuple[dict[str, Callable[..., Any]], str]:
         except Exception as exc:  # noqa: BLE001
             errors.append(f"{module_name}: {type(exc).__name__}: {exc}")
             continue
-        refs = {k: inspect.unwrap(getattr(module, name)) for k, name in _REFERENCE_NAMES.items()}
+        found = {k: undecorated(getattr(module, name)) for k, name in _REFERENCE_NAMES.items()}
+        refs = {k: fn for k, fn in found.items() if fn is not None}
+        odd = [k for k, fn in found.items() if fn is None]
+        if odd:  # e.g. a Kernel Hub wrapper without __wrapped__: never compare a kernel with itself
+            errors.append(f"{module_name}: no undecorated torch function behind {odd}")
+            continue
         return refs, module_name
     raise RuntimeError("no transformers modeling module with the GDN torch references: " + "; ".join(errors))
 
@@ -323,15 +377,25 @@ def _compare(
 
     if got is None or ref is None:
         which = "kernel" if got is None else "reference"
-        return NumericsCase(kernel, shape, tensor, math.inf, math.inf, tol, False, f"{which} produced no {tensor}")
+        return NumericsCase(
+            kernel, shape, tensor, math.inf, math.inf, tol, False, f"{which} produced no {tensor}"
+        )
     if tuple(got.shape) != tuple(ref.shape):
         return NumericsCase(
-            kernel, shape, tensor, math.inf, math.inf, tol, False,
+            kernel,
+            shape,
+            tensor,
+            math.inf,
+            math.inf,
+            tol,
+            False,
             f"shape {tuple(got.shape)} differs from reference {tuple(ref.shape)}",
         )
     a, b = got.detach().float(), ref.detach().float()
     if not bool(torch.isfinite(a).all()):
-        return NumericsCase(kernel, shape, tensor, math.inf, math.inf, tol, False, "kernel output has inf/nan")
+        return NumericsCase(
+            kernel, shape, tensor, math.inf, math.inf, tol, False, "kernel output has inf/nan"
+        )
     diff = a - b
     denom = float(torch.linalg.vector_norm(b))
     num = float(torch.linalg.vector_norm(diff))
@@ -344,23 +408,37 @@ def _error_case(kernel: str, shape: str, exc: BaseException, where: str = "kerne
     msg = " ".join(str(exc).split())
     if len(msg) > 600:
         msg = msg[:600] + " ..."
-    return NumericsCase(kernel, shape, "error", math.inf, math.inf, REL_TOL, False, f"{where} raised {type(exc).__name__}: {msg}")
+    return NumericsCase(
+        kernel,
+        shape,
+        "error",
+        math.inf,
+        math.inf,
+        REL_TOL,
+        False,
+        f"{where} raised {type(exc).__name__}: {msg}",
+    )
 
 
 def _segments(shape: GdnShape) -> list[tuple[int, int]]:
     if shape.segments is None:
         return [(0, shape.seq_len)]
-    bounds = [0]
-    for n in shape.segments:
-        bounds.append(bounds[-1] + n)
-    return list(zip(bounds[:-1], bounds[1:]))
+    return _bounds(shape.segments)
+
+
+def _bounds(lengths: Sequence[int]) -> list[tuple[int, int]]:
+    """[(start, end)] of consecutive segments with these lengths."""
+    cuts = [0, *itertools.accumulate(lengths)]
+    return list(itertools.pairwise(cuts))
 
 
 def _leaf(t: torch.Tensor, device: str, dtype: torch.dtype | None = None) -> torch.Tensor:
     return t.to(device=device, dtype=dtype or t.dtype).detach().requires_grad_(True)
 
 
-def _grads(out: torch.Tensor, dout: torch.Tensor, leaves: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+def _grads(
+    out: torch.Tensor, dout: torch.Tensor, leaves: Sequence[torch.Tensor]
+) -> list[torch.Tensor | None]:
     import torch
 
     grads = torch.autograd.grad(out, list(leaves), grad_outputs=dout, allow_unused=True)
@@ -407,8 +485,14 @@ def _reference_gdn(
     for i, (s, e) in enumerate(_segments(shape)):
         seg_init = None if init is None else init[i : i + 1] if shape.segments is not None else init
         o, h = ref(
-            x["q"][:, s:e], x["k"][:, s:e], x["v"][:, s:e], g=x["g"][:, s:e], beta=x["beta"][:, s:e],
-            initial_state=seg_init, use_qk_l2norm_in_kernel=True, **kw,
+            x["q"][:, s:e],
+            x["k"][:, s:e],
+            x["v"][:, s:e],
+            g=x["g"][:, s:e],
+            beta=x["beta"][:, s:e],
+            initial_state=seg_init,
+            use_qk_l2norm_in_kernel=True,
+            **kw,
         )
         outs.append(o)
         finals.append(h)
@@ -417,8 +501,15 @@ def _reference_gdn(
 
 
 def _check_chunk(
-    fn: Callable[..., Any], ref: Callable[..., Any], shape: GdnShape, q_heads: int, label: str,
-    device: str, dtype: torch.dtype, gen: torch.Generator, tol: float,
+    fn: Callable[..., Any],
+    ref: Callable[..., Any],
+    shape: GdnShape,
+    q_heads: int,
+    label: str,
+    device: str,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    tol: float,
 ) -> list[NumericsCase]:
     import torch
 
@@ -431,8 +522,15 @@ def _check_chunk(
     do = raw["do"].to(device=device, dtype=dtype)
     try:
         o, _ = fn(
-            kin["q"], kin["k"], kin["v"], g=kin["g"], beta=kin["beta"], initial_state=None,
-            output_final_state=False, use_qk_l2norm_in_kernel=True, cu_seqlens=_cu_seqlens(shape, device),
+            kin["q"],
+            kin["k"],
+            kin["v"],
+            g=kin["g"],
+            beta=kin["beta"],
+            initial_state=None,
+            output_final_state=False,
+            use_qk_l2norm_in_kernel=True,
+            cu_seqlens=_cu_seqlens(shape, device),
         )
         kgrads = _grads(o, do, [kin[n] for n in names])
     except Exception as exc:  # noqa: BLE001
@@ -448,8 +546,15 @@ def _check_chunk(
 
 
 def _check_recurrent(
-    fn: Callable[..., Any], ref: Callable[..., Any], shape: GdnShape, q_heads: int, label: str,
-    device: str, dtype: torch.dtype, gen: torch.Generator, tol: float,
+    fn: Callable[..., Any],
+    ref: Callable[..., Any],
+    shape: GdnShape,
+    q_heads: int,
+    label: str,
+    device: str,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    tol: float,
 ) -> list[NumericsCase]:
     """Decode-style forward (fla has no backward here): a few tokens per row from a random fp32 state."""
     import torch
@@ -457,31 +562,53 @@ def _check_recurrent(
     steps = 1
     b = shape.batch if shape.segments is None else len(shape.segments)
     small = GdnShape(
-        num_k_heads=shape.num_k_heads, num_v_heads=shape.num_v_heads, key_dim=shape.key_dim,
-        value_dim=shape.value_dim, batch=b, seq_len=steps,
+        num_k_heads=shape.num_k_heads,
+        num_v_heads=shape.num_v_heads,
+        key_dim=shape.key_dim,
+        value_dim=shape.value_dim,
+        batch=b,
+        seq_len=steps,
     )
     raw = _gdn_inputs(small, q_heads, gen)
     state = torch.randn(b, shape.num_v_heads, shape.key_dim, shape.value_dim, generator=gen) * 0.1
-    kin = {n: raw[n].to(device=device, dtype=torch.float32 if n == "g" else dtype) for n in ("q", "k", "v", "g", "beta")}
+    kin = {
+        n: raw[n].to(device=device, dtype=torch.float32 if n == "g" else dtype)
+        for n in ("q", "k", "v", "g", "beta")
+    }
     rin = {n: t.float() for n, t in kin.items()}
     label = small.label(q_heads=q_heads) + " decode from a random state"
     try:
         with torch.no_grad():
             o, ht = fn(
-                kin["q"], kin["k"], kin["v"], g=kin["g"], beta=kin["beta"], initial_state=state.to(device).clone(),
-                output_final_state=True, use_qk_l2norm_in_kernel=True,
+                kin["q"],
+                kin["k"],
+                kin["v"],
+                g=kin["g"],
+                beta=kin["beta"],
+                initial_state=state.to(device).clone(),
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
             )
     except Exception as exc:  # noqa: BLE001
         return [_error_case(RECURRENT, label, exc)]
     try:
         with torch.no_grad():
             ro, rh = ref(
-                rin["q"], rin["k"], rin["v"], g=rin["g"], beta=rin["beta"], initial_state=state.to(device).clone(),
-                output_final_state=True, use_qk_l2norm_in_kernel=True,
+                rin["q"],
+                rin["k"],
+                rin["v"],
+                g=rin["g"],
+                beta=rin["beta"],
+                initial_state=state.to(device).clone(),
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
             )
     except Exception as exc:  # noqa: BLE001
         return [_error_case(RECURRENT, label, exc, where="reference")]
-    return [_compare(RECURRENT, label, "o", o, ro, tol), _compare(RECURRENT, label, "final_state", ht, rh, tol)]
+    return [
+        _compare(RECURRENT, label, "o", o, ro, tol),
+        _compare(RECURRENT, label, "final_state", ht, rh, tol),
+    ]
 
 
 # --------------------------------------------------------------------------------------------- conv
@@ -502,8 +629,13 @@ def _conv_segments(shape: GdnShape) -> tuple[int, ...] | None:
 
 
 def _check_conv(
-    fn: Callable[..., Any], ref: Callable[..., Any], shape: GdnShape, device: str, dtype: torch.dtype,
-    gen: torch.Generator, tol: float,
+    fn: Callable[..., Any],
+    ref: Callable[..., Any],
+    shape: GdnShape,
+    device: str,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    tol: float,
 ) -> list[NumericsCase]:
     import torch
 
@@ -512,7 +644,7 @@ def _check_conv(
     b, t, d, w = shape.batch, shape.seq_len, shape.conv_dim, shape.conv_kernel
     x_raw = torch.randn(b, t, d, generator=gen)
     w_raw = torch.randn(d, w, generator=gen) / math.sqrt(w)
-    dy_raw = torch.randn(b, d, t, generator=gen)
+    dy_raw = torch.randn(b, t, d, generator=gen).transpose(1, 2)  # autograd hands the conv channel-last grads
     # The layer calls with mixed_qkv.transpose(1, 2): [B, D, T] with channels contiguous (channel-last).
     kx, kw_ = _leaf(x_raw, device, dtype), _leaf(w_raw, device, dtype)
     rx, rw = _leaf(kx.detach().float(), device), _leaf(kw_.detach().float(), device)
@@ -522,10 +654,7 @@ def _check_conv(
     if segments is not None:
         ids = [i for i, n in enumerate(segments) for _ in range(n)]
         seq_idx = torch.tensor([ids], dtype=torch.int32, device=device)
-        cuts = [0]
-        for n in segments:
-            cuts.append(cuts[-1] + n)
-        bounds = list(zip(cuts[:-1], cuts[1:]))
+        bounds = _bounds(segments)
     try:
         extra = {} if seq_idx is None else {"seq_idx": seq_idx}
         y = fn(kx.transpose(1, 2), kw_, None, activation="silu", **extra)
@@ -546,8 +675,13 @@ def _check_conv(
 
 
 def _check_conv_update(
-    fn: Callable[..., Any], ref: Callable[..., Any], shape: GdnShape, device: str, dtype: torch.dtype,
-    gen: torch.Generator, tol: float,
+    fn: Callable[..., Any],
+    ref: Callable[..., Any],
+    shape: GdnShape,
+    device: str,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    tol: float,
 ) -> list[NumericsCase]:
     """Single-token decode step, as the layer calls it: x [B, D, 1], conv_state [B, D, W] updated in place."""
     import torch
@@ -569,7 +703,10 @@ def _check_conv_update(
             ry = ref(x.float(), rstate, weight.float(), None, "silu")
     except Exception as exc:  # noqa: BLE001
         return [_error_case(CONV_UPDATE, label, exc, where="reference")]
-    return [_compare(CONV_UPDATE, label, "y", y, ry, tol), _compare(CONV_UPDATE, label, "conv_state", kstate, rstate, tol)]
+    return [
+        _compare(CONV_UPDATE, label, "y", y, ry, tol),
+        _compare(CONV_UPDATE, label, "conv_state", kstate, rstate, tol),
+    ]
 
 
 # --------------------------------------------------------------------------------------------- driver
@@ -607,8 +744,10 @@ def run_numerics(
     """Run each kernel fwd (+bwd) on ``shapes`` (default :func:`shapes_for_model`) and compare with the fp32
     torch reference. ``providers`` maps kernel name -> callable under test (default: the real packages).
 
-    A kernel that raises (e.g. fla's own Hopper refusal) is a failed case carrying the message; a kernel
-    whose provider cannot be imported, or an unknown kernel name, is listed in ``skipped``.
+    A kernel that raises (e.g. fla's own Hopper refusal) is a failed case carrying the message. A provider
+    that cannot be imported is listed in ``skipped`` and fails the report; an unknown kernel name or a kernel
+    missing from ``providers`` is only listed. No case at all (e.g. no CUDA) is not a pass.
+    ``lift_fla_hopper_refusal`` patches fla for the whole process (see :func:`lift_fla_hopper_refusal`).
     """
     import torch
 
@@ -621,23 +760,33 @@ def run_numerics(
     skipped += [f"{k}: unknown kernel (known: {', '.join(KERNELS)})" for k in unknown]
     wanted = [k for k in wanted if k in KERNELS]
 
+    if lift_fla_hopper_refusal and any(k in (CHUNK, RECURRENT) for k in wanted):
+        try:
+            changed = _lift_refusal()
+            notes.append(
+                f"fla's Hopper/Triton<3.7.1 refusal lifted in this process ({_FLA_REFUSAL_FLAG}=True in "
+                f"{', '.join(changed) or 'no module: flag already True'}); figures are from fla's Triton path."
+            )
+        except Exception as exc:  # noqa: BLE001 - no fla (or another layout): say so, run anyway
+            notes.append(f"could not lift fla's Hopper refusal: {type(exc).__name__}: {exc}")
+    import_failures: list[str] = []
     if providers is None:
-        if lift_fla_hopper_refusal and any(k in (CHUNK, RECURRENT) for k in wanted):
-            try:
-                changed = _lift_refusal()
-                notes.append(
-                    f"fla's Hopper/Triton<3.7.1 refusal lifted in this process ({_FLA_REFUSAL_FLAG}=True in "
-                    f"{', '.join(changed) or 'no module: flag already True'}); figures are from fla's Triton path."
-                )
-            except Exception as exc:  # noqa: BLE001
-                notes.append(f"could not lift fla's Hopper refusal: {type(exc).__name__}: {exc}")
-        provs, missing = default_providers(wanted)
-        skipped += missing
+        provs, import_failures = default_providers(wanted)
+        skipped += import_failures
     else:
         provs = {k: providers[k] for k in wanted if k in providers}
         skipped += [f"{k}: no provider given" for k in wanted if k not in providers]
 
-    refs, ref_module = _references()
+    def early(reason: str) -> NumericsReport:
+        skipped.extend(f"{k}: {reason}" for k in provs)
+        return NumericsReport((), time.perf_counter() - start, tuple(skipped), False, tuple(notes))
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return early("device cuda requested but torch.cuda.is_available() is False")
+    try:
+        refs, ref_module = _references()
+    except RuntimeError as exc:
+        return early(str(exc))
     key_heads = _kernel_gets_key_heads(refs[CHUNK])
     notes.append(
         f"reference: {ref_module} (fp32, per packed segment); the layer passes q/k with "
@@ -664,7 +813,9 @@ def run_numerics(
             for shape in _conv_shapes([s for s in shape_list if s.segments is None] or shape_list):
                 cases += _check_conv_update(fn, ref, shape, device, dtype, gen, tolerance)
         _sync(device)
-    ok = bool(cases) and all(c.ok for c in cases)
+    # A provider that cannot even be imported fails the run; an unknown name or one the caller left out
+    # is only listed.
+    ok = bool(cases) and all(c.ok for c in cases) and not import_failures
     if not cases:
         notes.append("no kernel was exercised: nothing to vouch for")
     return NumericsReport(tuple(cases), time.perf_counter() - start, tuple(skipped), ok, tuple(notes))

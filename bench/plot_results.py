@@ -1,0 +1,89 @@
+#!/usr/bin/env python
+"""Bar chart of bench/train_throughput.py --all output: real tokens/s and MFU per variant.
+
+python bench/plot_results.py combined.json out.png
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+LABELS = {
+    "a": "a: fallback\npadded 2D",
+    "b": "b: stock packing\n(position_ids, SDPA)",
+    "c": "c: kernelguard\n(varlen, BFD)",
+}
+
+
+def _variants(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    if "variants" in data:
+        return {k: v for k, v in data["variants"].items() if isinstance(v, dict)}
+    if "variant" in data:  # a single-variant file
+        return {data["variant"]: data}
+    raise ValueError("expected train_throughput JSON (--all output or one variant)")
+
+
+def plot(data: dict[str, Any], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = _variants(data)
+    names = sorted(runs)
+    labels = [
+        LABELS.get(n, n) + ("\n[fla refusal lifted]" if runs[n].get("fla_hopper_refusal_lifted") else "")
+        for n in names
+    ]
+    tps = [float(runs[n].get("tokens_per_s") or 0.0) for n in names]
+    mfu = [100.0 * float(runs[n].get("mfu") or 0.0) for n in names]
+    mfu_mm = [100.0 * float(runs[n].get("mfu_vs_measured_matmul") or 0.0) for n in names]
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    bars = ax1.bar(labels, tps, color=["#b0b0b0", "#6a9fd4", "#2e7d32"][: len(names)])
+    base = tps[names.index("a")] if "a" in names and tps[names.index("a")] else None
+    for bar, value in zip(bars, tps):
+        text = f"{value:,.0f}" + (f"\n{value / base:.2f}x" if base else "")
+        ax1.annotate(text, (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom", fontsize=9)
+    ax1.set_ylabel("real (non-pad) tokens / s")
+    ax1.set_title("Training throughput")
+    ax1.margins(y=0.2)
+
+    x = range(len(names))
+    width = 0.38
+    ax2.bar([i - width / 2 for i in x], mfu, width, label="vs datasheet bf16 peak")
+    mm_n = next((r.get("matmul_bf16", {}).get("n") for r in runs.values() if r.get("matmul_bf16")), "?")
+    ax2.bar([i + width / 2 for i in x], mfu_mm, width, label=f"vs measured {mm_n}^3 bf16 matmul in-process")
+    for i, (m1, m2) in enumerate(zip(mfu, mfu_mm)):
+        ax2.annotate(f"{m1:.1f}", (i - width / 2, m1), ha="center", va="bottom", fontsize=8)
+        ax2.annotate(f"{m2:.1f}", (i + width / 2, m2), ha="center", va="bottom", fontsize=8)
+    ax2.set_xticks(list(x), labels)
+    ax2.set_ylabel("MFU (%)")
+    ax2.set_title("Model FLOPs utilization")
+    ax2.legend(fontsize=8)
+    ax2.margins(y=0.2)
+
+    device = next((r.get("device") for r in runs.values() if r.get("device")), "")
+    fig.suptitle(f"Qwen3.5-shaped proxy, bf16, AC, AdamW, {device}", fontsize=10)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    src, out = Path(args[0]), Path(args[1])
+    print(plot(json.loads(src.read_text()), out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
