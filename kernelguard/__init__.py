@@ -1,6 +1,6 @@
 """kernelguard: make slow fallback kernels in hybrid-model fine-tuning impossible to miss.
 
-Public API (imports are lazy so ``import kernelguard`` stays cheap and never imports torch):
+Public API (``import kernelguard`` stays cheap and never imports torch):
     require(model=..., mode=...)    import-time assertion for jobs (raises ResolutionError)
     guard(model, ...)               per-layer report + tripwires on torch reference paths
     check(...)                      the resolution behind ``kernelguard check``
@@ -36,11 +36,14 @@ __all__ = [
     "require",
 ]
 
+# Imported eagerly (it is cheap: no torch) so that the package attribute ``guard`` is the function, not the
+# submodule of the same name that a later ``import kernelguard.guard`` would otherwise bind.
+from .guard import guard
+
 if TYPE_CHECKING:
-    from .guard import guard
     from .require import check, require
 
-_LAZY = {"guard": ("guard", "guard"), "require": ("require", "require"), "check": ("require", "check")}
+_LAZY = {"require": ("require", "require"), "check": ("require", "check")}
 
 
 def __getattr__(name: str) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,10 +217,30 @@ def _run_numerics(resolution: Resolution, spec: catalog.ModelSpec, env: Environm
             "--run executes the kernels on a GPU, and no CUDA GPU is visible here.",
             fix="run `kernelguard check --run` on a GPU node, or drop --run",
         )
-    from .smoke import run_numerics
+    from . import smoke
 
     kernels = [
         v.kernel for v in resolution.verdicts if v.selected is not None and v.selected.kind == "package"
     ]
-    lift = "fla-640-refusal" in target.allow or os.environ.get("KERNELGUARD_LIFT_FLA_640") == "1"
-    return run_numerics(kernels, config=spec.config, device="cuda", lift_fla_hopper_refusal=lift)
+    config = _numerics_config(spec)
+    # The verdict is about this model: its own geometry, plus generic layouts at its key head dim (a stack
+    # that is wrong only at other head dims is the known-issue table's business, not this job's).
+    key_dim = resolution.requirements.key_head_dim
+    shapes = smoke.shapes_for_model(config, generic=False) if config is not None else []
+    shapes += [s for s in smoke.generic_shapes() if key_dim is None or s.key_dim == key_dim]
+    lift = "fla-640-refusal" in target.allow or "fla-640-wrong-grads" in target.allow
+    return smoke.run_numerics(kernels, config=config, device="cuda", shapes=shapes, lift_fla_hopper_refusal=lift)
+
+
+def _numerics_config(spec: catalog.ModelSpec) -> Any:
+    """The model's config object: from its config.json, or the family's defaults for a bare family name."""
+    from types import SimpleNamespace
+
+    if spec.config is not None:
+        return SimpleNamespace(**spec.config)
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.for_model(spec.family.model_types[0])
+    except Exception:  # noqa: BLE001 - fall back to generic shapes only
+        return None

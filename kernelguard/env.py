@@ -6,13 +6,13 @@ a recorded fact or error: the probe never raises, so ``kernelguard check`` can e
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import os
 import platform
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 # Distributions whose versions matter to kernel selection. Keys are distribution names as pip knows them.

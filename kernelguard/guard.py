@@ -18,6 +18,7 @@ caller frames for the layer ``self`` (no forward hooks, so nothing is added per 
 from __future__ import annotations
 
 import functools
+import importlib.abc
 import logging
 import sys
 import threading
@@ -25,7 +26,8 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from types import FrameType, TracebackType
+from importlib.machinery import ModuleSpec
+from types import FrameType, ModuleType, TracebackType
 from typing import Any
 
 from kernelguard import transformers_compat as compat
@@ -100,7 +102,11 @@ _LAYER_PATHS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def fallback_events() -> list[FallbackEvent]:
-    """Every recorded entry into a reference path since the last :func:`clear_fallback_events`."""
+    """Entries into reference paths since the last :func:`clear_fallback_events`.
+
+    Every refused entry is recorded (even when the caller swallowed the exception); an allowed one is
+    recorded once per call site, so a long run with an accepted fallback does not grow this list.
+    """
     with _LOCK:
         return list(_EVENTS)
 
@@ -139,6 +145,7 @@ class _Patch:
     closure: compat.FallbackClosure | None
     wrapper: Any = None
     holders: list[Tripwires] = field(default_factory=list)
+    allowed_seen: bool = False  # an allowed entry is recorded (and logged) once per site, not per call
     _reason: str | None = None
 
     def reason(self) -> str:
@@ -191,9 +198,9 @@ def _layer_from_frames(frame: FrameType | None) -> str:
 
 
 def _trip(patch: _Patch, frame: FrameType | None) -> None:
+    allowed = patch.allowed()
     layer = _layer_from_frames(frame)
     reason = patch.reason()
-    allowed = patch.allowed()
     fix = f"{compat.pip_fix(patch.closure.package) if patch.closure else 'upgrade transformers'}"
     message = (
         f"{layer} entered the torch reference path of `{patch.kernel}` ({patch.site}): {reason}. "
@@ -207,6 +214,7 @@ def _trip(patch: _Patch, frame: FrameType | None) -> None:
     with _LOCK:
         _EVENTS.append(event)
     if allowed:
+        patch.allowed_seen = True
         _log_once(("trip", patch.kernel), f"kernelguard: allowed fallback: {message}")
         return
     raise event.to_error()
@@ -218,8 +226,14 @@ def _make_wrapper(patch: _Patch) -> Callable[..., Any]:
     check_hub = closure is not None and closure.func_module is not None
 
     def kernelguard_tripwire(*args: Any, **kwargs: Any) -> Any:
+        # No holders: disarmed, but someone kept a reference to the wrapper; it is a plain pass-through.
+        # An allowed site already recorded costs one check, and nothing torch.compile cannot trace.
         # A Func module may have been kernelized onto a Hub kernel after arming: then nothing falls back.
-        if not (check_hub and closure is not None and compat.hub_kernel(closure)):
+        if (
+            patch.holders
+            and not (patch.allowed_seen and patch.allowed())
+            and not (check_hub and closure is not None and compat.hub_kernel(closure))
+        ):
             _trip(patch, sys._getframe(1))
         return original(*args, **kwargs)
 
@@ -271,6 +285,7 @@ class Tripwires:
 
     def disarm(self) -> None:
         """Restore every original this arming installed, by identity, and only where it is still ours."""
+        _unwatch_imports(self)
         with _LOCK:
             for patch in self._patches:
                 if self in patch.holders:
@@ -284,7 +299,7 @@ class Tripwires:
                     setattr(patch.owner, patch.name, patch.original)
             self._patches = []
 
-    def __enter__(self) -> Tripwires:
+    def __enter__(self) -> Tripwires:  # noqa: PYI034 - final in practice; py3.10 has no typing.Self
         return self
 
     def __exit__(
@@ -294,17 +309,85 @@ class Tripwires:
 
 
 def arm_tripwires(*, allow: Iterable[str] = ()) -> Tripwires:
-    """Model-independent arming: every loaded transformers modeling module's fallback globals.
+    """Model-independent arming: the fallback globals of every transformers modeling module.
 
-    Modules imported after this call are not covered; re-arm (it is idempotent) to include them.
+    Covers modules loaded now and, until disarmed, modules imported later (an import hook arms each
+    ``transformers.models.*.modeling_*`` module right after it executes).
     """
     compat.selection_mechanism()  # refuses releases we do not understand
     tripwires = Tripwires(allow)
-    for site in compat.loaded_sites():
-        if site.closure.is_torch_reference:
-            module = sys.modules[site.module]
-            tripwires._arm(module, site.name, site.closure.kernel, f"{site.module}.{site.name}", site.closure)
+    for module in compat.iter_modeling_modules():
+        _arm_module(tripwires, module)
+    _watch_imports(tripwires)
     return tripwires
+
+
+def _arm_module(tripwires: Tripwires, module: ModuleType) -> None:
+    for site in compat.module_sites(module):
+        if site.closure.is_torch_reference:
+            tripwires._arm(module, site.name, site.closure.kernel, f"{site.module}.{site.name}", site.closure)
+
+
+# Arming handles that also want modeling modules imported after they were armed.
+_WATCHERS: list[Tripwires] = []
+
+
+def _is_modeling_module(name: str) -> bool:
+    return name.startswith("transformers.models.") and ".modeling_" in name
+
+
+class _ArmingLoader:
+    """Delegates to the real loader; arms the watchers' tripwires once the module has executed."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        with _LOCK:
+            watchers = list(_WATCHERS)
+        for tripwires in watchers:
+            _arm_module(tripwires, module)
+
+
+class _ImportWatcher(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> ModuleSpec | None:
+        if not _WATCHERS or not _is_modeling_module(fullname):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _ArmingLoader(spec.loader)  # type: ignore[assignment]
+                return spec
+        return None
+
+
+_IMPORT_WATCHER = _ImportWatcher()
+
+
+def _watch_imports(tripwires: Tripwires) -> None:
+    with _LOCK:
+        _WATCHERS.append(tripwires)
+        if _IMPORT_WATCHER not in sys.meta_path:
+            sys.meta_path.insert(0, _IMPORT_WATCHER)
+
+
+def _unwatch_imports(tripwires: Tripwires) -> None:
+    with _LOCK:
+        if tripwires in _WATCHERS:
+            _WATCHERS.remove(tripwires)
+        if not _WATCHERS and _IMPORT_WATCHER in sys.meta_path:
+            sys.meta_path.remove(_IMPORT_WATCHER)
 
 
 # -------------------------------------------------------------------------------------- classification ---
@@ -430,7 +513,7 @@ class GuardReport:
     def disarm(self) -> None:
         self.tripwires.disarm()
 
-    def __enter__(self) -> GuardReport:
+    def __enter__(self) -> GuardReport:  # noqa: PYI034 - final in practice; py3.10 has no typing.Self
         return self
 
     def __exit__(
@@ -592,3 +675,4 @@ def _log_allowed_and_warned(report: GuardReport) -> None:
                       f"kernelguard: allowed slow path `{e.kernel}` -> {e.implementation} ({e.reason})")
         elif e.kernel == "attention" and report.attention == "warn":
             _log_once(("attention", e.implementation), f"kernelguard: slow attention: {e.reason}. Fix: {e.fix}")
+

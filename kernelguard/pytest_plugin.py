@@ -77,23 +77,24 @@ def _item_settings(item: pytest.Item) -> tuple[bool, tuple[str, ...]]:
     return enabled, base.allow + extra
 
 
+@pytest.hookimpl(tryfirst=True)  # before fixtures are set up: a fallback in a fixture counts too
 def pytest_runtest_setup(item: pytest.Item) -> None:
     enabled, allow = _item_settings(item)
-    if not enabled:
-        return
-    from kernelguard import guard
+    if not enabled or importlib.util.find_spec("transformers") is None:
+        return  # without transformers there is no reference path to fall back to
+    from kernelguard.guard import arm_tripwires, fallback_events
 
-    seen = len(guard.fallback_events())
-    item.stash[_state_key] = _TestState(guard.arm_tripwires(allow=allow), allow, seen, seen)
+    seen = len(fallback_events())
+    item.stash[_state_key] = _TestState(arm_tripwires(allow=allow), allow, seen, seen)
 
 
 def _new_failures(item: pytest.Item) -> list[Any]:
     state = item.stash.get(_state_key, None)
     if state is None:
         return []
-    from kernelguard import guard
+    from kernelguard.guard import fallback_events
 
-    events = guard.fallback_events()[state.reported:]
+    events = fallback_events()[state.reported :]
     state.reported += len(events)
     return [e for e in events if not e.allowed]
 
@@ -102,8 +103,11 @@ def _failure(events: list[Any], when: str) -> Exception:
     from kernelguard.errors import KernelFallbackError
 
     first = events[0]
-    lines = [f"kernelguard: {len(events)} torch reference fallback(s) entered during {when} "
-             "(failing even if the test caught the exception):"]
+    title = (
+        f"kernelguard: {len(events)} torch reference fallback(s) entered during {when} "
+        "(failing even if the test caught the exception):"
+    )
+    lines = [title]
     for e in events:
         lines.append(f"  {e.layer}: {e.kernel} ({e.site}): {e.reason}")
     return KernelFallbackError("\n".join(lines), fix=first.fix, layer=first.layer, kernel=first.kernel,
@@ -121,11 +125,11 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         from kernelguard.errors import KernelFallbackError
 
         if failures and not isinstance(exc, KernelFallbackError):
-            raise _failure(failures, "the test call") from exc
+            raise _failure(failures, "setup or the test call") from exc
         raise
     failures = _new_failures(item)
     if failures:
-        raise _failure(failures, "the test call")
+        raise _failure(failures, "setup or the test call")
     return result
 
 
@@ -139,9 +143,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             state.tripwires.disarm()
             del item.stash[_state_key]
     if state is not None:
-        from kernelguard import guard
+        from kernelguard.guard import fallback_events
 
-        events = guard.fallback_events()[state.reported:]
+        events = fallback_events()[state.reported :]
         failures = [e for e in events if not e.allowed]
         if failures:
             raise _failure(failures, "setup/teardown")

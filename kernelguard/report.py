@@ -93,8 +93,10 @@ def render(result: CheckResult) -> str:
     req = res.requirements
     packed = ", packed sequences" if req.packed else ""
     lines = [
-        f"kernelguard check: {req.family.name} ({result.model_origin}), {req.mode}{packed}, "
-        f"transformers {req.transformers_version}",
+        (
+            f"kernelguard check: {req.family.name} ({result.model_origin}), {req.mode}{packed}, "
+            f"transformers {req.transformers_version}"
+        ),
         f"target: {', '.join('sm ' + a for a in res.target.archs) or 'GPU arch unknown'} ({res.target.arch_source})",
         _env_line(result),
         "",

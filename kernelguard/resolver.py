@@ -333,10 +333,7 @@ def _finish(kernel: str, candidates: list[Decision], allowed_fallback: bool) -> 
     promoted: list[Decision] = []
     chosen = False
     for decision in candidates:
-        if decision.status == ACCEPTED and not chosen:
-            decision = Decision(**{**_fields(decision), "status": SELECTED})
-            chosen = True
-        elif decision.status == FALLBACK and not chosen and allowed_fallback:
+        if decision.status == ACCEPTED and not chosen or decision.status == FALLBACK and not chosen and allowed_fallback:
             decision = Decision(**{**_fields(decision), "status": SELECTED})
             chosen = True
         promoted.append(decision)

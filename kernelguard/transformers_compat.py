@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import logging
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -104,7 +105,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 def _hub_kernels_module() -> ModuleType | None:
     try:
         return importlib.import_module("transformers.integrations.hub_kernels")
-    except Exception:
+    except Exception:  # noqa: BLE001 - absent or broken: treated as "no decorator"
         return None
 
 
@@ -209,28 +210,17 @@ def hub_kernel(closure: FallbackClosure) -> str | None:
     impl = getattr(forward, "__func__", None)
     if impl is None or impl is type(func_module).forward:
         return None
-    owner = _owner_class(impl)
     try:
         from kernels.layer import layer as kernels_layer
 
-        cached = getattr(kernels_layer, "_CACHED_LAYER", {})
-        for repo, cls in cached.items():
-            if cls is owner:
+        for repo, cls in dict(getattr(kernels_layer, "_CACHED_LAYER", {})).items():
+            if getattr(cls, "forward", None) is impl:
                 repo_id = getattr(repo, "repo_id", None) or getattr(repo, "_repo_id", None) or str(repo)
                 revision = getattr(repo, "revision", None) or getattr(repo, "_revision", None) or "unknown"
                 return f"{repo_id}@{revision}"
-    except Exception:  # noqa: BLE001 - best effort: the kernels internals are not public API
-        pass
+    except Exception as exc:  # noqa: BLE001 - best effort: kernels' layer cache is not public API
+        logging.getLogger("kernelguard").debug("cannot read kernels' layer cache: %r", exc)
     return f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}@unknown"
-
-
-def _owner_class(fn: Any) -> Any:
-    module = sys.modules.get(getattr(fn, "__module__", "") or "")
-    qualname = getattr(fn, "__qualname__", "")
-    obj: Any = module
-    for part in qualname.split(".")[:-1]:
-        obj = getattr(obj, part, None)
-    return obj
 
 
 def internal_path(kernel: str) -> str | None:

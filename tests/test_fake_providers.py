@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import pytest
 import torch
@@ -18,11 +19,11 @@ def _bounds(lengths: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _cu_seqlens(lengths: list[int]) -> torch.Tensor:
+def _cu_seqlens(lengths: list[int]) -> Any:
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
 
-def _gdn_inputs(total: int, h: int = 2, hv: int = 4, k: int = 16, v: int = 8) -> dict[str, torch.Tensor]:
+def _gdn_inputs(total: int, h: int = 2, hv: int = 4, k: int = 16, v: int = 8) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
     return {
         "q": torch.randn(1, total, h, k, generator=g),
@@ -58,9 +59,11 @@ def test_fake_fla_packed_equals_per_segment(fake_providers: object, fake_name: s
     )
     assert out.shape == x["v"].shape
     assert final.shape == (len(SEGMENTS), 4, 16, 8)
+    # Expand grouped heads up front: the torch reference of transformers 5.17 does not do it itself.
+    q, k = (x[n].repeat_interleave(2, dim=2) for n in ("q", "k"))
     for i, (s, e) in enumerate(_bounds(SEGMENTS)):
         o_ref, f_ref = ref(
-            x["q"][:, s:e], x["k"][:, s:e], x["v"][:, s:e], x["g"][:, s:e], x["beta"][:, s:e],
+            q[:, s:e], k[:, s:e], x["v"][:, s:e], x["g"][:, s:e], x["beta"][:, s:e],
             initial_state=init[i : i + 1], output_final_state=True, use_qk_l2norm_in_kernel=True,
         )
         torch.testing.assert_close(out[:, s:e], o_ref, rtol=1e-4, atol=1e-5)
@@ -93,10 +96,12 @@ def test_fake_causal_conv1d_seq_idx_equals_per_segment(fake_providers: object, c
     ref = _reference("causal_conv1d_fn")
     g = torch.Generator().manual_seed(1)
     dim, total = 12, sum(SEGMENTS)
-    x = torch.randn(1, total, dim, generator=g).transpose(1, 2) if channel_last else torch.randn(1, dim, total)
+    x: torch.Tensor = (
+        torch.randn(1, total, dim, generator=g).transpose(1, 2) if channel_last else torch.randn(1, dim, total)
+    )
     weight, bias = torch.randn(dim, 4, generator=g), torch.randn(dim, generator=g)
     seq_idx = torch.cat([torch.full((n,), i, dtype=torch.int32) for i, n in enumerate(SEGMENTS)])[None]
-    out = causal_conv1d_fn(x, weight, bias, seq_idx=seq_idx, activation="silu")
+    out: Any = causal_conv1d_fn(x, weight, bias, seq_idx=seq_idx, activation="silu")
     for s, e in _bounds(SEGMENTS):
         torch.testing.assert_close(out[:, :, s:e], ref(x[:, :, s:e], weight, bias, activation="silu"))
     # Without seq_idx it is one long sequence: identical to the reference on the whole input.
@@ -109,9 +114,9 @@ def test_fake_causal_conv1d_states_and_update(fake_providers: object) -> None:
     ref_update = _reference("causal_conv1d_update")
     g = torch.Generator().manual_seed(2)
     x, weight = torch.randn(2, 6, 9, generator=g), torch.randn(6, 4, generator=g)
-    full = causal_conv1d_fn(x, weight)
+    full: Any = causal_conv1d_fn(x, weight)
     head, state = causal_conv1d_fn(x[:, :, :5], weight, return_final_states=True)
-    tail = causal_conv1d_fn(x[:, :, 5:], weight, initial_states=state)
+    tail: Any = causal_conv1d_fn(x[:, :, 5:], weight, initial_states=state)
     torch.testing.assert_close(torch.cat([head, tail], -1), full)
 
     state_a, state_b = torch.randn(2, 6, 3, generator=g), None

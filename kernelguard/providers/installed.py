@@ -6,11 +6,11 @@ Live probing lives here (and in ``hub``); judging the facts is the pure resolver
 from __future__ import annotations
 
 import importlib
-import importlib.metadata as metadata
 import json
 import re
 import sys
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 from ..catalog import PackageSpec

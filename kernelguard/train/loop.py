@@ -76,6 +76,28 @@ def choose_attention(choice: str, device: torch.device) -> str:
     return choice
 
 
+def check_known_issues(model_ref: str, allow: tuple[str, ...], device: torch.device) -> None:
+    """The environment-level half of the gate: known-bad stacks for this GPU (e.g. fla #640 on Hopper).
+
+    The guard sees which implementation each layer calls; only the resolver knows that a present fast
+    provider is wrong on this GPU/Triton/head-dim combination. It needs the GPU's arch, so CUDA only.
+    An allowed ``fla-640-refusal`` (key head dim >= 128, measured correct) lifts fla's own refusal here.
+    """
+    if device.type != "cuda":
+        return
+    from kernelguard.report import render
+    from kernelguard.require import check
+
+    result = check(model_ref, mode="training", allow=allow, packed=True)
+    if not result.ok:
+        raise GuardRefused(render(result))
+    accepted = {issue for v in result.resolution.verdicts if v.selected for issue in v.selected.issues}
+    if "fla-640-refusal" in accepted:
+        from kernelguard.smoke import lift_fla_hopper_refusal
+
+        lift_fla_hopper_refusal()
+
+
 def run_gate(model: Any, allow: tuple[str, ...]) -> Any:
     """Guard the model for packed training. Returns the armed GuardReport; raises GuardRefused."""
     from kernelguard.guard import guard
@@ -207,6 +229,7 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     attn = choose_attention(cfg.attention, info.device)
     model = build_meta_model(hf_config, attn_implementation=attn)
 
+    check_known_issues(str(cfg.model), cfg.allow, info.device)
     report = run_gate(model, cfg.allow)  # before any data work
     try:
         return _run_gated(cfg, info, model, hf_config, weights, attn, report)

@@ -33,7 +33,7 @@ def causal_conv1d_fn(
         # Same restrictions as the CUDA kernel.
         assert initial_states is None, "initial_states must be None if seq_idx is not None"
         assert not return_final_states, "If seq_idx is not None, we don't return final_states_out"
-    batch, dim, seqlen = x.shape
+    dim = x.shape[1]
     width = weight.shape[-1]
     xw = x.to(weight.dtype)
     if initial_states is not None:

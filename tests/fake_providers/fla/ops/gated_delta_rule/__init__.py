@@ -7,7 +7,9 @@ Varlen semantics follow fla: with ``cu_seqlens`` the batch must be 1, every segm
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+import itertools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -37,6 +39,10 @@ def _prepare(
     use_beta_sigmoid_in_kernel: bool,
     allow_neg_eigval: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    if v.shape[2] != q.shape[2]:
+        # Grouped value attention (HV > H), as fla does it; older torch references (5.17) lack it.
+        q = q.repeat_interleave(v.shape[2] // q.shape[2], dim=2)
+        k = k.repeat_interleave(v.shape[2] // k.shape[2], dim=2)
     if beta is None:
         beta = torch.ones(v.shape[:-1], dtype=v.dtype, device=v.device)
     if use_beta_sigmoid_in_kernel:
@@ -89,7 +95,7 @@ def _varlen(
                 f"i.e., {n_seg} rather than {initial_state.shape[0]}."
             )
         outs, finals = [], []
-        for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        for i, (start, end) in enumerate(itertools.pairwise(bounds)):
             init = None if initial_state is None else initial_state[i : i + 1]
             if end == start:
                 outs.append(v.new_zeros((1, 0, hv, vd), dtype=out_dtype))

@@ -1,0 +1,467 @@
+"""Runtime guard on tiny CPU models: reports, strict refusal, tripwires, reversibility, versions, devices."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import sys
+from collections.abc import Iterator
+from types import MethodType
+from typing import Any
+
+import pytest
+import torch
+
+from kernelguard import transformers_compat as compat
+from kernelguard.errors import ConfigError, KernelFallbackError, UnsupportedTransformersError
+from kernelguard.guard import (
+    _IMPORT_WATCHER,
+    _LOGGED_ONCE,
+    _PATCHES,
+    CallSite,
+    GuardReport,
+    _classify_closure,
+    arm_tripwires,
+    clear_fallback_events,
+    fallback_events,
+    guard,
+)
+
+# These tests enter fallbacks on purpose; the pytest plugin must not fail them.
+pytestmark = pytest.mark.kernelguard(False)
+
+FAMILIES = ("qwen3_5", "qwen3_next", "qwen3_5_moe")
+GDN_LAYERS = ("model.layers.0.linear_attn", "model.layers.1.linear_attn", "model.layers.2.linear_attn")
+MODELING = {
+    "qwen3_5": "transformers.models.qwen3_5.modeling_qwen3_5",
+    "qwen3_next": "transformers.models.qwen3_next.modeling_qwen3_next",
+    "qwen3_5_moe": "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+}
+FALLBACK_GLOBALS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                    "causal_conv1d_update")
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_tripwires() -> Iterator[None]:
+    clear_fallback_events()
+    yield
+    leftover = list(_PATCHES.values())
+    for patch in leftover:
+        for holder in list(patch.holders):
+            holder.disarm()
+    clear_fallback_events()
+    assert not leftover, f"test left tripwires armed: {[p.site for p in leftover]}"
+    assert _IMPORT_WATCHER not in sys.meta_path
+
+
+def _ids(n: int = 12) -> torch.Tensor:
+    return torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(0))
+
+
+def _by_kernel(report: GuardReport, kernel: str) -> list[CallSite]:
+    return [e for e in report.entries if e.kernel == kernel]
+
+
+# ------------------------------------------------------------------------------------ without fakes ---
+@pytest.mark.parametrize("family", FAMILIES)
+def test_strict_guard_refuses_naming_every_gdn_layer(
+    fresh_transformers_models: None, tiny: Any, family: str
+) -> None:
+    model = tiny.tiny_model(family)
+    with pytest.raises(KernelFallbackError) as info:
+        guard(model)
+    err = info.value
+    for layer in GDN_LAYERS:
+        assert layer in err.message
+    assert err.layer == "model.layers.0.linear_attn"
+    assert "No module named 'fla'" in err.message
+    assert "pip install flash-linear-attention" in (err.fix or "")
+    assert "pip install causal-conv1d --no-build-isolation" in (err.fix or "")
+    assert not _PATCHES, "a refused strict guard must not arm anything"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_report_marks_every_gdn_layer_as_torch_reference(
+    fresh_transformers_models: None, tiny: Any, family: str
+) -> None:
+    model = tiny.tiny_model(family)
+    with guard(model, strict=False) as report:
+        chunk = _by_kernel(report, "chunk_gated_delta_rule")
+        assert [e.layer for e in chunk] == list(GDN_LAYERS)
+        assert all(e.provider_kind == "torch-reference" and not e.fast and not e.allowed for e in chunk)
+        assert all("ModuleNotFoundError: No module named 'fla'" in e.reason for e in chunk)
+        (attn,) = _by_kernel(report, "attention")
+        assert attn.layer == "model.layers.3.self_attn" and attn.implementation == "sdpa" and attn.fast
+        assert not report.ok
+        assert "model.layers.2.linear_attn" in report.render()
+        json.dumps(report.to_dict())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_nonstrict_first_forward_raises_naming_layer(
+    fresh_transformers_models: None, tiny: Any, family: str
+) -> None:
+    model = tiny.tiny_model(family)
+    with guard(model, strict=False), pytest.raises(KernelFallbackError) as info:
+        model(_ids())
+    assert info.value.layer == "model.layers.0.linear_attn"
+    assert "model.layers.0.linear_attn entered the torch reference path" in str(info.value)
+    assert info.value.kernel in ("causal_conv1d_fn", "chunk_gated_delta_rule")
+    assert "pip install" in (info.value.fix or "")
+
+
+def test_swallowed_fallback_is_still_recorded(fresh_transformers_models: None, tiny: Any) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    with guard(model, strict=False):
+        try:
+            model(_ids())
+        except KernelFallbackError:
+            pass
+    (event,) = fallback_events()
+    assert event.layer == "model.layers.0.linear_attn" and not event.allowed
+    assert event.to_error().layer == event.layer
+
+
+def test_silenced_transformers_logging_changes_nothing(
+    fresh_transformers_models: None, tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "error")
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model = tiny.tiny_model("qwen3_5")
+        with pytest.raises(KernelFallbackError):
+            guard(model)
+        with guard(model, strict=False), pytest.raises(KernelFallbackError):
+            model(_ids())
+    finally:
+        hf_logging.set_verbosity(before)
+
+
+def test_allow_accepts_logs_once_and_reports(
+    fresh_transformers_models: None, tiny: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    _LOGGED_ONCE.clear()
+    model = tiny.tiny_model("qwen3_5")
+    caplog.set_level(logging.WARNING, logger="kernelguard")
+    with guard(model, allow=["chunk_gated_delta_rule", "causal_conv1d_fn"]) as report:
+        assert report.ok
+        assert all(e.allowed for e in _by_kernel(report, "chunk_gated_delta_rule"))
+        assert "ALLOWED-SLOW" in report.render()
+        model(_ids())
+        model(_ids())
+    assert {e.kernel for e in fallback_events()} == {"chunk_gated_delta_rule", "causal_conv1d_fn"}
+    assert all(e.allowed for e in fallback_events())
+    lines = [r.getMessage() for r in caplog.records if "allowed" in r.getMessage()]
+    assert len([m for m in lines if "chunk_gated_delta_rule" in m and "entered" in m]) == 1
+
+
+def test_decode_only_kernels_required_in_inference_mode(fresh_transformers_models: None, tiny: Any) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    allow = ["chunk_gated_delta_rule", "causal_conv1d_fn"]
+    with guard(model, allow=allow) as report:  # training: recurrent/update are decode-only
+        assert not any(e.required for e in _by_kernel(report, "fused_recurrent_gated_delta_rule"))
+    with pytest.raises(KernelFallbackError, match="fused_recurrent_gated_delta_rule"):
+        guard(model, mode="inference", allow=allow)
+
+
+def test_bad_arguments_are_config_errors(fresh_transformers_models: None, tiny: Any) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    with pytest.raises(ConfigError):
+        guard(model, mode="train")
+    with pytest.raises(ConfigError):
+        guard(model, attention="loud")
+
+
+# ------------------------------------------------------------------------------- reversibility ---
+def test_disarm_restores_identity_and_arming_is_idempotent(fresh_transformers_models: None, tiny: Any) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    module = sys.modules[MODELING["qwen3_5"]]
+    originals = {name: getattr(module, name) for name in FALLBACK_GLOBALS}
+    first = guard(model, strict=False)
+    wrappers = {name: getattr(module, name) for name in FALLBACK_GLOBALS}
+    second = guard(model, strict=False)
+    for name in FALLBACK_GLOBALS:
+        assert getattr(module, name) is wrappers[name], "re-arming must not wrap twice"
+        assert getattr(module, name) is not originals[name]
+        assert getattr(module, name).__kernelguard_tripwire__.original is originals[name]
+    assert _by_kernel(second, "chunk_gated_delta_rule")[0].provider_kind == "torch-reference"
+    first.disarm()
+    assert all(getattr(module, n) is wrappers[n] for n in FALLBACK_GLOBALS), "still held by the second arming"
+    second.disarm()
+    second.disarm()
+    assert all(getattr(module, n) is originals[n] for n in FALLBACK_GLOBALS)
+
+
+def test_disarm_leaves_a_foreign_replacement_alone(fresh_transformers_models: None, tiny: Any) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    module = sys.modules[MODELING["qwen3_5"]]
+    name = "torch_chunk_gated_delta_rule"
+    original = getattr(module, name)
+
+    def theirs(*args: Any, **kwargs: Any) -> Any:
+        return original(*args, **kwargs)
+
+    report = guard(model, strict=False)
+    setattr(module, name, theirs)
+    report.disarm()
+    assert getattr(module, name) is theirs
+    setattr(module, name, original)
+
+
+def test_arm_tripwires_is_model_independent_and_covers_later_imports(
+    fresh_transformers_models: None, tiny: Any
+) -> None:
+    tripwires = arm_tripwires()
+    try:
+        assert not any(m.__name__ == MODELING["qwen3_5"] for m in compat.iter_modeling_modules())
+        model = tiny.tiny_model("qwen3_5")  # imported after arming: the import hook arms it
+        with pytest.raises(KernelFallbackError) as info:
+            model(_ids())
+        assert "Qwen3_5GatedDeltaNet (layer_idx=0)" in info.value.layer
+    finally:
+        tripwires.disarm()
+    module = sys.modules[MODELING["qwen3_5"]]
+    assert not hasattr(vars(module)["torch_chunk_gated_delta_rule"], "__kernelguard_tripwire__")
+
+
+def test_errors_pickle_round_trip(fresh_transformers_models: None, tiny: Any) -> None:
+    with pytest.raises(KernelFallbackError) as info:
+        guard(tiny.tiny_model("qwen3_5"))
+    err = info.value
+    clone = pickle.loads(pickle.dumps(err))
+    assert type(clone) is KernelFallbackError
+    assert (clone.layer, clone.kernel, clone.reason, clone.fix, str(clone)) == (
+        err.layer, err.kernel, err.reason, err.fix, str(err))
+    refused = compat.unsupported("4.0.0", "because")
+    assert str(pickle.loads(pickle.dumps(refused))) == str(refused)
+
+
+# ------------------------------------------------------------------------------------- with fakes ---
+@pytest.mark.parametrize("family", FAMILIES)
+def test_with_fake_providers_reports_fast_and_forward_passes(
+    fake_providers: Any, tiny: Any, family: str
+) -> None:
+    model = tiny.tiny_model(family)
+    with guard(model) as report:
+        assert report.ok
+        chunk = _by_kernel(report, "chunk_gated_delta_rule")
+        assert [e.layer for e in chunk] == list(GDN_LAYERS)
+        assert all(e.fast and e.provider_kind == "package" for e in chunk)
+        assert chunk[0].implementation.startswith("fla.ops.gated_delta_rule.chunk_gated_delta_rule 0.6.0")
+        conv = _by_kernel(report, "causal_conv1d_fn")
+        assert all(e.fast and e.implementation.startswith("causal_conv1d.causal_conv1d_fn") for e in conv)
+        assert report.tripwires.sites == []  # nothing falls back, nothing is wrapped
+        model(_ids())
+    assert fallback_events() == []
+
+
+def test_installed_provider_that_cannot_run_on_the_device_is_not_fast(
+    fake_providers: Any, tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    monkeypatch.delattr(sys.modules["fla"], "__kernelguard_devices__")  # like the real fla
+    with pytest.raises(KernelFallbackError, match="does not run on device cpu"):
+        guard(model)
+    with guard(model, strict=False) as report:
+        chunk = _by_kernel(report, "chunk_gated_delta_rule")
+        assert all(not e.fast and e.provider_kind == "package" for e in chunk)
+        assert all(e.fast for e in _by_kernel(report, "causal_conv1d_fn"))
+
+
+def test_packed_sdpa_attention_is_a_reported_slow_path(
+    fake_providers: Any, tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    with pytest.raises(KernelFallbackError, match=r"O\(T\^2\)"):
+        guard(model, packed=True)
+    with guard(model, packed=True, attention="warn") as report:
+        (attn,) = _by_kernel(report, "attention")
+        assert not attn.fast and report.ok and "slow (warn)" in report.render()
+    with guard(model, packed=True, allow=["attention"]) as report:
+        assert _by_kernel(report, "attention")[0].allowed
+    model.config._attn_implementation = "flash_attention_2"
+    with guard(model, packed=True) as report:
+        assert _by_kernel(report, "attention")[0].fast
+    model.config._attn_implementation = "kernelguard_varlen"
+    with pytest.raises(KernelFallbackError, match="not registered"):
+        guard(model, packed=True)
+    from transformers import AttentionInterface
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "kernelguard_varlen", lambda *a, **k: None)
+    with guard(model, packed=True) as report:
+        (attn,) = _by_kernel(report, "attention")
+        assert attn.fast and attn.implementation == "kernelguard_varlen"
+
+
+# -------------------------------------------------------------------------------------- versions ---
+def test_old_transformers_version_is_refused(
+    fresh_transformers_models: None, tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers
+
+    model = tiny.tiny_model("qwen3_5")
+    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    with pytest.raises(UnsupportedTransformersError, match="unsupported transformers version 4.57.1"):
+        guard(model)
+    with pytest.raises(UnsupportedTransformersError):
+        arm_tripwires()
+
+
+def test_release_without_decorator_or_instance_pattern_is_refused(
+    fresh_transformers_models: None, tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers.integrations import hub_kernels
+
+    model = tiny.tiny_model("qwen3_5")
+    monkeypatch.delattr(hub_kernels, compat.DECORATOR_NAME)
+    with pytest.raises(UnsupportedTransformersError, match="unsupported transformers version .*no instance-attr"):
+        guard(model)
+
+
+def test_decorator_with_unknown_closure_layout_is_refused(
+    fresh_transformers_models: None, tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers.integrations import hub_kernels
+
+    model = tiny.tiny_model("qwen3_5")
+    monkeypatch.setattr(hub_kernels, compat.DECORATOR_NAME, lambda name, package: (lambda fn: fn))
+    compat._probe_decorator.cache_clear()
+    try:
+        with pytest.raises(UnsupportedTransformersError, match="no longer returns a closure"):
+            guard(model)
+    finally:
+        compat._probe_decorator.cache_clear()
+
+
+def _old_torch_chunk(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("the tripwire must fire before the reference runs")
+
+
+_old_torch_chunk.__module__ = "transformers.models.olden.modeling_olden"
+
+
+class _OldStyleGatedDeltaNet(torch.nn.Module):
+    """transformers <= 5.14: the kernel is chosen at construction and stored on the instance."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chunk_gated_delta_rule = _old_torch_chunk
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.chunk_gated_delta_rule(self.proj(x))
+
+
+def test_instance_attribute_pattern_of_older_releases(monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers.integrations import hub_kernels
+
+    monkeypatch.delattr(hub_kernels, compat.DECORATOR_NAME)
+    model = torch.nn.Sequential(_OldStyleGatedDeltaNet())
+    with pytest.raises(KernelFallbackError) as info:
+        guard(model)
+    assert info.value.layer == "0" and info.value.kernel == "chunk_gated_delta_rule"
+    layer = model[0]
+    with guard(model, strict=False) as report:
+        assert report.mechanism == "instance-attribute"
+        with pytest.raises(KernelFallbackError, match="entered the torch reference path"):
+            model(torch.ones(1, 4))
+    assert layer.chunk_gated_delta_rule is _old_torch_chunk
+
+
+# ------------------------------------------------------------------------------------ Kernel Hub ---
+def test_kernelized_func_module_is_reported_as_hub_kernel(
+    fresh_transformers_models: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernels_layer = pytest.importorskip("kernels.layer.layer")
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    wrapped = modeling_qwen3_5.torch_chunk_gated_delta_rule
+    func = kernels_layer._create_func_module(wrapped)()
+    func.kernel_layer_name = "chunk_gated_delta_rule"
+    closure = compat.unpack_closure(func)
+    assert closure is not None and closure.is_torch_reference and closure.func_module is func
+    assert compat.hub_kernel(closure) is None
+
+    class HubChunk(torch.nn.Module):
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return "hub"
+
+    class Repo:
+        repo_id, revision = "kernels-community/gated-delta", "v1"
+
+    monkeypatch.setitem(kernels_layer._CACHED_LAYER, Repo(), HubChunk)
+    func.forward = MethodType(HubChunk.forward, func)
+    site = _classify_closure("model.layers.0.linear_attn", closure, "cuda", required=True,
+                                       allow=frozenset())
+    assert (site.provider_kind, site.implementation, site.fast) == ("hub", "kernels-community/gated-delta@v1", True)
+
+
+def test_package_attribute_guard_is_callable(fresh_transformers_models: None, tiny: Any) -> None:
+    import kernelguard
+
+    model = tiny.tiny_model("qwen3_5")
+    with kernelguard.guard(model, strict=False) as report:  # the module or the function: both work
+        assert isinstance(report, GuardReport)
+
+
+def test_packed_call_trips_before_transformers_value_error(fresh_transformers_models: None, tiny: Any) -> None:
+    """transformers >= ~5.20 raises ValueError when cu_seqlens/seq_idx reach the torch path; ours comes first."""
+    model = tiny.tiny_model("qwen3_5")
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    packed = {
+        "position_ids": torch.cat([torch.arange(5), torch.arange(7)])[None],
+        "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 7, "max_length_k": 7,
+        "seq_idx": torch.tensor([[0] * 5 + [1] * 7], dtype=torch.int32),
+    }
+    with guard(model, strict=False, packed=True, attention="ignore"), pytest.raises(KernelFallbackError) as info:
+        model(_ids(), use_cache=False, **packed)
+    assert info.value.layer == "model.layers.0.linear_attn"
+
+
+@pytest.mark.parametrize(
+    ("family", "kernel"),
+    [
+        ("qwen4_exp", "chunk_gated_delta_rule"),
+        ("olmo_hybrid", "chunk_gated_delta_rule"),
+        ("kimi_linear", "chunk_kda"),
+        ("mamba2", "causal_conv1d_fn"),
+    ],
+)
+def test_other_families_are_discovered_without_a_class_list(
+    fresh_transformers_models: None, family: str, kernel: str
+) -> None:
+    import importlib
+    import inspect
+
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    layers = [
+        cls for _, cls in inspect.getmembers(module, inspect.isclass)
+        if issubclass(cls, torch.nn.Module) and cls.__module__ == module.__name__
+        and any(s.closure.kernel == kernel for s in compat.layer_global_sites(cls.__new__(cls)))
+    ]
+    assert layers, f"no layer of {family} found calling {kernel}"
+
+
+def test_olmo_hybrid_model_is_guarded(fresh_transformers_models: None) -> None:
+    from transformers.models.olmo_hybrid import configuration_olmo_hybrid, modeling_olmo_hybrid
+
+    config = configuration_olmo_hybrid.OlmoHybridConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, pad_token_id=0, eos_token_id=1, bos_token_id=None,
+    )
+    model = modeling_olmo_hybrid.OlmoHybridForCausalLM(config)
+    with pytest.raises(KernelFallbackError, match=r"model\.layers\.0\.linear_attn"):
+        guard(model)
+
+
+def test_model_without_kernel_layers_reports_attention_only(fresh_transformers_models: None) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    with guard(LlamaForCausalLM(config)) as report:
+        assert report.ok and {e.kernel for e in report.entries} == {"attention"}

@@ -1,0 +1,78 @@
+"""The guard on a CUDA model with the REAL fla and causal-conv1d (the H200 run; skipped elsewhere).
+
+Each case runs in a fresh interpreter: whether transformers picked fla is decided when its modeling module
+is imported, so "fla hidden" must be set before that import. The printed reports are quoted in
+bench/RESULTS.md (run with -s).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("fla") is None or importlib.util.find_spec("causal_conv1d") is None,
+        reason="needs the real fla and causal-conv1d installed",
+    ),
+]
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    if {hide!r}:
+        sys.modules["fla"] = None  # the interpreter's own "not importable" marker
+    sys.path.insert(0, {tests!r})
+    import torch
+    import kernelguard
+    from kernelguard.errors import KernelFallbackError
+    from tiny_models import tiny_model
+
+    model = tiny_model("qwen3_5").to("cuda", torch.bfloat16)
+    try:
+        report = kernelguard.guard(model, mode="training")
+    except KernelFallbackError as exc:
+        print("REFUSED AT GUARD TIME")
+        print(exc)
+        sys.exit(3)
+    print(report.render())
+    with report, torch.no_grad():
+        out = model(input_ids=torch.randint(0, 100, (1, 64), device="cuda"))
+    print("forward ok", tuple(out.logits.shape))
+    """
+)
+
+
+def _run(hide_fla: bool) -> subprocess.CompletedProcess[str]:
+    code = SCRIPT.format(hide=hide_fla, tests=str(REPO / "tests"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    print(result.stdout, result.stderr[-3000:], sep="\n")
+    return result
+
+
+def test_real_fla_and_causal_conv1d_pass_the_guard_on_cuda() -> None:
+    result = _run(hide_fla=False)
+    assert result.returncode == 0
+    assert "fla.ops.gated_delta_rule" in result.stdout
+    assert "causal_conv1d" in result.stdout
+    assert "forward ok" in result.stdout
+
+
+def test_hidden_fla_fails_at_guard_time_naming_the_layer() -> None:
+    result = _run(hide_fla=True)
+    assert result.returncode == 3
+    assert "REFUSED AT GUARD TIME" in result.stdout
+    assert "model.layers.0.linear_attn" in result.stdout
+    assert "chunk_gated_delta_rule" in result.stdout
