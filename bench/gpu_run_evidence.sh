@@ -4,11 +4,7 @@
 set -u
 LOG=$OUT/evidence.log
 exec > >(tee -a "$LOG") 2>&1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-  .whl/fla_core-*.whl .whl/flash_linear_attention-*.whl .whl/causal_conv1d-*.whl .whl/kernels-*.whl
-SITE=/tmp/site
-export PYTHONPATH=$SITE:$PWD TOKENIZERS_PARALLELISM=false
-step() { echo; echo "================ $* ================"; }
+source bench/gpu_common.sh
 step versions
 python3 -c "import torch, triton, transformers, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader

@@ -4,10 +4,7 @@
 set -u
 LOG=$OUT/numerics_guard.log
 exec > >(tee -a "$LOG") 2>&1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-  .whl/fla_core-*.whl .whl/flash_linear_attention-*.whl .whl/causal_conv1d-*.whl .whl/kernels-*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD TOKENIZERS_PARALLELISM=false TRITON_CACHE_AUTOTUNING=1
-step() { echo; echo "================ $* ================ $(date +%T)"; }
+source bench/gpu_common.sh
 step "pytest -m gpu tests/test_guard_gpu.py (real fla passes the guard; hidden fla refused)"
 timeout 150 python3 -m pytest -p no:cacheprovider -m gpu tests/test_guard_gpu.py -q -s -rA 2>&1 | tail -80
 step "numerics: K=64 vs K=128, fla refusal lifted, cold then warm"

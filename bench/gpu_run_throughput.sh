@@ -4,10 +4,7 @@
 set -u
 LOG=$OUT/throughput.log
 exec > >(tee -a "$LOG") 2>&1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-  .whl/fla_core-*.whl .whl/flash_linear_attention-*.whl .whl/causal_conv1d-*.whl .whl/kernels-*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD TOKENIZERS_PARALLELISM=false TRITON_CACHE_AUTOTUNING=1
-step() { echo; echo "================ $* ================ $(date +%T)"; }
+source bench/gpu_common.sh
 BENCH="--steps 6 --warmup 2 --profile-steps 2"
 step "variant c"
 timeout 170 python3 bench/train_throughput.py --variant c $BENCH --out $OUT/tp_c.json 2>&1 | tail -25

@@ -25,7 +25,14 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kernelguard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    check = sub.add_parser("check", help="which provider serves each kernel, and why the others were rejected")
+    check = sub.add_parser(
+        "check",
+        help="which provider serves each kernel, and why the others were rejected",
+        description="Resolve which provider serves each kernel a model family needs, and why every other "
+        "candidate was rejected. Works without a GPU (pass --arch). Defaults come from [tool.kernelguard] in "
+        "the nearest pyproject.toml.",
+        epilog="exit codes: 0 every required kernel is served; 1 a requirement fails; 2 usage or configuration error",
+    )
     check.add_argument("--model", help="family (qwen3_5), config.json, or local model folder [default: qwen3_5]")
     check.add_argument("--mode", choices=("training", "inference"), help="[default: training]")
     check.add_argument("--arch", action="append", metavar="CC",

@@ -577,32 +577,19 @@ def _check_recurrent(
     }
     rin = {n: t.float() for n, t in kin.items()}
     label = small.label(q_heads=q_heads) + " decode from a random state"
-    try:
+    def decode_step(impl: Callable[..., Any], t: dict[str, torch.Tensor]) -> Any:
         with torch.no_grad():
-            o, ht = fn(
-                kin["q"],
-                kin["k"],
-                kin["v"],
-                g=kin["g"],
-                beta=kin["beta"],
-                initial_state=state.to(device).clone(),
-                output_final_state=True,
-                use_qk_l2norm_in_kernel=True,
+            return impl(
+                t["q"], t["k"], t["v"], g=t["g"], beta=t["beta"], initial_state=state.to(device).clone(),
+                output_final_state=True, use_qk_l2norm_in_kernel=True,
             )
+
+    try:
+        o, ht = decode_step(fn, kin)
     except Exception as exc:  # noqa: BLE001
         return [_error_case(RECURRENT, label, exc)]
     try:
-        with torch.no_grad():
-            ro, rh = ref(
-                rin["q"],
-                rin["k"],
-                rin["v"],
-                g=rin["g"],
-                beta=rin["beta"],
-                initial_state=state.to(device).clone(),
-                output_final_state=True,
-                use_qk_l2norm_in_kernel=True,
-            )
+        ro, rh = decode_step(ref, rin)
     except Exception as exc:  # noqa: BLE001
         return [_error_case(RECURRENT, label, exc, where="reference")]
     return [

@@ -293,7 +293,7 @@ def test_fla_640_rows(
 def test_fla_640_wrong_grads_sentence_and_fix() -> None:
     facts = replace(BASE, env=make_env(gpus=("9.0",), triton="3.6.0"))
     fla = find(resolve(facts, qwen(key_dim=64), H200), CHUNK, "package")
-    assert "corrupts dk and dg when the key-dim tile is 64" in fla.reason
+    assert "corrupt dk and dg when the key-dim tile is 64" in fla.reason
     assert (
         fla.fix
         == "pip install 'triton>=3.7.1' (or install tilelang + z3-solver so fla uses its TileLang backend)"
