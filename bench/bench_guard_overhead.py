@@ -76,7 +76,7 @@ def test_forward_overhead(benchmark: Any, situation: str, armed: bool) -> None:
     try:
         with torch.no_grad():
             model(ids)  # warm-up (and the one-time recording of an allowed fallback)
-            benchmark.pedantic(model, args=(ids,), rounds=8, iterations=1, warmup_rounds=1)
+            benchmark.pedantic(model, args=(ids,), rounds=30, iterations=1, warmup_rounds=3)
     finally:
         if report is not None:
             report.disarm()
