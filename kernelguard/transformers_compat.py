@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from types import FunctionType, ModuleType
 from typing import Any
 
+from kernelguard.catalog import PACKAGES
 from kernelguard.errors import UnsupportedTransformersError
 
 MIN_TRANSFORMERS = (5, 0)
@@ -36,12 +37,6 @@ DEVICES_ATTR = "__kernelguard_devices__"
 # Devices a provider is assumed to run on when it does not declare __kernelguard_devices__.
 DEFAULT_DEVICES: tuple[str, ...] = ("cuda",)
 
-# Distribution name and install command per import name (what a user types to fix a missing provider).
-_PIP_FIX = {
-    "fla": "pip install flash-linear-attention",
-    "causal_conv1d": "pip install causal-conv1d --no-build-isolation  (builds with nvcc)",
-    "mamba_ssm": "pip install mamba-ssm --no-build-isolation  (builds with nvcc)",
-}
 # Used when transformers' own table (`_KERNELS_INTERNAL_PATH_MAPPINGS`) is absent.
 _DEFAULT_INTERNAL_PATHS = {
     "chunk_gated_delta_rule": "ops.gated_delta_rule",
@@ -351,7 +346,9 @@ def why_not_imported(closure: FallbackClosure) -> str:
 
 
 def pip_fix(package: str) -> str:
-    return _PIP_FIX.get(package, f"pip install {package.replace('_', '-')}")
+    """The install command for a provider: the catalog's one table, else the import name as a pip name."""
+    spec = PACKAGES.get(package)
+    return spec.install if spec else f"pip install {package.replace('_', '-')}"
 
 
 def provider_devices(implementation: Any) -> tuple[str, ...]:
