@@ -22,7 +22,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kernelguard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog="kernelguard",
+        description="Stop hybrid (gated-delta-net) model fine-tuning from silently running slow fallback kernels.",
+        epilog="exit codes: 0 every required kernel is served well; 1 a requirement fails; 2 usage or configuration error",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     check = sub.add_parser(
@@ -50,9 +54,9 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("issues", help="list the known-bad stacks kernelguard checks")
 
-    train = sub.add_parser("train", help="packed FSDP2 fine-tuning that starts only once the guard passes",
-                           add_help=False)
-    train.add_argument("rest", nargs=argparse.REMAINDER)
+    # Listed for --help only: main() hands everything after "train" to kernelguard.train untouched.
+    sub.add_parser("train", help="packed FSDP2 fine-tuning that starts only once the guard passes "
+                   "(kernelguard train --help)", add_help=False)
     return parser
 
 
@@ -100,15 +104,15 @@ def _issues() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:
+        from .train.__main__ import main as train_main
+
+        return train_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         if args.command == "check":
             return _check(args)
-        if args.command == "issues":
-            return _issues()
-        from .train.__main__ import main as train_main
-
-        return train_main(args.rest)
+        return _issues()
     except ConfigError as exc:
         print(f"kernelguard: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -512,3 +512,13 @@ def test_check_runs_and_reports_when_torch_cannot_be_imported(tmp_path: Path) ->
     data = kg_json(cwd=tmp_path, rc=1, pythonpath=(broken,))
     assert data["environment"]["torch_error"] == "ImportError: torch is broken on purpose"
     assert data["environment"]["cxx11_abi"] == {"value": None, "source": "import torch"}
+
+
+def test_train_subcommand_passes_everything_through(tmp_path: Path) -> None:
+    helped = kg("train", "--help", cwd=tmp_path)
+    assert helped.returncode == 0, helped.stderr
+    assert "--block-size" in helped.stdout
+    missing = kg("train", cwd=tmp_path)
+    assert missing.returncode == 2
+    assert "required: --model, --data, --output" in missing.stderr
+    assert "Traceback" not in missing.stderr
