@@ -41,8 +41,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         id="fla-640-wrong-grads",
         title="fla gated-delta backward gives wrong dk/dg on Hopper with Triton 3.4-3.7.0",
         source=FLA_640,
-        # Condition from the upstream analysis (BK = 64). Not reproduced on our H200 at one K64 shape
-        # (H4, T1024 varlen: dk/dg within 0.45% of fp32; bench/RESULTS.md), so it stays as reported upstream.
+        # Condition from the upstream analysis (BK = 64). Not reproduced on our H200 at two K64 shapes
+        # (dk/dg within 0.45% of fp32; bench/RESULTS.md), so it stays as reported upstream.
         effect=(
             "the Triton chunk backward (chunk_bwd_dqkwg) is reported to corrupt dk and dg when the key-dim tile "
             "is 64, i.e. key head dim <= 64; training would silently learn from wrong gradients"

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import textwrap
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .check import CheckResult
 from .resolver import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED
+
+if TYPE_CHECKING:  # report formats what check produced; it must not depend on check at run time
+    from .check import CheckResult
 
 SCHEMA_VERSION = 1
 
