@@ -116,6 +116,7 @@ def _failure(events: list[Any], when: str) -> Exception:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    __tracebackhide__ = True  # the failure is the message, not this hook's frame
     if _state_key not in item.stash:
         return (yield)
     try:
@@ -135,6 +136,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+    __tracebackhide__ = True
     state = item.stash.get(_state_key, None)
     try:
         result = yield
