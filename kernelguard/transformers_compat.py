@@ -34,7 +34,7 @@ MIN_TRANSFORMERS = (5, 0)
 DECORATOR_NAME = "use_kernel_func_from_hub_with_fallback"
 TRIPWIRE_ATTR = "__kernelguard_tripwire__"
 DEVICES_ATTR = "__kernelguard_devices__"
-# Devices a provider is assumed to run on when it does not declare __kernelguard_devices__.
+# Devices a provider is assumed to run on when neither it (__kernelguard_devices__) nor the catalog says.
 DEFAULT_DEVICES: tuple[str, ...] = ("cuda",)
 
 # Used when transformers' own table (`_KERNELS_INTERNAL_PATH_MAPPINGS`) is absent.
@@ -357,7 +357,9 @@ def provider_devices(implementation: Any) -> tuple[str, ...]:
     package = sys.modules.get(top)
     declared = getattr(package, DEVICES_ATTR, None)
     if declared is None:
-        return DEFAULT_DEVICES
+        # The same per-package default `kernelguard check` uses (e.g. fla: cuda and xpu).
+        spec = PACKAGES.get(top)
+        return spec.default_devices if spec else DEFAULT_DEVICES
     return tuple(str(d) for d in declared)
 
 
