@@ -13,9 +13,13 @@ single GPU — no FSDP here, the point is kernel/packing/launch cost, not shardi
   c  kernelguard: best-fit-decreasing blocks padded to --tokens-per-batch with cu_seq_lens_q/k,
      max_length_q/k, seq_idx (kernelguard.train.packing.build_packed_block), the varlen attention from
      kernelguard.attention.register_varlen_attention(), fused AdamW.
+  d  c without activation checkpointing (what `kernelguard train --no-activation-checkpointing` does; the
+     forward is no longer recomputed in the backward - only where the activations fit, see peak memory).
+  e  d with kernelguard.train.loss.linear_cross_entropy: the loss from the final hidden states in
+     4,096-token chunks, never materialising the fp32 tokens x vocab logits.
 
   python bench/train_throughput.py --variant c --out c.json
-  python bench/train_throughput.py --all --out combined.json       # a, b, c, each in a fresh subprocess
+  python bench/train_throughput.py --all --out combined.json       # a..e, each in a fresh subprocess
   python bench/train_throughput.py --variant a --device cpu --tiny --steps 2 --out /tmp/a.json  # logic check
 
 On Hopper with Triton 3.4-3.7.0, fla 0.6.0 refuses its gated backward (fla issue 640). --lift-fla-hopper-refusal
@@ -40,7 +44,10 @@ from pathlib import Path
 from typing import Any
 
 HIDE_ENV = "KERNELGUARD_BENCH_HIDE"  # comma-separated top-level packages to make unimportable
-VARIANTS = ("a", "b", "c")
+VARIANTS = ("a", "b", "c", "d", "e")
+PACKED_VARIANTS = ("c", "d", "e")  # kernelguard's data layout, attention and optimizer
+NO_AC_VARIANTS = ("d", "e")  # activation checkpointing off (kernelguard train --no-activation-checkpointing)
+FUSED_LOSS_VARIANTS = ("e",)  # kernelguard.train.loss.linear_cross_entropy instead of the model's loss
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(1, str(ROOT))  # run from a checkout without installing kernelguard
@@ -270,6 +277,7 @@ def profile_counts(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> 
     n = len(batches)
     cpu_ops = launch_calls = kernels = copies = 0
     kernel_us = 0.0
+    by_kernel: dict[str, list[float]] = {}
     for evt in prof.events():
         name = evt.name
         if evt.device_type == DeviceType.CPU:
@@ -281,7 +289,11 @@ def profile_counts(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> 
             copies += 1
         else:  # a GPU kernel that ran
             kernels += 1
-            kernel_us += float(evt.time_range.elapsed_us())
+            us = float(evt.time_range.elapsed_us())
+            kernel_us += us
+            slot = by_kernel.setdefault(name[:90], [0, 0.0])
+            slot[0] += 1
+            slot[1] += us
     return {
         "profiled_steps": n,
         "profiled_wall_s_per_step": round(wall / n, 4),
@@ -291,6 +303,11 @@ def profile_counts(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> 
         "gpu_kernel_s_per_step": round(kernel_us / 1e6 / n, 4),
         "gpu_busy_pct": round(100.0 * kernel_us / 1e6 / wall, 1) if cuda and wall > 0 else None,
         "cpu_ops_per_step": round(cpu_ops / n, 1),
+        "top_gpu_kernels": [
+            {"kernel": k, "calls_per_step": round(c / n, 1), "ms_per_step": round(us / 1e3 / n, 2),
+             "pct_of_gpu_time": round(100.0 * us / kernel_us, 1) if kernel_us else None}
+            for k, (c, us) in sorted(by_kernel.items(), key=lambda kv: -kv[1][1])[:15]
+        ],
         "profiler_note": "kernel launches = GPU kernels executed (profiler device events, memcpy/memset excluded); "
         "cpu ops = CPU-side profiler events other than CUDA runtime/driver calls; "
         "profiler overhead inflates the profiled wall time",
@@ -361,7 +378,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
 
             register_varlen_attention(device_type=device.type)
         result["notes"].append(f"attention forced to {attn} by --attn-impl")
-    elif variant == "c":
+    elif variant in PACKED_VARIANTS:
         from kernelguard.attention import register_varlen_attention
 
         attn = register_varlen_attention(device_type=device.type)
@@ -407,11 +424,13 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     model.to(device=device, dtype=dtype)
     model.train()
     ac_kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= ~5.20
+    if variant in NO_AC_VARIANTS:
+        pass
+    elif hasattr(model, "activation_checkpointing_enable"):  # transformers >= ~5.20
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=ac_kwargs)
     else:  # 5.17 on the GPU machine
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ac_kwargs)
-    fused = variant == "c" and device.type == "cuda"
+    fused = variant in PACKED_VARIANTS and device.type == "cuda"
     opt = torch.optim.AdamW(
         model.parameters(),
         lr=1e-5,
@@ -428,13 +447,28 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
             if not k.startswith("_")
         }
 
+    def model_loss(inputs: dict[str, Any]) -> Any:
+        return model(**inputs, use_cache=False).loss
+
+    def fused_loss(inputs: dict[str, Any]) -> Any:
+        from kernelguard.train.loss import linear_cross_entropy
+
+        labels = inputs.pop("labels")
+        hidden = model.model(**inputs, use_cache=False).last_hidden_state
+        # The model's loss shifts inside (token t predicts t+1) and takes the mean over counted tokens.
+        total, count = linear_cross_entropy(
+            hidden[:, :-1].reshape(-1, hidden.shape[-1]), model.lm_head.weight, labels[:, 1:].reshape(-1)
+        )
+        return total / count.clamp(min=1)
+
+    compute_loss = fused_loss if variant in FUSED_LOSS_VARIANTS else model_loss
+
     def step(batch: dict[str, Any]) -> float:
-        inputs = to_dev(batch)
-        out = model(**inputs, use_cache=False)
-        out.loss.backward()
+        loss = compute_loss(to_dev(batch))
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return out.loss.detach()
+        return loss.detach()
 
     # ---- warm-up (compiles/autotunes Triton kernels on first fla call)
     t0 = time.perf_counter()
@@ -493,7 +527,12 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
                 **cfg_kwargs,
                 "params": n_params,
                 "dtype": "bfloat16 weights, grads and optimizer state",
-                "activation_checkpointing": "every decoder layer (use_reentrant=False)",
+                "activation_checkpointing": "none"
+                if variant in NO_AC_VARIANTS
+                else "every decoder layer (use_reentrant=False)",
+                "loss": "kernelguard.train.loss.linear_cross_entropy (4,096-token chunks)"
+                if variant in FUSED_LOSS_VARIANTS
+                else "the model's (logits, fp32 upcast, cross_entropy)",
                 "optimizer": f"torch.optim.AdamW(lr=1e-5, betas=(0.9,0.95), wd=0.1, {'fused' if fused else 'foreach' if device.type == 'cuda' else 'for-loop'})",
                 "parallelism": "single device, no FSDP",
             },
@@ -529,6 +568,12 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     )
     for key in ("kernel_launches_per_step", "cpu_ops_per_step"):
         result.setdefault(key, None)
+    if result.get("gpu_kernel_s_per_step") and result.get("step_time_s"):
+        # The profiler slows the host side, so its own wall time overstates idle GPU time; kernel time per
+        # step over the unprofiled step time is the better "is the GPU busy" figure.
+        result["gpu_busy_vs_unprofiled_step_pct"] = round(
+            100.0 * result["gpu_kernel_s_per_step"] / result["step_time_s"], 1
+        )
     if lifted:
         result["notes"].append("timing obtained with fla's Hopper refusal lifted (Triton path)")
     return result
@@ -594,8 +639,8 @@ def _summarize(combined: dict[str, Any]) -> None:
     tps = {v: r.get("tokens_per_s") for v, r in combined["variants"].items() if r.get("tokens_per_s")}
     combined["tokens_per_s"] = tps
     combined["speedup_vs_a"] = {v: round(t / tps["a"], 3) for v, t in tps.items()} if "a" in tps else {}
-    if "b" in tps and "c" in tps:
-        combined["c_vs_b"] = round(tps["c"] / tps["b"], 3)
+    if "b" in tps:
+        combined["vs_b"] = {v: round(t / tps["b"], 3) for v, t in tps.items()}
     combined["note"] = (
         "Ratios are only meaningful within this one run/machine (the fallback is CPU-launch-bound). "
         "Variants with fla_hopper_refusal_lifted=true ran fla's Triton backward past its Hopper refusal."
@@ -607,7 +652,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--variant", choices=VARIANTS)
     g.add_argument("--all", action="store_true", help="run --variants each in a fresh subprocess")
-    p.add_argument("--variants", default="a,b,c")
+    p.add_argument("--variants", default="a,b,c,d,e")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="tiny model/data for a CPU logic check")

@@ -327,7 +327,7 @@ def test_fla_issue_640_is_caught_by_numbers_at_key_dim_64(fla_refusal_lifted: li
 
 # ------------------------------------------------------------------------------------------- bench (tiny, CPU)
 @pytest.mark.slow  # two subprocesses importing torch + transformers: ~7-15 s each on 2 busy cores
-@pytest.mark.parametrize("variant", ["a", "c"])
+@pytest.mark.parametrize("variant", ["a", "c", "e"])
 def test_train_throughput_tiny_cpu_emits_complete_json(variant: str, tmp_path: Path) -> None:
     out = tmp_path / f"{variant}.json"
     env = dict(os.environ)
@@ -377,3 +377,6 @@ def test_train_throughput_tiny_cpu_emits_complete_json(variant: str, tmp_path: P
         assert result["batch_kwargs"] == sorted(
             ["cu_seq_lens_k", "cu_seq_lens_q", "max_length_k", "max_length_q", "position_ids", "seq_idx"]
         )
+    if variant == "e":
+        assert result["config"]["activation_checkpointing"] == "none"
+        assert result["config"]["loss"].startswith("kernelguard.train.loss.linear_cross_entropy")

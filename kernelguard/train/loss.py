@@ -1,0 +1,140 @@
+"""Causal-LM loss without materialising the full-vocabulary logits.
+
+The stock path computes ``logits = lm_head(hidden)`` for every token (8,192 x 151,936 in bf16 is 2.5 GB),
+upcasts them to fp32 (5 GB) and runs log-softmax and its backward over that tensor: several passes of HBM
+traffic and the step's largest allocation, for a loss that needs one number per token.
+
+:func:`linear_cross_entropy` walks the tokens in chunks. For each chunk it computes the logits, their
+log-sum-exp in fp32, the loss, and - in the same pass - the gradient of the summed loss with respect to the
+chunk's logits (``softmax - onehot``), which it immediately turns into the chunk's hidden-state gradient and
+adds into the weight gradient. Nothing of size tokens x vocab outlives a chunk, and no matmul is recomputed
+(unlike checkpointing the head), so the FLOPs are the stock path's. The backward only scales the stored
+gradients by the incoming one.
+
+The idea is the one of Liger-Kernel's fused linear cross-entropy, written here in plain torch ops.
+"""
+
+from __future__ import annotations
+
+import torch
+
+IGNORE_INDEX = -100
+DEFAULT_CHUNK_TOKENS = 4096
+
+__all__ = ["DEFAULT_CHUNK_TOKENS", "IGNORE_INDEX", "linear_cross_entropy"]
+
+
+def _chunk_loss(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 logits of one chunk, their log-sum-exp, the per-token loss (0 where ignored), the valid mask and
+    the labels with ignored ones replaced by 0 (safe to index with)."""
+    logits = (hidden @ weight.t()).float()
+    lse = torch.logsumexp(logits, dim=-1)
+    valid = labels != ignore_index
+    safe = torch.where(valid, labels, torch.zeros_like(labels))
+    target = logits.gather(1, safe[:, None]).squeeze(1)
+    per_token = torch.where(valid, lse - target, torch.zeros_like(lse))
+    return logits, lse, per_token, valid, safe
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        labels: torch.Tensor,
+        chunk_tokens: int,
+        ignore_index: int,
+    ) -> torch.Tensor:
+        want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # type: ignore[attr-defined]
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        # Low-precision weights: accumulate the weight gradient in fp32, one rounding at the end.
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk_tokens):
+            h = hidden[start : start + chunk_tokens]
+            logits, lse, per_token, valid, safe = _chunk_loss(
+                h, weight, labels[start : start + chunk_tokens], ignore_index
+            )
+            total += per_token.sum()
+            # d(sum of losses)/d(logits) = softmax - onehot(label) on valid rows, 0 on ignored ones;
+            # computed in place in the fp32 logits buffer.
+            probs = logits.sub_(lse[:, None]).exp_()
+            rows = torch.arange(probs.shape[0], device=probs.device)
+            probs[rows, safe] -= 1.0
+            probs.mul_(valid[:, None])
+            grad_logits = probs.to(hidden.dtype)
+            del logits, probs  # free the fp32 chunk buffer before the matmuls allocate
+            if grad_hidden is not None:
+                torch.mm(grad_logits, weight, out=grad_hidden[start : start + chunk_tokens])
+            if grad_weight is not None:
+                if weight.dtype == torch.float32:
+                    grad_weight.addmm_(grad_logits.t(), h)
+                else:  # bf16/fp16 matmul (fp32 accumulate inside), summed across chunks in fp32
+                    grad_weight.add_(grad_logits.t() @ h)
+        ctx.save_for_backward(
+            grad_hidden if grad_hidden is not None else torch.empty(0),
+            grad_weight if grad_weight is not None else torch.empty(0),
+        )
+        ctx.has = (grad_hidden is not None, grad_weight is not None)  # type: ignore[attr-defined]
+        ctx.dtypes = (hidden.dtype, weight.dtype)  # type: ignore[attr-defined]
+        return total
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad_total: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        grad_hidden, grad_weight = ctx.saved_tensors  # type: ignore[attr-defined]
+        has_hidden, has_weight = ctx.has  # type: ignore[attr-defined]
+        hidden_dtype, weight_dtype = ctx.dtypes  # type: ignore[attr-defined]
+        scale = grad_total.float()  # e.g. 1/token_count: applied in fp32, rounded once
+        return (
+            (grad_hidden.float() * scale).to(hidden_dtype) if has_hidden else None,
+            (grad_weight * scale).to(weight_dtype) if has_weight else None,
+            None,
+            None,
+            None,
+        )
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    ignore_index: int = IGNORE_INDEX,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed token cross-entropy of ``hidden @ weight.T`` against ``labels``, and the number of counted tokens.
+
+    ``hidden``: ``[N, H]`` (already aligned with ``labels``: shift before calling), ``weight``: ``[V, H]``
+    (the LM head), ``labels``: ``[N]`` with ``ignore_index`` for tokens that do not count. Returns
+    ``(loss_sum, count)`` with ``loss_sum`` an fp32 scalar equal to
+    ``F.cross_entropy(hidden @ weight.T, labels, ignore_index=..., reduction="sum")`` computed in fp32; divide
+    by ``count`` (or a global count) for the mean. Peak extra memory is one ``chunk_tokens x V`` fp32 buffer.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or labels.dim() != 1:
+        raise ValueError(
+            f"expected hidden [N, H], weight [V, H], labels [N]; got {tuple(hidden.shape)}, "
+            f"{tuple(weight.shape)}, {tuple(labels.shape)}"
+        )
+    if hidden.shape[0] != labels.shape[0] or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"shapes do not line up: hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}, "
+            f"labels {tuple(labels.shape)}"
+        )
+    if chunk_tokens <= 0:
+        raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+    count = (labels != ignore_index).sum()
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        total = _LinearCrossEntropy.apply(hidden, weight, labels, chunk_tokens, ignore_index)
+        return total, count
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        _, _, per_token, _, _ = _chunk_loss(
+            hidden[start : start + chunk_tokens], weight, labels[start : start + chunk_tokens], ignore_index
+        )
+        total += per_token.sum()
+    return total, count

@@ -1,0 +1,122 @@
+"""kernelguard.train.loss.linear_cross_entropy against F.cross_entropy on materialised logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernelguard.train.loss import IGNORE_INDEX, linear_cross_entropy
+
+
+def _inputs(n: int = 37, h: int = 16, v: int = 53, dtype: torch.dtype = torch.float64, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, h, generator=gen, dtype=dtype)
+    weight = torch.randn(v, h, generator=gen, dtype=dtype) * 0.5
+    labels = torch.randint(0, v, (n,), generator=gen)
+    labels[::5] = IGNORE_INDEX  # boundaries / prompt tokens that do not count
+    return hidden, weight, labels
+
+
+def _reference(hidden, weight, labels, scale=1.0):
+    h = hidden.detach().double().requires_grad_(True)
+    w = weight.detach().double().requires_grad_(True)
+    loss = F.cross_entropy(h @ w.t(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    (loss * scale).backward()
+    return loss.detach(), h.grad, w.grad
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 37, 1000])
+def test_sum_and_gradients_match_cross_entropy_for_any_chunking(chunk: int) -> None:
+    hidden, weight, labels = _inputs()
+    ref_loss, ref_dh, ref_dw = _reference(hidden, weight, labels, scale=0.25)
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    total, count = linear_cross_entropy(h, w, labels, chunk_tokens=chunk)
+    (total * 0.25).backward()  # a non-unit upstream gradient (a mean) must scale both gradients
+    assert int(count) == int((labels != IGNORE_INDEX).sum())
+    assert total.dtype == torch.float32
+    torch.testing.assert_close(total.double(), ref_loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(h.grad, ref_dh, rtol=1e-5, atol=1e-6)  # fp32 softmax inside
+    torch.testing.assert_close(w.grad, ref_dw, rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_inputs_stay_within_bf16_error_of_the_fp64_reference() -> None:
+    hidden, weight, labels = _inputs(n=64, h=32, v=301, dtype=torch.bfloat16)
+    ref_loss, ref_dh, ref_dw = _reference(hidden, weight, labels)
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    total, _ = linear_cross_entropy(h, w, labels, chunk_tokens=24)
+    total.backward()
+    assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.bfloat16
+    assert abs(float(total) - float(ref_loss)) / float(ref_loss) < 1e-3
+    for got, ref in ((h.grad, ref_dh), (w.grad, ref_dw)):
+        rel = float((got.double() - ref).norm() / ref.norm())
+        assert rel < 1e-2, rel
+
+
+def test_only_the_tensors_that_need_grad_get_one() -> None:
+    hidden, weight, labels = _inputs()
+    w = weight.clone().requires_grad_(True)
+    total, _ = linear_cross_entropy(hidden, w, labels, chunk_tokens=8)
+    total.backward()
+    assert w.grad is not None and hidden.grad is None
+
+
+def test_no_grad_path_gives_the_same_sum() -> None:
+    hidden, weight, labels = _inputs()
+    with torch.no_grad():
+        total, count = linear_cross_entropy(hidden, weight, labels, chunk_tokens=5)
+    ref_loss, _, _ = _reference(hidden, weight, labels)
+    torch.testing.assert_close(total.double(), ref_loss, rtol=1e-6, atol=1e-6)
+    assert not total.requires_grad and int(count) > 0
+
+
+def test_all_ignored_labels_give_zero_loss_and_zero_gradients() -> None:
+    hidden, weight, labels = _inputs()
+    labels[:] = IGNORE_INDEX
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    total, count = linear_cross_entropy(h, w, labels)
+    total.backward()
+    assert float(total) == 0.0 and int(count) == 0
+    assert not h.grad.any() and not w.grad.any()
+
+
+@pytest.mark.parametrize(
+    ("shapes", "message"),
+    [
+        (((4, 8), (10, 8), (5,)), "do not line up"),
+        (((4, 8), (10, 9), (4,)), "do not line up"),
+        (((1, 4, 8), (10, 8), (4,)), "expected hidden"),
+    ],
+)
+def test_mismatched_shapes_are_refused_with_the_shapes(shapes, message) -> None:
+    (hs, ws, ls) = shapes
+    with pytest.raises(ValueError, match=message):
+        linear_cross_entropy(torch.zeros(hs), torch.zeros(ws), torch.zeros(ls, dtype=torch.long))
+
+
+def test_matches_the_models_own_loss_and_gradients_on_a_tiny_qwen3_5() -> None:
+    """What bench variant e and a trainer do: hidden states from the base model, the LM head's weight."""
+    from tiny_models import tiny_model
+
+    model = tiny_model("qwen3_5").float()
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, model.config.get_text_config().vocab_size, (2, 24), generator=gen)
+    labels = ids.clone()
+    labels[:, :5] = IGNORE_INDEX  # a prompt that does not count
+
+    stock = model(input_ids=ids, labels=labels, use_cache=False).loss
+    stock.backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+
+    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+    total, count = linear_cross_entropy(
+        hidden[:, :-1].reshape(-1, hidden.shape[-1]), model.lm_head.weight, labels[:, 1:].reshape(-1), chunk_tokens=9
+    )
+    fused = total / count
+    fused.backward()
+    torch.testing.assert_close(fused, stock.float(), rtol=1e-5, atol=1e-6)
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert grads.keys() == ref_grads.keys()
+    for name, ref in ref_grads.items():
+        torch.testing.assert_close(grads[name], ref, rtol=1e-4, atol=1e-6, msg=name)
