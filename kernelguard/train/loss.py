@@ -24,18 +24,16 @@ DEFAULT_CHUNK_TOKENS = 4096
 __all__ = ["DEFAULT_CHUNK_TOKENS", "IGNORE_INDEX", "linear_cross_entropy"]
 
 
-def _chunk_loss(
+def _chunk_log_probs(
     hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ignore_index: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """fp32 logits of one chunk, their log-sum-exp, the per-token loss (0 where ignored), the valid mask and
-    the labels with ignored ones replaced by 0 (safe to index with)."""
-    logits = (hidden @ weight.t()).float()
-    lse = torch.logsumexp(logits, dim=-1)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 log-probabilities of one chunk (one fused log-softmax over the matmul's logits), the per-token loss
+    (0 where ignored), the valid mask and the labels with ignored ones replaced by 0 (safe to index with)."""
+    log_probs = torch.log_softmax(hidden @ weight.t(), dim=-1, dtype=torch.float32)
     valid = labels != ignore_index
     safe = torch.where(valid, labels, torch.zeros_like(labels))
-    target = logits.gather(1, safe[:, None]).squeeze(1)
-    per_token = torch.where(valid, lse - target, torch.zeros_like(lse))
-    return logits, lse, per_token, valid, safe
+    per_token = -log_probs.gather(1, safe[:, None]).squeeze(1) * valid
+    return log_probs, per_token, valid, safe
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -50,36 +48,31 @@ class _LinearCrossEntropy(torch.autograd.Function):
     ) -> torch.Tensor:
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # type: ignore[attr-defined]
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
-        # Low-precision weights: accumulate the weight gradient in fp32, one rounding at the end.
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
+        grad_weight = torch.zeros_like(weight) if want_weight else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk_tokens):
-            h = hidden[start : start + chunk_tokens]
-            logits, lse, per_token, valid, safe = _chunk_loss(
-                h, weight, labels[start : start + chunk_tokens], ignore_index
-            )
+            stop = start + chunk_tokens
+            h = hidden[start:stop]
+            log_probs, per_token, valid, safe = _chunk_log_probs(h, weight, labels[start:stop], ignore_index)
             total += per_token.sum()
-            # d(sum of losses)/d(logits) = softmax - onehot(label) on valid rows, 0 on ignored ones;
-            # computed in place in the fp32 logits buffer.
-            probs = logits.sub_(lse[:, None]).exp_()
-            rows = torch.arange(probs.shape[0], device=probs.device)
-            probs[rows, safe] -= 1.0
-            probs.mul_(valid[:, None])
+            # d(summed loss)/d(logits) = softmax - onehot(label), built in place in the fp32 buffer. Ignored
+            # rows are masked on the [chunk, hidden] side below: cheaper than a pass over [chunk, vocab].
+            probs = log_probs.exp_()
+            probs[torch.arange(probs.shape[0], device=probs.device), safe] -= 1.0
             grad_logits = probs.to(hidden.dtype)
-            del logits, probs  # free the fp32 chunk buffer before the matmuls allocate
+            del log_probs, probs  # free the fp32 chunk buffer before the matmuls allocate
+            keep = valid.to(hidden.dtype)[:, None]
             if grad_hidden is not None:
-                torch.mm(grad_logits, weight, out=grad_hidden[start : start + chunk_tokens])
+                torch.mm(grad_logits, weight, out=grad_hidden[start:stop])
+                grad_hidden[start:stop].mul_(keep)
             if grad_weight is not None:
-                if weight.dtype == torch.float32:
-                    grad_weight.addmm_(grad_logits.t(), h)
-                else:  # bf16/fp16 matmul (fp32 accumulate inside), summed across chunks in fp32
-                    grad_weight.add_(grad_logits.t() @ h)
+                # cuBLAS adds in fp32 and rounds once per chunk (the stock path rounds once per matmul too).
+                grad_weight.addmm_(grad_logits.t(), h * keep)
         ctx.save_for_backward(
             grad_hidden if grad_hidden is not None else torch.empty(0),
             grad_weight if grad_weight is not None else torch.empty(0),
         )
         ctx.has = (grad_hidden is not None, grad_weight is not None)  # type: ignore[attr-defined]
-        ctx.dtypes = (hidden.dtype, weight.dtype)  # type: ignore[attr-defined]
         return total
 
     @staticmethod
@@ -88,11 +81,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight = ctx.saved_tensors  # type: ignore[attr-defined]
         has_hidden, has_weight = ctx.has  # type: ignore[attr-defined]
-        hidden_dtype, weight_dtype = ctx.dtypes  # type: ignore[attr-defined]
-        scale = grad_total.float()  # e.g. 1/token_count: applied in fp32, rounded once
+        # A scalar upstream gradient (1/token_count for a mean): scale in place, no extra copy. The fp32
+        # 0-dim factor is applied at fp32 precision (opmath) even to bf16 tensors, so the scale is exact.
         return (
-            (grad_hidden.float() * scale).to(hidden_dtype) if has_hidden else None,
-            (grad_weight * scale).to(weight_dtype) if has_weight else None,
+            grad_hidden.mul_(grad_total) if has_hidden else None,
+            grad_weight.mul_(grad_total) if has_weight else None,
             None,
             None,
             None,
@@ -133,7 +126,7 @@ def linear_cross_entropy(
         return total, count
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], chunk_tokens):
-        _, _, per_token, _, _ = _chunk_loss(
+        _, per_token, _, _ = _chunk_log_probs(
             hidden[start : start + chunk_tokens], weight, labels[start : start + chunk_tokens], ignore_index
         )
         total += per_token.sum()
