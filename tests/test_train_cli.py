@@ -93,6 +93,29 @@ def test_export_loads_with_from_pretrained(full_run: Path) -> None:
     assert not list(full_run.glob("*.tmp"))
 
 
+def test_chunked_loss_trains_exactly_like_the_full_logits(assets: dict[str, Path], full_run: Path) -> None:
+    """The default --loss chunked (hidden states + linear_cross_entropy over the FSDP2-unsharded head weight)
+    against --loss logits: same losses, same gradient norms and same final weights, two ranks."""
+    from safetensors.torch import load_file
+
+    out = assets["root"] / "logits"
+    r = h.run_train(_args(assets, out, "--max-steps", str(STEPS), "--loss", "logits", "--no-plot"))
+    assert r.returncode == 0, r.stderr
+    a, b = _metrics(full_run), _metrics(out)
+    assert len(a) == len(b) == STEPS
+    for x, y in zip(a, b):
+        assert abs(x["loss"] - y["loss"]) <= 1e-5 * abs(y["loss"]), (x["loss"], y["loss"])
+        assert abs(x["grad_norm"] - y["grad_norm"]) <= 1e-4 * y["grad_norm"], (x["grad_norm"], y["grad_norm"])
+    pa = load_file(str(full_run / "final" / "model.safetensors"))
+    pb = load_file(str(out / "final" / "model.safetensors"))
+    assert pa.keys() == pb.keys() and "lm_head.weight" in pa
+    # AdamW normalises each update, so fp32 summation-order differences in near-zero gradients can move a
+    # few weights by a fraction of the learning rate (3e-3); a wrong gradient would move them by ~lr everywhere.
+    assert max(float((pa[k] - pb[k]).abs().max()) for k in pa) <= 3e-4
+    diff = sum(float((pa[k] - pb[k]).abs().sum()) for k in pa) / sum(v.numel() for v in pa.values())
+    assert diff <= 1e-6, diff
+
+
 def test_kill_and_resume_matches_uninterrupted_run(assets: dict[str, Path], full_run: Path) -> None:
     from safetensors.torch import load_file
 

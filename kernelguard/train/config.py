@@ -11,6 +11,7 @@ from kernelguard.errors import ConfigError
 PARAM_DTYPES = ("bf16", "fp32", "fp16")
 OVERLONG_POLICIES = ("truncate", "drop")
 ATTENTION_CHOICES = ("auto", "varlen", "sdpa", "flash_attention_2", "eager")
+LOSS_CHOICES = ("chunked", "logits")  # kernelguard.train.loss.linear_cross_entropy / the full logits
 
 
 @dataclass(kw_only=True, slots=True)
@@ -41,6 +42,7 @@ class TrainConfig:
     param_dtype: str = "bf16"
     attention: str = "auto"
     activation_checkpointing: bool = True
+    loss: str = "chunked"
     reshard_after_forward: bool = True
     save_every: int = 0
     peak_tflops: float | None = None
@@ -151,7 +153,20 @@ def build_parser(prog: str = "python -m kernelguard.train") -> argparse.Argument
     p.add_argument("--all-tokens-loss", dest="assistant_only_loss", action="store_false")
     p.add_argument("--param-dtype", choices=PARAM_DTYPES, default="bf16")
     p.add_argument("--attention", choices=ATTENTION_CHOICES, default="auto")
-    p.add_argument("--no-activation-checkpointing", dest="activation_checkpointing", action="store_false")
+    p.add_argument(
+        "--no-activation-checkpointing",
+        dest="activation_checkpointing",
+        action="store_false",
+        help="keep activations instead of recomputing each layer's forward in the backward: ~25%% faster "
+        "when they fit in memory (bench/RESULTS.md)",
+    )
+    p.add_argument(
+        "--loss",
+        choices=LOSS_CHOICES,
+        default="chunked",
+        help="chunked: cross-entropy from the final hidden states in 4,096-token chunks, never materialising "
+        "the fp32 tokens x vocab logits (default); logits: the model's full logits",
+    )
     p.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false")
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
     p.add_argument("--peak-tflops", type=float, help="override the accelerator's peak for MFU")

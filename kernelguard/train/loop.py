@@ -25,6 +25,7 @@ from kernelguard.errors import ConfigError, DataError, KernelFallbackError
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import load_examples, load_tokenizer, pad_token_id
+from .loss import linear_cross_entropy, return_hidden_states_from_head
 from .metrics import MetricsLog, peak_flops, plot_metrics, step_flops
 from .packing import (
     IGNORE_INDEX,
@@ -200,9 +201,12 @@ def _peak_memory_gb(device: torch.device) -> float:
 
 
 def train_step(
-    model: Any, micro: list[dict[str, Any]], *, info: DistInfo
+    model: Any, micro: list[dict[str, Any]], *, info: DistInfo, head: torch.nn.Linear | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward/backward over this rank's micro-batches. Returns (global loss sum, global valid count)."""
+    """Forward/backward over this rank's micro-batches. Returns (global loss sum, global valid count).
+
+    ``head``: the LM head made to return hidden states (:func:`return_hidden_states_from_head`); the loss is
+    then the chunked linear cross-entropy over its weight. ``None``: cross-entropy over the model's logits."""
     count = torch.zeros((), dtype=torch.float64, device=info.device)
     for mb in micro:
         count += (mb["labels"][0, 1:] != IGNORE_INDEX).sum().to(count)
@@ -211,11 +215,14 @@ def train_step(
     denom = count.clamp(min=1.0).float()
     for mb in micro:
         inputs = {k: (mb[k].to(info.device) if torch.is_tensor(mb[k]) else mb[k]) for k in MODEL_INPUT_KEYS}
-        logits = model(**inputs, use_cache=False).logits
+        out = model(**inputs, use_cache=False).logits  # hidden states when `head` is set
         labels = mb["labels"].to(info.device)
-        local = F.cross_entropy(
-            logits[0, :-1].float(), labels[0, 1:], ignore_index=IGNORE_INDEX, reduction="sum"
-        )
+        if head is not None:
+            local, _ = linear_cross_entropy(out[0, :-1], head.weight, labels[0, 1:], ignore_index=IGNORE_INDEX)
+        else:
+            local = F.cross_entropy(
+                out[0, :-1].float(), labels[0, 1:], ignore_index=IGNORE_INDEX, reduction="sum"
+            )
         (local * info.world_size / denom).backward()
         loss_sum += local.detach()
     dist.all_reduce(loss_sum)
@@ -270,6 +277,8 @@ def _run_gated(
     mesh = init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp",))
     if cfg.activation_checkpointing:
         apply_activation_checkpointing(model)
+    # Before sharding: the head keeps its parameters and names, only its forward changes.
+    head = return_hidden_states_from_head(model) if cfg.loss == "chunked" else None
     apply_fsdp(
         model,
         mesh=mesh,
@@ -323,7 +332,7 @@ def _run_gated(
             if info.device.type == "cuda":
                 torch.cuda.synchronize(info.device)
             t0 = time.perf_counter()
-            loss_sum, count = train_step(model, micro, info=info)
+            loss_sum, count = train_step(model, micro, info=info, head=head)
             grad_norm = clip_gradients(model, cfg.grad_clip)
             lr = optimizer.param_groups[0]["lr"]
             optimizer.step()

@@ -17,11 +17,14 @@ The idea is the one of Liger-Kernel's fused linear cross-entropy, written here i
 from __future__ import annotations
 
 import torch
+from torch import nn
+
+from ..errors import ConfigError
 
 IGNORE_INDEX = -100
 DEFAULT_CHUNK_TOKENS = 4096
 
-__all__ = ["DEFAULT_CHUNK_TOKENS", "IGNORE_INDEX", "linear_cross_entropy"]
+__all__ = ["DEFAULT_CHUNK_TOKENS", "IGNORE_INDEX", "linear_cross_entropy", "return_hidden_states_from_head"]
 
 
 def _chunk_log_probs(
@@ -131,3 +134,29 @@ def linear_cross_entropy(
         )
         total += per_token.sum()
     return total, count
+
+
+class _HiddenStatesHead(nn.Linear):
+    """An LM head that returns its input, so ``model(...).logits`` are the final (normed) hidden states.
+
+    Why not call ``model.model(...)`` instead: under FSDP2 the root module owns the embeddings, the final
+    norm and the head, and only its own forward all-gathers them. Keeping the root's forward and making the
+    head an identity leaves every parameter, name and state-dict key as it was; the head's weight (unsharded
+    after the root's forward, which does not reshard) then feeds :func:`linear_cross_entropy`.
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Linear's parameter name
+        return input
+
+
+def return_hidden_states_from_head(model: nn.Module) -> nn.Linear:
+    """Make ``model``'s LM head return the hidden states; return the head (its ``weight`` is the one to use)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is not nn.Linear or head.bias is not None:
+        raise ConfigError(
+            f"the chunked loss needs a bias-free nn.Linear LM head; {type(model).__name__} has "
+            f"{type(head).__name__ if head is not None else 'none'}.",
+            fix="kernelguard train --loss logits",
+        )
+    head.__class__ = _HiddenStatesHead  # same object, parameters and names; only forward changes
+    return head
