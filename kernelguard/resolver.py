@@ -162,7 +162,8 @@ def _issue_matches(
 
 def _issue_sentence(issue: KnownIssue, allowed: bool) -> str:
     verdict = "allowed by --allow" if allowed else "rejected"
-    return f"known issue {issue.id} ({issue.source}): {issue.effect}; {verdict}"
+    measured = f" (measured: {issue.evidence})" if issue.evidence else ""
+    return f"known issue {issue.id} ({issue.source}): {issue.effect}{measured}; {verdict}"
 
 
 # --------------------------------------------------------------------------------------------- candidates

@@ -200,8 +200,8 @@ def _finite_dict(d: dict[str, Any]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------- shapes
 def generic_shapes() -> list[GdnShape]:
-    """Small model-independent shapes. Key head dim 64 is where fla's Hopper bug bites (BK = 64); 128 is
-    the Qwen3.5 geometry measured correct. Segment lengths are not multiples of fla's chunk size 64."""
+    """Small model-independent shapes. Key head dim 64 is where fla issue 640 is reported (key-dim tile 64);
+    128 is the Qwen3.5 geometry measured correct. Segment lengths are not multiples of fla's chunk size 64."""
     return [
         GdnShape(
             num_k_heads=4, num_v_heads=4, key_dim=64, value_dim=64, batch=2, seq_len=256, origin="generic"
@@ -280,8 +280,9 @@ def lift_fla_hopper_refusal() -> list[str]:
     fla raises in ``fla.ops.common.chunk_o.chunk_bwd_dqkwg`` when ``not TRITON_ABOVE_3_7_1`` (fla issue 640).
     The flag is imported *by value* (``from fla.utils import TRITON_ABOVE_3_7_1``), so it is set in every
     loaded ``fla`` module holding it (``fla.utils.env``, ``fla.utils``, ``fla.ops.common.chunk_o``; the last
-    is the one read at call time). Returns the modules changed. The bug is real for key-dim tile 64: use
-    this only to *measure* (the numerics then catch it), never to train silently.
+    is the one read at call time). Returns the modules changed. Upstream reports wrong gradients at key-dim
+    tile 64 (not reproduced on an H200 with Triton 3.6.0, bench/RESULTS.md): use this to *measure* (the
+    numerics then judge the stack), or after an explicit --allow, never to train silently.
     """
     import importlib
 

@@ -82,7 +82,8 @@ def check_known_issues(model_ref: str, allow: tuple[str, ...], device: torch.dev
 
     The guard sees which implementation each layer calls; only the resolver knows that a present fast
     provider is wrong on this GPU/Triton/head-dim combination. It needs the GPU's arch, so CUDA only.
-    An allowed ``fla-640-refusal`` (key head dim >= 128, measured correct) lifts fla's own refusal here.
+    An allowed fla #640 row (``fla-640-refusal`` at key head dim >= 128, measured correct, or an explicit
+    ``fla-640-wrong-grads``) lifts fla's own refusal here, so the accepted path actually runs.
     """
     if device.type != "cuda":
         return
@@ -93,7 +94,9 @@ def check_known_issues(model_ref: str, allow: tuple[str, ...], device: torch.dev
     if not result.ok:
         raise GuardRefused(render(result))
     accepted = {issue for v in result.resolution.verdicts if v.selected for issue in v.selected.issues}
-    if "fla-640-refusal" in accepted:
+    from kernelguard.known_issues import by_id
+
+    if any((row := by_id(issue)) is not None and row.lifts_fla_refusal for issue in accepted):
         from kernelguard.smoke import lift_fla_hopper_refusal
 
         lift_fla_hopper_refusal()
