@@ -94,7 +94,11 @@ def _issues() -> int:
     from .known_issues import KNOWN_ISSUES, POLICY_ALLOW_IDS
 
     for issue in KNOWN_ISSUES:
-        print(f"{issue.id}\n  {issue.title}\n  effect: {issue.effect}\n  fix: {issue.fix}\n  source: {issue.source}\n")
+        measured = f"  measured: {issue.evidence}\n" if issue.evidence else ""
+        print(
+            f"{issue.id}\n  {issue.title}\n  effect: {issue.effect}\n{measured}  fix: {issue.fix}\n"
+            f"  source: {issue.source}\n"
+        )
     print("other --allow values:")
     for name, meaning in POLICY_ALLOW_IDS.items():
         print(f"  {name}: {meaning}")
