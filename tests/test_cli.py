@@ -413,12 +413,11 @@ def test_issues_lists_every_known_issue_and_policy_allow(tmp_path: Path) -> None
     lines = proc.stdout.splitlines()
     for issue in KNOWN_ISSUES:
         at = lines.index(issue.id)
-        assert lines[at + 1 : at + 5] == [
-            f"  {issue.title}",
-            f"  effect: {issue.effect}",
-            f"  fix: {issue.fix}",
-            f"  source: {issue.source}",
-        ]
+        expected = [f"  {issue.title}", f"  effect: {issue.effect}"]
+        expected += [f"  measured: {issue.evidence}"] if issue.evidence else []
+        expected += [f"  fix: {issue.fix}", f"  source: {issue.source}"]
+        assert lines[at + 1 : at + 1 + len(expected)] == expected
+    assert sum(line.startswith("  measured: ") for line in lines) == sum(bool(i.evidence) for i in KNOWN_ISSUES) == 2
     assert "other --allow values:" in lines
     assert any(line.startswith("  attention: ") for line in lines)
     assert any(line.startswith("  untrusted-hub-repo: ") for line in lines)
