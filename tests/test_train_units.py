@@ -98,3 +98,35 @@ def test_incomplete_checkpoints_are_ignored_and_removed(tmp_path: Path) -> None:
     assert removed == {"step_6", "step_8.tmp", "final.tmp"}
     assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_4"]
     assert ckpt.latest_checkpoint(tmp_path / "nothing") is None
+
+
+def test_accepted_fla_640_rows_lift_the_refusal_and_others_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from kernelguard.train.loop import lift_accepted_fla_refusal
+
+    # An fla laid out like 0.6.0: the flag imported by value into the consumer module.
+    names = ("fla", "fla.ops", "fla.ops.common", "fla.ops.common.chunk_o", "fla.utils")
+    mods = {n: types.ModuleType(n) for n in names}
+    mods["fla.ops.common.chunk_o"].TRITON_ABOVE_3_7_1 = False
+    mods["fla.utils"].TRITON_ABOVE_3_7_1 = False
+    for n, m in mods.items():
+        monkeypatch.setitem(sys.modules, n, m)
+
+    assert lift_accepted_fla_refusal({"kernels-version"}) == []
+    assert mods["fla.ops.common.chunk_o"].TRITON_ABOVE_3_7_1 is False
+    assert sorted(lift_accepted_fla_refusal({"fla-640-wrong-grads"})) == ["fla.ops.common.chunk_o", "fla.utils"]
+    assert mods["fla.ops.common.chunk_o"].TRITON_ABOVE_3_7_1 is True
+
+
+def test_lifting_with_an_fla_that_has_no_refusal_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from kernelguard.train.loop import lift_accepted_fla_refusal
+
+    monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))  # a package without fla.ops.common
+    for name in [n for n in sys.modules if n.startswith("fla.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert lift_accepted_fla_refusal({"fla-640-refusal"}) == []

@@ -94,12 +94,23 @@ def check_known_issues(model_ref: str, allow: tuple[str, ...], device: torch.dev
     if not result.ok:
         raise GuardRefused(render(result))
     accepted = {issue for v in result.resolution.verdicts if v.selected for issue in v.selected.issues}
+    lift_accepted_fla_refusal(accepted)
+
+
+def lift_accepted_fla_refusal(accepted: set[str]) -> list[str]:
+    """Lift fla's Hopper refusal when an accepted known issue says so; returns the fla modules changed.
+
+    An fla without the module that holds the refusal has no such refusal to lift: nothing to do."""
     from kernelguard.known_issues import by_id
 
-    if any((row := by_id(issue)) is not None and row.lifts_fla_refusal for issue in accepted):
-        from kernelguard.smoke import lift_fla_hopper_refusal
+    if not any((row := by_id(issue)) is not None and row.lifts_fla_refusal for issue in accepted):
+        return []
+    from kernelguard.smoke import lift_fla_hopper_refusal
 
-        lift_fla_hopper_refusal()
+    try:
+        return lift_fla_hopper_refusal()
+    except ImportError:
+        return []
 
 
 def run_gate(model: Any, allow: tuple[str, ...]) -> Any:
