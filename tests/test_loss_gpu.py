@@ -1,0 +1,56 @@
+"""The chunked linear cross-entropy on a GPU at Qwen3.5's real vocabulary, bf16 (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernelguard.train.loss import IGNORE_INDEX, linear_cross_entropy
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def test_real_vocab_bf16_matches_the_stock_loss_with_less_memory() -> None:
+    n, hid, vocab = 8192, 2048, 151_936
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    hidden = (torch.randn(n, hid, device="cuda", generator=gen) * 0.5).bfloat16()
+    weight = (torch.randn(vocab, hid, device="cuda", generator=gen) * 0.02).bfloat16()
+    labels = torch.randint(0, vocab, (n,), device="cuda", generator=gen)
+    labels[::7] = IGNORE_INDEX
+
+    def stock() -> tuple[torch.Tensor, ...]:
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        loss = F.cross_entropy((h @ w.t()).float(), labels, ignore_index=IGNORE_INDEX)
+        loss.backward()
+        return loss.detach(), h.grad, w.grad
+
+    def chunked() -> tuple[torch.Tensor, ...]:
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        total, count = linear_cross_entropy(h, w, labels)
+        loss = total / count
+        loss.backward()
+        return loss.detach(), h.grad, w.grad
+
+    peaks = {}
+    results = {}
+    for name, fn in (("stock", stock), ("chunked", chunked)):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        results[name] = fn()
+        torch.cuda.synchronize()
+        peaks[name] = torch.cuda.max_memory_allocated() - base
+    (l1, dh1, dw1), (l2, dh2, dw2) = results["stock"], results["chunked"]
+    rel = {
+        "loss": abs(float(l2) - float(l1)) / abs(float(l1)),
+        "dhidden": float((dh2.float() - dh1.float()).norm() / dh1.float().norm()),
+        "dweight": float((dw2.float() - dw1.float()).norm() / dw1.float().norm()),
+    }
+    print({"rel": rel, "peak_GB": {k: round(v / 2**30, 2) for k, v in peaks.items()}})
+    assert rel["loss"] < 1e-4, rel
+    assert rel["dhidden"] < 1e-2 and rel["dweight"] < 1e-2, rel
+    assert peaks["chunked"] < 0.6 * peaks["stock"], peaks
