@@ -47,7 +47,7 @@ def test_bf16_inputs_stay_within_bf16_error_of_the_fp64_reference() -> None:
     total, _ = linear_cross_entropy(h, w, labels, chunk_tokens=24)
     total.backward()
     assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.bfloat16
-    assert abs(float(total) - float(ref_loss)) / float(ref_loss) < 1e-3
+    assert abs(total.item() - ref_loss.item()) / ref_loss.item() < 1e-3
     for got, ref in ((h.grad, ref_dh), (w.grad, ref_dw)):
         rel = float((got.double() - ref).norm() / ref.norm())
         assert rel < 1e-2, rel
@@ -76,7 +76,7 @@ def test_all_ignored_labels_give_zero_loss_and_zero_gradients() -> None:
     h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
     total, count = linear_cross_entropy(h, w, labels)
     total.backward()
-    assert float(total) == 0.0 and int(count) == 0
+    assert total.item() == 0.0 and int(count) == 0
     assert not h.grad.any() and not w.grad.any()
 
 
