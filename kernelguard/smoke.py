@@ -806,7 +806,26 @@ def run_numerics(
     ok = bool(cases) and all(c.ok for c in cases) and not import_failures
     if not cases:
         notes.append("no kernel was exercised: nothing to vouch for")
-    return NumericsReport(tuple(cases), time.perf_counter() - start, tuple(skipped), ok, tuple(notes))
+    seconds = time.perf_counter() - start
+    slow = slow_run_note(seconds, [k for k in wanted if k in provs])
+    if slow:
+        notes.append(slow)
+    return NumericsReport(tuple(cases), seconds, tuple(skipped), ok, tuple(notes))
+
+
+SLOW_RUN_S = 30.0
+
+
+def slow_run_note(seconds: float, kernels: Sequence[str]) -> str | None:
+    """Why a run was slow, when fla's Triton kernels were among those exercised and it took > 30 s."""
+    if seconds <= SLOW_RUN_S or not any(k in (CHUNK, RECURRENT) for k in kernels):
+        return None
+    return (
+        f"this run took {seconds:.0f} s: fla autotunes its Triton kernels the first time each shape is seen on "
+        "a machine (minutes); the results are cached on disk (TRITON_CACHE_DIR, default ~/.triton/cache), so "
+        "the next run in a fresh process takes seconds (22 s on an H200, bench/RESULTS.md). Keep that cache "
+        "in the image or a volume to make --run cheap on every node."
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - thin manual entry point

@@ -380,3 +380,13 @@ def test_train_throughput_tiny_cpu_emits_complete_json(variant: str, tmp_path: P
     if variant == "e":
         assert result["config"]["activation_checkpointing"] == "none"
         assert result["config"]["loss"].startswith("kernelguard.train.loss.linear_cross_entropy")
+
+
+def test_slow_run_note_explains_fla_autotuning_only_when_it_applies() -> None:
+    from kernelguard.smoke import CHUNK, CONV, slow_run_note
+
+    assert slow_run_note(12.0, [CHUNK, CONV]) is None  # fast: nothing to explain
+    assert slow_run_note(300.0, [CONV]) is None  # no fla kernel: autotuning is not the reason
+    note = slow_run_note(248.4, [CHUNK, CONV])
+    assert note is not None and note.startswith("this run took 248 s: fla autotunes its Triton kernels")
+    assert "TRITON_CACHE_DIR" in note
