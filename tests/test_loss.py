@@ -94,11 +94,14 @@ def test_mismatched_shapes_are_refused_with_the_shapes(shapes, message) -> None:
         linear_cross_entropy(torch.zeros(hs), torch.zeros(ws), torch.zeros(ls, dtype=torch.long))
 
 
-def test_matches_the_models_own_loss_and_gradients_on_a_tiny_qwen3_5() -> None:
-    """What bench variant e and a trainer do: hidden states from the base model, the LM head's weight."""
+@pytest.mark.parametrize("tied", [False, True])
+def test_matches_the_models_own_loss_and_gradients_on_a_tiny_qwen3_5(tied: bool) -> None:
+    """What bench variant e and a trainer do: hidden states from the base model, the LM head's weight (with
+    tied embeddings the same tensor also gets the embedding's gradient)."""
     from tiny_models import tiny_model
 
-    model = tiny_model("qwen3_5").float()
+    model = tiny_model("qwen3_5", tie_word_embeddings=tied).float()
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, model.config.get_text_config().vocab_size, (2, 24), generator=gen)
     labels = ids.clone()
@@ -120,3 +123,31 @@ def test_matches_the_models_own_loss_and_gradients_on_a_tiny_qwen3_5() -> None:
     assert grads.keys() == ref_grads.keys()
     for name, ref in ref_grads.items():
         torch.testing.assert_close(grads[name], ref, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_hidden_states_head_keeps_parameters_and_names() -> None:
+    from tiny_models import tiny_model
+
+    from kernelguard.train.loss import return_hidden_states_from_head
+
+    model = tiny_model("qwen3_5")
+    keys = list(model.state_dict())
+    ids = torch.randint(0, 256, (1, 12))
+    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+    head = return_hidden_states_from_head(model)
+    assert head is model.lm_head and isinstance(head, torch.nn.Linear)
+    assert list(model.state_dict()) == keys  # checkpoints and exports are unaffected
+    torch.testing.assert_close(model(input_ids=ids, use_cache=False).logits, hidden)
+
+
+def test_a_head_with_bias_is_refused_with_the_fallback_flag() -> None:
+    from kernelguard.errors import ConfigError
+    from kernelguard.train.loss import return_hidden_states_from_head
+
+    class WithBias(torch.nn.Module):
+        def get_output_embeddings(self) -> torch.nn.Module:
+            return torch.nn.Linear(4, 8, bias=True)
+
+    with pytest.raises(ConfigError, match="bias-free nn.Linear LM head") as info:
+        return_hidden_states_from_head(WithBias())
+    assert info.value.fix == "kernelguard train --loss logits"
