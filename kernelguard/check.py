@@ -11,7 +11,7 @@ from typing import Any
 from . import catalog
 from .env import Environment, probe
 from .errors import ConfigError
-from .known_issues import by_id
+from .known_issues import lifts_fla_refusal
 from .providers.installed import PackageFacts, probe_package
 from .resolver import Facts, Resolution, Target, allow_set, resolve
 
@@ -229,7 +229,7 @@ def _run_numerics(resolution: Resolution, spec: catalog.ModelSpec, env: Environm
     key_dim = resolution.requirements.key_head_dim
     shapes = smoke.shapes_for_model(config, generic=False) if config is not None else []
     shapes += [s for s in smoke.generic_shapes() if key_dim is None or s.key_dim == key_dim]
-    lift = any((row := by_id(a)) is not None and row.lifts_fla_refusal for a in target.allow)
+    lift = lifts_fla_refusal(target.allow)
     return smoke.run_numerics(kernels, config=config, device="cuda", shapes=shapes, lift_fla_hopper_refusal=lift)
 
 

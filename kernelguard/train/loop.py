@@ -101,9 +101,9 @@ def lift_accepted_fla_refusal(accepted: set[str]) -> list[str]:
     """Lift fla's Hopper refusal when an accepted known issue says so; returns the fla modules changed.
 
     An fla without the module that holds the refusal has no such refusal to lift: nothing to do."""
-    from kernelguard.known_issues import by_id
+    from kernelguard.known_issues import lifts_fla_refusal
 
-    if not any((row := by_id(issue)) is not None and row.lifts_fla_refusal for issue in accepted):
+    if not lifts_fla_refusal(accepted):
         return []
     from kernelguard.smoke import lift_fla_hopper_refusal
 

@@ -71,11 +71,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if grad_weight is not None:
                 # cuBLAS adds in fp32 and rounds once per chunk (the stock path rounds once per matmul too).
                 grad_weight.addmm_(grad_logits.t(), h * keep)
-        ctx.save_for_backward(
-            grad_hidden if grad_hidden is not None else torch.empty(0),
-            grad_weight if grad_weight is not None else torch.empty(0),
-        )
-        ctx.has = (grad_hidden is not None, grad_weight is not None)  # type: ignore[attr-defined]
+        ctx.save_for_backward(grad_hidden, grad_weight)  # None where no gradient is wanted
         return total
 
     @staticmethod
@@ -83,12 +79,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, grad_total: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight = ctx.saved_tensors  # type: ignore[attr-defined]
-        has_hidden, has_weight = ctx.has  # type: ignore[attr-defined]
         # A scalar upstream gradient (1/token_count for a mean): scale in place, no extra copy. The fp32
         # 0-dim factor is applied at fp32 precision (opmath) even to bf16 tensors, so the scale is exact.
         return (
-            grad_hidden.mul_(grad_total) if has_hidden else None,
-            grad_weight.mul_(grad_total) if has_weight else None,
+            grad_hidden.mul_(grad_total) if grad_hidden is not None else None,
+            grad_weight.mul_(grad_total) if grad_weight is not None else None,
             None,
             None,
             None,
