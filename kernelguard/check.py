@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from . import catalog
+from .capability import ComputeCapability, parse_all
 from .env import Environment, probe
 from .errors import ConfigError
-from .known_issues import lifts_fla_refusal
+from .facts import Facts, Target
+from .policy import AllowPolicy
 from .providers.installed import PackageFacts, probe_package
-from .resolver import Facts, Resolution, Target, allow_set, resolve
+from .resolver import Resolution, resolve
 
 CONFIG_KEYS = {"model", "mode", "arch", "allow", "packed", "hub"}
 
@@ -22,8 +24,8 @@ CONFIG_KEYS = {"model", "mode", "arch", "allow", "packed", "hub"}
 class CheckOptions:
     model: str = "qwen3_5"
     mode: str = "training"
-    archs: tuple[str, ...] = ()
-    allow: tuple[str, ...] = ()
+    archs: tuple[str | ComputeCapability, ...] = ()
+    allow: tuple[str, ...] | AllowPolicy = ()
     packed: bool | None = None  # default: packed for training
     hub: bool = False
     run: bool = False
@@ -41,23 +43,6 @@ class CheckResult:
     @property
     def ok(self) -> bool:
         return self.resolution.ok and (self.numerics is None or self.numerics.ok)
-
-
-def normalise_arch(value: str) -> str:
-    """Accept "9.0", "90", "sm_90", "sm90a", "9.0a" -> "9.0" / "9.0a"."""
-    text = value.strip().lower().removeprefix("sm_").removeprefix("sm").removeprefix("compute_")
-    suffix = ""
-    if text and text[-1] in "af":
-        text, suffix = text[:-1], text[-1]
-    if "." not in text and text.isdigit() and len(text) >= 2:
-        text = f"{text[:-1]}.{text[-1]}"
-    try:
-        major, minor = (int(part) for part in text.split("."))
-    except ValueError:
-        raise ConfigError(
-            f"--arch {value!r} is not a compute capability.", fix="use e.g. --arch 9.0 (H100/H200), 8.0 (A100), 10.0"
-        ) from None
-    return f"{major}.{minor}{suffix}"
 
 
 def load_pyproject_defaults(start: Path | None = None) -> dict[str, Any]:
@@ -118,14 +103,14 @@ def _validated(table: dict[str, Any], path: Path) -> dict[str, Any]:
 
 def _target(options: CheckOptions, env: Environment) -> Target:
     if options.archs:
-        archs = tuple(dict.fromkeys(normalise_arch(a) for a in options.archs))
+        archs = parse_all(list(options.archs))
         source = "--arch"
     elif env.gpus:
         archs = tuple(dict.fromkeys(g.capability for g in env.gpus))
         source = "visible GPU: " + ", ".join(f"{g.index}: {g.name}" for g in env.gpus)
     else:
         archs, source = (), "unknown (no GPU visible, no --arch)"
-    return Target(archs=archs, arch_source=source, allow=allow_set(options.allow), use_hub=options.hub)
+    return Target(archs=archs, arch_source=source, allow=AllowPolicy.parse(options.allow), use_hub=options.hub)
 
 
 def _probe_packages(requirements: catalog.Requirements) -> dict[str, PackageFacts]:
@@ -140,16 +125,12 @@ def _probe_packages(requirements: catalog.Requirements) -> dict[str, PackageFact
     return facts
 
 
-def _hub_target(env: Environment, target: Target) -> Any:
+def _hub_target(env: Environment, capability: ComputeCapability | None) -> Any:
     """The facts kernels' variant resolver needs, taken from our probe so --arch works without a GPU."""
-    from .providers.hub import HubTarget
+    from .facts import HubTarget
 
     if env.torch_version.value is None:
         return None
-    capability = None
-    if target.archs:
-        major, minor = target.archs[0].rstrip("af").split(".")
-        capability = (int(major), int(minor))
     cxx11 = env.cxx11_abi.value if isinstance(env.cxx11_abi.value, bool) else True
     return HubTarget(
         torch_version=env.torch_version.value,
@@ -158,7 +139,7 @@ def _hub_target(env: Environment, target: Target) -> Any:
         cxx11_abi=cxx11,
         cpu=env.machine.value or "x86_64",
         os="linux" if env.platform.value == "linux" else str(env.platform.value),
-        gpu_capability=capability,
+        gpu_capability=capability.as_tuple() if capability else None,
     )
 
 
@@ -167,18 +148,22 @@ def _probe_hub(requirements: catalog.Requirements, target: Target, env: Environm
         return {}
     from .providers.hub import probe_hub_kernel
 
-    hub_target = _hub_target(env, target)
     repos = {req.hub.repo_id: req.hub for req in requirements.kernels if req.hub is not None}
-    return {
-        repo_id: probe_hub_kernel(
-            repo_id,
-            target=hub_target,
-            allow_untrusted="untrusted-hub-repo" in target.allow,
-            revision=repo.revision,
-            version=repo.version,
-        )
-        for repo_id, repo in sorted(repos.items())
-    }
+    probes: dict[str, Any] = {}
+    for repo_id, repo in sorted(repos.items()):
+        # One probe per target arch: a variant must run on every GPU the job targets, not just the first.
+        for capability in target.archs or (None,):
+            probe = probe_hub_kernel(
+                repo_id,
+                target=_hub_target(env, capability),
+                allow_untrusted=target.allow.allows_untrusted_hub(),
+                revision=repo.revision,
+                version=repo.version,
+            )
+            probes[repo_id] = probe
+            if probe.chosen_variant is None or probe.note:
+                break  # the first arch that fails explains the rejection
+    return probes
 
 
 def _torch_has_varlen(env: Environment) -> bool:
@@ -191,8 +176,9 @@ def _torch_has_varlen(env: Environment) -> bool:
 
 
 def run_check(options: CheckOptions) -> CheckResult:
-    for arch in options.archs:
-        normalise_arch(arch)  # a usage error should not wait for the probe
+    # Usage errors must not wait for the probe.
+    parse_all(list(options.archs))
+    AllowPolicy.parse(options.allow)
     source = catalog.transformers_source()
     spec = catalog.resolve_model(options.model, source)
     packed = options.mode == "training" if options.packed is None else options.packed
@@ -229,7 +215,7 @@ def _run_numerics(resolution: Resolution, spec: catalog.ModelSpec, env: Environm
     key_dim = resolution.requirements.key_head_dim
     shapes = smoke.shapes_for_model(config, generic=False) if config is not None else []
     shapes += [s for s in smoke.generic_shapes() if key_dim is None or s.key_dim == key_dim]
-    lift = lifts_fla_refusal(target.allow)
+    lift = target.allow.lifts_fla_refusal
     return smoke.run_numerics(kernels, config=config, device="cuda", shapes=shapes, lift_fla_hopper_refusal=lift)
 
 

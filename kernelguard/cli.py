@@ -91,7 +91,8 @@ def _print(text: str) -> None:
 
 
 def _issues() -> int:
-    from .known_issues import KNOWN_ISSUES, POLICY_ALLOW_IDS
+    from .known_issues import KNOWN_ISSUES
+    from .policy import POLICY_ITEMS
 
     for issue in KNOWN_ISSUES:
         measured = f"  measured: {issue.evidence}\n" if issue.evidence else ""
@@ -100,7 +101,7 @@ def _issues() -> int:
             f"  source: {issue.source}\n"
         )
     print("other --allow values:")
-    for name, meaning in POLICY_ALLOW_IDS.items():
+    for name, meaning in POLICY_ITEMS.items():
         print(f"  {name}: {meaning}")
     print("  <kernel name> (e.g. chunk_gated_delta_rule): accept that kernel's torch reference path")
     return EXIT_OK

@@ -11,9 +11,11 @@ import platform
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
+
+from .capability import ComputeCapability
+from .facts import Environment, Fact, Gpu
 
 # Distributions whose versions matter to kernel selection. Keys are distribution names as pip knows them.
 WATCHED_DISTRIBUTIONS: tuple[str, ...] = (
@@ -29,76 +31,6 @@ WATCHED_DISTRIBUTIONS: tuple[str, ...] = (
     "tilelang",
     "z3-solver",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Fact:
-    """A value and the source it was read from (a function, a file, a flag)."""
-
-    value: Any
-    source: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "source": self.source}
-
-
-@dataclass(frozen=True, slots=True)
-class Gpu:
-    index: int
-    name: str
-    capability: str  # "9.0"
-    source: str
-
-
-@dataclass(frozen=True, slots=True)
-class Environment:
-    """Everything kernel selection depends on. Made-up Environments drive the resolver's tests."""
-
-    python: Fact
-    platform: Fact
-    machine: Fact
-    glibc: Fact
-    torch_version: Fact
-    torch_error: str | None
-    cuda_version: Fact  # torch's CUDA runtime, None for CPU/ROCm builds
-    hip_version: Fact
-    cxx11_abi: Fact
-    gpus: tuple[Gpu, ...]
-    driver: Fact
-    packages: dict[str, Fact] = field(default_factory=dict)  # distribution -> version (None when absent)
-
-    def version_of(self, distribution: str) -> str | None:
-        fact = self.packages.get(distribution)
-        return None if fact is None else fact.value
-
-    @property
-    def triton_version(self) -> str | None:
-        return self.version_of("triton") or self.version_of("pytorch-triton")
-
-    def to_dict(self) -> dict[str, Any]:
-        simple = {
-            name: getattr(self, name).to_dict()
-            for name in (
-                "python",
-                "platform",
-                "machine",
-                "glibc",
-                "torch_version",
-                "cuda_version",
-                "hip_version",
-                "cxx11_abi",
-                "driver",
-            )
-        }
-        return {
-            **simple,
-            "torch_error": self.torch_error,
-            "gpus": [
-                {"index": g.index, "name": g.name, "capability": g.capability, "source": g.source}
-                for g in self.gpus
-            ],
-            "packages": {name: fact.to_dict() for name, fact in sorted(self.packages.items())},
-        }
 
 
 def distribution_version(name: str) -> str | None:
@@ -149,7 +81,8 @@ def _visible_gpus(torch: Any) -> tuple[Gpu, ...]:
         for index in range(torch.cuda.device_count()):
             major, minor = torch.cuda.get_device_capability(index)
             gpus.append(
-                Gpu(index, torch.cuda.get_device_name(index), f"{major}.{minor}", "torch.cuda.get_device_capability")
+                Gpu(index, torch.cuda.get_device_name(index), ComputeCapability.from_tuple((major, minor)),
+                    "torch.cuda.get_device_capability")
             )
         return tuple(gpus)
     except Exception:  # noqa: BLE001 - a CUDA init failure means "no usable GPU", which is what we report

@@ -8,7 +8,6 @@ match is still shown.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -137,18 +136,3 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
 
 def by_id(issue_id: str) -> KnownIssue | None:
     return next((issue for issue in KNOWN_ISSUES if issue.id == issue_id), None)
-
-
-def lifts_fla_refusal(issue_ids: Iterable[str]) -> bool:
-    """Does accepting any of these IDs mean fla's own refusal must be lifted for the accepted path to run?"""
-    return any((row := by_id(i)) is not None and row.lifts_fla_refusal for i in issue_ids)
-
-
-# Allow IDs that are not known issues: they accept one slow path or one policy by name.
-#   a kernel name ("chunk_gated_delta_rule") accepts its torch reference path;
-#   "attention" accepts an O(T^2) block-mask attention in packed training;
-#   "untrusted-hub-repo" accepts Kernel Hub repositories outside the trusted organisations.
-POLICY_ALLOW_IDS: dict[str, str] = {
-    "attention": "accept sdpa/eager attention (O(T^2) block mask) in packed training",
-    "untrusted-hub-repo": "accept Kernel Hub repositories outside the trusted organisations",
-}

@@ -23,7 +23,7 @@ import json
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from .resolver import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED
+from .decisions import ACCEPTED, ALLOWED, FALLBACK, REJECTED, SELECTED, SKIPPED
 
 if TYPE_CHECKING:  # report formats what check produced; it must not depend on check at run time
     from .check import CheckResult
@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # report formats what check produced; it must not depend on c
 SCHEMA_VERSION = 1
 
 _MARKS = {SELECTED: "[x] selected", ACCEPTED: "[ ] accepted", REJECTED: "[-] rejected", SKIPPED: "[ ] skipped ",
-          FALLBACK: "[!] fallback"}
+          FALLBACK: "[!] fallback", ALLOWED: "[~] allowed "}
 
 
 def to_json(result: CheckResult) -> str:
@@ -54,8 +54,8 @@ def to_dict(result: CheckResult) -> dict[str, Any]:
             "key_head_dim_source": req.key_head_dim_source,
         },
         "transformers": req.transformers_version,
-        "target": {"archs": list(res.target.archs), "source": res.target.arch_source},
-        "allow": sorted(res.target.allow),
+        "target": {"archs": [str(a) for a in res.target.archs], "source": res.target.arch_source},
+        "allow": res.target.allow.values(),
         "kernels": [
             {
                 "kernel": v.kernel,
@@ -99,7 +99,7 @@ def render(result: CheckResult) -> str:
             f"kernelguard check: {req.family.name} ({result.model_origin}), {req.mode}{packed}, "
             f"transformers {req.transformers_version}"
         ),
-        f"target: {', '.join('sm ' + a for a in res.target.archs) or 'GPU arch unknown'} ({res.target.arch_source})",
+        f"target: {', '.join(f'sm {a}' for a in res.target.archs) or 'GPU arch unknown'} ({res.target.arch_source})",
         _env_line(result),
         "",
     ]

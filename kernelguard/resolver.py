@@ -7,69 +7,17 @@ candidate, in the order transformers tries them, serves the kernel.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .capability import ComputeCapability
 from .catalog import PACKAGES, VARLEN_ATTENTION, KernelRequirement, Requirements
-from .env import Environment
+from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
+from .facts import Facts, PackageFacts, Target
 from .known_issues import KNOWN_ISSUES, KnownIssue
-from .providers.installed import PackageFacts
-
-# Status of one candidate.
-SELECTED = "selected"  # accepted and first in order: this serves the kernel
-ACCEPTED = "accepted"  # would work, but an earlier candidate wins
-REJECTED = "rejected"
-SKIPPED = "skipped"  # not considered in this configuration (e.g. Hub kernels not requested)
-FALLBACK = "fallback"  # the torch reference path
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """What the job will run on and what the user accepts."""
-
-    archs: tuple[str, ...] = ()  # compute capabilities, "9.0"; empty = unknown
-    arch_source: str = "unknown"
-    allow: frozenset[str] = frozenset()
-    use_hub: bool = False  # the job loads with use_kernels=True / calls kernelize()
-
-
-@dataclass(frozen=True, slots=True)
-class Facts:
-    env: Environment
-    packages: Mapping[str, PackageFacts] = field(default_factory=dict)  # by module path
-    hub: Mapping[str, Any] = field(default_factory=dict)  # repo_id -> providers.hub.HubKernelProbe
-    kernels_window: tuple[str, str] | None = None
-    transformers_min_versions: Mapping[str, str | None] = field(default_factory=dict)
-    torch_varlen_attention: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    kernel: str
-    provider: str  # "fla (fla.ops.gated_delta_rule)", "hub kernels-community/fla", "torch reference"
-    kind: str  # "package" | "hub" | "torch" | "reference"
-    status: str
-    reason: str
-    fix: str | None = None
-    issues: tuple[str, ...] = ()  # known-issue IDs that matched (allowed or not)
-
-    @property
-    def usable(self) -> bool:
-        return self.status in (SELECTED, ACCEPTED)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "provider": self.provider,
-            "kind": self.kind,
-            "status": self.status,
-            "reason": self.reason,
-            "fix": self.fix,
-            "known_issues": list(self.issues),
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +103,9 @@ def _issue_matches(
         if not target.archs:
             return False, f"known issue {issue.id} applies on compute capability {', '.join(issue.archs)} (pass --arch)"
         # An arch-specific target (sm_90a) is the same chip as 9.0 for a known issue.
-        if not set(issue.archs) & {arch.rstrip("af") for arch in target.archs}:
+        if not {ComputeCapability.parse(a, source=f"known issue {issue.id}") for a in issue.archs} & {
+            arch.base for arch in target.archs
+        }:
             return False, None
     return True, None
 
@@ -187,20 +137,15 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
             "use_kernels=True (pass --hub to check them).",
             status=SKIPPED,
         )
-    kernels_version = facts.env.version_of("kernels")
-    if kernels_version is None:
-        return rejected("the kernels package is not installed.", "pip install kernels")
-    window = facts.kernels_window
-    if window and not _version_in(_base_version(kernels_version), f">={window[0]},<{window[1]}"):
-        return rejected(
-            f"kernels {kernels_version} is outside [{window[0]}, {window[1]}), the range this transformers accepts, "
-            "so is_kernels_available() is False and Hub kernels are silently disabled.",
-            f"pip install 'kernels>={window[0]},<{window[1]}'",
-        )
+    if facts.env.version_of("kernels") is None:
+        return rejected("the kernels package is not installed.", "pip install 'kernelguard[hub]'")
+    outside = _kernels_outside_window(facts)
+    if outside:
+        return rejected(f"{outside}.", _kernels_window_fix(facts))
     probe = facts.hub.get(req.hub.repo_id)
     if probe is None:
         return rejected("the Hub repository was not probed.")
-    if not probe.trusted and "untrusted-hub-repo" not in target.allow:
+    if not probe.trusted and not target.allow.allows_untrusted_hub():
         return rejected(
             f"repository {req.hub.repo_id} is outside the trusted organisations.",
             "pass --allow untrusted-hub-repo to accept it",
@@ -267,7 +212,7 @@ def _package_decision(
         if not hit:
             continue
         matched.append(issue.id)
-        if issue.id not in target.allow:
+        if not target.allow.allows_issue(issue.id):
             return rejected(_issue_sentence(issue, allowed=False), issue.fix, tuple(matched))
     reason = f"{found.distribution or spec.import_name} {found.version or '(no version)'} imports {req.module}.{req.kernel}"
     if spec.compiled and found.extensions:
@@ -302,7 +247,7 @@ def _arch_problems(found: PackageFacts, target: Target, unchecked: list[str], la
             unchecked.append(f"{label}: could not read the GPU code of {extension.path}: {extension.arch_error}")
             continue
         for arch in target.archs:
-            ok, sentence = arch_runs(_as_targets(extension), arch)
+            ok, sentence = arch_runs(_as_targets(extension), str(arch))
             if not ok:
                 return f"{extension.path.rsplit('/', 1)[-1]} cannot run on compute capability {arch}: {sentence}"
     return None
@@ -321,7 +266,7 @@ def _as_targets(extension: Any) -> Any:
 
 
 def _reference_decision(kernel: str, target: Target, call_site: str) -> Decision:
-    allowed = kernel in target.allow
+    allowed = target.allow.allows_fallback(kernel)
     reason = (
         f"{call_site} is transformers' pure-PyTorch reference: correct but 2-4x slower in training "
         "(launch-bound; GPU utilisation still reads high)"
@@ -353,7 +298,7 @@ def _resolve_kernel(req: KernelRequirement, facts: Facts, target: Target, requir
         if d is not None
     ]
     candidates.append(_reference_decision(req.kernel, target, req.call_site))
-    return _finish(req.kernel, candidates, allowed_fallback=req.kernel in target.allow)
+    return _finish(req.kernel, candidates, allowed_fallback=target.allow.allows_fallback(req.kernel))
 
 
 def _resolve_attention(facts: Facts, target: Target, unchecked: list[str]) -> KernelVerdict:
@@ -386,15 +331,15 @@ def _resolve_attention(facts: Facts, target: Target, unchecked: list[str]) -> Ke
         candidates.append(Decision(VARLEN_ATTENTION, varlen, "torch", REJECTED,
                                    f"torch {facts.env.torch_version.value} has no torch.nn.attention.varlen.varlen_attn.",
                                    "pip install 'torch>=2.10'"))
-    elif target.archs and any(_arch_below(a, "8.0") for a in target.archs):
+    elif target.archs and any(a.base < ComputeCapability(8, 0) for a in target.archs):
         candidates.append(Decision(VARLEN_ATTENTION, varlen, "torch", REJECTED,
                                    "varlen_attn needs compute capability >= 8.0 (flash backend); target is "
-                                   f"{', '.join(target.archs)}.", None))
+                                   f"{', '.join(map(str, target.archs))}.", None))
     else:
         candidates.append(Decision(VARLEN_ATTENTION, varlen, "torch", ACCEPTED,
                                    "built into the installed torch; kernelguard.attention registers it with "
                                    "transformers' AttentionInterface (kernelguard train does this).", None))
-    allowed = "attention" in target.allow
+    allowed = target.allow.allows_attention()
     candidates.append(Decision(
         VARLEN_ATTENTION, "sdpa / eager with a block mask", "reference", FALLBACK,
         "builds an O(T^2) block mask from packed position_ids for every full-attention layer"
@@ -403,22 +348,27 @@ def _resolve_attention(facts: Facts, target: Target, unchecked: list[str]) -> Ke
     return _finish(VARLEN_ATTENTION, candidates, allowed_fallback=allowed)
 
 
-def _arch_below(arch: str, floor: str) -> bool:
-    try:
-        return Version(arch.rstrip("af")) < Version(floor)
-    except InvalidVersion:
-        return False
+def _kernels_outside_window(facts: Facts) -> str | None:
+    """The one place the kernels version window is judged (transformers reads it from import_utils)."""
+    window, version = facts.kernels_window, facts.env.version_of("kernels")
+    if not window or not version or _version_in(_base_version(version), f">={window[0]},<{window[1]}"):
+        return None
+    return (
+        f"kernels {version} is outside [{window[0]}, {window[1]}), the range this transformers accepts, so "
+        "is_kernels_available() is False and Kernel Hub kernels are silently disabled"
+    )
+
+
+def _kernels_window_fix(facts: Facts) -> str:
+    low, high = facts.kernels_window or ("?", "?")
+    return f"pip install 'kernels>={low},<{high}'"
 
 
 def _global_notes(facts: Facts, target: Target, requirements: Requirements) -> list[str]:
     notes = []
-    window, kernels_version = facts.kernels_window, facts.env.version_of("kernels")
-    if window and kernels_version and not _version_in(_base_version(kernels_version), f">={window[0]},<{window[1]}"):
-        notes.append(
-            f"known issue kernels-version: kernels {kernels_version} is outside [{window[0]}, {window[1]}) accepted "
-            f"by transformers, so Kernel Hub kernels are silently disabled; fix: pip install "
-            f"'kernels>={window[0]},<{window[1]}'"
-        )
+    outside = _kernels_outside_window(facts)
+    if outside:
+        notes.append(f"known issue kernels-version: {outside}; fix: {_kernels_window_fix(facts)}")
     if facts.env.torch_error:
         notes.append(f"torch could not be imported: {facts.env.torch_error}")
     for issue in KNOWN_ISSUES:
@@ -426,17 +376,7 @@ def _global_notes(facts: Facts, target: Target, requirements: Requirements) -> l
         avoided = any(facts.env.version_of(d) for d in issue.unless_installed)
         if issue.detector == "installed-set" and installed and not avoided:
             notes.append(f"known issue {issue.id} ({issue.source}): {issue.effect}; fix: {issue.fix}")
-    kernel_names = {k.kernel for k in requirements.kernels} | {VARLEN_ATTENTION}
-    unknown = sorted(a for a in target.allow if not _is_known_allow(a, kernel_names))
-    if unknown:
-        notes.append(f"--allow {', '.join(unknown)}: not a known issue, kernel name or policy; ignored")
     return notes
-
-
-def _is_known_allow(name: str, kernel_names: set[str]) -> bool:
-    from .known_issues import POLICY_ALLOW_IDS
-
-    return name in POLICY_ALLOW_IDS or name in kernel_names or any(i.id == name for i in KNOWN_ISSUES)
 
 
 def resolve(facts: Facts, requirements: Requirements, target: Target) -> Resolution:
@@ -450,7 +390,3 @@ def resolve(facts: Facts, requirements: Requirements, target: Target) -> Resolut
                             "were skipped (pass --arch 9.0 for an H100/H200 target)")
     return Resolution(requirements, target, tuple(verdicts), tuple(_global_notes(facts, target, requirements)),
                       tuple(dict.fromkeys(unchecked)))
-
-
-def allow_set(values: Iterable[str]) -> frozenset[str]:
-    return frozenset(v.strip() for v in values if v and v.strip())

@@ -26,7 +26,6 @@ import inspect
 import itertools
 import json
 import math
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+from kernelguard.fla_refusal import _FLA_REFUSAL_FLAG, lift_fla_hopper_refusal
 
 __all__ = [
     "KERNELS",
@@ -76,7 +77,6 @@ _REFERENCE_MODULES = (
     "transformers.models.qwen3_5.modeling_qwen3_5",
     "transformers.models.qwen3_next.modeling_qwen3_next",
 )
-_FLA_REFUSAL_FLAG = "TRITON_ABOVE_3_7_1"
 
 
 # --------------------------------------------------------------------------------------------- data types
@@ -274,28 +274,6 @@ def shapes_for_model(config: Any | None, *, generic: bool = True) -> list[GdnSha
 
 
 # --------------------------------------------------------------------------------------------- fla refusal
-def lift_fla_hopper_refusal() -> list[str]:
-    """Let fla 0.6.0 run its gated Triton backward on Hopper with Triton 3.4-3.7.0, for this process.
-
-    fla raises in ``fla.ops.common.chunk_o.chunk_bwd_dqkwg`` when ``not TRITON_ABOVE_3_7_1`` (fla issue 640).
-    The flag is imported *by value* (``from fla.utils import TRITON_ABOVE_3_7_1``), so it is set in every
-    loaded ``fla`` module holding it (``fla.utils.env``, ``fla.utils``, ``fla.ops.common.chunk_o``; the last
-    is the one read at call time). Returns the modules changed. Upstream reports wrong gradients at key-dim
-    tile 64 (not reproduced on an H200 with Triton 3.6.0, bench/RESULTS.md): use this to *measure* (the
-    numerics then judge the stack), or after an explicit --allow, never to train silently.
-    """
-    import importlib
-
-    importlib.import_module("fla.ops.common.chunk_o")  # the consumer; also loads fla.utils
-    changed = []
-    for name, module in list(sys.modules.items()):
-        in_fla = name == "fla" or name.startswith("fla.")
-        if in_fla and module is not None and getattr(module, _FLA_REFUSAL_FLAG, None) is False:
-            setattr(module, _FLA_REFUSAL_FLAG, True)
-            changed.append(name)
-    return changed
-
-
 _lift_refusal = lift_fla_hopper_refusal  # run_numerics' keyword of the same name shadows it
 
 

@@ -87,8 +87,9 @@ def kernels_note() -> str | None:
     if window is None or (window[0] <= KERNELS < window[1]):  # plain string compare is fine for 0.x.y here
         return None
     return (
-        f"known issue kernels-version: kernels {KERNELS} is outside [{window[0]}, {window[1]}) accepted by "
-        f"transformers, so Kernel Hub kernels are silently disabled; fix: pip install "
+        f"known issue kernels-version: kernels {KERNELS} is outside [{window[0]}, {window[1]}), the range this "
+        f"transformers accepts, so is_kernels_available() is False and Kernel Hub kernels are silently disabled; "
+        f"fix: pip install "
         f"'kernels>={window[0]},<{window[1]}'"
     )
 
@@ -341,8 +342,8 @@ USAGE_ERRORS = {
     ),
     "bad-arch": (
         lambda p: ["check", "--arch", "banana"],
-        "kernelguard: error: --arch 'banana' is not a compute capability.",
-        "Fix: use e.g. --arch 9.0 (H100/H200), 8.0 (A100), 10.0",
+        "kernelguard: error: --arch 'banana' is not a compute capability such as \"9.0\".",
+        "Fix: use e.g. --arch 9.0; known values: 9.0 (H100/H200), 8.0 (A100)",
     ),
     "malformed-config": (
         _bad_config,

@@ -15,6 +15,7 @@ from check_helpers import EXT_SO, INSTALL, UNDEFINED_SYMBOL, find, make_env, mak
 
 from kernelguard import catalog
 from kernelguard.catalog import HubRepo, ModelSpec
+from kernelguard.errors import ConfigError
 from kernelguard.providers.hub import HubKernelProbe, VariantVerdict
 from kernelguard.resolver import (
     ACCEPTED,
@@ -505,7 +506,8 @@ def _probe(
 def test_kernels_outside_window_is_a_note_and_rejects_hub_candidates() -> None:
     facts = replace(BASE, env=make_env(gpus=("9.0",), kernels="0.17.2"))
     note = (
-        "known issue kernels-version: kernels 0.17.2 is outside [0.18.2, 0.19.0) accepted by transformers, so "
+        "known issue kernels-version: kernels 0.17.2 is outside [0.18.2, 0.19.0), the range this transformers "
+        "accepts, so is_kernels_available() is False and "
         "Kernel Hub kernels are silently disabled; fix: pip install 'kernels>=0.18.2,<0.19.0'"
     )
     plain = resolve(facts, TRAIN, H200)
@@ -552,7 +554,7 @@ def test_kernels_not_installed_and_hub_not_probed() -> None:
     )
     assert (find(missing, CHUNK, "hub").reason, find(missing, CHUNK, "hub").fix) == (
         "the kernels package is not installed.",
-        "pip install kernels",
+        "pip install 'kernelguard[hub]'",
     )
     unprobed = find(resolve(BASE, TRAIN, replace(H200, use_hub=True)), CHUNK, "hub")
     assert (unprobed.status, unprobed.reason) == (REJECTED, "the Hub repository was not probed.")
@@ -636,14 +638,13 @@ def test_allowed_kernel_still_prefers_a_working_provider() -> None:
     assert find(res, CHUNK, "reference").status == FALLBACK
 
 
-def test_unknown_allow_is_noted() -> None:
-    res = resolve(BASE, TRAIN, allow(H200, "fla640"))
-    assert res.notes == ("--allow fla640: not a known issue, kernel name or policy; ignored",)
-
-
-def test_misspelt_kernel_allow_is_noted() -> None:
-    res = resolve(BASE, TRAIN, allow(H200, "chunk_gated_delta_rul"))
-    assert res.notes == ("--allow chunk_gated_delta_rul: not a known issue, kernel name or policy; ignored",)
+@pytest.mark.parametrize("item", ["fla640", "chunk_gated_delta_rul", "Attention"])
+def test_unknown_allow_is_a_usage_error_listing_valid_items(item: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        allow(H200, item)
+    message = info.value.message
+    assert message.startswith(f"allow: {item!r} is not a known issue ID, kernel name or policy. Known issues: ")
+    assert "fla-640-refusal" in message and "chunk_gated_delta_rule" in message and "untrusted-hub-repo" in message
 
 
 # ----------------------------------------------------------------------------------------- attention

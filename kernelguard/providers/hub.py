@@ -4,24 +4,37 @@ Everything that decides (variant-name parsing, compatibility checks, preference 
 ``LOCAL_KERNELS`` syntax, cached version refs, metadata checks) is delegated to the ``kernels`` package
 itself; this module only finds the repository's files on disk and turns kernels' decisions into verdicts.
 
-Seam used for made-up targets: kernels 0.17.2's public resolvers (``resolve_variants``,
-``get_kernel_variants``) only read the live system, but they are thin wrappers around
+Seam used for made-up targets: kernels' public resolvers (``resolve_variants``, ``get_kernel_variants``)
+only read the live system, but they are thin wrappers around
 ``kernels.variants._resolve_variant_for_system``, which takes every system fact as an argument
-(backend object, cpu, os, torch version, cxx11 ABI, tvm-ffi version, macOS version). We call that with
-a ``Backend`` built by kernels' own ``parse_backend``/``CUDA``. ``get_kernel_variants`` is not used: it
-lists the repository tree over the network.
+(backend object, cpu, os, torch version, cxx11 ABI, tvm-ffi version, and from 0.17 the macOS version).
+We call that with a ``Backend`` built by kernels' own ``parse_backend``/``CUDA``. ``get_kernel_variants``
+is not used: it lists the repository tree over the network.
 
-``kernels`` is imported lazily (about 0.16-0.2 s, torch is not imported by it) and any failure of it
-degrades into a probe with a ``note``; ``probe_hub_kernel`` never raises.
+Releases differ: transformers 5.17 accepts kernels [0.16, 0.17), 5.23/5.24 accept [0.18.2, 0.19), and
+0.16 and 0.17 lay out their private helpers differently (0.17: ``kernels.load``, ``kernels.validate``,
+``kernels._rust``; 0.16: ``kernels.utils``, ``kernels.minver``, ``kernels_data``). Only public modules
+(``kernels``, ``kernels.variants``, ``kernels.backends``) are required; every private helper is looked up
+by feature detection in ``_import_kernels`` and a missing one becomes a note, never an import error.
+
+``kernels`` is an optional extra (``pip install 'kernelguard[hub]'``) imported lazily (about 0.16-0.2 s,
+torch is not imported by it) and any failure of it degrades into a probe with a ``note``;
+``probe_hub_kernel`` never raises.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from ..facts import HubKernelProbe, HubTarget, VariantVerdict
 
 # kernels 0.17.2 has no hard-coded allow-list: ``kernels.hf_hub._check_trust_remote_code`` asks the Hub
 # (``get_organization_overview(org).trustedKernelPublisher``) and skips the check entirely in offline
@@ -38,58 +51,21 @@ SOURCE_NOT_AVAILABLE = "not available offline"
 
 
 @dataclass(frozen=True, slots=True)
-class HubTarget:
-    """The facts kernels' variant resolver consumes, for an environment that need not be this one.
+class _Kernels:
+    """What the installed kernels release offers, found by feature detection.
 
-    ``torch_version``: "2.13" (a full "2.13.0+cu128" is cut to major.minor as kernels does); None means
-    torch is absent. ``cuda_version``: "12.8" for a CUDA torch build, None otherwise. ``backend``: a kernels
-    backend token for other accelerators ("rocm64", "xpu20251", "metal", "neuron", "tpu", "cann81");
-    give either it or ``cuda_version``. ``cxx11_abi`` only matters on Linux (kernels ignores it elsewhere).
-    ``gpu_capability`` is not used for choosing (kernels does not either) but is checked against the
-    chosen variant's declared CUDA archs, as kernels' ``ArchValidator`` does at load time.
+    The public modules are required; each private helper is optional (None when this release lacks it)
+    and its absence only weakens one check, which the probe then says in a note.
     """
 
-    torch_version: str | None
-    cuda_version: str | None = None
-    backend: str | None = None
-    cxx11_abi: bool | None = True
-    cpu: str = "x86_64"
-    os: str = "linux"
-    gpu_capability: tuple[int, int] | None = None
-    tvm_ffi_version: str | None = None
-    macos_version: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class VariantVerdict:
-    variant: str
-    accepted: bool
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class HubKernelProbe:
-    repo_id: str
-    source: str
-    location: str | None
-    revision: str | None
-    chosen_variant: str | None
-    variants: tuple[VariantVerdict, ...]
-    trusted: bool
-    note: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Kernels:
-    """The kernels modules we reuse, imported together so one failure is reported once."""
-
+    version: str
     variants: ModuleType
     backends: ModuleType
-    load: ModuleType
-    versions: ModuleType
-    archs: ModuleType
-    validate: ModuleType
-    rust: ModuleType
+    metadata_type: Any  # kernels.Metadata: public in every release (kernels_data's or kernels._rust's)
+    parse_local_kernels: Callable[[str], dict[str, Path]] | None
+    versions: ModuleType | None  # kernels._versions: cached vN refs
+    supports_capability: Callable[[list[str], tuple[int, int]], bool] | None
+    minver_problem: Callable[[Any, Path], str | None] | None
 
 
 @dataclass(slots=True)
@@ -174,9 +150,63 @@ def _probe(
 
 def _import_kernels() -> _Kernels:
     # Lazy: importing kernels costs ~0.2 s, and kernelguard must work (with a note) without it.
-    from kernels import _rust, _versions, archs, backends, load, validate, variants
+    import kernels
+    from kernels import backends, variants
 
-    return _Kernels(variants, backends, load, _versions, archs, validate, _rust)
+    return _Kernels(
+        version=str(getattr(kernels, "__version__", "(unknown version)")),
+        variants=variants,
+        backends=backends,
+        metadata_type=kernels.Metadata,
+        # 0.17 parses LOCAL_KERNELS in kernels.load, 0.16 in kernels.utils; same syntax and errors.
+        parse_local_kernels=_private_function(("kernels.load", "kernels.utils"), "_parse_local_kernel_overrides"),
+        versions=_optional_module("kernels._versions"),
+        supports_capability=_private_function(("kernels.archs",), "_supports_cuda_capability"),
+        minver_problem=_minver_checker(),
+    )
+
+
+def _optional_module(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - absent in this release, or broken: either way we do without it
+        return None
+
+
+def _private_function(modules: tuple[str, ...], name: str) -> Any:
+    for module_name in modules:
+        found = getattr(_optional_module(module_name), name, None)
+        if callable(found):
+            return found
+    return None
+
+
+def _minver_checker() -> Callable[[Any, Path], str | None] | None:
+    """kernels' own "kernels-minver" check of a variant's metadata, as a message (None: satisfied)."""
+    validator = getattr(_optional_module("kernels.validate"), "MinverValidator", None)
+    if validator is not None:  # kernels >= 0.17 refuses to load such a variant
+
+        def refuses(metadata: Any, variant_path: Path) -> str | None:
+            try:
+                validator().validate_metadata(metadata=metadata, variant=variant_path.name)
+            except RuntimeError as exc:
+                return str(exc)
+            return None
+
+        return refuses
+    warn = getattr(_optional_module("kernels.minver"), "_warn_if_below_minver", None)
+    if not callable(warn):
+        return None
+
+    def warns(metadata: Any, variant_path: Path) -> str | None:  # kernels 0.16 warns and loads anyway
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warn(metadata, variant_path)
+        if not caught:
+            return None
+        return f"{caught[0].message} (this kernels release only warns and loads it anyway)"
+
+    return warns
 
 
 def _is_trusted(repo_id: str, allow_untrusted: bool) -> bool:
@@ -218,9 +248,12 @@ def _from_local_kernels(kernels: _Kernels, repo_id: str) -> _Location:
     raw = os.environ.get("LOCAL_KERNELS")
     if raw is None:  # kernels only skips the override when the variable is unset, not when it is empty
         return _Location(SOURCE_LOCAL_KERNELS, None)
+    if kernels.parse_local_kernels is None:
+        note = f"kernels {kernels.version} has no LOCAL_KERNELS parser kernelguard knows, so LOCAL_KERNELS is ignored."
+        return _Location(SOURCE_LOCAL_KERNELS, None, notes=[note])
     try:
         # kernels' own parser, so the syntax (repo=path:repo=path) and its errors match get_kernel's.
-        overrides: dict[str, Path] = kernels.load._parse_local_kernel_overrides(raw)
+        overrides: dict[str, Path] = kernels.parse_local_kernels(raw)
     except ValueError as exc:
         return _Location(SOURCE_LOCAL_KERNELS, None, notes=[f"kernels rejects LOCAL_KERNELS: {exc}"])
     path = overrides.get(repo_id)
@@ -238,14 +271,32 @@ def _cache_dir() -> Path:
 
 
 def _cache_revision(kernels: _Kernels, repo_id: str, revision: str | None, version: int | None) -> str:
+    if kernels.versions is None:
+        if version is not None:
+            raise ValueError(f"kernels {kernels.version} cannot read cached version refs (no kernels._versions)")
+        return revision or "main"
     if revision is not None or version is not None:
-        # kernels' own revision/version selection; local_files_only reads refs/vN from the cache only.
-        ref: str = kernels.versions.select_revision_or_version(
-            repo_id, revision=revision, version=version, local_files_only=True
-        )
-        return ref
+        return _select_cached_ref(kernels.versions, repo_id, revision, version)
     cached = kernels.versions._get_available_versions_from_cache(repo_id)
     return str(cached[max(cached)].target_commit) if cached else "main"
+
+
+def _select_cached_ref(versions: ModuleType, repo_id: str, revision: str | None, version: int | None) -> str:
+    select = versions.select_revision_or_version
+    if "local_files_only" in inspect.signature(select).parameters:
+        # kernels' own revision/version selection; local_files_only reads refs/vN from the cache only.
+        return str(select(repo_id, revision=revision, version=version, local_files_only=True))
+    # kernels 0.16's selection lists refs on the Hub unless HF_HUB_OFFLINE is set: read the cache as it
+    # does offline (same helper, same errors), so the probe never touches the network.
+    if revision is not None and version is not None:
+        raise ValueError("Only one of `revision` or `version` must be specified.")
+    if revision is not None:
+        return revision
+    cached = versions._get_available_versions_from_cache(repo_id)
+    if version not in cached:
+        available = ", ".join(str(v) for v in sorted(cached)) or "none"
+        raise ValueError(f"Version {version} not found in the local cache, available versions: {available}")
+    return str(cached[version].target_commit)
 
 
 def _from_offline_cache(
@@ -310,7 +361,7 @@ def _resolve_base(kernels: _Kernels, base: Path, target: HubTarget | None) -> _R
     if not base.is_dir():
         return _Resolution(None, [], None, notes=[f"{base} does not exist, so there are no build variants."])
     parsed, unparsable = _parse_variant_dirs(kernels, base)
-    trace = _decide(kernels, parsed, target)
+    trace, notes = _decide(kernels, parsed, target)
     verdicts, chosen = _verdicts_from_trace(kernels, trace)
     considered = {v.variant for v in verdicts}
     for variant in parsed:  # kernels drops arch variants from its trace on free-threaded Python < 3.15
@@ -318,7 +369,7 @@ def _resolve_base(kernels: _Kernels, base: Path, target: HubTarget | None) -> _R
             reason = "kernels left this variant out of its decision (arch kernels need a GIL-enabled Python)."
             verdicts.append(VariantVerdict(variant.variant_str, False, reason))
     verdicts += unparsable
-    return _Resolution(chosen, verdicts, base / chosen if chosen is not None else None)
+    return _Resolution(chosen, verdicts, base / chosen if chosen is not None else None, notes)
 
 
 def _parse_variant_dirs(kernels: _Kernels, base: Path) -> tuple[list[Any], list[VariantVerdict]]:
@@ -336,24 +387,35 @@ def _parse_variant_dirs(kernels: _Kernels, base: Path) -> tuple[list[Any], list[
     return parsed, unparsable
 
 
-def _decide(kernels: _Kernels, parsed: list[Any], target: HubTarget | None) -> list[Any]:
+def _decide(kernels: _Kernels, parsed: list[Any], target: HubTarget | None) -> tuple[list[Any], list[str]]:
     if target is None:
         _, trace = kernels.variants.resolve_variants(parsed)  # the live system, exactly as get_kernel does
-        return list(trace)
+        return list(trace), []
     from packaging.version import Version
 
+    resolve = getattr(kernels.variants, "_resolve_variant_for_system", None)
+    if resolve is None:
+        raise LookupError(
+            f"kernels {kernels.version} has no kernels.variants._resolve_variant_for_system, so only this "
+            "machine (no --arch or other made-up target) can be resolved"
+        )
     linux = target.os == "linux"  # kernels only looks at the C++ ABI on Linux
-    _, trace = kernels.variants._resolve_variant_for_system(
-        variants=parsed,
-        selected_backend=_target_backend(kernels, target),
-        cpu=target.cpu,
-        os=target.os,
-        torch_version=_major_minor(target.torch_version),
-        torch_cxx11_abi=target.cxx11_abi if linux else None,
-        tvm_ffi_version=_major_minor(target.tvm_ffi_version),
-        macos_version=Version(target.macos_version) if target.macos_version else None,
-    )
-    return list(trace)
+    arguments: dict[str, Any] = {
+        "variants": parsed,
+        "selected_backend": _target_backend(kernels, target),
+        "cpu": target.cpu,
+        "os": target.os,
+        "torch_version": _major_minor(target.torch_version),
+        "torch_cxx11_abi": target.cxx11_abi if linux else None,
+        "tvm_ffi_version": _major_minor(target.tvm_ffi_version),
+        "macos_version": Version(target.macos_version) if target.macos_version else None,
+    }
+    accepted = inspect.signature(resolve).parameters
+    notes = []
+    if arguments["macos_version"] is not None and "macos_version" not in accepted:
+        notes.append(f"kernels {kernels.version} does not consider the macOS version when choosing a variant.")
+    _, trace = resolve(**{name: value for name, value in arguments.items() if name in accepted})
+    return list(trace), notes
 
 
 def _target_backend(kernels: _Kernels, target: HubTarget) -> Any:
@@ -404,14 +466,14 @@ def _chosen_variant_notes(kernels: _Kernels, variant_path: Path, target: HubTarg
     if not metadata_path.is_file():
         return [f"Variant {variant_path.name} has no metadata.json, so kernels would fail to load it."]
     try:
-        metadata = kernels.rust.Metadata.read_from_file(metadata_path)
+        metadata = kernels.metadata_type.read_from_file(metadata_path)
     except ValueError as exc:
         return [f"kernels cannot read {metadata_path}, so it would fail to load the variant: {exc}"]
     notes = []
-    try:  # kernels' own minimum-version check (metadata "kernels-minver" vs the installed kernels)
-        kernels.validate.MinverValidator().validate_metadata(metadata=metadata, variant=variant_path.name)
-    except RuntimeError as exc:
-        notes.append(str(exc))
+    if kernels.minver_problem is not None:  # metadata "kernels-minver" vs the installed kernels
+        problem = kernels.minver_problem(metadata, variant_path)
+        if problem:
+            notes.append(problem)
     capability = target.gpu_capability if target is not None else None
     if capability is not None:
         notes += _arch_notes(kernels, metadata, variant_path.name, capability)
@@ -421,13 +483,21 @@ def _chosen_variant_notes(kernels: _Kernels, variant_path: Path, target: HubTarg
 def _arch_notes(kernels: _Kernels, metadata: Any, variant: str, capability: tuple[int, int]) -> list[str]:
     # Mirrors kernels.archs._check_arch_incompatibility, which reads the live device; we feed the target's.
     archs = list(metadata.backend.archs or [])
-    if not archs or metadata.backend.backend_type != kernels.rust.Backend.CUDA:
+    backend_type = metadata.backend.backend_type
+    if not archs or backend_type != getattr(type(backend_type), "CUDA", None):
         return []
-    if kernels.archs._supports_cuda_capability(archs, capability):
+    wanted = f"{capability[0]}.{capability[1]}"
+    if kernels.supports_capability is None:
+        unchecked = (
+            f"kernels {kernels.version} has no CUDA arch check kernelguard can reuse, so variant {variant}'s "
+            f"declared archs ({', '.join(archs)}) were not checked against compute capability {wanted}."
+        )
+        return [unchecked]
+    if kernels.supports_capability(archs, capability):
         return []
     message = (
         f"Variant {variant} declares CUDA archs {', '.join(archs)}, which do not cover compute capability "
-        f"{capability[0]}.{capability[1]}; kernels would refuse to load it unless check_arch=False."
+        f"{wanted}; kernels would refuse to load it unless check_arch=False."
     )
     return [message]
 

@@ -9,38 +9,11 @@ import importlib
 import json
 import re
 import sys
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 from ..catalog import PackageSpec
-
-
-@dataclass(frozen=True, slots=True)
-class ExtensionFacts:
-    """One compiled extension (.so) shipped by the package."""
-
-    path: str
-    module: str
-    load_error: str | None
-    sass: frozenset[str] = frozenset()
-    ptx: frozenset[str] = frozenset()
-    arch_error: str | None = None  # why the embedded GPU code could not be read
-    arch_method: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PackageFacts:
-    import_name: str
-    distribution: str | None
-    version: str | None
-    module: str  # the module path transformers imports, e.g. "fla.ops.gated_delta_rule"
-    attribute: str  # the function it takes from it
-    import_error: str | None  # None: the import and attribute lookup succeeded
-    devices: tuple[str, ...]
-    devices_source: str
-    built_for_torch: str | None = None  # when the wheel's name or URL says which torch it was built for
-    extensions: tuple[ExtensionFacts, ...] = field(default_factory=tuple)
+from ..facts import ExtensionFacts, PackageFacts
 
 
 def _installed_distribution(spec: PackageSpec) -> tuple[str | None, str | None]:

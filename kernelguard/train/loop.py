@@ -98,19 +98,9 @@ def check_known_issues(model_ref: str, allow: tuple[str, ...], device: torch.dev
 
 
 def lift_accepted_fla_refusal(accepted: set[str]) -> list[str]:
-    """Lift fla's Hopper refusal when an accepted known issue says so; returns the fla modules changed.
+    from kernelguard.fla_refusal import lift_for_accepted_issues
 
-    An fla without the module that holds the refusal has no such refusal to lift: nothing to do."""
-    from kernelguard.known_issues import lifts_fla_refusal
-
-    if not lifts_fla_refusal(accepted):
-        return []
-    from kernelguard.smoke import lift_fla_hopper_refusal
-
-    try:
-        return lift_fla_hopper_refusal()
-    except ImportError:
-        return []
+    return lift_for_accepted_issues(accepted)
 
 
 def run_gate(model: Any, allow: tuple[str, ...]) -> Any:

@@ -1,0 +1,183 @@
+"""Fact dataclasses: what the probes found, as plain values. The bottom layer; no probing here.
+
+``env.probe()`` fills :class:`Environment`, ``providers.installed`` fills :class:`PackageFacts`,
+``providers.hub`` fills :class:`HubKernelProbe`; the pure resolver reads only these types (:class:`Facts`)
+plus what the job targets (:class:`Target`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .capability import ComputeCapability, parse_all
+from .policy import AllowPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """A value and the source it was read from (a function, a file, a flag)."""
+
+    value: Any
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "source": self.source}
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    name: str
+    capability: ComputeCapability
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """Everything kernel selection depends on. Made-up Environments drive the resolver's tests."""
+
+    python: Fact
+    platform: Fact
+    machine: Fact
+    glibc: Fact
+    torch_version: Fact
+    torch_error: str | None
+    cuda_version: Fact  # torch's CUDA runtime, None for CPU/ROCm builds
+    hip_version: Fact
+    cxx11_abi: Fact
+    gpus: tuple[Gpu, ...]
+    driver: Fact
+    packages: dict[str, Fact] = field(default_factory=dict)  # distribution -> version (None when absent)
+
+    def version_of(self, distribution: str) -> str | None:
+        fact = self.packages.get(distribution)
+        return None if fact is None else fact.value
+
+    @property
+    def triton_version(self) -> str | None:
+        return self.version_of("triton") or self.version_of("pytorch-triton")
+
+    def to_dict(self) -> dict[str, Any]:
+        simple = {
+            name: getattr(self, name).to_dict()
+            for name in (
+                "python",
+                "platform",
+                "machine",
+                "glibc",
+                "torch_version",
+                "cuda_version",
+                "hip_version",
+                "cxx11_abi",
+                "driver",
+            )
+        }
+        return {
+            **simple,
+            "torch_error": self.torch_error,
+            "gpus": [
+                {"index": g.index, "name": g.name, "capability": str(g.capability), "source": g.source}
+                for g in self.gpus
+            ],
+            "packages": {name: fact.to_dict() for name, fact in sorted(self.packages.items())},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ExtensionFacts:
+    """One compiled extension (.so) shipped by the package."""
+
+    path: str
+    module: str
+    load_error: str | None
+    sass: frozenset[str] = frozenset()
+    ptx: frozenset[str] = frozenset()
+    arch_error: str | None = None  # why the embedded GPU code could not be read
+    arch_method: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PackageFacts:
+    import_name: str
+    distribution: str | None
+    version: str | None
+    module: str  # the module path transformers imports, e.g. "fla.ops.gated_delta_rule"
+    attribute: str  # the function it takes from it
+    import_error: str | None  # None: the import and attribute lookup succeeded
+    devices: tuple[str, ...]
+    devices_source: str
+    built_for_torch: str | None = None  # when the wheel's name or URL says which torch it was built for
+    extensions: tuple[ExtensionFacts, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class HubTarget:
+    """The facts kernels' variant resolver consumes, for an environment that need not be this one.
+
+    ``torch_version``: "2.13" (a full "2.13.0+cu128" is cut to major.minor as kernels does); None means
+    torch is absent. ``cuda_version``: "12.8" for a CUDA torch build, None otherwise. ``backend``: a kernels
+    backend token for other accelerators ("rocm64", "xpu20251", "metal", "neuron", "tpu", "cann81");
+    give either it or ``cuda_version``. ``cxx11_abi`` only matters on Linux (kernels ignores it elsewhere).
+    ``gpu_capability`` is not used for choosing (kernels does not either) but is checked against the
+    chosen variant's declared CUDA archs, as kernels' ``ArchValidator`` does at load time.
+    """
+
+    torch_version: str | None
+    cuda_version: str | None = None
+    backend: str | None = None
+    cxx11_abi: bool | None = True
+    cpu: str = "x86_64"
+    os: str = "linux"
+    gpu_capability: tuple[int, int] | None = None
+    tvm_ffi_version: str | None = None
+    macos_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VariantVerdict:
+    variant: str
+    accepted: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HubKernelProbe:
+    repo_id: str
+    source: str
+    location: str | None
+    revision: str | None
+    chosen_variant: str | None
+    variants: tuple[VariantVerdict, ...]
+    trusted: bool
+    note: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What the job will run on and what the user accepts."""
+
+    archs: tuple[ComputeCapability, ...] = ()  # empty = unknown
+    arch_source: str = "unknown"
+    allow: AllowPolicy = field(default_factory=AllowPolicy)
+    use_hub: bool = False  # the job loads with use_kernels=True / calls kernelize()
+
+    def __post_init__(self) -> None:
+        # Callers may pass what a user typed ("9.0", ["fla-640-refusal"]); it is parsed here, once.
+        if not all(isinstance(a, ComputeCapability) for a in self.archs):
+            object.__setattr__(self, "archs", parse_all(list(self.archs), source="target arch"))
+        if not isinstance(self.allow, AllowPolicy):
+            object.__setattr__(self, "allow", AllowPolicy.parse(self.allow, source="allow"))
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """Everything the resolver decides from, collected once by ``check``."""
+
+    env: Environment
+    packages: Mapping[str, PackageFacts] = field(default_factory=dict)  # by module path
+    hub: Mapping[str, HubKernelProbe] = field(default_factory=dict)  # by repo_id
+    kernels_window: tuple[str, str] | None = None  # [min, max) of kernels this transformers uses
+    transformers_min_versions: Mapping[str, str | None] = field(default_factory=dict)
+    torch_varlen_attention: bool = False
