@@ -12,6 +12,8 @@ PARAM_DTYPES = ("bf16", "fp32", "fp16")
 OVERLONG_POLICIES = ("truncate", "drop")
 ATTENTION_CHOICES = ("auto", "varlen", "sdpa", "flash_attention_2", "eager")
 LOSS_CHOICES = ("chunked", "logits")  # kernelguard.train.loss.linear_cross_entropy / the full logits
+DATASET_FORMATS = ("auto", "messages", "prompt-completion", "text")
+REPORT_TO_CHOICES = ("none", "tensorboard", "wandb", "trackio")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,10 +51,22 @@ class TrainConfig:
     export: bool = True
     plot: bool = True
     progress: bool = True
+    chat_template: str | None = None
+    dataset_format: str = "auto"
+    eval_data: str | None = None
+    eval_fraction: float = 0.0
+    eval_every: int = 0
+    save_total_limit: int | None = None
+    report_to: tuple[str, ...] = ()
+    overwrite: bool = False
+    resume_anyway: bool = False
+    dry_run: bool = False
 
     def __post_init__(self) -> None:
         self.output = Path(self.output)
         self.allow = tuple(self.allow)
+        self.report_to = normalize_report_to(self.report_to)
+        self._validate_new_fields()
         if self.tokenizer is None:
             self.tokenizer = self.model
         _positive("block_size", self.block_size, "--block-size 8192")
@@ -101,6 +115,67 @@ class TrainConfig:
             raise ConfigError(
                 f"output {self.output} exists and is not a directory.", fix="pass a directory path"
             )
+
+
+    def _validate_new_fields(self) -> None:
+        if self.dataset_format not in DATASET_FORMATS:
+            raise ConfigError(
+                f"dataset_format is {self.dataset_format!r}; expected one of {', '.join(DATASET_FORMATS)}.",
+                fix="--dataset-format auto",
+            )
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ConfigError(
+                f"eval_fraction is {self.eval_fraction}; it must be in [0, 1).", fix="--eval-fraction 0.05"
+            )
+        if self.eval_fraction > 0 and self.eval_data is not None:
+            raise ConfigError(
+                f"eval_data ({self.eval_data}) and eval_fraction ({self.eval_fraction}) were both given; "
+                "the eval set comes from one of them.",
+                fix="pass either --eval-data PATH or --eval-fraction F, not both",
+            )
+        if not isinstance(self.eval_every, int) or self.eval_every < 0:
+            raise ConfigError(
+                f"eval_every is {self.eval_every!r}; it must be >= 0 (0: evaluate at the end only).",
+                fix="--eval-every 100",
+            )
+        if self.save_total_limit is not None:
+            _positive("save_total_limit", self.save_total_limit, "--save-total-limit 2, or leave it out to keep all")
+        if self.resume_anyway and not self.resume:
+            raise ConfigError(
+                "resume_anyway was given without resume; it only overrides --resume's identity check.",
+                fix="add --resume, or drop --resume-anyway",
+            )
+        if self.overwrite and self.resume:
+            raise ConfigError(
+                "overwrite and resume were both given: --overwrite discards the run that --resume continues.",
+                fix="pass either --resume or --overwrite",
+            )
+
+
+def normalize_report_to(value: object) -> tuple[str, ...]:
+    """``"tensorboard,wandb"``, ``["tensorboard", "wandb"]`` or ``("none",)`` -> a tuple of known names;
+    ``none`` alone means no tracker (empty tuple)."""
+    items: list[str] = []
+    raw = [value] if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+    for entry in raw:
+        if not isinstance(entry, str):
+            raise ConfigError(
+                f"report_to has {entry!r}; expected names from {', '.join(REPORT_TO_CHOICES)}.",
+                fix="--report-to tensorboard",
+            )
+        items.extend(part.strip() for part in entry.split(",") if part.strip())
+    for name in items:
+        if name not in REPORT_TO_CHOICES:
+            raise ConfigError(
+                f"report_to has {name!r}; expected one of {', '.join(REPORT_TO_CHOICES)}.",
+                fix="--report-to tensorboard (several: --report-to tensorboard,wandb)",
+            )
+    if "none" in items and len(set(items)) > 1:
+        raise ConfigError(
+            f"report_to is {','.join(items)}: 'none' cannot be combined with a tracker.",
+            fix="--report-to none, or list only trackers",
+        )
+    return tuple(dict.fromkeys(n for n in items if n != "none"))
 
 
 def _positive(name: str, value: int, fix: str) -> None:
@@ -173,6 +248,16 @@ def build_parser(prog: str = "python -m kernelguard.train") -> argparse.Argument
     p.add_argument("--no-export", dest="export", action="store_false")
     p.add_argument("--no-plot", dest="plot", action="store_false")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--chat-template", metavar="FILE", help="Jinja chat template file (default: the tokenizer's)")
+    p.add_argument("--dataset-format", choices=DATASET_FORMATS, default="auto")
+    p.add_argument("--eval-data", metavar="PATH", help="held-out data for eval loss")
+    p.add_argument("--eval-fraction", type=float, default=0.0, metavar="F")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N")
+    p.add_argument("--save-total-limit", type=int, metavar="N")
+    p.add_argument("--report-to", action="append", default=[], metavar="NAME")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--resume-anyway", action="store_true")
+    p.add_argument("--dry-run", action="store_true")
     return p
 
 
