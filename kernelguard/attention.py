@@ -5,6 +5,12 @@ It calls ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10; a flash kerne
 ``cu_seq_lens_q/k`` and ``max_length_q/k`` that packed batches carry, so full-attention layers never build
 the O(T^2) block mask SDPA derives from packed position ids. Unknown implementation names make transformers'
 mask builder return no mask, which is what a varlen kernel wants.
+
+Packed rows carry their boundaries as ``cu_seq_lens_q/k`` (transformers' ``DataCollatorWithFlattening(
+return_flash_attn_kwargs=True)``, TRL's ``padding_free=True`` collator); a batch-1 row with only ``position_ids``
+gets its boundaries from where the positions restart, as transformers' flash-attention path does, so a packed row
+never attends across examples. ``reference_varlen_attn`` is a per-segment SDPA with torch's ``varlen_attn``
+signature: the CPU stand-in for tests and debugging (``set_varlen_impl(reference_varlen_attn)``).
 """
 
 from __future__ import annotations
@@ -31,9 +37,86 @@ def torch_varlen_attn() -> Callable[..., Any] | None:
 
 
 def set_varlen_impl(fn: Callable[..., Any] | None) -> None:
+    """Point ``kernelguard_varlen`` at ``fn`` (``varlen_attn``'s signature); ``None`` until registration."""
     global _VARLEN_IMPL, _VARLEN_PARAMS
     _VARLEN_IMPL = fn
     _VARLEN_PARAMS = frozenset(inspect.signature(fn).parameters) if fn is not None else frozenset()
+
+
+def reference_varlen_attn(
+    query: Any,
+    key: Any,
+    value: Any,
+    cu_seq_q: Any,
+    cu_seq_k: Any,
+    max_q: int,
+    max_k: int,
+    *,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    enable_gqa: bool = False,
+    **_: Any,
+) -> Any:
+    """torch's ``varlen_attn`` semantics in plain SDPA, one segment at a time (any device; slow, exact).
+
+    query/key/value are [total_tokens, heads, dim]. Only full and causal windows are implemented, the two
+    ``kernelguard_varlen`` asks for."""
+    import torch
+    import torch.nn.functional as F
+
+    if window_size not in ((-1, -1), (-1, 0)):
+        raise ValueError(f"reference_varlen_attn implements window_size (-1, -1) or (-1, 0), not {window_size}")
+    outs = []
+    for i in range(len(cu_seq_q) - 1):
+        a, b = int(cu_seq_q[i]), int(cu_seq_q[i + 1])
+        c, d = int(cu_seq_k[i]), int(cu_seq_k[i + 1])
+        out = F.scaled_dot_product_attention(
+            query[a:b].transpose(0, 1),
+            key[c:d].transpose(0, 1),
+            value[c:d].transpose(0, 1),
+            is_causal=window_size == (-1, 0),
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+        outs.append(out.transpose(0, 1))
+    return torch.cat(outs) if outs else query.new_empty((0, *query.shape[1:-1], value.shape[-1]))
+
+
+def boundaries_from_position_ids(position_ids: Any) -> tuple[Any, int] | None:
+    """(cu_seqlens int32, longest segment) of a [1, T] packed row whose positions restart at 0 per example;
+    ``None`` when the row is one plain sequence or the shape is not a single packed row."""
+    import torch
+
+    if not isinstance(position_ids, torch.Tensor) or position_ids.ndim != 2 or position_ids.shape[0] != 1:
+        return None
+    starts = (position_ids[0] == 0).nonzero().flatten()
+    if starts.numel() <= 1:
+        return None
+    total = torch.tensor([position_ids.shape[1]], device=starts.device, dtype=starts.dtype)
+    if int(starts[0]) != 0:
+        starts = torch.cat([torch.zeros_like(total), starts])
+    cu = torch.cat([starts, total]).to(torch.int32)
+    return cu, int(cu.diff().max())
+
+
+def _segments(query: Any, key: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, int, int]:
+    """(cu_seqlens_q, cu_seqlens_k, max_q, max_k) of this batch: the packed row's own boundaries when it carries
+    them (or position ids that restart), else one sequence per row."""
+    import torch
+
+    bsz, q_len, k_len = query.shape[0], query.shape[2], key.shape[2]
+    cu_q: Any = kwargs.get("cu_seq_lens_q")
+    cu_k: Any = kwargs.get("cu_seq_lens_k", cu_q)
+    if cu_q is not None:
+        if bsz != 1:
+            raise ValueError(f"packed varlen attention needs batch size 1, got {bsz}")
+        max_q = int(kwargs.get("max_length_q") or q_len)
+        return cu_q, cu_k, max_q, int(kwargs.get("max_length_k") or max_q)
+    derived = boundaries_from_position_ids(kwargs.get("position_ids")) if q_len == k_len else None
+    if derived is not None:  # a flattened row without cu_seq_lens_*: never attend across its examples
+        return derived[0], derived[0], derived[1], derived[1]
+    rows = torch.arange(bsz + 1, device=query.device, dtype=torch.int32)
+    return rows * q_len, rows * k_len, q_len, k_len
 
 
 def varlen_attention_forward(
@@ -62,18 +145,7 @@ def varlen_attention_forward(
         raise ValueError("kernelguard_varlen does not implement attention dropout; set attention_dropout=0")
     bsz, heads, q_len, dim = query.shape
     kv_heads, k_len = key.shape[1], key.shape[2]
-    cu_q: Any = kwargs.get("cu_seq_lens_q")
-    cu_k: Any = kwargs.get("cu_seq_lens_k", cu_q)
-    if cu_q is None:
-        # Unpacked batch: every row is one sequence.
-        cu_q = torch.arange(bsz + 1, device=query.device, dtype=torch.int32) * q_len
-        cu_k = torch.arange(bsz + 1, device=query.device, dtype=torch.int32) * k_len
-        max_q, max_k = q_len, k_len
-    else:
-        if bsz != 1:
-            raise ValueError(f"packed varlen attention needs batch size 1, got {bsz}")
-        max_q = int(kwargs.get("max_length_q") or q_len)
-        max_k = int(kwargs.get("max_length_k") or max_q)
+    cu_q, cu_k, max_q, max_k = _segments(query, key, kwargs)
     q = query.transpose(1, 2).reshape(bsz * q_len, heads, dim)
     k = key.transpose(1, 2).reshape(bsz * k_len, kv_heads, dim)
     v = value.transpose(1, 2).reshape(bsz * k_len, kv_heads, value.shape[-1])

@@ -1,0 +1,344 @@
+"""kernelguard inside ``transformers.Trainer`` and TRL's ``SFTTrainer``: the ``kernelguard train`` gate as a callback.
+
+    from kernelguard.integrations.transformers import KernelGuardCallback, register_varlen_attention
+
+    attn = register_varlen_attention()  # "kernelguard_varlen" on CUDA (torch >= 2.10), no flash-attn needed
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation=attn, dtype=torch.bfloat16)
+    trainer = SFTTrainer(model=model, args=SFTConfig(padding_free=True, ...), train_dataset=...,
+                         callbacks=[KernelGuardCallback()])
+    trainer.train()  # a kernel that would fall back stops the job here, before step 1, with the per-layer table
+
+On train begin the callback runs the same gate as ``kernelguard train`` on the real, already-built model: the
+known-bad-stack check for this model on this GPU (CUDA only: it needs the GPU's arch), then
+``kernelguard.guard(model, mode="training", packed=...)`` — packed when the collator packs. A refusal raises the
+kernelguard error out of ``trainer.train()`` before any optimizer step; under torchrun/accelerate every rank stops
+together and the report is printed once. When it passes, the tripwires stay armed for the run (a reference path
+entered later still raises) and are disarmed on train end; the provider table is printed on rank 0 and the
+resolved providers are recorded in ``trainer.state.log_history`` (saved in every checkpoint's
+``trainer_state.json``).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from kernelguard.attention import VARLEN_NAME, register_varlen_attention
+from kernelguard.errors import ConfigError, KernelFallbackError, KernelGuardError
+
+__all__ = [
+    "VARLEN_NAME",
+    "KernelGuardCallback",
+    "Packing",
+    "detect_packing",
+    "register_varlen_attention",
+    "training_gate",
+]
+
+LOG_KEY = "kernelguard"
+# Trainer arguments (TRL's SFTConfig) under which the collator flattens a batch into one packed row.
+_PACKING_STRATEGIES_THAT_FLATTEN = ("bfd", "bfd_split")
+
+
+# ----------------------------------------------------------------------------------------------- packing ---
+@dataclass(frozen=True, slots=True)
+class Packing:
+    """Whether batches are packed rows, why we think so, and whether they carry the example boundaries."""
+
+    packed: bool
+    source: str  # e.g. "SFTConfig.padding_free=True", "DataCollatorWithFlattening", "KernelGuardCallback(packed=True)"
+    boundaries: bool | None  # cu_seq_lens_* and seq_idx reach the model; None: not known for this collator
+
+
+def detect_packing(args: Any, collator: Any, *, packed: bool | None = None) -> Packing:
+    """How this run batches: TRL's ``padding_free`` / bfd packing, transformers' ``DataCollatorWithFlattening``,
+    any collator with ``padding_free=True``; ``packed`` (not None) overrides the detection."""
+    boundaries = _collator_boundaries(collator)
+    if packed is not None:
+        return Packing(bool(packed), f"KernelGuardCallback(packed={bool(packed)})", boundaries)
+    name = type(args).__name__
+    if getattr(args, "padding_free", False) is True:
+        return Packing(True, f"{name}.padding_free=True", boundaries)
+    strategy = getattr(args, "packing_strategy", None)
+    if getattr(args, "packing", False) is True and strategy in _PACKING_STRATEGIES_THAT_FLATTEN:
+        return Packing(True, f"{name}.packing=True (packing_strategy={strategy!r})", boundaries)
+    if _is_flattening(collator) or getattr(collator, "padding_free", False) is True:
+        return Packing(True, type(collator).__name__, boundaries)
+    return Packing(False, "padded batches (no padding-free or flattening collator)", boundaries)
+
+
+def _is_flattening(collator: Any) -> bool:
+    try:
+        from transformers import DataCollatorWithFlattening
+    except ImportError:
+        return False
+    return isinstance(collator, DataCollatorWithFlattening)
+
+
+def _collator_boundaries(collator: Any) -> bool | None:
+    """GDN layers read example boundaries only from ``cu_seq_lens_q`` and ``seq_idx``, never from position ids:
+    a flattened row without them silently carries recurrent and conv state from one example into the next."""
+    if _is_flattening(collator):
+        return bool(getattr(collator, "return_flash_attn_kwargs", False) and getattr(collator, "return_seq_idx", False))
+    if getattr(collator, "padding_free", False) is not True:
+        return None
+    try:  # TRL's padding-free collator needs only input_ids; ask it rather than trusting a version table
+        out = collator([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}])
+    except Exception:  # noqa: BLE001 - an unknown collator: say "unknown", never fail the run on a probe
+        return None
+    return isinstance(out, Mapping) and "cu_seq_lens_q" in out and "seq_idx" in out
+
+
+def _collator_of(train_dataloader: Any) -> Any:
+    """The user's collator behind the dataloader (Trainer wraps it in a ``RemoveColumnsCollator``)."""
+    collator = getattr(train_dataloader, "collate_fn", None)
+    for _ in range(4):
+        inner = getattr(collator, "data_collator", None)
+        if inner is None or not callable(inner):
+            break
+        collator = inner
+    return collator
+
+
+# ------------------------------------------------------------------------------------------------- gate ---
+def _model_device(model: Any) -> Any:
+    import torch
+
+    for param in model.parameters():
+        return param.device
+    return torch.device("cpu")
+
+
+def _check_reference(model: Any, model_ref: str | None, folder: Path) -> str | None:
+    """What ``kernelguard check`` should resolve: the user's ``model=``, else the model's own config written to
+    ``folder`` (so the check sees its real key head dim); None for a model family kernelguard does not know."""
+    if model_ref is not None:
+        return model_ref
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_json_file"):
+        return None
+    path = folder / "config.json"
+    config.to_json_file(str(path), use_diff=False)
+    from kernelguard import discovery
+
+    try:
+        discovery.resolve_model(str(path))
+    except ConfigError:  # not a family with fallback kernels: the guard still checks attention
+        return None
+    return str(path)
+
+
+def check_stack(model: Any, *, allow: tuple[str, ...], packed: bool, model_ref: str | None = None) -> Any:
+    """The environment half of the gate (known-bad stacks on this GPU, e.g. fla #640 on Hopper), as
+    ``kernelguard train`` runs it: CUDA only, since it needs the GPU's arch. Returns the CheckResult or None;
+    raises ``ResolutionError`` with the full ``kernelguard check`` trace. An accepted fla #640 row lifts fla's
+    own refusal so the accepted path actually runs."""
+    device = _model_device(model)
+    if device.type != "cuda":
+        return None
+    from kernelguard.require import require
+    from kernelguard.train.loop import lift_accepted_fla_refusal
+
+    with tempfile.TemporaryDirectory(prefix="kernelguard-") as folder:
+        ref = _check_reference(model, model_ref, Path(folder))
+        if ref is None:
+            return None
+        result = require(ref, mode="training", allow=allow, packed=packed)
+    accepted = {issue for v in result.resolution.verdicts if v.selected for issue in v.selected.issues}
+    lift_accepted_fla_refusal(accepted)
+    return result
+
+
+def guard_model(model: Any, *, allow: tuple[str, ...], packed: bool) -> Any:
+    """``kernelguard.guard`` in training mode; on refusal the error carries the whole per-layer table and a fix
+    that names this callback's ``allow=``."""
+    from kernelguard.guard import guard
+
+    try:
+        return guard(model, mode="training", packed=packed, allow=allow, strict=True)
+    except KernelFallbackError as e:
+        table = ""
+        try:  # the non-strict guard reports every site without raising; it arms, so disarm at once
+            with guard(model, mode="training", packed=packed, allow=allow, strict=False) as soft:
+                table = soft.render() + "\n\n"
+        except KernelGuardError:
+            pass
+        offending = e.details.get("offending", [])
+        kernels = list(dict.fromkeys(site["kernel"] for site in offending)) or [e.kernel]
+        fixes = list(dict.fromkeys(site["fix"] for site in offending if site.get("fix")))
+        fixes.append(f"or accept the slow path explicitly: KernelGuardCallback(allow={kernels!r})")
+        raise KernelFallbackError(
+            f"kernelguard refused to start training (before step 1).\n{table}{e.message}",
+            fix="; ".join(fixes), layer=e.layer, kernel=e.kernel, reason=e.reason, details=e.details,
+        ) from None
+
+
+def _check_boundaries(report: Any, packing: Packing) -> None:
+    gdn = sorted({e.kernel for e in report.entries if e.kernel != "attention"})
+    if not packing.packed or packing.boundaries is not False or not gdn:
+        return
+    report.disarm()
+    raise ConfigError(
+        f"kernelguard refused to start training: batches are packed ({packing.source}) but carry no "
+        f"cu_seq_lens_q/seq_idx, and this model's {', '.join(gdn)} layers find example boundaries only there: "
+        "recurrent and conv state would leak from each example into the next (silently wrong training).",
+        fix="DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True), or TRL's "
+        "SFTConfig(padding_free=True)",
+    )
+
+
+def training_gate(
+    model: Any, *, allow: Iterable[str] = (), packing: Packing, model_ref: str | None = None
+) -> tuple[Any, Any]:
+    """Check the stack, guard the model, check the packed batches' boundaries. Returns (GuardReport armed for the
+    run, CheckResult or None); raises the kernelguard error that says what is slow or wrong and the fix."""
+    allowed = tuple(allow)
+    result = check_stack(model, allow=allowed, packed=packing.packed, model_ref=model_ref)
+    report = guard_model(model, allow=allowed, packed=packing.packed)
+    _check_boundaries(report, packing)
+    return report, result
+
+
+# ---------------------------------------------------------------------------------------------- ranks ---
+def _rank_and_world(args: Any) -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    return int(getattr(args, "process_index", 0) or 0), int(getattr(args, "world_size", 1) or 1)
+
+
+def failing_ranks(failed: bool, args: Any) -> list[int]:
+    """Every rank's verdict, on every rank. Without this a rank that passes would wait in its first collective
+    (NCCL's timeout: 10+ minutes) for a rank that stopped; with it, all ranks stop together."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = _rank_and_world(args)
+    if world <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return [rank] if failed else []
+    on_gpu = dist.get_backend() == "nccl"
+    device = getattr(args, "device", None) if on_gpu else torch.device("cpu")
+    flags = torch.zeros(world, dtype=torch.int32, device=device)
+    flags[rank] = int(failed)
+    dist.all_reduce(flags)
+    return [i for i, flag in enumerate(flags.tolist()) if flag]
+
+
+def _stop_everywhere(error: KernelGuardError | None, args: Any) -> None:
+    """Raise on every rank when any rank refused; the full report only from the first refusing rank."""
+    failing = failing_ranks(error is not None, args)
+    if not failing:
+        return
+    rank, _ = _rank_and_world(args)
+    if error is not None and rank == failing[0]:
+        raise error
+    cls = type(error) if error is not None else KernelFallbackError
+    raise cls(
+        f"kernelguard refused to start training on rank(s) {failing} (the report is printed by rank "
+        f"{failing[0]}); this rank {rank} {'also refused' if error is not None else 'passed'} and stops with them.",
+        fix=error.fix if error is not None else None,
+    )
+
+
+# ------------------------------------------------------------------------------------------- callback ---
+def _parse_allow(values: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(values, str):
+        values = (values,)
+    values = tuple(values)
+    try:  # the shared parser, once kernelguard.policy exists: unknown IDs are a ConfigError listing valid ones
+        from kernelguard.policy import AllowPolicy
+    except ImportError:
+        return values
+    return tuple(AllowPolicy.parse(values, source="KernelGuardCallback(allow=...)").values())
+
+
+def providers_summary(report: Any, packing: Packing) -> dict[str, Any]:
+    """The resolved providers as a JSON-friendly dict (what ``log_history`` and trackers get)."""
+    providers: dict[str, list[str]] = {}
+    allowed: list[str] = []
+    for e in report.entries:
+        label = f"{e.implementation} ({e.provider_kind})"
+        if label not in providers.setdefault(e.kernel, []):
+            providers[e.kernel].append(label)
+        if e.allowed and e.kernel not in allowed:
+            allowed.append(e.kernel)
+    return {
+        "ok": bool(report.ok),
+        "device": report.device,
+        "packed": packing.packed,
+        "packed_source": packing.source,
+        "transformers": report.transformers_version,
+        "providers": {kernel: ", ".join(labels) for kernel, labels in providers.items()},
+        "allowed_slow": allowed,
+        "armed_sites": list(report.tripwires.sites),
+    }
+
+
+class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
+    """Stops ``Trainer`` / ``SFTTrainer`` before step 1 when a kernel would run its slow torch fallback.
+
+    ``allow``: kernel names (``"chunk_gated_delta_rule"``), ``"attention"``, known-issue IDs or ``"*"`` — slow
+    paths accepted explicitly (logged). ``model``: family name, config.json or model folder for the stack check
+    (default: the trained model's own config). ``packed``: ``None`` detects it from the trainer arguments and
+    the collator. ``verbose``: print the provider table on rank 0 when the gate passes.
+    """
+
+    def __init__(
+        self,
+        *,
+        allow: Iterable[str] = (),
+        model: str | None = None,
+        packed: bool | None = None,
+        verbose: bool = True,
+    ) -> None:
+        self.allow = _parse_allow(allow)
+        self.model_ref = model
+        self.packed = packed
+        self.verbose = verbose
+        self.report: Any = None  # the armed GuardReport while training runs
+        self.check_result: Any = None
+        self.packing: Packing | None = None
+        self.summary: dict[str, Any] | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.disarm()  # a previous train() that crashed never reached on_train_end
+        model = kwargs.get("model")
+        if model is None:
+            raise ConfigError("KernelGuardCallback got no model from the trainer.", fix="pass model= to the Trainer")
+        self.packing = detect_packing(args, _collator_of(kwargs.get("train_dataloader")), packed=self.packed)
+        error: KernelGuardError | None = None
+        try:
+            self.report, self.check_result = training_gate(
+                model, allow=self.allow, packing=self.packing, model_ref=self.model_ref
+            )
+        except KernelGuardError as e:
+            error = e
+        try:
+            _stop_everywhere(error, args)
+        except KernelGuardError:
+            self.disarm()  # this rank may have passed while another refused
+            raise
+        self.summary = providers_summary(self.report, self.packing)
+        state.log_history.append({LOG_KEY: self.summary, "step": state.global_step})
+        if self.verbose and getattr(state, "is_world_process_zero", True):
+            print(f"kernelguard: guard passed ({self.packing.source}).\n{self.report.render()}",
+                  file=sys.stderr, flush=True)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.disarm()
+
+    def disarm(self) -> None:
+        """Restore every torch reference path this callback wrapped (idempotent)."""
+        if self.report is not None:
+            self.report.disarm()
+            self.report = None

@@ -1,0 +1,266 @@
+"""KernelGuardCallback with transformers' Trainer on a tiny random-init Qwen3.5: refuses before step 1 without
+fast providers, passes with the fake ones, honours the allow list, detects packed collators."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kernelguard.errors import ConfigError, KernelFallbackError
+from kernelguard.integrations.transformers import KernelGuardCallback, Packing, detect_packing
+
+GDN_KERNELS = ("chunk_gated_delta_rule", "causal_conv1d_fn")
+
+
+def _rows(n: int = 4, length: int = 12, vocab: int = 256) -> list[dict[str, Any]]:
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(n):
+        ids = torch.randint(3, vocab, (length - (i % 3),), generator=g).tolist()
+        rows.append({"input_ids": ids, "labels": list(ids)})
+    return rows
+
+
+def _padded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    width = max(len(r["input_ids"]) for r in rows)
+    return [
+        {
+            "input_ids": torch.tensor(r["input_ids"] + [0] * (width - len(r["input_ids"]))),
+            "attention_mask": torch.tensor([1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"]))),
+            "labels": torch.tensor(r["labels"] + [-100] * (width - len(r["labels"]))),
+        }
+        for r in rows
+    ]
+
+
+def _trainer(model: Any, tmp_path: Path, callback: KernelGuardCallback, *, collator: Any = None,
+             rows: list[dict[str, Any]] | None = None, steps: int = 2) -> Any:
+    from transformers import Trainer, TrainingArguments, default_data_collator
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=2, learning_rate=1e-2,
+        report_to="none", use_cpu=True, logging_steps=1, save_strategy="no", disable_tqdm=True,
+        dataloader_num_workers=0, seed=0,
+    )
+    data = rows if rows is not None else _padded(_rows())
+    return Trainer(model=model, args=args, train_dataset=data, data_collator=collator or default_data_collator,
+                   callbacks=[callback])
+
+
+def _params(model: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _unchanged(model: Any, before: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def _kernelguard_logs(trainer: Any) -> list[dict[str, Any]]:
+    return [entry["kernelguard"] for entry in trainer.state.log_history if "kernelguard" in entry]
+
+
+# ------------------------------------------------------------------------------------------ refusal ---
+def test_refuses_before_step_one_without_fast_providers(
+    fresh_transformers_models: None, tiny: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tiny.tiny_model("qwen3_5").train()
+    before = _params(model)
+    trainer = _trainer(model, tmp_path, KernelGuardCallback())
+    with pytest.raises(KernelFallbackError) as info:
+        trainer.train()
+    text = str(info.value)
+    assert text.startswith("kernelguard refused to start training (before step 1).")
+    for kernel in GDN_KERNELS:  # the per-layer table and the summary name every slow kernel
+        assert f"{kernel} -> " in text
+        assert f"model.layers.0.linear_attn  {kernel}" in text
+    assert "FALLBACK" in text
+    assert "pip install" in info.value.fix
+    assert "KernelGuardCallback(allow=['causal_conv1d_fn', 'chunk_gated_delta_rule'])" in info.value.fix
+    assert trainer.state.global_step == 0
+    assert _unchanged(model, before)  # no optimizer step
+    assert _kernelguard_logs(trainer) == []
+    assert "guard passed" not in capsys.readouterr().err
+
+
+def test_partial_allow_still_refuses_and_names_the_other_kernel(
+    fresh_transformers_models: None, tiny: Any, tmp_path: Path
+) -> None:
+    model = tiny.tiny_model("qwen3_5").train()
+    trainer = _trainer(model, tmp_path, KernelGuardCallback(allow=["chunk_gated_delta_rule"]))
+    with pytest.raises(KernelFallbackError) as info:
+        trainer.train()
+    assert info.value.kernel == "causal_conv1d_fn"
+    assert "KernelGuardCallback(allow=['causal_conv1d_fn'])" in info.value.fix
+    assert "ALLOWED-SLOW" in str(info.value)  # the accepted kernel is shown as accepted, not hidden
+    assert trainer.state.global_step == 0
+
+
+# ------------------------------------------------------------------------------------------- passing ---
+def test_passes_with_fake_providers_and_records_them(
+    fake_providers: Path, tiny: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tiny.tiny_model("qwen3_5").train()
+    before = _params(model)
+    callback = KernelGuardCallback()
+    trainer = _trainer(model, tmp_path, callback)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert not _unchanged(model, before)
+    (summary,) = _kernelguard_logs(trainer)
+    assert summary["ok"] is True and summary["packed"] is False
+    assert summary["packed_source"] == "padded batches (no padding-free or flattening collator)"
+    assert summary["providers"]["chunk_gated_delta_rule"].startswith("fla.ops.gated_delta_rule.")
+    assert summary["providers"]["chunk_gated_delta_rule"].endswith("(package)")
+    assert summary["providers"]["causal_conv1d_fn"].startswith("causal_conv1d.")
+    assert summary["providers"]["attention"] == "sdpa (package)"
+    assert summary["allowed_slow"] == [] and summary["armed_sites"] == []
+    err = capsys.readouterr().err
+    assert err.count("kernelguard: guard passed") == 1
+    assert "model.layers.0.linear_attn" in err  # the provider table, not only "passed"
+    assert callback.report is None  # disarmed on train end
+
+
+def test_allow_list_trains_on_the_reference_path_and_disarms_after(
+    fresh_transformers_models: None, tiny: Any, tmp_path: Path
+) -> None:
+    from kernelguard.guard import clear_fallback_events, fallback_events
+
+    model = tiny.tiny_model("qwen3_5").train()
+    module = __import__(type(model).__module__, fromlist=["_"])
+    original = module.torch_chunk_gated_delta_rule
+    callback = KernelGuardCallback(allow=list(GDN_KERNELS))
+    trainer = _trainer(model, tmp_path, callback, steps=1)
+    clear_fallback_events()
+    trainer.train()
+    assert trainer.state.global_step == 1
+    (summary,) = _kernelguard_logs(trainer)
+    assert sorted(summary["allowed_slow"]) == sorted(GDN_KERNELS)
+    assert summary["providers"]["chunk_gated_delta_rule"].endswith("(torch-reference)")
+    assert len(summary["armed_sites"]) >= 2  # the accepted reference paths were armed for the run...
+    kernels = {e.kernel for e in fallback_events()}
+    assert {"chunk_gated_delta_rule", "causal_conv1d_fn"} <= kernels  # ...and every entry was recorded as allowed
+    assert all(e.allowed for e in fallback_events())
+    assert module.torch_chunk_gated_delta_rule is original  # and restored on train end
+    clear_fallback_events()
+
+
+def test_unknown_allow_ids_are_kept_for_the_guard() -> None:
+    assert KernelGuardCallback(allow="attention").allow == ("attention",)
+
+
+# ------------------------------------------------------------------------------------------- packing ---
+def _flattened_rows() -> list[dict[str, Any]]:
+    return [{"input_ids": r["input_ids"]} for r in _rows()]
+
+
+def test_packed_collator_with_sdpa_refuses_on_attention(fake_providers: Path, tiny: Any, tmp_path: Path) -> None:
+    from transformers import DataCollatorWithFlattening
+
+    model = tiny.tiny_model("qwen3_5").train()
+    collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
+    trainer = _trainer(model, tmp_path, KernelGuardCallback(), collator=collator, rows=_flattened_rows())
+    with pytest.raises(KernelFallbackError) as info:
+        trainer.train()
+    assert info.value.kernel == "attention"
+    assert "O(T^2) block mask" in str(info.value)
+    assert "kernelguard_varlen" in info.value.fix
+    assert trainer.state.global_step == 0
+
+
+def test_flattening_without_boundaries_is_refused_for_gdn_models(
+    fake_providers: Path, tiny: Any, tmp_path: Path
+) -> None:
+    from transformers import DataCollatorWithFlattening
+
+    model = tiny.tiny_model("qwen3_5").train()
+    collator = DataCollatorWithFlattening()  # position_ids only: GDN state leaks across examples
+    callback = KernelGuardCallback(allow=["attention"])
+    trainer = _trainer(model, tmp_path, callback, collator=collator, rows=_flattened_rows())
+    with pytest.raises(ConfigError) as info:
+        trainer.train()
+    assert "carry no cu_seq_lens_q/seq_idx" in info.value.message
+    assert "chunk_gated_delta_rule" in info.value.message
+    assert "return_seq_idx=True" in info.value.fix
+    assert trainer.state.global_step == 0
+    assert callback.report is None
+
+
+def test_packed_training_with_varlen_attention_passes(
+    fake_providers: Path, tiny: Any, tmp_path: Path, cpu_varlen: None
+) -> None:
+    from transformers import DataCollatorWithFlattening
+
+    from kernelguard.integrations.transformers import VARLEN_NAME, register_varlen_attention
+
+    register_varlen_attention(device_type="cuda")
+    model = tiny.tiny_model("qwen3_5", attn_implementation=VARLEN_NAME).train()
+    collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
+    trainer = _trainer(model, tmp_path, KernelGuardCallback(), collator=collator, rows=_flattened_rows())
+    trainer.train()
+    (summary,) = _kernelguard_logs(trainer)
+    assert summary["packed"] is True and summary["packed_source"] == "DataCollatorWithFlattening"
+    assert summary["providers"]["attention"] == "kernelguard_varlen (package)"
+
+
+def test_detect_packing_from_trainer_arguments_and_override() -> None:
+    from types import SimpleNamespace
+
+    from transformers import DataCollatorWithFlattening
+
+    sft = type("SFTConfig", (), {})
+    args = sft()
+    args.padding_free = True
+    assert detect_packing(args, None) == Packing(True, "SFTConfig.padding_free=True", None)
+    args = sft()
+    args.packing, args.packing_strategy = True, "bfd"
+    assert detect_packing(args, None).source == "SFTConfig.packing=True (packing_strategy='bfd')"
+    args.packing_strategy = "wrapped"  # one long row per batch, not flattened examples
+    assert detect_packing(args, None).packed is False
+    flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
+    assert detect_packing(SimpleNamespace(), flat) == Packing(True, "DataCollatorWithFlattening", True)
+    assert detect_packing(SimpleNamespace(), DataCollatorWithFlattening()).boundaries is False
+    forced = detect_packing(SimpleNamespace(), flat, packed=False)
+    assert forced == Packing(False, "KernelGuardCallback(packed=False)", True)
+
+
+# --------------------------------------------------------------------------------------------- ranks ---
+def test_a_passing_rank_stops_with_a_refusing_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelguard.integrations import transformers as integration
+
+    monkeypatch.setattr(integration, "failing_ranks", lambda failed, args: [1])
+    monkeypatch.setattr(integration, "_rank_and_world", lambda args: (0, 2))
+    with pytest.raises(KernelFallbackError) as info:
+        integration._stop_everywhere(None, object())
+    assert str(info.value) == (
+        "kernelguard refused to start training on rank(s) [1] (the report is printed by rank 1); "
+        "this rank 0 passed and stops with them."
+    )
+    refusal = ConfigError("full report", fix="the fix")
+    monkeypatch.setattr(integration, "_rank_and_world", lambda args: (1, 2))
+    with pytest.raises(ConfigError) as own:
+        integration._stop_everywhere(refusal, object())
+    assert own.value is refusal  # the first refusing rank prints the whole report
+
+
+def test_single_process_verdict_needs_no_process_group() -> None:
+    from kernelguard.integrations.transformers import failing_ranks
+
+    assert failing_ranks(True, object()) == [0]
+    assert failing_ranks(False, object()) == []
+
+
+@pytest.fixture
+def cpu_varlen() -> Any:
+    """kernelguard_varlen on CPU: torch's varlen_attn is CUDA-only, so use the exact per-segment reference."""
+    from kernelguard import attention
+
+    saved = attention._VARLEN_IMPL
+    attention.set_varlen_impl(attention.reference_varlen_attn)
+    try:
+        yield
+    finally:
+        attention.set_varlen_impl(saved)
+
