@@ -121,7 +121,7 @@ def test_run_check_in_process(benchmark: Any) -> None:
 
 
 def _clear_catalog_caches() -> None:
-    from kernelguard import catalog
+    from kernelguard import discovery as catalog
 
     for cached in (
         catalog._families,

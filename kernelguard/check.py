@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import catalog
+from . import catalog, discovery
 from .capability import ComputeCapability, parse_all
 from .env import Environment, probe
 from .errors import ConfigError
@@ -179,18 +179,18 @@ def run_check(options: CheckOptions) -> CheckResult:
     # Usage errors must not wait for the probe.
     parse_all(list(options.archs))
     AllowPolicy.parse(options.allow)
-    source = catalog.transformers_source()
-    spec = catalog.resolve_model(options.model, source)
+    source = discovery.transformers_source()
+    spec = discovery.resolve_model(options.model, source)
     packed = options.mode == "training" if options.packed is None else options.packed
-    requirements = catalog.requirements(spec, options.mode, packed=packed, source=source)
+    requirements = catalog.requirements(spec, options.mode, packed=packed, transformers_version=source.version)
     env = probe()
     target = _target(options, env)
     facts = Facts(
         env=env,
         packages=_probe_packages(requirements),
         hub=_probe_hub(requirements, target, env),
-        kernels_window=catalog.kernels_version_window(source),
-        transformers_min_versions={name: catalog.transformers_min_version(name, source) for name in catalog.PACKAGES},
+        kernels_window=discovery.kernels_version_window(source),
+        transformers_min_versions={name: discovery.transformers_min_version(name, source) for name in catalog.PACKAGES},
         torch_varlen_attention=_torch_has_varlen(env),
     )
     resolution = resolve(facts, requirements, target)

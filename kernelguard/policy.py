@@ -38,10 +38,10 @@ _KERNEL_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 def known_kernel_names() -> frozenset[str]:
     """Every kernel name a model family in the installed transformers wraps with a torch fallback."""
-    from . import catalog
+    from . import discovery
 
     try:
-        families = catalog.families()
+        families = discovery.families()
     except ConfigError:  # transformers not installed: nothing to validate kernel names against
         return frozenset()
     return frozenset(k.kernel for family in families.values() for k in family.kernels)

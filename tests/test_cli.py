@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from check_helpers import write_distribution
 
-from kernelguard import catalog
+from kernelguard import discovery
 from kernelguard.known_issues import KNOWN_ISSUES
 
 FAKE_PROVIDERS = Path(__file__).resolve().parent / "fake_providers"
@@ -83,7 +83,7 @@ def candidate(data: dict[str, Any], name: str, kind: str) -> dict[str, Any]:
 
 
 def kernels_note() -> str | None:
-    window = catalog.kernels_version_window()
+    window = discovery.kernels_version_window()
     if window is None or (window[0] <= KERNELS < window[1]):  # plain string compare is fine for 0.x.y here
         return None
     return (

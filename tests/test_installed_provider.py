@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from check_helpers import cuda_so, fatbin, isolated_provider_modules, make_env, write_distribution
 
-from kernelguard import catalog
+from kernelguard import catalog, discovery
 from kernelguard.catalog import PACKAGES
 from kernelguard.providers.installed import ExtensionFacts, PackageFacts, probe_package
 from kernelguard.resolver import REJECTED, SELECTED, Facts, Target, resolve
@@ -72,12 +72,13 @@ def decide(found: PackageFacts, kernel: str, archs: tuple[str, ...] = ("9.0",)) 
     facts = Facts(
         env=make_env(gpus=("9.0",)),
         packages={found.module: found},
-        transformers_min_versions={name: catalog.transformers_min_version(name) for name in PACKAGES},
+        transformers_min_versions={name: discovery.transformers_min_version(name) for name in PACKAGES},
         torch_varlen_attention=True,
     )
     res = resolve(
         facts,
-        catalog.requirements(catalog.resolve_model("qwen3_5"), "training", packed=True),
+        catalog.requirements(discovery.resolve_model("qwen3_5"), "training", packed=True,
+                             transformers_version=discovery.transformers_source().version),
         Target(archs=archs, arch_source="test"),
     )
     verdict = next(v for v in res.verdicts if v.kernel == kernel)

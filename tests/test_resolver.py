@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from check_helpers import EXT_SO, INSTALL, UNDEFINED_SYMBOL, find, make_env, make_ext, make_pkg
 
-from kernelguard import catalog
+from kernelguard import catalog, discovery
 from kernelguard.catalog import HubRepo, ModelSpec
 from kernelguard.errors import ConfigError
 from kernelguard.providers.hub import HubKernelProbe, VariantVerdict
@@ -44,12 +44,15 @@ MIN_VERSIONS = {"fla": "0.2.2", "causal_conv1d": None, "mamba_ssm": None, "flash
 def qwen(
     mode: str = "training", *, packed: bool | None = None, key_dim: int | None = None
 ) -> catalog.Requirements:
-    spec = catalog.resolve_model("qwen3_5")
+    spec = discovery.resolve_model("qwen3_5")
     if key_dim is not None:
         spec = ModelSpec(
             spec.family, {"model_type": "qwen3_5_text", "linear_key_head_dim": key_dim}, "config.json"
         )
-    return catalog.requirements(spec, mode, packed=mode == "training" if packed is None else packed)
+    return catalog.requirements(
+        spec, mode, packed=mode == "training" if packed is None else packed,
+        transformers_version=discovery.transformers_source().version,
+    )
 
 
 def hopper_facts(**env: Any) -> Facts:
@@ -70,7 +73,7 @@ def hopper_facts(**env: Any) -> Facts:
 
 BASE = hopper_facts()
 # The Hub repo version comes from the installed transformers' own mapping (2 in 5.23, 1 in 5.17).
-_FLA_HUB = next(k.hub for k in catalog.resolve_model("qwen3_5").family.kernels if k.kernel == "chunk_gated_delta_rule")
+_FLA_HUB = next(k.hub for k in discovery.resolve_model("qwen3_5").family.kernels if k.kernel == "chunk_gated_delta_rule")
 FLA_HUB_LABEL = f"hub kernels-community/fla (version {_FLA_HUB.version})"
 H200 = Target(archs=("9.0",), arch_source="made up")
 TRAIN = qwen()
