@@ -3,12 +3,20 @@
 Repositories are built in tmp_path with the Hub layout (build/<variant>/ holding ``__init__.py`` and
 ``metadata.json``, what kernels needs to load a variant; choosing one only needs the folder name).
 No network: HF_HUB_OFFLINE=1 and every cache lookup is local_files_only.
+
+The same tests run against whichever kernels release is installed: 0.17.x in the main CI environment,
+0.16.x (the release transformers 5.17 accepts) in the second one. Where the releases behave differently
+the test asks the installed kernels what it offers, and asserts that release's behaviour.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import inspect
 import json
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -29,7 +37,27 @@ def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("KERNELS_CACHE", str(tmp_path / "empty-cache"))
 
 
-def _add_variant(build: Path, name: str, *, backend: str = "cpu", archs: list[str] | None = None) -> None:
+KERNELS_VERSION = metadata.version("kernels")
+# Private modules a kernels release may lack (0.16 has none of the 0.17 ones and vice versa).
+PRIVATE_MODULES = (
+    "kernels._rust",
+    "kernels._versions",
+    "kernels.load",
+    "kernels.utils",
+    "kernels.validate",
+    "kernels.minver",
+    "kernels.archs",
+)
+
+
+def _add_variant(
+    build: Path,
+    name: str,
+    *,
+    backend: str = "cpu",
+    archs: list[str] | None = None,
+    extra: dict[str, object] | None = None,
+) -> None:
     folder = build / name
     folder.mkdir(parents=True)
     (folder / "__init__.py").write_text("")
@@ -43,6 +71,7 @@ def _add_variant(build: Path, name: str, *, backend: str = "cpu", archs: list[st
         "license": "Apache-2.0",
         "python-depends": [],
         "backend": backend_info,
+        **(extra or {}),
     }
     (folder / "metadata.json").write_text(json.dumps(metadata))
 
@@ -267,7 +296,11 @@ def test_kernels_internals_drift_degrades_to_note(tmp_path: Path, monkeypatch: p
 
     probe = probe_hub_kernel(REPO, target=CPU_213, local_path=str(repo))
 
-    assert probe.note is not None and "kernels failed while resolving" in probe.note
+    assert probe.note == (
+        f"kernels failed while resolving {REPO}: LookupError('kernels {KERNELS_VERSION} has no "
+        "kernels.variants._resolve_variant_for_system, so only this machine (no --arch or other made-up "
+        "target) can be resolved')."
+    )
 
 
 def test_bad_target_backend_degrades_to_note(tmp_path: Path) -> None:
@@ -283,3 +316,111 @@ def test_live_system_target(tmp_path: Path) -> None:
     assert probe.note is None, probe.note
     assert probe.chosen_variant == "torch-universal"
     assert not _by_name(probe)["torch10-cxx11-cpu-riscv-plan9"].accepted
+
+
+def test_resolves_without_any_private_kernels_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release lacking every private helper (as 0.16 lacks kernels._rust) still resolves variants."""
+    for name in PRIVATE_MODULES:
+        monkeypatch.setitem(sys.modules, name, None)  # `import` of a None entry raises ImportError
+    repo = _repo(tmp_path / "repo", ["torch213-cxx11-cu128-x86_64-linux"], backend="cuda", archs=["9.0"])
+    cuda_213 = HubTarget(torch_version="2.13", cuda_version="12.8", gpu_capability=(9, 0))
+
+    probe = probe_hub_kernel(REPO, target=cuda_213, local_path=str(repo))
+
+    assert probe.chosen_variant == "torch213-cxx11-cu128-x86_64-linux"
+    assert probe.note == (
+        f"kernels {KERNELS_VERSION} has no CUDA arch check kernelguard can reuse, so variant "
+        "torch213-cxx11-cu128-x86_64-linux's declared archs (9.0) were not checked against compute capability 9.0."
+    )
+
+    monkeypatch.setenv("LOCAL_KERNELS", f"{REPO}={repo}")
+    from_env = probe_hub_kernel(REPO, target=cuda_213)
+    assert from_env.note is not None
+    assert from_env.note.startswith(
+        f"kernels {KERNELS_VERSION} has no LOCAL_KERNELS parser kernelguard knows, so LOCAL_KERNELS is ignored."
+    )
+
+
+def test_each_release_uses_its_own_helpers() -> None:
+    """Feature detection picks 0.17's kernels.load/validate or 0.16's kernels.utils/minver, never neither."""
+    found = hub._import_kernels()
+    assert found.version == KERNELS_VERSION
+    assert found.parse_local_kernels is not None
+    assert found.minver_problem is not None
+    assert found.supports_capability is not None
+    assert found.versions is not None
+    owner = found.parse_local_kernels.__module__
+    if importlib.util.find_spec("kernels.load") is not None:  # kernels >= 0.17
+        assert owner == "kernels.load"
+    else:  # kernels 0.16
+        assert owner == "kernels.utils"
+
+
+def test_variant_needing_a_newer_kernels(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _add_variant(repo / "build", "torch213-cxx11-cpu-x86_64-linux", extra={"kernels-minver": "99.1.2"})
+
+    probe = probe_hub_kernel(REPO, target=CPU_213, local_path=str(repo))
+
+    assert probe.chosen_variant == "torch213-cxx11-cpu-x86_64-linux"
+    assert probe.note is not None
+    expected = (
+        "Kernel 'demo' variant 'torch213-cxx11-cpu-x86_64-linux' requires kernels>=99.1.2, "
+        f"but version {KERNELS_VERSION} is installed."
+    )
+    assert probe.note.startswith(expected), probe.note
+    if importlib.util.find_spec("kernels.validate") is not None:  # kernels >= 0.17 refuses to load it
+        assert "only warns" not in probe.note
+    else:  # kernels 0.16 warns and loads it anyway
+        assert probe.note.endswith("(this kernels release only warns and loads it anyway)")
+
+
+def test_macos_version_is_passed_only_to_releases_that_take_it(tmp_path: Path) -> None:
+    import kernels.variants
+
+    repo = _repo(tmp_path / "repo", ["torch213-cpu-aarch64-darwin", "torch-universal"])
+    mac = HubTarget(torch_version="2.13", backend="metal", cxx11_abi=None, cpu="aarch64", os="darwin",
+                    macos_version="15.0")
+
+    probe = probe_hub_kernel(REPO, target=mac, local_path=str(repo))
+
+    assert probe.chosen_variant is not None
+    takes_macos = "macos_version" in inspect.signature(kernels.variants._resolve_variant_for_system).parameters
+    ignored = f"kernels {KERNELS_VERSION} does not consider the macOS version when choosing a variant."
+    if takes_macos:
+        assert probe.note is None or ignored not in probe.note
+    else:
+        assert probe.note is not None and ignored in probe.note
+
+
+def test_pinned_version_is_read_from_the_cache_without_the_network(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("KERNELS_CACHE", str(cache))
+    monkeypatch.delenv("HF_HUB_OFFLINE")  # kernels 0.16 would list refs on the Hub unless offline
+    import huggingface_hub.hf_api
+
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the probe asked the Hub")
+
+    monkeypatch.setattr(huggingface_hub.hf_api.HfApi, "list_repo_refs", no_network)
+    _cache_snapshot(cache, "v1", "a" * 40, ["torch213-cxx11-cpu-x86_64-linux"])
+
+    pinned = probe_hub_kernel(REPO, target=CPU_213, version=1)
+    missing = probe_hub_kernel(REPO, target=CPU_213, version=7)
+
+    assert (pinned.revision, pinned.chosen_variant) == ("a" * 40, "torch213-cxx11-cpu-x86_64-linux")
+    assert missing.source == "not available offline"
+    assert missing.note is not None and "Version 7 not found" in missing.note
+
+
+def test_hub_target_fields_match_kernels_resolver_arguments() -> None:
+    """Every system fact the installed kernels' resolver takes has a HubTarget field (drift alarm)."""
+    import kernels.variants
+
+    taken = set(inspect.signature(kernels.variants._resolve_variant_for_system).parameters)
+    covered = {"variants", "selected_backend", "cpu", "os", "torch_version", "torch_cxx11_abi",
+               "tvm_ffi_version", "macos_version"}
+    assert taken <= covered, taken - covered
+    assert {f.name for f in dataclasses.fields(HubTarget)} >= {"cpu", "os", "torch_version", "cxx11_abi"}
