@@ -8,8 +8,6 @@ Public API (``import kernelguard`` stays cheap and never imports torch):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from .errors import (
     ConfigError,
     DataError,
@@ -36,20 +34,8 @@ __all__ = [
     "require",
 ]
 
-# Imported eagerly (it is cheap: no torch) so that the package attribute ``guard`` is the function, not the
-# submodule of the same name that a later ``import kernelguard.guard`` would otherwise bind.
+# Imported eagerly, in this order, so that each package attribute is the public function and not the submodule
+# of the same name (``kernelguard.guard``, ``kernelguard.check``): importing a submodule binds it on the
+# package, and a later ``from .x import x`` is what rebinds the function. None of these import torch.
+from .api import check, require
 from .guard import guard
-
-if TYPE_CHECKING:
-    from .require import check, require
-
-_LAZY = {"require": ("require", "require"), "check": ("require", "check")}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        module_name, attribute = _LAZY[name]
-        from importlib import import_module
-
-        return getattr(import_module(f".{module_name}", __name__), attribute)
-    raise AttributeError(f"module 'kernelguard' has no attribute {name!r}")

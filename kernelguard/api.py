@@ -1,4 +1,4 @@
-"""The import-time assertion for jobs: one line at the top of a training script.
+"""The public ``check()`` and ``require()``: the import-time assertion for jobs, one line at the top of a script.
 
     import kernelguard
     kernelguard.require(model="qwen3_5", mode="training")
