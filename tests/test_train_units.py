@@ -10,7 +10,7 @@ import pytest
 from kernelguard.errors import ConfigError
 from kernelguard.train import checkpoint as ckpt
 from kernelguard.train.config import TrainConfig, parse_args
-from kernelguard.train.loop import lr_lambda
+from kernelguard.train.step import lr_lambda
 from kernelguard.train.metrics import forward_flops_per_token, peak_flops, step_flops
 
 

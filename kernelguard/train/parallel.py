@@ -86,17 +86,13 @@ def model_source(model: str) -> tuple[Any, Path | None]:
     )
 
 
-def _causal_lm_class(config: Any) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM
-
-
 def build_meta_model(config: Any, *, attn_implementation: str) -> nn.Module:
     """The model on the meta device, fp32, ``use_cache=False``, with the chosen attention implementation."""
+    from transformers import AutoModelForCausalLM
+
     config.use_cache = False
     with torch.device("meta"):
-        model = _causal_lm_class(config).from_config(
+        model = AutoModelForCausalLM.from_config(
             config, attn_implementation=attn_implementation, dtype=torch.float32
         )
     return model
@@ -106,12 +102,13 @@ def full_state_on_rank0(
     config: Any, weights: Path | None, *, seed: int
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(persistent state dict, non-persistent buffers) of the initial model, on CPU in fp32."""
-    cls = _causal_lm_class(config)
+    from transformers import AutoModelForCausalLM
+
     if weights is not None:
-        model = cls.from_pretrained(str(weights), config=config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(weights), config=config, dtype=torch.float32)
     else:
         torch.manual_seed(seed)
-        model = cls.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state = model.state_dict()
     buffers = {name: b for name, b in model.named_buffers() if name not in state}
     return state, buffers

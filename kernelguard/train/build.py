@@ -1,0 +1,113 @@
+"""Build what a run trains: the model (meta first, for the guard), then AC + FSDP2 + weights, then AdamW.
+
+    model = build_model(cfg, info)                       # meta device, cheap; the guard inspects this
+    state = prepare_training(model, cfg, info, schedule_steps=N)   # AC, FSDP2, weights, optimizer
+    result = optimizer_step(state, blocks)               # kernelguard.train.step
+
+:func:`setup_training` does both for callers that have no gate of their own (the benchmark).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernelguard.errors import ConfigError
+
+from .config import TrainConfig
+from .loss import return_hidden_states_from_head
+from .parallel import (
+    DistInfo,
+    apply_activation_checkpointing,
+    apply_fsdp,
+    build_meta_model,
+    materialize,
+    mixed_precision,
+    model_source,
+)
+from .step import TrainState, lr_lambda
+
+
+@dataclass(slots=True)
+class BuiltModel:
+    """The model on the meta device and where its config and weights came from."""
+
+    model: torch.nn.Module
+    config: Any  # transformers PretrainedConfig
+    weights: Path | None  # None: seeded random init
+    attention: str  # the attn_implementation it was built with
+
+
+def choose_attention(choice: str, device: torch.device) -> str:
+    """``auto``: torch's varlen attention when this device has it, else sdpa; ``varlen`` insists on it."""
+    from kernelguard.attention import VARLEN_NAME, register_varlen_attention
+
+    name = register_varlen_attention(device_type=device.type)
+    if choice == "auto":
+        return name
+    if choice == "varlen":
+        if name != VARLEN_NAME:
+            raise ConfigError(
+                f"--attention varlen needs torch.nn.attention.varlen.varlen_attn on CUDA; this run would use {name}.",
+                fix="use --attention auto, or torch >= 2.10 on a CUDA device",
+            )
+        return VARLEN_NAME
+    return choice
+
+
+def build_model(cfg: TrainConfig, info: DistInfo) -> BuiltModel:
+    """The model on the meta device (no memory, no weights read): what the guard inspects."""
+    config, weights = model_source(cfg.model)
+    attention = choose_attention(cfg.attention, info.device)
+    return BuiltModel(build_meta_model(config, attn_implementation=attention), config, weights, attention)
+
+
+def make_optimizer(
+    model: torch.nn.Module, cfg: TrainConfig, device: torch.device, *, schedule_steps: int
+) -> tuple[Any, Any]:
+    """AdamW (no decay on norms and biases) and the warmup + cosine LambdaLR over ``schedule_steps``."""
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=device.type == "cuda")
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lr_lambda(cfg.warmup_steps, schedule_steps, cfg.min_lr_ratio)
+    )
+    return opt, sched
+
+
+def prepare_training(
+    built: BuiltModel, cfg: TrainConfig, info: DistInfo, *, schedule_steps: int
+) -> TrainState:
+    """Activation checkpointing, FSDP2 over a 1D mesh, weights from rank 0, optimizer: ready to step."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = built.model
+    mesh = init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp",))
+    if cfg.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    # Before sharding: the head keeps its parameters and names, only its forward changes.
+    head = return_hidden_states_from_head(model) if cfg.loss == "chunked" else None
+    apply_fsdp(
+        model,
+        mesh=mesh,
+        mp_policy=mixed_precision(cfg.param_dtype),
+        reshard_after_forward=cfg.reshard_after_forward,
+    )
+    materialize(model, info=info, config=built.config, weights=built.weights, seed=cfg.seed)
+    model.train()
+    optimizer, scheduler = make_optimizer(model, cfg, info.device, schedule_steps=schedule_steps)
+    return TrainState(model, optimizer, scheduler, info, head=head, grad_clip=cfg.grad_clip)
+
+
+def setup_training(cfg: TrainConfig, info: DistInfo, *, schedule_steps: int) -> tuple[BuiltModel, TrainState]:
+    """:func:`build_model` + :func:`prepare_training` without the guard (the benchmark's entry point)."""
+    torch.manual_seed(cfg.seed)
+    built = build_model(cfg, info)
+    return built, prepare_training(built, cfg, info, schedule_steps=schedule_steps)

@@ -1,0 +1,185 @@
+"""One optimizer step of `kernelguard train`, and the data plan that says which blocks each step trains on.
+
+Loss normalisation: each optimizer step sums token cross-entropy over every micro-batch of every rank and
+divides by the GLOBAL number of valid label tokens of that step (all-reduced before the first forward), so
+the gradient is the same for any split of the same blocks across ranks and micro-steps. FSDP2 averages
+gradients over ranks, so each rank backpropagates ``world_size * local_sum / global_count``. Evaluation
+(:func:`kernelguard.train.evaluate.evaluate`) uses the same token sum / global count.
+
+:func:`optimizer_step` is the product's step; ``bench/train_throughput.py`` times exactly this function.
+A micro-batch is any dict with ``labels`` (unshifted, ``-100`` where no loss) and model inputs: a packed
+block from :func:`kernelguard.train.packing.build_packed_block` ([1, T] plus varlen kwargs), or a padded
+[B, T] batch with ``attention_mask``. Keys in :data:`NON_MODEL_KEYS` and keys starting with ``_`` are not
+passed to the model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from kernelguard.errors import DataError
+
+from .loss import linear_cross_entropy
+from .packing import IGNORE_INDEX, shard_blocks
+from .parallel import DistInfo
+
+NON_MODEL_KEYS = frozenset({"labels", "num_real_tokens"})
+
+
+# ------------------------------------------------------------------------------------------------ plan ---
+@dataclass(slots=True)
+class Plan:
+    """Which packed blocks each optimizer step trains on: epochs of a seeded per-rank permutation."""
+
+    blocks: list[list[int]]
+    steps_per_epoch: int
+    total_steps: int
+    stop_step: int
+    schedule_steps: int
+
+
+def make_plan(
+    blocks: list[list[int]],
+    *,
+    world_size: int,
+    grad_accum: int,
+    epochs: int,
+    max_steps: int | None,
+    schedule_steps: int | None,
+    block_size: int,
+    data: str = "",
+) -> Plan:
+    per_rank = len(blocks) // world_size
+    steps_per_epoch = per_rank // grad_accum
+    if steps_per_epoch == 0:
+        raise DataError(
+            f"the data packs into {len(blocks)} blocks of {block_size}: not enough for one step of "
+            f"{world_size} ranks x {grad_accum} micro-batches.",
+            fix="add data, lower --grad-accum or --block-size, or use fewer ranks",
+            details={"file": data, "row": None, "field": None},
+        )
+    total = steps_per_epoch * epochs
+    stop = max_steps if max_steps is not None else total
+    return Plan(blocks, steps_per_epoch, total, stop, schedule_steps or max(total, stop))
+
+
+def step_block_ids(
+    plan: Plan, step: int, *, rank: int, world_size: int, seed: int, grad_accum: int
+) -> list[int]:
+    """Block indices this rank trains on at 0-based optimizer step ``step`` (epochs cycle)."""
+    epoch, within = divmod(step, plan.steps_per_epoch)
+    mine = shard_blocks(len(plan.blocks), rank=rank, world_size=world_size, seed=seed, epoch=epoch)
+    return mine[within * grad_accum : (within + 1) * grad_accum]
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float) -> Any:
+    """Linear warmup over ``warmup`` steps, then cosine from 1 to ``min_ratio`` at step ``total``."""
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+# ------------------------------------------------------------------------------------------------ step ---
+@dataclass(slots=True)
+class TrainState:
+    """Everything one optimizer step touches (built by :func:`kernelguard.train.build.setup_training`).
+
+    ``head``: the LM head made to return hidden states (chunked loss), or None for the model's logits."""
+
+    model: torch.nn.Module
+    optimizer: Any
+    scheduler: Any
+    info: DistInfo
+    head: torch.nn.Linear | None = None
+    grad_clip: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    loss: float  # global token-mean cross-entropy of the step
+    loss_tokens: int  # global number of tokens with a label
+    grad_norm: float  # before clipping
+    lr: float  # the learning rate this step used
+
+
+def model_inputs(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {
+        k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v)
+        for k, v in batch.items()
+        if k not in NON_MODEL_KEYS and not k.startswith("_")
+    }
+
+
+def label_count(batch: dict[str, Any]) -> int:
+    """Tokens that are predicted (shifted labels that are not ignored)."""
+    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+
+
+def token_loss_sum(
+    model: torch.nn.Module, batch: dict[str, Any], *, device: torch.device, head: torch.nn.Linear | None
+) -> torch.Tensor:
+    """Summed (not averaged) next-token cross-entropy of one micro-batch, fp32."""
+    out = model(**model_inputs(batch, device), use_cache=False).logits  # hidden states when `head` is set
+    labels = batch["labels"].to(device)[:, 1:].reshape(-1)
+    shifted = out[:, :-1].reshape(-1, out.shape[-1])
+    if head is not None:
+        total, _ = linear_cross_entropy(shifted, head.weight, labels, ignore_index=IGNORE_INDEX)
+        return total
+    return F.cross_entropy(shifted.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def forward_backward(
+    model: torch.nn.Module,
+    micro: list[dict[str, Any]],
+    *,
+    info: DistInfo,
+    head: torch.nn.Linear | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward/backward over this rank's micro-batches. Returns (global loss sum, global label count)."""
+    count = torch.tensor(float(sum(label_count(mb) for mb in micro)), dtype=torch.float64, device=info.device)
+    dist.all_reduce(count)
+    denom = count.clamp(min=1.0).float()
+    loss_sum = torch.zeros((), dtype=torch.float32, device=info.device)
+    for mb in micro:
+        local = token_loss_sum(model, mb, device=info.device, head=head)
+        (local * info.world_size / denom).backward()
+        loss_sum += local.detach()
+    dist.all_reduce(loss_sum)
+    return loss_sum, count
+
+
+def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
+    """Total gradient norm over all ranks' shards; clip to ``max_norm`` when it is > 0."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for p in model.parameters() if p.grad is not None]
+    grads = [p.grad for p in params]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+    return float(total)
+
+
+def optimizer_step(state: TrainState, micro: list[dict[str, Any]]) -> StepResult:
+    """One optimizer step over this rank's micro-batches: forward/backward, clip, AdamW, LR schedule."""
+    loss_sum, count = forward_backward(state.model, micro, info=state.info, head=state.head)
+    grad_norm = clip_gradients(state.model, state.grad_clip)
+    lr = float(state.optimizer.param_groups[0]["lr"])
+    state.optimizer.step()
+    state.scheduler.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    tokens = float(count)
+    return StepResult(float(loss_sum) / max(1.0, tokens), int(tokens), grad_norm, lr)
