@@ -29,6 +29,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -40,11 +41,14 @@ __all__ = [
     "KERNELS",
     "REL_TOL",
     "GdnShape",
+    "KernelSource",
     "NumericsCase",
     "NumericsReport",
     "default_providers",
     "generic_shapes",
+    "kernel_sources",
     "lift_fla_hopper_refusal",
+    "plan_shapes",
     "run_numerics",
     "shapes_for_model",
 ]
@@ -58,25 +62,44 @@ CONV = "causal_conv1d_fn"
 CONV_UPDATE = "causal_conv1d_update"
 KERNELS = (CHUNK, RECURRENT, CONV, CONV_UPDATE)
 
-# kernel -> (provider module, attribute): where the real packages keep them (what transformers imports).
-_DEFAULT_PROVIDERS = {
-    CHUNK: ("fla.ops.gated_delta_rule", CHUNK),
-    RECURRENT: ("fla.ops.gated_delta_rule", RECURRENT),
-    CONV: ("causal_conv1d", CONV),
-    CONV_UPDATE: ("causal_conv1d", CONV_UPDATE),
-}
-# kernel -> name of transformers' decorated torch reference in the modeling module.
-_REFERENCE_NAMES = {
-    CHUNK: "torch_chunk_gated_delta_rule",
-    RECURRENT: "torch_recurrent_gated_delta_rule",
-    CONV: "causal_conv1d_fn",
-    CONV_UPDATE: "causal_conv1d_update",
-}
-# Modeling modules that define the references, newest family first; the first importable one is used.
-_REFERENCE_MODULES = (
-    "transformers.models.qwen3_5.modeling_qwen3_5",
-    "transformers.models.qwen3_next.modeling_qwen3_next",
-)
+# Families whose modeling file is tried first for the references (when the model's own family is not known or
+# lacks a kernel); any other catalog family that calls the kernel follows, alphabetically.
+_PREFERRED_FAMILIES = ("qwen3_5", "qwen3_next")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSource:
+    """Where one kernel under test and its torch reference live, read from the catalog (one kernel table)."""
+
+    kernel: str
+    provider_module: str  # what transformers imports, e.g. "fla.ops.gated_delta_rule"
+    reference_name: str  # the decorated torch function, e.g. "torch_chunk_gated_delta_rule"
+    reference_module: str  # "transformers.models.qwen3_5.modeling_qwen3_5"
+
+
+def modeling_module_name(source: str) -> str:
+    """``.../site-packages/transformers/models/qwen3_5/modeling_qwen3_5.py`` -> its import name."""
+    parts = Path(source).with_suffix("").parts
+    if "transformers" not in parts:
+        raise ValueError(f"{source} is not inside a transformers package")
+    start = len(parts) - 1 - parts[::-1].index("transformers")
+    return ".".join(parts[start:])
+
+
+def kernel_sources(kernel: str, *, family: str | None = None) -> list[KernelSource]:
+    """Every catalog family that calls ``kernel``: ``family`` first, then Qwen3.5, Qwen3-Next, the rest."""
+    from kernelguard import discovery
+
+    known = discovery.families()
+    order = [f for f in (family, *_PREFERRED_FAMILIES) if f in known]
+    order += sorted(set(known) - set(order))
+    out = []
+    for name in dict.fromkeys(order):
+        fam = known[name]
+        for req in fam.kernels:
+            if req.kernel == kernel and req.module:
+                out.append(KernelSource(kernel, req.module, req.call_site, modeling_module_name(fam.source)))
+    return out
 
 
 # --------------------------------------------------------------------------------------------- data types
@@ -199,32 +222,45 @@ def _finite_dict(d: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------- shapes
+# The layouts every geometry is checked in. fla autotunes per (heads, head dims, varlen flag), never per length,
+# so each geometry costs two autotune/compile sets however long its sequences are (cold ``check --run`` time).
+# Padded batch: 2 rows of 200 tokens (not a multiple of fla's chunk 64: exercises the partial last chunk).
+# Packed row: 3 segments, none a multiple of 64 (state must reset at each boundary).
+PADDED_LAYOUT: dict[str, Any] = {"batch": 2, "seq_len": 200}
+PACKED_LAYOUT: dict[str, Any] = {"seq_len": 1024, "segments": (300, 500, 224)}
+
+
 def generic_shapes() -> list[GdnShape]:
-    """Small model-independent shapes. Key head dim 64 is where fla issue 640 is reported (key-dim tile 64);
-    128 is the Qwen3.5 geometry measured correct. Segment lengths are not multiples of fla's chunk size 64."""
+    """Small model-independent shapes. Key head dim 64 is where fla issue 640 is reported (key-dim tile 64),
+    padded and packed with grouped value heads (GVA); 128 is the Qwen3.5 geometry measured correct."""
+    k64: dict[str, Any] = {"num_k_heads": 4, "num_v_heads": 8, "key_dim": 64, "value_dim": 128}
     return [
-        GdnShape(
-            num_k_heads=4, num_v_heads=4, key_dim=64, value_dim=64, batch=2, seq_len=256, origin="generic"
-        ),
-        GdnShape(
-            num_k_heads=4,
-            num_v_heads=8,
-            key_dim=64,
-            value_dim=128,
-            seq_len=1024,
-            segments=(300, 500, 224),
-            origin="generic",
-        ),
-        GdnShape(
-            num_k_heads=4,
-            num_v_heads=4,
-            key_dim=128,
-            value_dim=128,
-            seq_len=1024,
-            segments=(300, 500, 224),
-            origin="generic",
-        ),
+        GdnShape(**k64, **PADDED_LAYOUT, origin="generic"),
+        GdnShape(**k64, **PACKED_LAYOUT, origin="generic"),
+        GdnShape(num_k_heads=4, num_v_heads=4, key_dim=128, value_dim=128, **PACKED_LAYOUT, origin="generic"),
     ]
+
+
+def plan_shapes(shapes: Sequence[GdnShape], notes: list[str] | None = None) -> list[GdnShape]:
+    """``shapes`` without the generic ones that a model shape already covers: same head dims and layout, and
+    grouped value heads in the model shape whenever the generic one has them. Each distinct geometry costs a
+    full fla autotune on a machine's first run, and a covered one finds nothing the model's own would not."""
+    model = [s for s in shapes if s.origin != "generic"]
+    out = []
+    for s in shapes:
+        cover = next((m for m in model if s.origin == "generic" and _covers(m, s)), None)
+        if cover is None:
+            out.append(s)
+        elif notes is not None:
+            notes.append(f"generic shape {s.label()} skipped: covered by the model's {cover.label()}")
+    return out
+
+
+def _covers(model: GdnShape, generic: GdnShape) -> bool:
+    same_dims = (model.key_dim, model.value_dim) == (generic.key_dim, generic.value_dim)
+    same_layout = (model.segments is None) == (generic.segments is None)
+    gva = model.num_v_heads != model.num_k_heads or generic.num_v_heads == generic.num_k_heads
+    return same_dims and same_layout and gva
 
 
 def _text_config(config: Any) -> Any:
@@ -266,10 +302,7 @@ def shapes_for_model(config: Any | None, *, generic: bool = True) -> list[GdnSha
         "conv_kernel": width,
         "origin": origin,
     }
-    model = [
-        GdnShape(**common, batch=2, seq_len=256),
-        GdnShape(**common, seq_len=1024, segments=(300, 500, 224)),
-    ]
+    model = [GdnShape(**common, **PADDED_LAYOUT), GdnShape(**common, **PACKED_LAYOUT)]
     return model + extra
 
 
@@ -278,18 +311,25 @@ _lift_refusal = lift_fla_hopper_refusal  # run_numerics' keyword of the same nam
 
 
 # --------------------------------------------------------------------------------------------- providers
-def default_providers(kernels: Iterable[str]) -> tuple[dict[str, Callable[..., Any]], list[str]]:
-    """Import the real packages' functions; returns (providers, reasons for those that failed to import)."""
+def default_providers(
+    kernels: Iterable[str], *, family: str | None = None
+) -> tuple[dict[str, Callable[..., Any]], list[str]]:
+    """Import each kernel from the module transformers imports it from (the catalog's ``module``); returns
+    (providers, reasons for those that failed to import)."""
     import importlib
 
     providers: dict[str, Callable[..., Any]] = {}
     missing: list[str] = []
     for kernel in kernels:
-        module_name, attr = _DEFAULT_PROVIDERS[kernel]
+        sources = kernel_sources(kernel, family=family)
+        if not sources:
+            missing.append(f"{kernel}: no transformers model family calls it (catalog)")
+            continue
+        module_name = sources[0].provider_module
         try:
-            providers[kernel] = getattr(importlib.import_module(module_name), attr)
+            providers[kernel] = getattr(importlib.import_module(module_name), kernel)
         except Exception as exc:  # noqa: BLE001 - any import failure is a finding, not a crash
-            missing.append(f"{kernel}: cannot import {module_name}.{attr}: {type(exc).__name__}: {exc}")
+            missing.append(f"{kernel}: cannot import {module_name}.{kernel}: {type(exc).__name__}: {exc}")
     return providers, missing
 
 
@@ -315,24 +355,35 @@ def undecorated(obj: Any) -> Callable[..., Any] | None:
     return inspect.unwrap(wrapper) if wrapper is not None else None
 
 
-def _references() -> tuple[dict[str, Callable[..., Any]], str]:
+def _references(
+    kernels: Sequence[str] = KERNELS, *, family: str | None = None
+) -> tuple[dict[str, Callable[..., Any]], str]:
+    """The undecorated torch references of ``kernels``, all from ONE modeling module (the first, in the
+    catalog's preference order, that defines every one of them), and that module's name."""
     import importlib
 
+    names_by_module: dict[str, dict[str, str]] = {}
+    for kernel in kernels:
+        for src in kernel_sources(kernel, family=family):
+            names_by_module.setdefault(src.reference_module, {})[kernel] = src.reference_name
     errors = []
-    for module_name in _REFERENCE_MODULES:
+    for module_name, names in names_by_module.items():
+        if any(k not in names for k in kernels):
+            continue
         try:
             module = importlib.import_module(module_name)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - try the next family's module
             errors.append(f"{module_name}: {type(exc).__name__}: {exc}")
             continue
-        found = {k: undecorated(getattr(module, name)) for k, name in _REFERENCE_NAMES.items()}
-        refs = {k: fn for k, fn in found.items() if fn is not None}
+        found = {k: undecorated(getattr(module, names[k], None)) for k in kernels}
         odd = [k for k, fn in found.items() if fn is None]
         if odd:  # e.g. a Kernel Hub wrapper without __wrapped__: never compare a kernel with itself
             errors.append(f"{module_name}: no undecorated torch function behind {odd}")
             continue
-        return refs, module_name
-    raise RuntimeError("no transformers modeling module with the GDN torch references: " + "; ".join(errors))
+        return {k: fn for k, fn in found.items() if fn is not None}, module_name
+    if not errors:
+        errors.append(f"no model family calls all of {', '.join(kernels)}")
+    raise RuntimeError("no transformers modeling module with the torch references: " + "; ".join(errors))
 
 
 def _kernel_gets_key_heads(chunk_reference: Callable[..., Any]) -> bool:
@@ -556,11 +607,18 @@ def _check_recurrent(
     }
     rin = {n: t.float() for n, t in kin.items()}
     label = small.label(q_heads=q_heads) + " decode from a random state"
+
     def decode_step(impl: Callable[..., Any], t: dict[str, torch.Tensor]) -> Any:
         with torch.no_grad():
             return impl(
-                t["q"], t["k"], t["v"], g=t["g"], beta=t["beta"], initial_state=state.to(device).clone(),
-                output_final_state=True, use_qk_l2norm_in_kernel=True,
+                t["q"],
+                t["k"],
+                t["v"],
+                g=t["g"],
+                beta=t["beta"],
+                initial_state=state.to(device).clone(),
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
             )
 
     try:
@@ -706,89 +764,159 @@ def run_numerics(
     shapes: Sequence[GdnShape] | None = None,
     tolerance: float = REL_TOL,
     dtype: torch.dtype | None = None,
+    pin_autotune: bool = True,
 ) -> NumericsReport:
-    """Run each kernel fwd (+bwd) on ``shapes`` (default :func:`shapes_for_model`) and compare with the fp32
-    torch reference. ``providers`` maps kernel name -> callable under test (default: the real packages).
-
-    A kernel that raises (e.g. fla's own Hopper refusal) is a failed case carrying the message. A provider
-    that cannot be imported is listed in ``skipped`` and fails the report; an unknown kernel name or a kernel
-    missing from ``providers`` is only listed. No case at all (e.g. no CUDA) is not a pass.
-    ``lift_fla_hopper_refusal`` patches fla for the whole process (see :func:`lift_fla_hopper_refusal`).
-    """
+    """Run each kernel fwd (+bwd) on ``shapes`` (default :func:`shapes_for_model`, planned by
+    :func:`plan_shapes`) vs the fp32 torch reference. ``providers``: kernel -> callable under test (default:
+    imported from where the catalog says transformers imports it). A kernel that raises is a failed case with
+    its message; an unimportable provider is skipped and fails the report; an unknown or unprovided kernel is
+    only listed; no case at all (e.g. no CUDA) is not a pass. ``lift_fla_hopper_refusal``: process-wide (see
+    :func:`lift_fla_hopper_refusal`); ``pin_autotune``: fla autotune pins for this stack (``fla_autotune``)."""
     import torch
 
-    start = time.perf_counter()
-    dtype = dtype or torch.bfloat16
-    wanted = list(dict.fromkeys(kernels))
-    skipped: list[str] = []
-    notes: list[str] = []
-    unknown = [k for k in wanted if k not in KERNELS]
-    skipped += [f"{k}: unknown kernel (known: {', '.join(KERNELS)})" for k in unknown]
-    wanted = [k for k in wanted if k in KERNELS]
-
-    if lift_fla_hopper_refusal and any(k in (CHUNK, RECURRENT) for k in wanted):
-        try:
-            changed = _lift_refusal()
-            notes.append(
-                f"fla's Hopper/Triton<3.7.1 refusal lifted in this process ({_FLA_REFUSAL_FLAG}=True in "
-                f"{', '.join(changed) or 'no module: flag already True'}); figures are from fla's Triton path."
-            )
-        except Exception as exc:  # noqa: BLE001 - no fla (or another layout): say so, run anyway
-            notes.append(f"could not lift fla's Hopper refusal: {type(exc).__name__}: {exc}")
-    import_failures: list[str] = []
-    if providers is None:
-        provs, import_failures = default_providers(wanted)
-        skipped += import_failures
-    else:
-        provs = {k: providers[k] for k in wanted if k in providers}
-        skipped += [f"{k}: no provider given" for k in wanted if k not in providers]
-
-    def early(reason: str) -> NumericsReport:
-        skipped.extend(f"{k}: {reason}" for k in provs)
-        return NumericsReport((), time.perf_counter() - start, tuple(skipped), False, tuple(notes))
-
+    run = _Run(start=time.perf_counter(), dtype=dtype or torch.bfloat16, tolerance=tolerance)
+    wanted = run.known_kernels(kernels)
+    family = _family_of(config)
+    if lift_fla_hopper_refusal and any(k in _FLA_KERNELS for k in wanted):
+        run.notes.append(_lift_note())
+    provs, import_failures = _providers_for(wanted, providers, family, run.skipped)
     if device.startswith("cuda") and not torch.cuda.is_available():
-        return early("device cuda requested but torch.cuda.is_available() is False")
+        return run.early(provs, "device cuda requested but torch.cuda.is_available() is False")
+    if pin_autotune and device.startswith("cuda") and any(k in _FLA_KERNELS for k in provs):
+        run.notes.append(_pin_note())
     try:
-        refs, ref_module = _references()
+        refs, ref_module = _references(wanted, family=family)
     except RuntimeError as exc:
-        return early(str(exc))
-    key_heads = _kernel_gets_key_heads(refs[CHUNK])
-    notes.append(
+        return run.early(provs, str(exc))
+    key_heads = CHUNK not in refs or _kernel_gets_key_heads(refs[CHUNK])
+    run.notes.append(
         f"reference: {ref_module} (fp32, per packed segment); the layer passes q/k with "
         + ("key heads (GVA inside the kernel)" if key_heads else "value heads (repeated in the layer)")
     )
-    shape_list = list(shapes) if shapes is not None else shapes_for_model(config)
+    plan = plan_shapes(list(shapes) if shapes is not None else shapes_for_model(config), run.notes)
     gen = torch.Generator().manual_seed(seed)  # inputs made on CPU: identical on every device
-    cases: list[NumericsCase] = []
     for kernel in wanted:
-        fn = provs.get(kernel)
-        if fn is None:
-            continue
-        ref = refs[kernel]
-        if kernel in (CHUNK, RECURRENT):
-            for shape in shape_list:
-                q_heads = shape.num_k_heads if key_heads else shape.num_v_heads
-                label = shape.label(q_heads=q_heads)
-                check = _check_chunk if kernel == CHUNK else _check_recurrent
-                cases += check(fn, ref, shape, q_heads, label, device, dtype, gen, tolerance)
-        elif kernel == CONV:
-            for shape in _conv_shapes(shape_list):
-                cases += _check_conv(fn, ref, shape, device, dtype, gen, tolerance)
-        else:
-            for shape in _conv_shapes([s for s in shape_list if s.segments is None] or shape_list):
-                cases += _check_conv_update(fn, ref, shape, device, dtype, gen, tolerance)
-        _sync(device)
-    # A provider that cannot even be imported fails the run; an unknown name or one the caller left out
-    # is only listed.
-    ok = bool(cases) and all(c.ok for c in cases) and not import_failures
-    if not cases:
-        notes.append("no kernel was exercised: nothing to vouch for")
-    seconds = time.perf_counter() - start
-    slow = slow_run_note(seconds, [k for k in wanted if k in provs])
-    if slow:
-        notes.append(slow)
-    return NumericsReport(tuple(cases), seconds, tuple(skipped), ok, tuple(notes))
+        if kernel in provs:
+            run.cases += _exercise(kernel, provs[kernel], refs[kernel], plan, key_heads, device, gen, run)
+            _sync(device)
+    return run.finish([k for k in wanted if k in provs], import_failures)
+
+
+_FLA_KERNELS = (CHUNK, RECURRENT)
+
+
+@dataclass(slots=True)
+class _Run:
+    """What one run_numerics call accumulates."""
+
+    start: float
+    dtype: Any
+    tolerance: float
+    cases: list[NumericsCase] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def known_kernels(self, kernels: Iterable[str]) -> list[str]:
+        wanted = list(dict.fromkeys(kernels))
+        self.skipped += [
+            f"{k}: unknown kernel (known: {', '.join(KERNELS)})" for k in wanted if k not in KERNELS
+        ]
+        return [k for k in wanted if k in KERNELS]
+
+    def early(self, provs: Mapping[str, Any], reason: str) -> NumericsReport:
+        self.skipped.extend(f"{k}: {reason}" for k in provs)
+        return NumericsReport(
+            (), time.perf_counter() - self.start, tuple(self.skipped), False, tuple(self.notes)
+        )
+
+    def finish(self, exercised: Sequence[str], import_failures: Sequence[str]) -> NumericsReport:
+        # A provider that cannot even be imported fails the run; an unknown name or one the caller left out
+        # is only listed.
+        ok = bool(self.cases) and all(c.ok for c in self.cases) and not import_failures
+        if not self.cases:
+            self.notes.append("no kernel was exercised: nothing to vouch for")
+        seconds = time.perf_counter() - self.start
+        slow = slow_run_note(seconds, exercised)
+        if slow:
+            self.notes.append(slow)
+        return NumericsReport(tuple(self.cases), seconds, tuple(self.skipped), ok, tuple(self.notes))
+
+
+def _lift_note() -> str:
+    try:
+        changed = _lift_refusal()
+    except Exception as exc:  # noqa: BLE001 - no fla (or another layout): say so, run anyway
+        return f"could not lift fla's Hopper refusal: {type(exc).__name__}: {exc}"
+    return (
+        f"fla's Hopper/Triton<3.7.1 refusal lifted in this process ({_FLA_REFUSAL_FLAG}=True in "
+        f"{', '.join(changed) or 'no module: flag already True'}); figures are from fla's Triton path."
+    )
+
+
+def _pin_note() -> str:
+    from kernelguard.fla_autotune import pin_for_this_gpu
+
+    try:
+        return pin_for_this_gpu()
+    except Exception as exc:  # noqa: BLE001 - pins only save time: never fail the check over them
+        return f"fla autotune pins not applied ({type(exc).__name__}: {exc}); fla autotunes as usual"
+
+
+def _providers_for(
+    wanted: Sequence[str],
+    given: Mapping[str, Callable[..., Any]] | None,
+    family: str | None,
+    skipped: list[str],
+) -> tuple[dict[str, Callable[..., Any]], list[str]]:
+    if given is None:
+        provs, failures = default_providers(wanted, family=family)
+        skipped += failures
+        return provs, failures
+    skipped += [f"{k}: no provider given" for k in wanted if k not in given]
+    return {k: given[k] for k in wanted if k in given}, []
+
+
+def _family_of(config: Any | None) -> str | None:
+    """The catalog family of a model config (by model_type), for picking its own modeling module first."""
+    if config is None:
+        return None
+    model_type = getattr(_text_config(config), "model_type", None) or getattr(config, "model_type", None)
+    if not model_type:
+        return None
+    from kernelguard import discovery
+
+    for name, fam in discovery.families().items():
+        if model_type == name or model_type in fam.model_types:
+            return name
+    return None
+
+
+def _exercise(
+    kernel: str,
+    fn: Callable[..., Any],
+    ref: Callable[..., Any],
+    shapes: Sequence[GdnShape],
+    key_heads: bool,
+    device: str,
+    gen: torch.Generator,
+    run: _Run,
+) -> list[NumericsCase]:
+    """Every case of one kernel: GDN kernels per shape, conv kernels per distinct channel geometry."""
+    dtype, tol = run.dtype, run.tolerance
+    cases: list[NumericsCase] = []
+    if kernel in _FLA_KERNELS:
+        check = _check_chunk if kernel == CHUNK else _check_recurrent
+        for shape in shapes:
+            q_heads = shape.num_k_heads if key_heads else shape.num_v_heads
+            label = shape.label(q_heads=q_heads)
+            cases += check(fn, ref, shape, q_heads, label, device, dtype, gen, tol)
+    elif kernel == CONV:
+        for shape in _conv_shapes(shapes):
+            cases += _check_conv(fn, ref, shape, device, dtype, gen, tol)
+    else:
+        for shape in _conv_shapes([s for s in shapes if s.segments is None] or shapes):
+            cases += _check_conv_update(fn, ref, shape, device, dtype, gen, tol)
+    return cases
 
 
 SLOW_RUN_S = 30.0

@@ -28,6 +28,7 @@ SHAPES = [
     GdnShape(num_k_heads=2, num_v_heads=4, key_dim=32, value_dim=32, seq_len=200, segments=(70, 100, 30)),
 ]
 
+
 def _layer_passes_key_heads() -> bool:
     # transformers <= 5.17 repeats q/k to the value heads in the layer; newer releases pass key heads.
     refs, _ = smoke._references()
@@ -184,10 +185,57 @@ def test_layer_that_repeats_qk_feeds_value_heads(
 
 
 def test_unimportable_provider_fails_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(smoke._DEFAULT_PROVIDERS, "causal_conv1d_fn", ("kernelguard_no_such_pkg", "fn"))
+    real = smoke.kernel_sources
+
+    def elsewhere(kernel: str, **kw: Any) -> list[smoke.KernelSource]:
+        return [
+            smoke.KernelSource(s.kernel, "kernelguard_no_such_pkg", s.reference_name, s.reference_module)
+            for s in real(kernel, **kw)
+        ]
+
+    monkeypatch.setattr(smoke, "kernel_sources", elsewhere)
     report = run_numerics(["causal_conv1d_fn"], device="cpu", shapes=SHAPES)
     assert not report.ok
-    assert "cannot import kernelguard_no_such_pkg.fn: ModuleNotFoundError" in report.skipped[0]
+    assert "cannot import kernelguard_no_such_pkg.causal_conv1d_fn: ModuleNotFoundError" in report.skipped[0]
+
+
+# ------------------------------------------------------------------------------------------- kernel table
+def test_kernel_table_comes_from_the_catalog() -> None:
+    """Provider module, reference name and reference module of every kernel smoke drives are the catalog's."""
+    chunk = smoke.kernel_sources("chunk_gated_delta_rule")
+    assert chunk[0] == smoke.KernelSource(
+        "chunk_gated_delta_rule",
+        "fla.ops.gated_delta_rule",
+        "torch_chunk_gated_delta_rule",
+        "transformers.models.qwen3_5.modeling_qwen3_5",
+    )
+    assert chunk[1].reference_module == "transformers.models.qwen3_next.modeling_qwen3_next"
+    conv = smoke.kernel_sources("causal_conv1d_fn", family="qwen3_next")[0]
+    assert (conv.provider_module, conv.reference_name) == ("causal_conv1d", "causal_conv1d_fn")
+    assert conv.reference_module == "transformers.models.qwen3_next.modeling_qwen3_next"
+    assert smoke.kernel_sources("no_such_kernel") == []
+    for kernel in smoke.KERNELS:
+        assert smoke.kernel_sources(kernel), kernel
+
+
+def test_modeling_module_name_from_the_family_source_path() -> None:
+    path = "/x/site-packages/transformers/models/qwen3_5/modeling_qwen3_5.py"
+    assert smoke.modeling_module_name(path) == "transformers.models.qwen3_5.modeling_qwen3_5"
+    with pytest.raises(ValueError, match="not inside a transformers package"):
+        smoke.modeling_module_name("/tmp/modeling_x.py")
+
+
+def test_references_come_from_the_models_own_family_when_given(fakes: dict[str, Any]) -> None:
+    cfg = types.SimpleNamespace(
+        model_type="qwen3_next",
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+    )
+    report = run_numerics(["causal_conv1d_fn"], providers=fakes, device="cpu", config=cfg, shapes=SHAPES)
+    assert report.ok, report.render()
+    assert any("reference: transformers.models.qwen3_next.modeling_qwen3_next" in n for n in report.notes)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA answer")
@@ -241,6 +289,30 @@ def test_shapes_for_qwen3_5_config_use_its_gdn_geometry() -> None:
         assert {s.key_dim for s in shapes if s.origin == "generic"} == {64, 128}
         assert all(s.seq_len <= 1024 for s in shapes)
         assert shapes_for_model(config, generic=False) == model
+        padded = next(s for s in model if s.segments is None)
+        assert padded.batch == 2 and padded.seq_len % 64  # a partial last chunk
+        assert all(n % 64 for s in model if s.segments for n in s.segments)
+
+
+def test_plan_shapes_drops_generic_shapes_the_model_covers() -> None:
+    """Each distinct GDN geometry costs a full fla autotune on a cold machine: the generic key-dim-128 case
+    adds nothing next to a Qwen3.5 model (same dims, packed, and the model has grouped value heads)."""
+    from transformers.models.qwen3_5 import Qwen3_5TextConfig
+
+    shapes = shapes_for_model(Qwen3_5TextConfig())
+    notes: list[str] = []
+    planned = smoke.plan_shapes(shapes, notes)
+    generic = [s for s in planned if s.origin == "generic"]
+    assert [s.key_dim for s in generic] == [64, 64]  # the #640 tile stays covered
+    assert len(planned) == len(shapes) - 1
+    covered = "generic shape B1 T1024 H4 K128 V128 varlen[300,500,224] skipped: covered by the model's "
+    assert notes == [covered + "B1 T1024 H16 HV32 K128 V128 varlen[300,500,224]"]
+    # Without grouped value heads in the model, the generic GVA case is kept.
+    plain = [
+        GdnShape(num_k_heads=4, num_v_heads=4, key_dim=64, value_dim=128, origin="m", **smoke.PACKED_LAYOUT)
+    ]
+    assert len(smoke.plan_shapes(plain + smoke.generic_shapes())) == 4
+    assert smoke.plan_shapes(smoke.generic_shapes()) == smoke.generic_shapes()
 
 
 def test_shapes_without_config_are_generic_and_reject_non_gdn_configs() -> None:
