@@ -13,21 +13,27 @@ from collections.abc import Iterable
 
 from .check import CheckOptions, CheckResult, run_check
 from .errors import ResolutionError
+from .policy import AllowPolicy
 
 
 def check(
     model: str = "qwen3_5",
     *,
     mode: str = "training",
-    arch: str | Iterable[str] | None = None,
+    arch: str | float | Iterable[str] | None = None,
     allow: Iterable[str] = (),
     packed: bool | None = None,
     hub: bool = False,
 ) -> CheckResult:
     """Resolve providers for ``model`` without raising on a failed requirement (see ``CheckResult.ok``)."""
-    archs = (arch,) if isinstance(arch, str) else tuple(arch or ())
+    from .capability import ComputeCapability, parse_all
+
+    # One capability or several; parse_all raises a ConfigError naming arch= for anything else.
+    if arch is not None and not isinstance(arch, (str, int, float, ComputeCapability, list, tuple)):
+        arch = list(arch) if isinstance(arch, Iterable) else arch
+    archs = parse_all(arch if arch is not None else [], source="arch=")
     return run_check(
-        CheckOptions(model=model, mode=mode, archs=archs, allow=tuple(allow), packed=packed, hub=hub)
+        CheckOptions(model=model, mode=mode, archs=archs, allow=AllowPolicy.parse(allow, source='allow='), packed=packed, hub=hub)
     )
 
 
@@ -35,7 +41,7 @@ def require(
     model: str = "qwen3_5",
     *,
     mode: str = "training",
-    arch: str | Iterable[str] | None = None,
+    arch: str | float | Iterable[str] | None = None,
     allow: Iterable[str] = (),
     packed: bool | None = None,
     hub: bool = False,

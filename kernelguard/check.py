@@ -64,9 +64,14 @@ def _read_tool_table(path: Path) -> dict[str, Any]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"could not read {path}: {exc}", fix=f"fix the TOML syntax in {path}") from None
-    table = data.get("tool", {}).get("kernelguard", {})
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise ConfigError(f"`tool` in {path} must be a table, found {type(tool).__name__} {tool!r}.",
+                          fix=f"write [tool.kernelguard] as a table in {path}")
+    table = tool.get("kernelguard", {})
     if not isinstance(table, dict):
-        raise ConfigError(f"[tool.kernelguard] in {path} must be a table.")
+        raise ConfigError(f"[tool.kernelguard] in {path} must be a table, found {type(table).__name__} {table!r}.",
+                          fix=f'write it as a table in {path}: [tool.kernelguard] then arch = ["9.0"]')
     unknown = sorted(set(table) - CONFIG_KEYS)
     if unknown:
         raise ConfigError(
@@ -92,6 +97,13 @@ def _validated(table: dict[str, Any], path: Path) -> dict[str, Any]:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise bad(key, "a string or a list of strings (quote numbers: \"9.0\")")
         table[key] = value
+    where = f"[tool.kernelguard] in {path}"
+    if "arch" in table:
+        table["arch"] = [str(a) for a in parse_all(table["arch"], source=f"arch of {where}:")]
+    if "allow" in table:
+        AllowPolicy.parse(table["allow"], source=f"allow of {where}")
+    if table.get("mode", "training") not in catalog.MODES:
+        raise bad("mode", " or ".join(repr(m) for m in catalog.MODES))
     for key in ("model", "mode"):
         if key in table and not isinstance(table[key], str):
             raise bad(key, "a string")
@@ -175,10 +187,20 @@ def _torch_has_varlen(env: Environment) -> bool:
         return False
 
 
-def run_check(options: CheckOptions) -> CheckResult:
-    # Usage errors must not wait for the probe.
+def _validate_options(options: CheckOptions) -> None:
+    if options.mode not in catalog.MODES:
+        raise ConfigError(f"mode must be one of {', '.join(catalog.MODES)}, found {options.mode!r}.",
+                          fix="use mode='training' (or --mode inference)")
+    for name in ("packed", "hub", "run"):
+        value = getattr(options, name)
+        if not (isinstance(value, bool) or (name == "packed" and value is None)):
+            raise ConfigError(f"{name} must be True or False, found {value!r}.", fix=f"pass {name}=True or {name}=False")
     parse_all(list(options.archs))
     AllowPolicy.parse(options.allow)
+
+
+def run_check(options: CheckOptions) -> CheckResult:
+    _validate_options(options)  # usage errors must not wait for the probe
     source = discovery.transformers_source()
     spec = discovery.resolve_model(options.model, source)
     packed = options.mode == "training" if options.packed is None else options.packed

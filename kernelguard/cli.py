@@ -66,8 +66,8 @@ def _check(args: argparse.Namespace) -> int:
 
     defaults = load_pyproject_defaults()
     options = CheckOptions(
-        model=args.model or defaults.get("model", "qwen3_5"),
-        mode=args.mode or defaults.get("mode", "training"),
+        model=args.model if args.model is not None else defaults.get("model", "qwen3_5"),
+        mode=args.mode if args.mode is not None else defaults.get("mode", "training"),
         archs=tuple(args.arch or defaults.get("arch", ())),
         allow=tuple(args.allow or ()) + tuple(defaults.get("allow", ())),
         packed=args.packed if args.packed is not None else defaults.get("packed"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -166,8 +167,80 @@ def _load_config(path: Path) -> dict:
     return data
 
 
+# Config fields kernelguard reads (head geometry for --run and the key-dim known issues, sizes for the trainer's
+# FLOP count), with the range a real model can have. A value outside it is a broken config, not a model.
+_INT_FIELDS: dict[str, tuple[int, int]] = {
+    "linear_key_head_dim": (1, 4096),
+    "linear_value_head_dim": (1, 4096),
+    "linear_num_key_heads": (1, 4096),
+    "linear_num_value_heads": (1, 4096),
+    "linear_conv_kernel_dim": (1, 64),
+    "head_dim": (1, 4096),
+    "hidden_size": (1, 1 << 20),
+    "intermediate_size": (1, 1 << 22),
+    "num_hidden_layers": (1, 100_000),
+    "num_attention_heads": (1, 4096),
+    "num_key_value_heads": (1, 4096),
+    "vocab_size": (1, 1 << 26),
+    "num_experts": (0, 1 << 16),
+    "num_experts_per_tok": (0, 1 << 16),
+    "moe_intermediate_size": (1, 1 << 22),
+    "shared_expert_intermediate_size": (0, 1 << 22),
+}
+
+
+def _validate_config(config: dict, path: Path, where: str = "") -> None:
+    """One clear error per bad field: the file, the field, the value and what is allowed."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ConfigError(
+            f"{where}model_type in {path} must be a non-empty string, found {model_type!r}.",
+            fix="pass the config.json of a transformers model, or a family name such as qwen3_5",
+            details={"file": str(path), "field": f"{where}model_type"},
+        )
+    for name, (low, high) in _INT_FIELDS.items():
+        if name not in config or config[name] is None:
+            continue
+        value = config[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(
+                f"{where}{name} in {path} must be an integer in [{low}, {high}], found {value!r}.",
+                fix=f"fix {name} in {path} (it comes from the model's config.json)",
+                details={"file": str(path), "field": f"{where}{name}"},
+            )
+    layer_types = config.get("layer_types")
+    if layer_types is not None and not (
+        isinstance(layer_types, list) and all(isinstance(t, str) for t in layer_types)
+    ):
+        raise ConfigError(
+            f"{where}layer_types in {path} must be a list of strings, found {layer_types!r}.",
+            fix=f"fix layer_types in {path}",
+            details={"file": str(path), "field": f"{where}layer_types"},
+        )
+
+
+def _model_config(path: Path) -> tuple[dict, dict | None]:
+    config = _load_config(path)
+    text_config = config.get("text_config")
+    if text_config is not None and not isinstance(text_config, dict):
+        raise ConfigError(
+            f"text_config in {path} must be an object, found {type(text_config).__name__}.",
+            fix=f"fix text_config in {path}", details={"file": str(path), "field": "text_config"},
+        )
+    _validate_config(config, path)
+    if text_config is not None and "model_type" in text_config:
+        _validate_config(text_config, path, where="text_config.")
+    return config, text_config
+
+
 def resolve_model(model: str, source: TransformersSource | None = None) -> ModelSpec:
     """``model`` is a family name, a model_type, a config.json, or a local model directory."""
+    if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
+        raise ConfigError(
+            f"model must be a family name, a config.json or a model folder, found {model!r}.",
+            fix="e.g. --model qwen3_5, --model path/to/config.json or --model path/to/model_folder",
+        )
+    model = str(model)
     known = families(source)
     path = Path(model)
     if path.is_dir():
@@ -175,11 +248,10 @@ def resolve_model(model: str, source: TransformersSource | None = None) -> Model
         if not path.is_file():
             raise ConfigError(f"{model} is a directory without config.json.", fix="point --model at a model folder")
     if path.suffix == ".json" or path.is_file():
-        config = _load_config(path)
+        config, text_config = _model_config(path)
         # Composite (vision-language) configs keep the text model's settings in text_config.
-        text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
         for model_type in (config["model_type"], (text_config or {}).get("model_type")):
-            family = _find_family(model_type, known) if model_type else None
+            family = _find_family(model_type, known) if isinstance(model_type, str) else None
             if family is not None:
                 return ModelSpec(family, {**config, **(text_config or {})}, str(path))
         raise ConfigError(

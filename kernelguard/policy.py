@@ -68,7 +68,12 @@ class AllowPolicy:
             return cls()
         if isinstance(values, AllowPolicy):
             return values
-        items = [values] if isinstance(values, str) else list(values)
+        if isinstance(values, str):
+            items: list[object] = [values]
+        elif isinstance(values, Iterable):
+            items = list(values)
+        else:
+            raise _unknown(values, source, None, expected_type=True)
         known = frozenset(kernel_names) if kernel_names is not None else None
         issues: set[str] = set()
         kernels: set[str] = set()
