@@ -12,10 +12,10 @@ from . import catalog, discovery
 from .capability import ComputeCapability, parse_all
 from .env import Environment, probe
 from .errors import ConfigError
-from .facts import Facts, Target
+from .facts import Facts
 from .policy import AllowPolicy
 from .providers.installed import PackageFacts, probe_package
-from .resolver import Resolution, resolve
+from .resolver import Resolution, Target, resolve
 
 CONFIG_KEYS = {"model", "mode", "arch", "allow", "packed", "hub"}
 
@@ -251,5 +251,5 @@ def _numerics_config(spec: catalog.ModelSpec) -> Any:
         from transformers import AutoConfig
 
         return AutoConfig.for_model(spec.family.model_types[0])
-    except Exception:  # noqa: BLE001 - fall back to generic shapes only
+    except (ImportError, ValueError):  # transformers too old for this family: generic shapes only
         return None

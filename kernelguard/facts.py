@@ -2,7 +2,7 @@
 
 ``env.probe()`` fills :class:`Environment`, ``providers.installed`` fills :class:`PackageFacts`,
 ``providers.hub`` fills :class:`HubKernelProbe`; the pure resolver reads only these types (:class:`Facts`)
-plus what the job targets (:class:`Target`).
+plus what the job targets (``resolver.Target``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .capability import ComputeCapability, parse_all
-from .policy import AllowPolicy
+from .capability import ComputeCapability
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,23 +151,6 @@ class HubKernelProbe:
     variants: tuple[VariantVerdict, ...]
     trusted: bool
     note: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """What the job will run on and what the user accepts."""
-
-    archs: tuple[ComputeCapability, ...] = ()  # empty = unknown
-    arch_source: str = "unknown"
-    allow: AllowPolicy = field(default_factory=AllowPolicy)
-    use_hub: bool = False  # the job loads with use_kernels=True / calls kernelize()
-
-    def __post_init__(self) -> None:
-        # Callers may pass what a user typed ("9.0", ["fla-640-refusal"]); it is parsed here, once.
-        if not all(isinstance(a, ComputeCapability) for a in self.archs):
-            object.__setattr__(self, "archs", parse_all(list(self.archs), source="target arch"))
-        if not isinstance(self.allow, AllowPolicy):
-            object.__setattr__(self, "allow", AllowPolicy.parse(self.allow, source="allow"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,17 +7,35 @@ candidate, in the order transformers tries them, serves the kernel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from .capability import ComputeCapability
+from .capability import ComputeCapability, parse_all
 from .catalog import PACKAGES, VARLEN_ATTENTION, KernelRequirement, Requirements
 from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
-from .facts import Facts, PackageFacts, Target
+from .facts import Facts, PackageFacts
 from .known_issues import KNOWN_ISSUES, KnownIssue
+from .policy import AllowPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What the job will run on and what the user accepts."""
+
+    archs: tuple[ComputeCapability, ...] = ()  # empty = unknown
+    arch_source: str = "unknown"
+    allow: AllowPolicy = field(default_factory=AllowPolicy)
+    use_hub: bool = False  # the job loads with use_kernels=True / calls kernelize()
+
+    def __post_init__(self) -> None:
+        # Callers may pass what a user typed ("9.0", ["fla-640-refusal"]); it is parsed here, once.
+        if not all(isinstance(a, ComputeCapability) for a in self.archs):
+            object.__setattr__(self, "archs", parse_all(list(self.archs), source="target arch"))
+        if not isinstance(self.allow, AllowPolicy):
+            object.__setattr__(self, "allow", AllowPolicy.parse(self.allow, source="allow"))
 
 
 @dataclass(frozen=True, slots=True)
