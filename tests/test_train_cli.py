@@ -35,13 +35,13 @@ def _args(assets: dict[str, Path], output: Path, *extra: str) -> list[str]:
         str(assets["tok"]),
         "--data",
         str(assets["data"]),
-        "--output",
+        "--output-dir",
         str(output),
         "--block-size",
         "256",
         "--param-dtype",
         "fp32",
-        "--lr",
+        "--learning-rate",
         "3e-3",
         "--schedule-steps",
         "8",
@@ -192,8 +192,8 @@ def test_malformed_input_exits_2_before_any_checkpoint(
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from kernelguard.train.__main__ import main
 
-    assert main(["--model", "m", "--data", "d", "--output", str(tmp_path), "--block-size", "0"]) == 2
+    assert main(["--model", "m", "--data", "d", "--output-dir", str(tmp_path), "--block-size", "0"]) == 2
     assert "block_size is 0" in capsys.readouterr().err
     assert main(["--data", "d"]) == 2
-    assert main(["--model", str(tmp_path / "none"), "--data", "d", "--output", str(tmp_path / "o")]) == 2
+    assert main(["--model", str(tmp_path / "none"), "--data", "d", "--output-dir", str(tmp_path / "o")]) == 2
     assert "neither a model directory" in capsys.readouterr().err

@@ -1,8 +1,10 @@
 """`kernelguard train`: packed FSDP2 supervised fine-tuning that starts only once the guard passes.
 
-    torchrun --nproc-per-node N [--nnodes M --rdzv-backend c10d --rdzv-endpoint HOST:PORT] \\
-        -m kernelguard.train --model DIR_OR_CONFIG_JSON [--tokenizer DIR] --data FILE_DIR_OR_NAME \\
-        --block-size 8192 --output DIR [--max-steps N] [--resume] [--allow ID ...]
+    kernelguard train --nproc-per-node N [--nnodes M --rdzv-backend c10d --rdzv-endpoint HOST:PORT] \\
+        --model DIR_OR_CONFIG_JSON [--tokenizer DIR] --data FILE_DIR_OR_NAME \\
+        --max-length 8192 --output-dir DIR [--max-steps N] [--resume] [--allow ID ...] [--config FILE]
+
+(or ``torchrun --nproc-per-node N -m kernelguard.train ...`` with the same training flags).
 
 Order of work: build the model on the meta device -> ``guard(model, mode="training", packed=True,
 allow=...)`` (refuses with exit 3 before any data is read) -> load, validate and tokenize chat data ->
@@ -10,10 +12,12 @@ best-fit-decreasing packing into 1D blocks -> activation checkpointing + FSDP2 -
 train -> atomic DCP checkpoints -> safetensors export (``OUTPUT/final``) -> ``metrics.jsonl`` +
 ``metrics.png``.
 
-Exit codes: 0 ok; 2 usage, config or data error; 3 the guard refused. Under torchrun the launcher itself
-exits 1 when a worker fails and prints each worker's exit code.
+Exit codes: 0 ok; 2 usage, config or data error; 3 the guard refused. ``kernelguard train --nproc-per-node``
+returns those codes from the ranks with the message printed once; plain ``torchrun`` exits 1 whenever a rank
+fails and prints each rank's exit code in its ChildFailedError table.
 
-Modules: config (TrainConfig, argv), data (rows -> examples), packing (bin packing, block tensors),
+Modules: config (TrainConfig, argv and --config files, the saved train_config.json), launch (the
+--nproc-per-node launcher), data (rows -> examples), packing (bin packing, block tensors),
 parallel (process group, meta model, AC, FSDP2), checkpoint (DCP save/resume, export), metrics (FLOPs,
 MFU, JSONL, plot), loop (the run), __main__ (entry point).
 """

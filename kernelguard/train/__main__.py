@@ -1,11 +1,14 @@
-"""`torchrun --nproc-per-node N -m kernelguard.train ...` (or `kernelguard train ...`).
+"""`kernelguard train ...`, `kernelguard train --nproc-per-node N ...` or `torchrun ... -m kernelguard.train`.
 
 Exit codes: 0 ok; 2 usage, config or data error (nothing trained, nothing half-written left behind);
 3 the guard refused to start because a kernel would run a slow fallback that was not ``--allow``-ed.
+With ``--nproc-per-node`` (kernelguard.train.launch) the same codes come back from the ranks; plain
+``torchrun`` exits 1 whenever a rank fails.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from kernelguard.errors import ConfigError, DataError
@@ -15,17 +18,53 @@ EXIT_USAGE = 2
 EXIT_GUARD = 3
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .config import parse_args
+def is_rank0() -> bool:
+    """Rank 0 of a torchrun job (or the only process), known before the process group exists."""
+    return int(os.environ.get("RANK", "0")) == 0
 
+
+def print_rank0(message: str) -> None:
+    """Print once per job (rank 0), to stderr, flushed: output fit for logs of many ranks."""
+    if is_rank0():
+        print(message, file=sys.stderr, flush=True)
+
+
+def _fail(code: int, message: str, *, report: str | None = None, is_main: bool | None = None) -> int:
+    """Report an error once: through the launcher's record file in a launched rank, else on rank 0."""
+    from .launch import write_rank_error
+
+    if not write_rank_error(code, message, report) and (is_rank0() if is_main is None else is_main):
+        if report:
+            print(report, file=sys.stderr)
+        print(message, file=sys.stderr, flush=True)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .config import parse_command
+    from .launch import launch, launched_by_kernelguard
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = parse_args(argv)
+        cmd = parse_command(argv)
     except ConfigError as e:
-        print(f"kernelguard train: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
     except SystemExit as e:  # --help
         return int(e.code or 0)
+    if not launched_by_kernelguard():
+        for warning in cmd.warnings:
+            print_rank0(f"kernelguard train: warning: {warning}")
+    if cmd.config.dry_run:
+        return _dry_run(cmd.config)
+    if cmd.launch is not None and not launched_by_kernelguard():
+        try:
+            return launch(cmd.launch, argv)
+        except ConfigError as e:
+            return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
+    return _train(cmd.config)
 
+
+def _train(cfg: object) -> int:
     import torch.distributed as dist
 
     from .loop import GuardRefused, run
@@ -33,22 +72,34 @@ def main(argv: list[str] | None = None) -> int:
 
     info = init_distributed()
     try:
-        return run(cfg, info)
+        return run(cfg, info)  # type: ignore[arg-type]
     except GuardRefused as e:
-        if info.is_main:
-            print(e.report, file=sys.stderr)
-            print(
-                "kernelguard train: refused to start (exit 3); pass --allow ID only for a fallback you accept.",
-                file=sys.stderr,
-            )
-        return EXIT_GUARD
+        line = "kernelguard train: refused to start (exit 3); pass --allow ID only for a fallback you accept."
+        return _fail(EXIT_GUARD, line, report=e.report, is_main=info.is_main)
     except (ConfigError, DataError) as e:
-        if info.is_main:
-            print(f"kernelguard train: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(EXIT_USAGE, f"kernelguard train: error: {e}", is_main=info.is_main)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _dry_run(cfg: object) -> int:
+    """--dry-run: the memory estimate (kernelguard.train.memory), no process group, no training."""
+    try:
+        from .memory import estimate
+    except ImportError:
+        return _fail(
+            EXIT_USAGE,
+            "kernelguard train: error: --dry-run needs the memory estimate (kernelguard.train.memory), "
+            "which this kernelguard does not have.\nFix: run without --dry-run, or upgrade kernelguard",
+        )
+    try:
+        text = estimate(cfg).render()
+    except (ConfigError, DataError) as e:
+        return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
+    if is_rank0():
+        print(text, flush=True)
+    return EXIT_OK
 
 
 if __name__ == "__main__":

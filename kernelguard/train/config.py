@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import json
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from kernelguard.errors import ConfigError
 
@@ -67,13 +71,21 @@ class TrainConfig:
         self.allow = tuple(self.allow)
         self.report_to = normalize_report_to(self.report_to)
         self._validate_new_fields()
+        # A missing tracker library is refused now, not after the model build.
+        from .metrics import check_trackers
+
+        check_trackers(self.report_to)
         if self.tokenizer is None:
             self.tokenizer = self.model
-        _positive("block_size", self.block_size, "--block-size 8192")
-        _positive("epochs", self.epochs, "--epochs 1")
-        _positive("grad_accum", self.grad_accum, "--grad-accum 1")
+        _positive("block_size", self.block_size, "--max-length 8192")
+        _positive("epochs", self.epochs, "--num-train-epochs 1")
+        _positive("grad_accum", self.grad_accum, "--gradient-accumulation-steps 1")
         if self.max_steps is not None:
-            _positive("max_steps", self.max_steps, "--max-steps 100, or leave it out to train for --epochs")
+            _positive(
+                "max_steps",
+                self.max_steps,
+                "--max-steps 100, or leave it out to train for --num-train-epochs",
+            )
         if self.schedule_steps is not None:
             _positive(
                 "schedule_steps", self.schedule_steps, "leave --schedule-steps out to use the epoch length"
@@ -83,16 +95,16 @@ class TrainConfig:
                 f"warmup_steps is {self.warmup_steps}; it must be >= 0.", fix="--warmup-steps 0"
             )
         if self.save_every < 0:
-            raise ConfigError(f"save_every is {self.save_every}; it must be >= 0.", fix="--save-every 0")
+            raise ConfigError(f"save_every is {self.save_every}; it must be >= 0.", fix="--save-steps 0")
         if not self.lr > 0:
-            raise ConfigError(f"lr is {self.lr}; it must be > 0.", fix="--lr 1e-5")
+            raise ConfigError(f"lr is {self.lr}; it must be > 0.", fix="--learning-rate 1e-5")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(
                 f"min_lr_ratio is {self.min_lr_ratio}; it must be in [0, 1].", fix="--min-lr-ratio 0.1"
             )
         if not self.grad_clip >= 0:
             raise ConfigError(
-                f"grad_clip is {self.grad_clip}; it must be >= 0 (0 disables).", fix="--grad-clip 1.0"
+                f"grad_clip is {self.grad_clip}; it must be >= 0 (0 disables).", fix="--max-grad-norm 1.0"
             )
         if self.param_dtype not in PARAM_DTYPES:
             raise ConfigError(
@@ -116,7 +128,6 @@ class TrainConfig:
                 f"output {self.output} exists and is not a directory.", fix="pass a directory path"
             )
 
-
     def _validate_new_fields(self) -> None:
         if self.dataset_format not in DATASET_FORMATS:
             raise ConfigError(
@@ -139,7 +150,9 @@ class TrainConfig:
                 fix="--eval-every 100",
             )
         if self.save_total_limit is not None:
-            _positive("save_total_limit", self.save_total_limit, "--save-total-limit 2, or leave it out to keep all")
+            _positive(
+                "save_total_limit", self.save_total_limit, "--save-total-limit 2, or leave it out to keep all"
+            )
         if self.resume_anyway and not self.resume:
             raise ConfigError(
                 "resume_anyway was given without resume; it only overrides --resume's identity check.",
@@ -183,36 +196,249 @@ def _positive(name: str, value: int, fix: str) -> None:
         raise ConfigError(f"{name} is {value!r}; it must be a positive integer.", fix=fix)
 
 
+# ------------------------------------------------------------------------------------------------ argv ---
+PROG = "kernelguard train"
+CONFIG_FILENAME = "train_config.json"  # the resolved configuration, written to the output folder at start
+# Per-invocation switches: what to do with an existing output folder, not how the run trains.
+INVOCATION_FIELDS = ("resume", "resume_anyway", "overwrite", "dry_run")
+# Old flag -> its HF-style name. The old names still parse (hidden from --help, with a warning) for one release.
+DEPRECATED_FLAGS = {
+    "--output": "--output-dir",
+    "--lr": "--learning-rate",
+    "--epochs": "--num-train-epochs",
+    "--grad-accum": "--gradient-accumulation-steps",
+    "--grad-clip": "--max-grad-norm",
+    "--save-every": "--save-steps",
+}
+LAUNCH_FIELDS = (
+    "nproc_per_node",
+    "nnodes",
+    "node_rank",
+    "rdzv_backend",
+    "rdzv_endpoint",
+    "rdzv_id",
+    "master_addr",
+    "master_port",
+)
+_REQUIRED = (
+    ("model", "--model DIR_OR_CONFIG_JSON"),
+    ("data", "--data FILE_DIR_OR_NAME"),
+    ("output", "--output-dir DIR"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchOptions:
+    """torchrun's options, for `kernelguard train --nproc-per-node N ...` (kernelguard.train.launch)."""
+
+    nproc_per_node: str
+    nnodes: str = "1"
+    node_rank: int = 0
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One parsed `kernelguard train` command line: the run, how to launch it, and what to warn about."""
+
+    config: TrainConfig
+    launch: LaunchOptions | None = None
+    warnings: tuple[str, ...] = ()
+
+
 class _ArgumentParser(argparse.ArgumentParser):
+    deprecated_used: list[str]
+
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ConfigError(message, fix=f"see `{self.prog} --help`")
 
 
-def build_parser(prog: str = "python -m kernelguard.train") -> argparse.ArgumentParser:
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every flag's help line states its default (booleans only when the flag has a --no- twin)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=34, width=110)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        plain_switch = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+        default = action.default
+        if "%(default)" in text or plain_switch or default in (None, argparse.SUPPRESS) or default == []:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _DeprecatedStore(argparse._StoreAction):
+    """A renamed flag's old name: stores like the new one and records a warning for the caller to print."""
+
+    def __init__(self, *args: Any, replacement: str, **kwargs: Any) -> None:
+        self.replacement = replacement
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        parser.deprecated_used.append(
+            f"{option_string} is deprecated and will be removed in the next release; use {self.replacement}"
+        )
+
+
+def _flag(group: Any, *names: str, **kwargs: Any) -> argparse.Action:
+    """Add a flag; its deprecated old name (DEPRECATED_FLAGS) becomes a hidden twin with the same dest."""
+    action: argparse.Action = group.add_argument(*names, **kwargs)
+    for old, new in DEPRECATED_FLAGS.items():
+        if new in names:
+            twin = {k: v for k, v in kwargs.items() if k in ("type", "metavar", "choices")}
+            group.add_argument(
+                old,
+                dest=action.dest,
+                action=_DeprecatedStore,
+                replacement=new,
+                default=argparse.SUPPRESS,
+                help=argparse.SUPPRESS,
+                **twin,
+            )
+    return action
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = _ArgumentParser(
         prog=prog,
-        description="Packed FSDP2 supervised fine-tuning that starts only once kernelguard's guard passes.",
-        epilog="Exit codes: 0 ok; 2 usage, config or data error; 3 the guard refused (a slow fallback would run).",
+        formatter_class=_HelpFormatter,
+        allow_abbrev=False,  # a prefix of one flag must never silently mean another
+        description="Packed FSDP2 supervised fine-tuning that starts only once kernelguard's guard passes. "
+        "Flags follow Hugging Face's names; --flag_name spellings work too. Every flag can also be set in a "
+        "--config file (key = the flag name with underscores); flags on the command line win.",
+        epilog="Exit codes: 0 ok; 2 usage, config or data error; 3 the guard refused (a slow fallback would "
+        "run). With --nproc-per-node, the same codes come back from the ranks. Plain `torchrun` exits 1 "
+        "whenever a rank fails, whatever the rank's code. Renamed flags (old names work for one release): "
+        + ", ".join(f"{old} -> {new}" for old, new in DEPRECATED_FLAGS.items())
+        + ".",
     )
-    p.add_argument("--model", required=True, help="local model directory, or a config.json for random init")
-    p.add_argument("--tokenizer", help="local tokenizer directory (default: --model)")
-    p.add_argument("--data", required=True, help="jsonl/json/parquet file or folder, or a dataset name")
-    p.add_argument("--output", required=True, type=Path)
-    p.add_argument("--block-size", type=int, default=8192)
     p.add_argument(
-        "--max-steps", type=int, help="stop after this optimizer step (the schedule is not changed)"
+        "--config",
+        metavar="FILE",
+        help="YAML (.yaml/.yml), TOML (.toml) or JSON (.json) file of flag values, e.g. OUTPUT/"
+        + CONFIG_FILENAME,
     )
-    p.add_argument("--schedule-steps", type=int, help="length of the LR schedule (default: epochs of data)")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--grad-accum", type=int, default=1, help="packed blocks per rank per optimizer step")
-    p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--warmup-steps", type=int, default=0)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
-    p.add_argument(
+    _add_data_flags(p.add_argument_group("model and data"))
+    _add_optimisation_flags(p.add_argument_group("optimisation"))
+    _add_model_runtime_flags(p.add_argument_group("model runtime"))
+    _add_output_flags(p.add_argument_group("checkpoints, output and tracking"))
+    _add_launch_flags(p.add_argument_group("launcher (runs torch.distributed.run; leave out under torchrun)"))
+    return p
+
+
+def _add_data_flags(g: Any) -> None:
+    g.add_argument("--model", help="local model directory, or a config.json for random init (required)")
+    g.add_argument("--tokenizer", help="local tokenizer directory (default: --model)")
+    g.add_argument(
+        "--chat-template", metavar="FILE", help="Jinja chat template file (default: the tokenizer's)"
+    )
+    g.add_argument("--data", help="jsonl/json/parquet file or folder, or a dataset name (required)")
+    g.add_argument(
+        "--dataset-format",
+        choices=DATASET_FORMATS,
+        default="auto",
+        help="row layout: chat messages, prompt/completion pairs or plain text; auto detects it",
+    )
+    g.add_argument("--messages-column", default="messages", help="column that holds the conversation")
+    g.add_argument("--split", default="train", help="dataset split to train on")
+    g.add_argument("--eval-data", metavar="PATH", help="held-out data for the eval loss")
+    g.add_argument(
+        "--eval-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="hold out this fraction of --data for eval",
+    )
+    g.add_argument(
+        "--eval-every",
+        "--eval-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="eval every N steps (0: at the end)",
+    )
+    g.add_argument(
+        "--max-length",
+        "--block-size",
+        dest="block_size",
+        type=int,
+        default=8192,
+        metavar="N",
+        help="tokens per packed block (one sequence of packed examples)",
+    )
+    g.add_argument(
+        "--overlong", choices=OVERLONG_POLICIES, default="truncate", help="examples longer than a block"
+    )
+    g.add_argument("--skip-bad-rows", action="store_true", help="skip malformed rows instead of stopping")
+    g.add_argument(
+        "--assistant-only-loss",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="train only on assistant tokens",
+    )
+    g.add_argument(
+        "--all-tokens-loss",
+        dest="assistant_only_loss",
+        action="store_false",
+        help="same as --no-assistant-only-loss",
+    )
+
+
+def _add_optimisation_flags(g: Any) -> None:
+    g.add_argument(
+        "--max-steps",
+        type=int,
+        metavar="N",
+        help="stop after this optimizer step (the schedule is not changed)",
+    )
+    g.add_argument(
+        "--schedule-steps", type=int, metavar="N", help="length of the LR schedule (default: epochs of data)"
+    )
+    _flag(
+        g, "--num-train-epochs", dest="epochs", type=int, default=1, metavar="N", help="passes over the data"
+    )
+    _flag(
+        g,
+        "--gradient-accumulation-steps",
+        dest="grad_accum",
+        type=int,
+        default=1,
+        metavar="N",
+        help="packed blocks per rank per optimizer step",
+    )
+    _flag(g, "--learning-rate", dest="lr", type=float, default=1e-5, metavar="LR", help="peak learning rate")
+    g.add_argument("--min-lr-ratio", type=float, default=0.1, metavar="R", help="cosine decay ends at LR x R")
+    g.add_argument("--warmup-steps", type=int, default=0, metavar="N", help="linear warmup steps")
+    g.add_argument("--weight-decay", type=float, default=0.0, metavar="W", help="AdamW weight decay")
+    g.add_argument(
+        "--adam-betas",
+        dest="betas",
+        nargs=2,
+        type=float,
+        default=(0.9, 0.95),
+        metavar=("B1", "B2"),
+        help="AdamW betas",
+    )
+    _flag(
+        g,
+        "--max-grad-norm",
+        dest="grad_clip",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="clip the gradient norm to X (0 disables)",
+    )
+    g.add_argument("--seed", type=int, default=0, help="seed for init, data order and packing")
+
+
+def _add_model_runtime_flags(g: Any) -> None:
+    g.add_argument(
         "--allow",
         nargs="+",
         action="extend",
@@ -221,48 +447,305 @@ def build_parser(prog: str = "python -m kernelguard.train") -> argparse.Argument
         help="explicitly allowed slow paths: a kernel name (chunk_gated_delta_rule, causal_conv1d_fn), attention, "
         "a known-issue ID; repeatable",
     )
-    p.add_argument("--messages-column", default="messages")
-    p.add_argument("--split", default="train")
-    p.add_argument("--overlong", choices=OVERLONG_POLICIES, default="truncate")
-    p.add_argument("--skip-bad-rows", action="store_true")
-    p.add_argument("--all-tokens-loss", dest="assistant_only_loss", action="store_false")
-    p.add_argument("--param-dtype", choices=PARAM_DTYPES, default="bf16")
-    p.add_argument("--attention", choices=ATTENTION_CHOICES, default="auto")
-    p.add_argument(
-        "--no-activation-checkpointing",
-        dest="activation_checkpointing",
-        action="store_false",
-        help="keep activations instead of recomputing each layer's forward in the backward: ~25%% faster "
-        "when they fit in memory (bench/RESULTS.md)",
+    g.add_argument(
+        "--param-dtype", choices=PARAM_DTYPES, default="bf16", help="FSDP2 compute/parameter dtype"
     )
-    p.add_argument(
+    g.add_argument(
+        "--attention", choices=ATTENTION_CHOICES, default="auto", help="full-attention implementation"
+    )
+    g.add_argument(
+        "--activation-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="recompute each layer's forward in the backward; off is ~25%% faster when activations fit "
+        "(bench/RESULTS.md)",
+    )
+    g.add_argument(
         "--loss",
         choices=LOSS_CHOICES,
         default="chunked",
         help="chunked: cross-entropy from the final hidden states in 4,096-token chunks, never materialising "
-        "the fp32 tokens x vocab logits (default); logits: the model's full logits",
+        "the fp32 tokens x vocab logits; logits: the model's full logits",
     )
-    p.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false")
-    p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
-    p.add_argument("--peak-tflops", type=float, help="override the accelerator's peak for MFU")
-    p.add_argument("--no-export", dest="export", action="store_false")
-    p.add_argument("--no-plot", dest="plot", action="store_false")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    p.add_argument("--chat-template", metavar="FILE", help="Jinja chat template file (default: the tokenizer's)")
-    p.add_argument("--dataset-format", choices=DATASET_FORMATS, default="auto")
-    p.add_argument("--eval-data", metavar="PATH", help="held-out data for eval loss")
-    p.add_argument("--eval-fraction", type=float, default=0.0, metavar="F")
-    p.add_argument("--eval-every", type=int, default=0, metavar="N")
-    p.add_argument("--save-total-limit", type=int, metavar="N")
-    p.add_argument("--report-to", action="append", default=[], metavar="NAME")
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--resume-anyway", action="store_true")
-    p.add_argument("--dry-run", action="store_true")
-    return p
+    g.add_argument(
+        "--reshard-after-forward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="FSDP2: free gathered weights after each forward (less memory, one more all-gather)",
+    )
+    g.add_argument(
+        "--peak-tflops", type=float, metavar="T", help="accelerator peak for MFU (default: known GPUs)"
+    )
+
+
+def _add_output_flags(g: Any) -> None:
+    _flag(g, "--output-dir", dest="output", type=Path, metavar="DIR", help="run folder (required)")
+    _flag(
+        g,
+        "--save-steps",
+        dest="save_every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="checkpoint every N steps (0: only at the end)",
+    )
+    g.add_argument("--save-total-limit", type=int, metavar="N", help="keep only the newest N checkpoints")
+    g.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    g.add_argument(
+        "--resume-anyway",
+        action="store_true",
+        help="with --resume: continue although the run identity changed",
+    )
+    g.add_argument(
+        "--overwrite",
+        "--overwrite-output-dir",
+        action="store_true",
+        help="start a new run in an output folder that already holds one",
+    )
+    g.add_argument(
+        "--report-to",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"also log metrics to {', '.join(REPORT_TO_CHOICES[1:])} (repeatable or comma list; none: off)",
+    )
+    g.add_argument(
+        "--export", action=argparse.BooleanOptionalAction, default=True, help="safetensors at the end"
+    )
+    g.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True, help="write metrics.png")
+    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
+    g.add_argument(
+        "--dry-run", action="store_true", help="print the memory estimate and exit without training"
+    )
+
+
+def _add_launch_flags(g: Any) -> None:
+    g.add_argument("--nproc-per-node", metavar="N", help="processes per node (an int, or gpu/cpu/auto)")
+    g.add_argument("--nnodes", metavar="N", help="nodes, or MIN:MAX (default: 1)")
+    g.add_argument("--node-rank", type=int, metavar="R", help="this node's rank (default: 0)")
+    g.add_argument("--rdzv-backend", metavar="NAME", help="rendezvous backend, e.g. c10d")
+    g.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="rendezvous endpoint")
+    g.add_argument("--rdzv-id", metavar="ID", help="rendezvous job id")
+    g.add_argument("--master-addr", metavar="HOST", help="static rendezvous host")
+    g.add_argument("--master-port", type=int, metavar="PORT", help="static rendezvous port")
+
+
+# ------------------------------------------------------------------------------------------ config file ---
+def load_config_file(path: Path) -> dict[str, Any]:
+    """The mapping in a YAML/TOML/JSON file; ConfigError (naming the file) for anything else."""
+    suffix = path.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".toml", ".json"):
+        raise ConfigError(
+            f"--config {path}: unknown file type {suffix or '(none)'!r}; expected .yaml, .yml, .toml or .json.",
+            fix="rename the file with the extension of its format",
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--config {path}: cannot read it ({e}).", fix="pass a readable file") from None
+    try:
+        data = _parse_config_text(text, suffix)
+    except Exception as e:  # noqa: BLE001  # each parser has its own error class; all mean "malformed file"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"--config {path}: not valid {suffix[1:].upper()}: {first}", fix="fix the file"
+        ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"--config {path}: the top level is a {type(data).__name__}; expected a mapping of flag names to values.",
+            fix="write one `name: value` per line (YAML) or `name = value` (TOML)",
+        )
+    return data
+
+
+def _parse_config_text(text: str, suffix: str) -> Any:
+    if suffix == ".toml":
+        import tomllib
+
+        return tomllib.loads(text)
+    if suffix == ".json":
+        return json.loads(text)
+    import yaml  # a dependency of transformers, so present wherever training is
+
+    return yaml.safe_load(text)
+
+
+def _file_keys(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Config-file key -> the flag it sets: the dest and every flag name with underscores, except negated ones
+    (`--no-export`, `--all-tokens-loss`: write `export: false` / `assistant_only_loss: false`)."""
+    keys: dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        if not action.option_strings or action.dest in ("help", "config"):
+            continue
+        keys.setdefault(action.dest, action)
+        if isinstance(action, argparse._StoreFalseAction):
+            continue
+        for opt in action.option_strings:
+            name = opt.lstrip("-").replace("-", "_")
+            if not name.startswith("no_"):
+                keys.setdefault(name, action)
+    return keys
+
+
+def _file_defaults(parser: argparse.ArgumentParser, data: dict[str, Any], path: Path) -> dict[str, Any]:
+    keys = _file_keys(parser)
+    out: dict[str, Any] = {}
+    seen: dict[str, str] = {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        action = keys.get(key)
+        if action is None:
+            close = difflib.get_close_matches(key, list(keys), n=1)
+            raise ConfigError(
+                f"--config {path}: unknown key {raw_key!r}"
+                + (f" (did you mean {close[0]!r}?)." if close else "."),
+                fix=f"keys are the flags of `{PROG} --help` with underscores, e.g. learning_rate",
+            )
+        if action.dest in seen:
+            raise ConfigError(
+                f"--config {path}: {seen[action.dest]!r} and {raw_key!r} set the same option.",
+                fix="keep one of them",
+            )
+        seen[action.dest] = str(raw_key)
+        out[action.dest] = _file_value(action, str(raw_key), value, path)
+    return out
+
+
+def _file_value(action: argparse.Action, key: str, value: Any, path: Path) -> Any:
+    """The value a config-file entry gives the flag's dest, type-checked like the command line would."""
+
+    def wrong(expected: str) -> ConfigError:
+        return ConfigError(
+            f"--config {path}: {key} is {value!r} ({type(value).__name__}); expected {expected}.",
+            fix=f"set {key} to {expected} in {path.name}",
+        )
+
+    if isinstance(
+        action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)
+    ):
+        if not isinstance(value, bool):
+            raise wrong("true or false")
+        return value
+    if isinstance(action, (argparse._AppendAction, argparse._ExtendAction)):
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+            raise wrong("a string or a list of strings")
+        return list(items)
+    if isinstance(action.nargs, int):
+        if not isinstance(value, list) or len(value) != action.nargs:
+            raise wrong(f"a list of {action.nargs} {_type_name(action.type)}s")
+        return tuple(_scalar(action, x, wrong) for x in value)
+    return _scalar(action, value, wrong)
+
+
+def _yaml_float(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _type_name(kind: Any) -> str:
+    return {int: "integer", float: "number"}.get(kind, "string")
+
+
+def _scalar(action: argparse.Action, value: Any, wrong: Any) -> Any:
+    kind = action.type
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise wrong("an integer")
+    if kind is float:
+        value = _yaml_float(value)  # PyYAML reads 3e-4 (no dot) as a string: accept what float() reads
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong("a number")
+        value = float(value)
+    if kind not in (int, float):
+        if not isinstance(value, str):
+            raise wrong("a string")
+        value = Path(value) if kind is Path else value
+    if action.choices is not None and value not in action.choices:
+        raise wrong("one of " + ", ".join(map(str, action.choices)))
+    return value
+
+
+# ------------------------------------------------------------------------------------------------ parse ---
+def _normalize_flag_spelling(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`--output_dir x` -> `--output-dir x`, as Hugging Face's parser accepts both spellings."""
+    known = set(parser._option_string_actions)
+    out = []
+    for tok in argv:
+        name, sep, rest = tok.partition("=")
+        dashed = name.replace("_", "-")
+        out.append(dashed + sep + rest if tok.startswith("--") and "_" in name and dashed in known else tok)
+    return out
+
+
+def parse_command(argv: list[str] | None) -> Command:
+    """The command line (plus its --config file) -> the validated run, launcher options and warnings."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    argv = _normalize_flag_spelling(argv, parser)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", type=Path)
+    config_file = pre.parse_known_args(argv)[0].config
+    from_file = _file_defaults(parser, load_config_file(config_file), config_file) if config_file else {}
+    lists = {
+        a.dest for a in parser._actions if isinstance(a, (argparse._AppendAction, argparse._ExtendAction))
+    }
+    parser.set_defaults(**{k: v for k, v in from_file.items() if k not in lists})
+    parser.deprecated_used = []  # type: ignore[attr-defined]
+    ns = vars(parser.parse_args(argv))
+    for dest in lists & from_file.keys():  # a list given on the command line replaces the file's
+        ns[dest] = ns[dest] or from_file[dest]
+    for dest, usage in _REQUIRED:
+        if ns.get(dest) is None:
+            where = f", or set {dest} in {config_file}" if config_file else ""
+            raise ConfigError(f"{usage.split()[0]} is required.", fix=f"pass {usage}{where}")
+    names = {f.name for f in fields(TrainConfig)}
+    cfg = TrainConfig(**{k: v for k, v in ns.items() if k in names})
+    return Command(cfg, _launch_options(ns), tuple(parser.deprecated_used))  # type: ignore[attr-defined]
+
+
+def _launch_options(ns: dict[str, Any]) -> LaunchOptions | None:
+    given = {k: ns[k] for k in LAUNCH_FIELDS if ns.get(k) is not None}
+    if not given:
+        return None
+    if "nproc_per_node" not in given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise ConfigError(f"{flags} given without --nproc-per-node.", fix="add --nproc-per-node N")
+    values: dict[str, Any] = {k: str(v) if k in ("nproc_per_node", "nnodes") else v for k, v in given.items()}
+    return LaunchOptions(**values)
 
 
 def parse_args(argv: list[str] | None) -> TrainConfig:
-    ns = vars(build_parser().parse_args(argv))
-    ns["allow"] = tuple(ns["allow"] or ())
-    names = {f.name for f in fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in ns.items() if k in names})
+    return parse_command(argv).config
+
+
+# ----------------------------------------------------------------------------------------- saved config ---
+def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """The run's resolved configuration as JSON values, keyed like a --config file (per-invocation switches
+    such as --resume left out), so ``kernelguard train --config OUTPUT/train_config.json`` repeats the run."""
+    out: dict[str, Any] = {}
+    for f in fields(cfg):
+        if f.name in INVOCATION_FIELDS:
+            continue
+        value = getattr(cfg, f.name)
+        out[f.name] = (
+            str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
+        )
+    return out
+
+
+def save_config(cfg: TrainConfig, path: Path) -> Path:
+    """Write ``config_dict(cfg)`` to ``path`` (a file, or a folder to hold CONFIG_FILENAME) atomically; rank 0."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / CONFIG_FILENAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(config_dict(cfg), indent=2) + "\n")
+    tmp.replace(path)
+    return path

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from kernelguard.errors import ConfigError
 
 GDN_CHUNK = 64
 
@@ -141,10 +145,122 @@ def peak_flops(device: Any) -> float:
     return 0.0
 
 
-class MetricsLog:
-    """Rank-0 JSONL writer; on resume it keeps only the records up to the resumed step."""
+# ------------------------------------------------------------------------------------------- trackers ---
+# --report-to name -> (module to import, pip package, extra of kernelguard that installs it)
+TRACKERS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "trackio": ("trackio", "trackio"),
+}
 
-    def __init__(self, path: Path, *, resume_step: int | None) -> None:
+
+def check_trackers(names: Sequence[str]) -> None:
+    """Refuse at config time (not mid-run) when a --report-to library is not installed."""
+    import importlib.util
+
+    for name in names:
+        module, package = TRACKERS[name]
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(
+                f"--report-to {name}: the {package} package is not installed.",
+                fix=f"pip install 'kernelguard[{name}]' (or pip install {package}), or leave --report-to {name} out",
+            )
+
+
+def _tracker_tag(key: str) -> str:
+    # Hugging Face Trainer's layout: train/loss next to eval/loss, so dashboards line up.
+    return "eval/" + key[len("eval_") :] if key.startswith("eval_") else "train/" + key
+
+
+class _TensorBoard:
+    def __init__(self, output: Path, resume_step: int | None, config: dict[str, Any]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step drops events a killed run logged after its last checkpoint, as metrics.jsonl does.
+        purge = None if resume_step is None else resume_step + 1
+        self.writer = SummaryWriter(log_dir=str(output / "tensorboard"), purge_step=purge)
+        if resume_step is None:
+            self.writer.add_text("run_config", "```\n" + json.dumps(config, indent=2) + "\n```")
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        for key, value in values.items():
+            self.writer.add_scalar(_tracker_tag(key), value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _WandB:
+    """wandb honours WANDB_MODE=offline (files under OUTPUT/wandb, `wandb sync` later), WANDB_PROJECT,
+    WANDB_NAME and WANDB_API_KEY."""
+
+    def __init__(self, output: Path, resume_step: int | None, config: dict[str, Any]) -> None:
+        import wandb
+
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "kernelguard"),
+            name=os.environ.get("WANDB_NAME", output.name),
+            dir=str(output),
+            config=config,
+        )
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.run.log({_tracker_tag(k): v for k, v in values.items()}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class _Trackio:
+    """trackio logs to a local database by default (offline); TRACKIO_PROJECT names the project."""
+
+    def __init__(self, output: Path, resume_step: int | None, config: dict[str, Any]) -> None:
+        import trackio
+
+        self.trackio = trackio
+        trackio.init(
+            project=os.environ.get("TRACKIO_PROJECT", "kernelguard"), name=output.name, config=config
+        )
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.trackio.log({_tracker_tag(k): v for k, v in values.items()}, step=step)
+
+    def close(self) -> None:
+        self.trackio.finish()
+
+
+_TRACKER_CLASSES: dict[str, Any] = {"tensorboard": _TensorBoard, "wandb": _WandB, "trackio": _Trackio}
+
+
+def _open_tracker(name: str, output: Path, resume_step: int | None, config: dict[str, Any]) -> Any:
+    check_trackers([name])
+    try:
+        return _TRACKER_CLASSES[name](output, resume_step, config)
+    except Exception as e:  # noqa: BLE001  # a tracker's own setup error (no login, no network) must not be a traceback
+        fix = (
+            "set WANDB_MODE=offline or run `wandb login`"
+            if name == "wandb"
+            else f"leave --report-to {name} out"
+        )
+        raise ConfigError(
+            f"--report-to {name}: could not start it: {type(e).__name__}: {e}", fix=fix
+        ) from None
+
+
+# ------------------------------------------------------------------------------------------ metrics log ---
+class MetricsLog:
+    """Rank-0 JSONL writer that also fans each record out to the --report-to trackers; on resume it keeps
+    only the records up to the resumed step (and TensorBoard purges the later events)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        resume_step: int | None,
+        report_to: Sequence[str] = (),
+        run_config: dict[str, Any] | None = None,
+    ) -> None:
         self.path = path
         kept: list[str] = []
         if resume_step is not None and path.exists():
@@ -156,15 +272,47 @@ class MetricsLog:
                 if rec.get("step", math.inf) <= resume_step:
                     kept.append(line)
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._trackers = {n: _open_tracker(n, path.parent, resume_step, run_config or {}) for n in report_to}
         path.write_text("".join(k + "\n" for k in kept))
         self._file = path.open("a")
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+        step = record.get("step")
+        values = {
+            k: float(v)
+            for k, v in record.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        if isinstance(step, int) and values:
+            for name in list(self._trackers):
+                try:
+                    self._trackers[name].log(step, values)
+                except Exception as e:  # noqa: BLE001  # a tracker outage must not stop training; metrics.jsonl has it all
+                    print(
+                        f"kernelguard train: --report-to {name} stopped: {type(e).__name__}: {e}",
+                        file=sys.stderr,
+                    )
+                    self._trackers.pop(name)
 
     def close(self) -> None:
         self._file.close()
+        for tracker in self._trackers.values():
+            tracker.close()
+        self._trackers = {}
+
+
+def open_metrics(cfg: Any, *, resume_step: int | None) -> MetricsLog:
+    """``OUTPUT/metrics.jsonl`` plus cfg.report_to's trackers, each given the run's resolved configuration."""
+    from .config import config_dict
+
+    return MetricsLog(
+        cfg.output / "metrics.jsonl",
+        resume_step=resume_step,
+        report_to=cfg.report_to,
+        run_config=config_dict(cfg),
+    )
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -172,16 +320,21 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def plot_metrics(jsonl: Path, png: Path) -> Path:
-    """Loss and tokens/s over steps, side by side, next to the JSONL."""
+    """Loss (and eval loss, when the run has eval records) and tokens/s over steps, next to the JSONL."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recs = [r for r in read_metrics(jsonl) if "step" in r and "loss" in r]
+    records = read_metrics(jsonl)
+    recs = [r for r in records if "step" in r and "loss" in r]
+    evals = [r for r in records if "step" in r and r.get("eval_loss") is not None]
     steps = [r["step"] for r in recs]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
-    ax1.plot(steps, [r["loss"] for r in recs])
+    ax1.plot(steps, [r["loss"] for r in recs], label="train loss")
+    if evals:
+        ax1.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval loss")
+        ax1.legend()
     ax1.set_xlabel("step")
     ax1.set_ylabel("loss")
     ax2.plot(steps, [r["tokens_per_s"] for r in recs])

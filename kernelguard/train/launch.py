@@ -1,0 +1,155 @@
+"""`kernelguard train --nproc-per-node N ...`: torchrun's launcher, with kernelguard's exit codes kept.
+
+Plain ``torchrun ... -m kernelguard.train`` exits 1 whenever a rank fails — whatever the rank's own exit
+code — and prints a ``ChildFailedError`` traceback with a table of per-rank exit codes under the ranks'
+output. This launcher runs the same machinery in-process (``torch.distributed.run.run``), but each rank
+writes its kernelguard error (one line, plus the guard's report for exit 3) to a file in a private folder
+instead of printing it; when the ranks stop, the launcher prints the lowest failing rank's message once and
+exits with its code: 2 usage/config/data error, 3 the guard refused. A rank that dies otherwise (a Python
+traceback, a signal) is named with its exit code, and the launcher exits with that code (128 + N for
+signal N, as a shell does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kernelguard.errors import ConfigError
+
+from .config import LaunchOptions
+
+LAUNCH_DIR_ENV = "KERNELGUARD_LAUNCH_DIR"  # set for the ranks: where each writes its error record
+_QUIET_LOGGERS = ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher")
+
+
+def launched_by_kernelguard() -> bool:
+    """True in a rank started by :func:`launch` (launcher flags are then ignored and errors go to files)."""
+    return bool(os.environ.get(LAUNCH_DIR_ENV))
+
+
+def write_rank_error(exit_code: int, message: str, report: str | None = None) -> bool:
+    """In a rank started by :func:`launch`: record this rank's error for the launcher to print once.
+
+    Returns False (nothing written) outside such a rank: the caller prints the error itself."""
+    folder = os.environ.get(LAUNCH_DIR_ENV)
+    if not folder:
+        return False
+    rank = int(os.environ.get("RANK", "0"))
+    record = {"rank": rank, "exit_code": exit_code, "message": message, "report": report}
+    path = Path(folder) / f"rank-{rank}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
+    return True
+
+
+def torchrun_argv(opts: LaunchOptions, train_argv: list[str]) -> list[str]:
+    """torchrun's command line for these options, running ``-m kernelguard.train TRAIN_ARGV`` in each rank."""
+    out = [
+        "--nproc-per-node",
+        opts.nproc_per_node,
+        "--nnodes",
+        opts.nnodes,
+        "--node-rank",
+        str(opts.node_rank),
+    ]
+    for flag, value in (
+        ("--rdzv-backend", opts.rdzv_backend),
+        ("--rdzv-endpoint", opts.rdzv_endpoint),
+        ("--rdzv-id", opts.rdzv_id),
+        ("--master-addr", opts.master_addr),
+        ("--master-port", opts.master_port),
+    ):
+        if value is not None:
+            out += [flag, str(value)]
+    single_node = opts.nnodes == "1" and not (opts.rdzv_endpoint or opts.master_addr or opts.master_port)
+    if single_node:
+        out.append("--standalone")  # a free local port: two jobs on one machine never collide
+    return [*out, "-m", "kernelguard.train", *train_argv]
+
+
+def launch(opts: LaunchOptions, train_argv: list[str]) -> int:
+    """Run ``kernelguard.train`` in ``opts.nproc_per_node`` ranks; return the run's documented exit code."""
+    if "LOCAL_RANK" in os.environ and not launched_by_kernelguard():
+        raise ConfigError(
+            "--nproc-per-node was given inside a process that torchrun already started.",
+            fix="drop the launcher flags (torchrun launched the ranks), or run `kernelguard train "
+            "--nproc-per-node N ...` without torchrun",
+        )
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    args = get_args_parser().parse_args(torchrun_argv(opts, train_argv))
+    with tempfile.TemporaryDirectory(prefix="kernelguard-launch-") as folder, _rank_env(folder), _quiet():
+        try:
+            run(args)
+        except ChildFailedError as e:
+            return _report_failure(e, Path(folder))
+    return 0
+
+
+@contextlib.contextmanager
+def _rank_env(folder: str) -> Iterator[None]:
+    old = os.environ.get(LAUNCH_DIR_ENV)
+    os.environ[LAUNCH_DIR_ENV] = folder  # the ranks inherit the launcher's environment
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(LAUNCH_DIR_ENV, None)
+        else:
+            os.environ[LAUNCH_DIR_ENV] = old
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """torchrun's own banners and per-failure ERROR lines would repeat what the launcher says once.
+    LOGLEVEL (torchrun's variable) set by the user keeps them."""
+    if os.environ.get("LOGLEVEL"):
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _report_failure(error: Any, folder: Path) -> int:
+    """Print the failing rank's kernelguard message once; return its exit code."""
+    records = []
+    for path in folder.glob("rank-*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            records.append(json.loads(path.read_text()))
+    if records:
+        first = min(records, key=lambda r: r["rank"])
+        if first.get("report"):
+            print(first["report"], file=sys.stderr)
+        print(first["message"], file=sys.stderr, flush=True)
+        return int(first["exit_code"])
+    rank, failure = error.get_first_failure()
+    code = int(failure.exitcode)
+    if code < 0:
+        import signal
+
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        print(f"kernelguard train: rank {rank} was killed by {name}.", file=sys.stderr, flush=True)
+        return 128 - code
+    print(
+        f"kernelguard train: rank {rank} failed with exit code {code}; its output is above.",
+        file=sys.stderr,
+        flush=True,
+    )
+    return code
