@@ -4,6 +4,7 @@ naming file, row and field; or skipped with a count)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,8 @@ import pytest
 import train_helpers as h
 
 from kernelguard.errors import ConfigError, DataError
-from kernelguard.train.data import load_examples
+from kernelguard.train import data as data_module
+from kernelguard.train.data import in_eval_split, load_examples
 from kernelguard.train.packing import IGNORE_INDEX
 
 
@@ -140,3 +142,90 @@ def test_missing_path_and_no_usable_rows(tokenizer: Any, tmp_path: Path) -> None
     data = h.write_jsonl(tmp_path / "d.jsonl", [{"messages": []}])
     with pytest.raises(DataError, match="no usable training examples"):
         _load(tokenizer, data, skip_bad_rows=True)
+
+
+# ------------------------------------------------------------------------------------------- eval split ---
+def _contents(ex: Any, tokenizer: Any) -> set[str]:
+    return {tokenizer.decode(ids) for ids, _ in ex}
+
+
+def test_eval_split_is_deterministic_disjoint_and_seeded(tokenizer: Any, tmp_path: Path) -> None:
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        for i in range(200)
+    ]
+    data = h.write_jsonl(tmp_path / "d.jsonl", rows)
+    kw: dict[str, Any] = {"eval_fraction": 0.1, "seed": 7}
+    train, tstats = _load(tokenizer, data, take="train", **kw)
+    evals, estats = _load(tokenizer, data, take="eval", **kw)
+    everything, _ = _load(tokenizer, data, take="all", **kw)
+    assert 8 <= len(evals) <= 35 and len(train) + len(evals) == 200
+    assert _contents(train, tokenizer) | _contents(evals, tokenizer) == _contents(everything, tokenizer)
+    assert not _contents(train, tokenizer) & _contents(evals, tokenizer)
+    assert tstats.held_out == len(evals) and estats.held_out == len(train) and estats.rows == len(evals)
+    assert estats.take == "eval" and "eval split (" in estats.render()
+    # The split depends on (seed, row index) only: not on chunking, and the same in every call.
+    again, _ = _load(tokenizer, data, take="eval", chunk=3, **kw)
+    assert [e for e in again] == [e for e in evals]
+    other, _ = _load(tokenizer, data, take="eval", eval_fraction=0.1, seed=8)
+    assert _contents(other, tokenizer) != _contents(evals, tokenizer)
+    # Row i is an eval row iff in_eval_split(i): the documented rule the trainer and any tool can recompute.
+    got = sorted(int(re.search(r"user\nq(\d+)<", t).group(1)) for t in _contents(evals, tokenizer))
+    assert got == [i for i in range(200) if in_eval_split(i, seed=7, fraction=0.1)]
+
+
+def test_rows_of_the_other_split_are_never_parsed(tokenizer: Any, tmp_path: Path) -> None:
+    in_eval = next(i for i in range(100) if in_eval_split(i, seed=0, fraction=0.2))
+    lines = [json.dumps(GOOD)] * 10
+    lines[in_eval] = "{not json"
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    _, stats = _load(tokenizer, data, eval_fraction=0.2, take="train")
+    assert stats.bad_rows == {} and stats.held_out >= 1
+    with pytest.raises(DataError, match=rf"row {in_eval + 1}, field '<line>': invalid JSON"):
+        _load(tokenizer, data, eval_fraction=0.2, take="eval")
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"eval_fraction": 1.0}, r"outside \[0, 1\)"),
+        ({"eval_fraction": -0.1}, r"outside \[0, 1\)"),
+        ({"take": "eval"}, "needs an eval fraction above 0"),
+        ({"take": "test"}, "unknown split 'test'"),
+    ],
+)
+def test_bad_split_arguments_are_config_errors(tokenizer: Any, tmp_path: Path, kw: Any, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        _load(tokenizer, h.write_jsonl(tmp_path / "d.jsonl", [GOOD]), **kw)
+
+
+# ------------------------------------------------------------------------------------ all-tokens loss ---
+def test_all_tokens_loss_never_locates_assistant_tokens(
+    tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("assistant spans computed with assistant_only=False")
+
+    monkeypatch.setattr(data_module, "assistant_spans", boom)
+    monkeypatch.setattr(data_module, "_generation_example", boom)
+    rows = [
+        GOOD,
+        {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]},
+    ]
+    for row in rows:
+        ((ids, labels),), _ = _load(
+            tokenizer, h.write_jsonl(tmp_path / "d.jsonl", [row]), assistant_only=False
+        )
+        assert labels == ids
+    with pytest.raises(AssertionError, match="assistant spans computed"):
+        _load(
+            tokenizer, h.write_jsonl(tmp_path / "d.jsonl", [GOOD])
+        )  # the patch does bite when spans are needed
+
+
+def test_stats_carry_format_template_and_split(tokenizer: Any, tmp_path: Path) -> None:
+    _, stats = _load(tokenizer, h.write_jsonl(tmp_path / "d.jsonl", [GOOD, GOOD]))
+    d = stats.to_dict()
+    assert (d["format"], d["template"], d["take"], d["held_out"]) == ("messages", "tokenizer", "train", 0)
+    assert stats.render().startswith("messages, chat template tokenizer: 2 rows -> 2 examples")
