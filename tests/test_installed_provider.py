@@ -10,8 +10,11 @@ stands in for the loaded extension. One test builds a real .so with gcc when a c
 from __future__ import annotations
 
 import importlib.machinery
+import json
+import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,7 @@ from check_helpers import cuda_so, fatbin, isolated_provider_modules, make_env, 
 
 from kernelguard import catalog, discovery
 from kernelguard.catalog import PACKAGES
+from kernelguard.providers import installed
 from kernelguard.providers.installed import ExtensionFacts, PackageFacts, probe_package
 from kernelguard.resolver import REJECTED, SELECTED, Facts, Target, resolve
 
@@ -340,3 +344,109 @@ def test_real_shared_object_with_undefined_libtorch_symbol(site: Site, tmp_path:
     decision = decide(found, "causal_conv1d_fn")
     assert decision.issues == ("extension-built-for-other-torch",)
     assert decision.fix == FORCE_REINSTALL
+
+
+# ------------------------------------------------------------------------- extensions that kill the process
+
+SEGFAULT = "import ctypes\nctypes.string_at(0)\n"  # reads address 0: SIGSEGV
+ABORT = "import os\nos.abort()\n"  # SIGABRT, as a failed assert in a C++ static initialiser
+
+
+@pytest.mark.parametrize("mode", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
+def test_extension_that_segfaults_on_import_is_reported_not_fatal(
+    site: Site, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    monkeypatch.setenv("KERNELGUARD_IMPORT_PROBE", mode)
+    so = write_conv(site, extension_source=SEGFAULT)
+    found = probe_conv()  # we are still alive: the import ran in a child process
+    assert found.import_error == f"crashes on import (signal 11: SIGSEGV) in {so}"
+    [ext] = found.extensions
+    assert ext.load_error == "crashes on import (signal 11: SIGSEGV)"
+    assert ext.sass == frozenset({"sm_90"})  # the .so is still read for its archs
+    assert "causal_conv1d" not in sys.modules  # never imported in-process
+    decision = decide(found, "causal_conv1d_fn")
+    assert decision.status == REJECTED
+    assert f"crashes on import (signal 11: SIGSEGV) in {so}" in decision.reason
+
+
+def test_package_code_that_aborts_after_its_extension_loaded(site: Site) -> None:
+    write_conv(site, extension_source="LOADED = True\n")
+    (site.site / "causal_conv1d/__init__.py").write_text(ABORT)
+    found = probe_conv()
+    assert found.import_error == "crashes on import (signal 6: SIGABRT) while importing causal_conv1d"
+    [ext] = found.extensions
+    assert ext.load_error is None  # the extension itself loads (in the child, then here)
+
+
+def test_extensions_after_the_crashing_one_are_not_tried(site: Site) -> None:
+    second = f"causal_conv1d_zz{SUFFIX}"
+    write_distribution(
+        site.site,
+        "causal-conv1d",
+        "1.5.0",
+        {"causal_conv1d/__init__.py": CONV_INIT, EXT: cuda_so((90,)), second: cuda_so((90,))},
+    )
+    site.shadow_module("causal_conv1d_cuda", SEGFAULT)
+    site.shadow_module("causal_conv1d_zz", "LOADED = True\n")
+    found = probe_conv()
+    errors = {Path(e.path).name: e.load_error for e in found.extensions}
+    assert errors == {
+        EXT: "crashes on import (signal 11: SIGSEGV)",
+        second: f"not tried: importing {EXT} killed the probe first",
+    }
+
+
+def test_extension_that_hangs_is_killed_at_the_timeout(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(installed, "IMPORT_PROBE_TIMEOUT_S", 1.0)
+    so = write_conv(site, extension_source="import time\ntime.sleep(600)\n")
+    found = probe_conv()
+    assert found.import_error == f"hangs on import (no result within 1 s) in {so}"
+
+
+def test_probe_off_imports_in_process(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERNELGUARD_IMPORT_PROBE", "off")
+    write_conv(site, extension_source=f"raise ImportError({UNDEFINED!r})\n")
+    assert probe_conv().import_error == f"ImportError: {UNDEFINED}"
+
+
+@pytest.mark.skipif(not shutil.which("cc"), reason="needs a C compiler")
+def test_real_shared_object_aborting_in_a_static_initialiser(site: Site, tmp_path: Path) -> None:
+    """A real .so whose constructor aborts at dlopen, before Python sees a module."""
+    source = tmp_path / "ext.c"
+    source.write_text(
+        "#include <stdlib.h>\n__attribute__((constructor)) static void boom(void) { abort(); }\n"
+        "void *PyInit_causal_conv1d_cuda(void) { return 0; }\n"
+    )
+    built = tmp_path / "built.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(built), str(source)], check=True, capture_output=True)
+    write_distribution(
+        site.site, "causal-conv1d", "1.5.0", {"causal_conv1d/__init__.py": CONV_INIT, EXT: built.read_bytes()}
+    )
+    found = probe_conv()
+    so = (site.site / EXT).resolve()
+    assert found.import_error == f"crashes on import (signal 6: SIGABRT) in {so}"
+
+
+@pytest.mark.slow
+def test_check_cli_survives_a_segfaulting_extension(site: Site, tmp_path: Path) -> None:
+    """Through the real entry point: the report prints, the exit code says a kernel is missing."""
+    so = write_conv(site, extension_source=SEGFAULT)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LOCAL_KERNELS")}
+    env.update(
+        CUDA_VISIBLE_DEVICES="",
+        HF_HUB_OFFLINE="1",
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONPATH=os.pathsep.join([str(site.shadow), str(site.site)]),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernelguard", "check", "--model", "qwen3_5", "--arch", "9.0", "--json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    report = json.loads(proc.stdout)  # the whole report printed
+    assert {k["kernel"] for k in report["kernels"]} >= {"causal_conv1d_fn", "chunk_gated_delta_rule"}
+    conv = next(k for k in report["kernels"] if k["kernel"] == "causal_conv1d_fn")
+    package = next(c for c in conv["candidates"] if c["kind"] == "package")
+    assert package["status"] == "rejected"
+    assert f"crashes on import (signal 11: SIGSEGV) in {so}" in package["reason"]
