@@ -622,6 +622,8 @@ def _file_value(action: argparse.Action, key: str, value: Any, path: Path) -> An
             fix=f"set {key} to {expected} in {path.name}",
         )
 
+    if value is None and action.default is None:  # null/~ for an optional flag: left unset
+        return None
     if isinstance(
         action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)
     ):

@@ -1,0 +1,302 @@
+"""`kernelguard train` command line: --config files (file < CLI), their one-line errors, Hugging Face flag
+names and the deprecated old ones, --help, the new TrainConfig fields and the saved train_config.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernelguard.errors import ConfigError
+from kernelguard.train.__main__ import main
+from kernelguard.train.config import (
+    CONFIG_FILENAME,
+    DEPRECATED_FLAGS,
+    INVOCATION_FIELDS,
+    TrainConfig,
+    build_parser,
+    config_dict,
+    parse_command,
+    save_config,
+)
+
+YAML = """\
+model: m
+data: d.jsonl
+output_dir: {out}
+learning_rate: 3e-4        # PyYAML reads this as a string: still a number here
+max_length: 512
+num_train_epochs: 2
+allow: [attention]
+report_to: none
+assistant_only_loss: false
+adam_betas: [0.9, 0.99]
+"""
+TOML = """\
+model = "m"
+data = "d.jsonl"
+output_dir = "{out}"
+learning_rate = 3e-4
+max_length = 512
+num_train_epochs = 2
+allow = ["attention"]
+report_to = "none"
+assistant_only_loss = false
+adam_betas = [0.9, 0.99]
+"""
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text.format(out=tmp_path / "out"))
+    return path
+
+
+def _base(tmp_path: Path) -> list[str]:
+    return ["--model", "m", "--data", "d", "--output-dir", str(tmp_path / "out")]
+
+
+@pytest.mark.parametrize(("name", "text"), [("run.yaml", YAML), ("run.toml", TOML)])
+def test_config_file_values_and_cli_precedence(tmp_path: Path, name: str, text: str) -> None:
+    path = _write(tmp_path, name, text)
+    cfg = parse_command(["--config", str(path)]).config
+    assert (cfg.model, cfg.data, cfg.output) == ("m", "d.jsonl", tmp_path / "out")
+    assert (cfg.lr, cfg.block_size, cfg.epochs, cfg.allow) == (3e-4, 512, 2, ("attention",))
+    assert cfg.assistant_only_loss is False and cfg.betas == (0.9, 0.99) and cfg.report_to == ()
+    # The command line wins over the file, for scalars, switches and lists alike (a list is replaced).
+    cli = [
+        "--config", str(path), "--learning-rate", "1e-3", "--block-size", "128",
+        "--assistant-only-loss", "--allow", "chunk_gated_delta_rule",
+    ]  # fmt: skip
+    cfg = parse_command(cli).config
+    assert (cfg.lr, cfg.block_size, cfg.epochs) == (1e-3, 128, 2)
+    assert cfg.assistant_only_loss is True and cfg.allow == ("chunk_gated_delta_rule",)
+
+
+def test_config_file_accepts_field_names_and_dashes(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"model": "m", "data": "d", "output": "o", "lr": 0.5, "grad-accum": 4}))
+    cfg = parse_command(["--config", str(path)]).config
+    assert (cfg.lr, cfg.grad_accum, cfg.output) == (0.5, 4, Path("o"))
+    path.write_text(
+        json.dumps({"model": "m", "data": "d", "output": "o", "max_steps": None, "tokenizer": None})
+    )
+    cfg = parse_command(["--config", str(path)]).config  # null: an optional flag left unset
+    assert cfg.max_steps is None and cfg.tokenizer == "m"
+
+
+def test_unknown_key_is_one_line_naming_key_and_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('model = "m"\nlearning_rat = 1e-4\n')
+    assert main(["--config", str(path), "--data", "d", "--output-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert (
+        err[0]
+        == f"kernelguard train: error: --config {path}: unknown key 'learning_rat' (did you mean 'learning_rate'?)."
+    )
+    assert err[1].startswith("Fix: keys are the flags of `kernelguard train --help`") and len(err) == 2
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("num_train_epochs: two", "num_train_epochs is 'two' (str); expected an integer."),
+        ("max_steps: true", "max_steps is True (bool); expected an integer."),
+        ("save_steps: 2.5", "save_steps is 2.5 (float); expected an integer."),
+        ("learning_rate: fast", "learning_rate is 'fast' (str); expected a number."),
+        ("resume: 'yes'", "resume is 'yes' (str); expected true or false."),
+        ("export: 1", "export is 1 (int); expected true or false."),
+        ("allow: 3", "allow is 3 (int); expected a string or a list of strings."),
+        ("param_dtype: int8", "param_dtype is 'int8' (str); expected one of bf16, fp32, fp16."),
+        ("adam_betas: [0.9]", "adam_betas is [0.9] (list); expected a list of 2 numbers."),
+        ("model: 5", "model is 5 (int); expected a string."),
+        ("num_train_epochs: null", "num_train_epochs is None (NoneType); expected an integer."),
+        (
+            "report_to: [tensorboard, 7]",
+            "report_to is ['tensorboard', 7] (list); expected a string or a list",
+        ),
+    ],
+)
+def test_wrong_types_name_key_value_and_expected_type(tmp_path: Path, line: str, expected: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(line + "\n")
+    with pytest.raises(ConfigError) as info:
+        parse_command(["--config", str(path), *_base(tmp_path)])
+    assert info.value.message.startswith(f"--config {path}: {expected}"), info.value.message
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("c.toml", "model = \n", "not valid TOML"),
+        ("c.yaml", "model: [unclosed\n", "not valid YAML"),
+        ("c.json", "{", "not valid JSON"),
+        ("c.yaml", "- a\n- b\n", "the top level is a list; expected a mapping"),
+        ("c.ini", "[x]\n", "unknown file type '.ini'"),
+        ("c.yaml", "lr: 1\nlearning_rate: 2\n", "'lr' and 'learning_rate' set the same option"),
+    ],
+)
+def test_malformed_config_files(tmp_path: Path, name: str, text: str, expected: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        parse_command(["--config", str(path), *_base(tmp_path)])
+    with pytest.raises(ConfigError, match="cannot read it"):
+        parse_command(["--config", str(tmp_path / "missing.yaml")])
+
+
+def test_required_flags_may_come_from_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("model: m\n")
+    with pytest.raises(ConfigError) as info:
+        parse_command(["--config", str(path), "--data", "d"])
+    assert info.value.message == "--output-dir is required."
+    assert info.value.fix == f"pass --output-dir DIR, or set output in {path}"
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(DEPRECATED_FLAGS.items()))
+def test_deprecated_flags_still_work_with_a_warning(tmp_path: Path, old: str, new: str) -> None:
+    value = str(tmp_path / "x") if new == "--output-dir" else "3"
+    base = ["--model", "m", "--data", "d"] if new == "--output-dir" else _base(tmp_path)
+    a = parse_command([*base, old, value])
+    b = parse_command([*base, new, value])
+    assert a.config == b.config and b.warnings == ()
+    assert a.warnings == (f"{old} is deprecated and will be removed in the next release; use {new}",)
+
+
+def test_hf_spellings_and_aliases(tmp_path: Path) -> None:
+    cfg = parse_command(
+        ["--model", "m", "--data", "d", "--output_dir", str(tmp_path), "--learning_rate=0.01", "--max_length", "64",
+         "--eval-steps", "5", "--overwrite-output-dir"]
+    ).config  # fmt: skip
+    assert (cfg.output, cfg.lr, cfg.block_size, cfg.eval_every, cfg.overwrite) == (
+        tmp_path,
+        0.01,
+        64,
+        5,
+        True,
+    )
+    assert parse_command([*_base(tmp_path), "--block-size", "64"]).config.block_size == 64
+    with pytest.raises(ConfigError, match="unrecognized arguments: --learn"):
+        parse_command([*_base(tmp_path), "--learn", "0.1"])  # no prefix matching
+
+
+def test_help_has_a_line_and_default_for_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: kernelguard train ")
+    listed: set[str] = set()  # the flags each option line of --help starts with
+    for line in out.splitlines():
+        m = re.match(r"^  (-\S.*?)(\s{2,}|$)", line)
+        if m:
+            listed.update(re.findall(r"(?<![\w-])--?[a-z][\w-]*", m.group(1)))
+    shown = [a for a in build_parser()._actions if a.help != argparse.SUPPRESS]
+    assert len(shown) > 50
+    for action in shown:
+        assert action.help, action.option_strings
+        assert set(action.option_strings) <= listed, action.option_strings
+    for old in DEPRECATED_FLAGS:  # hidden from the option list; named once in the epilog's rename table
+        assert old not in listed and f"{old} -> {DEPRECATED_FLAGS[old]}" in " ".join(out.split())
+    for text in ("--learning-rate LR", "(default: 1e-05)", "(default: 8192)", "(default: chunked)"):
+        assert text in out
+    flat = " ".join(out.split())
+    assert "Exit codes: 0 ok; 2 usage" in flat and "Plain `torchrun` exits 1 whenever a rank fails" in flat
+
+
+def test_kernelguard_cli_forwards_train_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from kernelguard.cli import main as cli_main
+
+    assert cli_main(["train", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: kernelguard train ")
+
+
+@pytest.mark.parametrize(
+    ("extra", "text"),
+    [
+        ({"eval_fraction": 1.0}, "eval_fraction is 1.0; it must be in [0, 1)"),
+        ({"eval_fraction": 0.1, "eval_data": "e.jsonl"}, "both given"),
+        ({"eval_every": -1}, "eval_every is -1"),
+        ({"save_total_limit": 0}, "save_total_limit is 0"),
+        ({"dataset_format": "csv"}, "dataset_format is 'csv'"),
+        ({"report_to": ("mlflow",)}, "report_to has 'mlflow'"),
+        ({"report_to": "none,tensorboard"}, "'none' cannot be combined"),
+        ({"resume_anyway": True}, "resume_anyway was given without resume"),
+        ({"resume": True, "overwrite": True}, "overwrite and resume were both given"),
+    ],
+)
+def test_new_fields_are_validated(tmp_path: Path, extra: dict[str, Any], text: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(text)) as info:
+        TrainConfig(model="m", data="d", output=tmp_path, **extra)
+    assert info.value.fix
+
+
+def test_new_fields_from_flags(tmp_path: Path) -> None:
+    cfg = parse_command(
+        [*_base(tmp_path), "--chat-template", "t.jinja", "--dataset-format", "prompt-completion",
+         "--eval-data", "e.jsonl", "--eval-every", "10", "--save-total-limit", "2", "--report-to", "none",
+         "--resume", "--resume-anyway", "--dry-run"]
+    ).config  # fmt: skip
+    assert (cfg.chat_template, cfg.dataset_format, cfg.eval_data, cfg.eval_every) == (
+        "t.jinja", "prompt-completion", "e.jsonl", 10,
+    )  # fmt: skip
+    assert (cfg.save_total_limit, cfg.report_to, cfg.resume_anyway, cfg.dry_run) == (2, (), True, True)
+    assert parse_command([*_base(tmp_path), "--eval-fraction", "0.25"]).config.eval_fraction == 0.25
+
+
+def test_saved_config_is_a_config_file_that_repeats_the_run(tmp_path: Path) -> None:
+    cfg = parse_command(
+        [*_base(tmp_path), "--learning-rate", "0.002", "--allow", "attention", "--adam-betas", "0.8", "0.9",
+         "--save-total-limit", "3", "--no-export", "--resume"]
+    ).config  # fmt: skip
+    written = save_config(cfg, tmp_path)
+    assert written == tmp_path / CONFIG_FILENAME and not list(tmp_path.glob("*.tmp"))
+    data = json.loads(written.read_text())
+    assert data["lr"] == 0.002 and data["betas"] == [0.8, 0.9] and data["output"] == str(tmp_path / "out")
+    assert not set(INVOCATION_FIELDS) & data.keys()
+    again = parse_command(["--config", str(written)]).config
+    assert config_dict(again) == config_dict(cfg) and again.resume is False
+
+
+def test_launcher_flags_parse_and_need_nproc(tmp_path: Path) -> None:
+    cmd = parse_command([*_base(tmp_path), "--nproc-per-node", "2", "--master-port", "29511"])
+    assert cmd.launch is not None and (cmd.launch.nproc_per_node, cmd.launch.master_port) == ("2", 29511)
+    assert parse_command(_base(tmp_path)).launch is None
+    with pytest.raises(ConfigError, match="--nnodes given without --nproc-per-node"):
+        parse_command([*_base(tmp_path), "--nnodes", "2"])
+
+
+def test_dry_run_without_the_memory_module_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "kernelguard.train.memory", None)  # import fails as if absent
+    assert main([*_base(tmp_path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--dry-run needs the memory estimate (kernelguard.train.memory)" in err and "Traceback" not in err
+
+
+def test_dry_run_prints_the_estimate_and_trains_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[TrainConfig] = []
+
+    class Estimate:
+        def render(self) -> str:
+            return "peak per GPU: 12.3 GiB"
+
+    def estimate(cfg: TrainConfig) -> Estimate:
+        seen.append(cfg)
+        return Estimate()
+
+    monkeypatch.setitem(sys.modules, "kernelguard.train.memory", types.SimpleNamespace(estimate=estimate))
+    assert main([*_base(tmp_path), "--dry-run", "--max-length", "128"]) == 0
+    assert capsys.readouterr().out == "peak per GPU: 12.3 GiB\n"
+    assert seen[0].block_size == 128 and not (tmp_path / "out").exists()
