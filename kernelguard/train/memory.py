@@ -1,0 +1,459 @@
+"""Per-rank GPU memory of a `kernelguard train` run, estimated before any GPU is touched (`--dry-run`).
+
+What `kernelguard train` holds per rank (FSDP2, ``MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32)``):
+
+- **parameters**: fp32 shards, ``4 N / world`` bytes;
+- **gradients**: fp32 shards, ``4 N / world``; they exist from the first backward of a step until
+  ``zero_grad(set_to_none=True)``, so they are part of the peak only when the peak falls inside the backward
+  (activation checkpointing) or a later micro-batch (``--grad-accum`` > 1);
+- **optimizer state**: AdamW ``exp_avg`` + ``exp_avg_sq`` in fp32, ``8 N / world``;
+- **unsharded compute copies** (``param_dtype``): the root module (embeddings, final norm, LM head) stays
+  gathered for the whole step (``reshard_after_forward=False``), plus up to two decoder layers in flight
+  (the one running and the one FSDP2 prefetches);
+- **activations**: what autograd saves for the backward, *measured* by running the model's own forward on
+  the meta device (no memory, no GPU) under ``torch.autograd.graph.saved_tensors_hooks`` with one packed
+  block of ``block_size`` tokens. The fast kernels are stood in for by autograd functions that save what
+  fla's ``chunk_gated_delta_rule`` (l2-normalised q/k, their rstd, v, cumulative g, beta, the chunk-local A),
+  Dao's ``causal_conv1d_fn`` (its input) and a varlen flash attention (q, k, v, out, lse) save; everything
+  else (projections, norms, gates, casts, MLP) is transformers' code as it runs. With activation
+  checkpointing only each layer's input is kept, plus one layer's activations while it is recomputed;
+- **loss**: ``--loss chunked`` keeps the hidden-state and LM-head gradients (``T x hidden`` + ``vocab x
+  hidden`` in ``param_dtype``) and one fp32 ``4096 x vocab`` chunk (plus its bf16 matmul output) at a time;
+  ``--loss logits`` the full logits, their fp32 copy and log-softmax (``~10 T x vocab`` bytes).
+
+The peak is the sum of what is alive at the worst moment (end of the forward without checkpointing; the
+backward with it). CUDA context, NCCL buffers and allocator slack are not in torch's
+``max_memory_allocated``; "fits" keeps 8% of the card free for them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kernelguard.errors import ConfigError
+
+GIB = 2**30
+HEADROOM = 0.92  # share of the card torch may allocate before "does not fit"
+COMMON_GPUS: tuple[tuple[str, float], ...] = (("80 GB (H100/A100)", 80e9), ("141 GB (H200)", 141e9))
+PROBE_ATTENTION = "kernelguard_memory_probe"
+_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Per-rank bytes of one `kernelguard train` configuration; ``fits`` against ``gpu_bytes`` when known."""
+
+    world_size: int
+    block_size: int
+    activation_checkpointing: bool
+    loss: str
+    param_dtype: str
+    grad_accum: int
+    num_params: int
+    params_per_rank: int
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    unsharded_bytes: int
+    activation_bytes: int
+    loss_bytes: int
+    peak_bytes: int
+    gpu_bytes: int | None
+    gpu_source: str
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.gpu_bytes is None else self.peak_bytes <= HEADROOM * self.gpu_bytes
+
+    def fits_on(self, gpu_bytes: float) -> bool:
+        return self.peak_bytes <= HEADROOM * gpu_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["notes"] = list(self.notes)
+        data["fits"] = self.fits
+        data["fits_common_gpus"] = {name: self.fits_on(size) for name, size in COMMON_GPUS}
+        return data
+
+    def render(self) -> str:
+        ac = "on every decoder layer" if self.activation_checkpointing else "off"
+        rows = [
+            ("parameters (fp32 shards)", self.parameter_bytes),
+            ("gradients (fp32 shards)", self.gradient_bytes),
+            ("optimizer state (AdamW, fp32 shards)", self.optimizer_bytes),
+            (f"unsharded {self.param_dtype} copies (root + 2 layers)", self.unsharded_bytes),
+            ("activations", self.activation_bytes),
+            (f"loss ({self.loss})", self.loss_bytes),
+        ]
+        head = (
+            f"memory per rank: {self.num_params / 1e9:.3f} B parameters over {self.world_size} rank(s) "
+            f"({self.params_per_rank / 1e9:.3f} B each), {self.block_size:,}-token blocks, activation "
+            f"checkpointing {ac}, grad accum {self.grad_accum}"
+        )
+        lines = [head]
+        lines += [f"  {name:<44} {_gib(value):>9}" for name, value in rows]
+        lines.append(f"  {'estimated peak':<44} {_gib(self.peak_bytes):>9}")
+        lines.append("  " + self._verdict())
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def _verdict(self) -> str:
+        if self.gpu_bytes is not None:
+            word = "fits" if self.fits else "does NOT fit"
+            return f"{word} on {self.gpu_source} ({_gib(self.gpu_bytes)}, keeping {1 - HEADROOM:.0%} free)"
+        parts = [
+            f"{'fits' if self.fits_on(size) else 'does NOT fit'} on {name}" for name, size in COMMON_GPUS
+        ]
+        return "; ".join(parts) + f" (no GPU visible; keeping {1 - HEADROOM:.0%} free)"
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+# ------------------------------------------------------------------------------------------------ entry ---
+def estimate(
+    cfg: Any,
+    *,
+    world_size: int | None = None,
+    gpu_bytes: int | None = None,
+) -> MemoryEstimate:
+    """Estimate per-rank memory for ``cfg`` (a :class:`kernelguard.train.config.TrainConfig`).
+
+    ``world_size``: default ``cfg.world_size`` if set, else ``$WORLD_SIZE``, else 1. ``gpu_bytes``: default the
+    visible GPU's memory; with no GPU the verdict is given for 80 GB and 141 GB cards."""
+    from .parallel import model_source
+
+    ranks = _world_size(cfg, world_size)
+    hf_config, _ = model_source(str(cfg.model))
+    probe = measure_activations(hf_config, tokens=int(cfg.block_size), param_dtype=cfg.param_dtype)
+    gpu, source = (gpu_bytes, "the given GPU memory") if gpu_bytes else _visible_gpu()
+    return combine(
+        probe,
+        world_size=ranks,
+        block_size=int(cfg.block_size),
+        activation_checkpointing=bool(cfg.activation_checkpointing),
+        loss=str(cfg.loss),
+        param_dtype=str(cfg.param_dtype),
+        grad_accum=int(cfg.grad_accum),
+        gpu_bytes=gpu,
+        gpu_source=source,
+    )
+
+
+def _world_size(cfg: Any, given: int | None) -> int:
+    raw = given or getattr(cfg, "world_size", None) or os.environ.get("WORLD_SIZE") or 1
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        value = 0
+    if value <= 0:
+        raise ConfigError(
+            f"world size is {raw!r}; it must be a positive integer.", fix="WORLD_SIZE=8 (or unset)"
+        )
+    return value
+
+
+def _visible_gpu() -> tuple[int | None, str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, "no GPU"
+    props = torch.cuda.get_device_properties(0)
+    return int(props.total_memory), props.name
+
+
+# ------------------------------------------------------------------------------------------- the probe ---
+@dataclass(frozen=True, slots=True)
+class ActivationProbe:
+    """What one forward of ``tokens`` tokens saves for the backward, and the model's parameter split."""
+
+    tokens: int
+    hidden_size: int
+    vocab_size: int
+    num_layers: int
+    num_params: int
+    root_params: int  # embeddings, final norm, LM head: gathered for the whole step
+    max_layer_params: int
+    total_saved: int  # every layer + root, no checkpointing
+    max_layer_saved: int  # the largest decoder layer's saved activations
+    root_saved: int  # outside the decoder layers (embedding output, final norm, ...)
+    compute_bytes: int  # bytes per element of param_dtype
+    notes: tuple[str, ...] = ()
+
+
+def measure_activations(hf_config: Any, *, tokens: int, param_dtype: str = "bf16") -> ActivationProbe:
+    """Run the model's forward on the meta device with one packed block and measure the saved tensors."""
+    import torch
+
+    from .parallel import build_meta_model, decoder_layers
+
+    if param_dtype not in _DTYPE_BYTES:
+        raise ConfigError(
+            f"param_dtype {param_dtype!r} is not one of {', '.join(_DTYPE_BYTES)}.", fix="--param-dtype bf16"
+        )
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[param_dtype]
+    _register_probe_attention()
+    model = build_meta_model(hf_config, attn_implementation=PROBE_ATTENTION)
+    num_params = sum(p.numel() for p in model.parameters())
+    layers = decoder_layers(model)
+    layer_params = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    model.to(dtype)
+    with _kernel_stand_ins(model) as notes:
+        per_layer, root = _saved_by_layer(model, layers, tokens)
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    return ActivationProbe(
+        tokens=tokens,
+        hidden_size=int(text.hidden_size),
+        vocab_size=int(text.vocab_size),
+        num_layers=len(layers),
+        num_params=num_params,
+        root_params=num_params - sum(layer_params),
+        max_layer_params=max(layer_params, default=0),
+        total_saved=sum(per_layer) + root,
+        max_layer_saved=max(per_layer, default=0),
+        root_saved=root,
+        compute_bytes=_DTYPE_BYTES[param_dtype],
+        notes=tuple(notes),
+    )
+
+
+def _saved_by_layer(model: Any, layers: Any, tokens: int) -> tuple[list[int], int]:
+    """Bytes autograd saves per decoder layer (and outside them) for one packed block, deduplicated by
+    storage; parameters are not activations and are left out."""
+    import torch
+
+    param_storages = {_storage_key(p) for p in model.parameters()}
+    seen: set[Any] = set()
+    per_layer = [0] * len(layers)
+    root = 0
+    current = [-1]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal root
+        key = _storage_key(t)
+        if key not in seen and key not in param_storages:
+            seen.add(key)
+            size = t.untyped_storage().nbytes()
+            if current[0] >= 0:
+                per_layer[current[0]] += size
+            else:
+                root += size
+        return t
+
+    def enter(i: int) -> Callable[..., None]:
+        return lambda *_: current.__setitem__(0, i)
+
+    handles = [layer.register_forward_pre_hook(enter(i)) for i, layer in enumerate(layers)]
+    handles += [layer.register_forward_hook(lambda *_: current.__setitem__(0, -1)) for layer in layers]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(**_packed_inputs(tokens), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return per_layer, root
+
+
+def _storage_key(t: Any) -> Any:
+    # Meta tensors have no data pointer; the storage object's identity tells views from new tensors.
+    return t.untyped_storage()._cdata
+
+
+def _packed_inputs(tokens: int) -> dict[str, Any]:
+    """One block of 3 examples, laid out as kernelguard.train.packing builds it (meta tensors)."""
+    import torch
+
+    cuts = [0, tokens // 3, 2 * tokens // 3, tokens]
+    meta = torch.device("meta")
+    return {
+        "input_ids": torch.zeros(1, tokens, dtype=torch.long, device=meta),
+        "position_ids": torch.zeros(1, tokens, dtype=torch.long, device=meta),
+        "cu_seq_lens_q": torch.tensor(cuts, dtype=torch.int32, device=meta),
+        "cu_seq_lens_k": torch.tensor(cuts, dtype=torch.int32, device=meta),
+        "max_length_q": tokens // 3 + 1,
+        "max_length_k": tokens // 3 + 1,
+        "seq_idx": torch.zeros(1, tokens, dtype=torch.int32, device=meta),
+    }
+
+
+# ------------------------------------------------------------------------------------- kernel stand-ins ---
+def _stand_in(save: Callable[..., tuple[Any, list[Any]]]) -> Callable[..., Any]:
+    """An autograd function whose forward returns ``save(...)[0]`` and saves ``save(...)[1]``."""
+    import torch
+
+    class StandIn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *args: Any) -> Any:  # type: ignore[override]
+            out, saved = save(*args)
+            ctx.save_for_backward(*saved)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
+            raise RuntimeError("memory probe stand-in: no backward")
+
+    return StandIn.apply
+
+
+def _chunk_gdn(q: Any, k: Any, v: Any, g: Any, beta: Any, **_: Any) -> tuple[Any, None]:
+    """fla 0.6.0 ``ChunkGatedDeltaRuleFunction``: saves l2-normalised q and k (new tensors), their fp32 rstd,
+    v, the chunk-cumulative g (fp32, new), beta and the chunk-local ``A`` [B, T, HV, 64] in q's dtype."""
+    import torch
+
+    def save(q: Any, k: Any, v: Any, g: Any, beta: Any) -> tuple[Any, list[Any]]:
+        b, t, hv, vd = v.shape
+        out = v.new_empty(b, t, hv, vd)
+        rstd = [torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) for x in (q, k)]
+        a = q.new_empty(b, t, hv, 64)
+        return out, [
+            torch.empty_like(q),
+            torch.empty_like(k),
+            *rstd,
+            v,
+            torch.empty_like(g, dtype=torch.float32),
+            beta,
+            a,
+        ]
+
+    return _stand_in(save)(q, k, v, g, beta), None
+
+
+def _conv1d(x: Any, weight: Any, bias: Any = None, **_: Any) -> Any:
+    """Dao's ``causal_conv1d_fn``: saves its input (the weight is a parameter); returns a new [B, D, T]."""
+    return _stand_in(lambda x: (x.new_empty(x.shape), [x]))(x)
+
+
+def _attention(
+    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **_: Any
+) -> tuple[Any, None]:
+    """A varlen flash attention: saves q, k, v, the output and fp32 log-sum-exp; returns [B, T, H, D]."""
+    import torch
+
+    def save(q: Any, k: Any, v: Any) -> tuple[Any, list[Any]]:
+        out = q.new_empty(q.shape)
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        return out, [q, k, v, out, lse]
+
+    return _stand_in(save)(query, key, value).transpose(1, 2), None
+
+
+_STAND_INS: dict[str, Callable[..., Any]] = {
+    "chunk_gated_delta_rule": _chunk_gdn,
+    "causal_conv1d_fn": _conv1d,
+}
+
+
+def _register_probe_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(PROBE_ATTENTION, _attention)
+
+
+@contextmanager
+def _kernel_stand_ins(model: Any) -> Iterator[list[str]]:
+    """Point the modeling module's kernel call sites (from the catalog) at the stand-ins, then restore them."""
+    from kernelguard import discovery
+
+    module = sys.modules[type(model).__module__]
+    notes: list[str] = []
+    saved: dict[str, Any] = {}
+    for family in discovery.families().values():
+        if not family.source.endswith(f"{module.__name__.rsplit('.', 1)[-1]}.py"):
+            continue
+        for req in family.kernels:
+            if req.kernel in _STAND_INS and hasattr(module, req.call_site):
+                saved.setdefault(req.call_site, getattr(module, req.call_site))
+                setattr(module, req.call_site, _STAND_INS[req.kernel])
+            elif not req.kernel.startswith("fused_recurrent") and not req.kernel.endswith("_update"):
+                notes.append(f"{req.kernel}: no stand-in; measured with transformers' torch reference (high)")
+    try:
+        yield notes
+    finally:
+        for name, fn in saved.items():
+            setattr(module, name, fn)
+
+
+# ---------------------------------------------------------------------------------------------- combine ---
+def combine(
+    probe: ActivationProbe,
+    *,
+    world_size: int,
+    block_size: int,
+    activation_checkpointing: bool,
+    loss: str,
+    param_dtype: str,
+    grad_accum: int = 1,
+    gpu_bytes: int | None = None,
+    gpu_source: str = "no GPU",
+) -> MemoryEstimate:
+    """The per-rank figures and peak from a probe (see the module docstring for each term)."""
+    n, cb = probe.num_params, probe.compute_bytes
+    per_rank = math.ceil(n / world_size)
+    params, grads, optim = 4 * per_rank, 4 * per_rank, 8 * per_rank
+    unsharded = cb * (probe.root_params + 2 * probe.max_layer_params)
+    if activation_checkpointing:
+        layer_inputs = probe.num_layers * probe.tokens * probe.hidden_size * cb
+        activations = layer_inputs + probe.root_saved + probe.max_layer_saved
+    else:
+        activations = probe.total_saved
+    loss_bytes = _loss_bytes(probe, loss)
+    grads_at_peak = activation_checkpointing or grad_accum > 1
+    peak = params + optim + unsharded + activations + loss_bytes + (grads if grads_at_peak else 0)
+    notes = list(probe.notes)
+    if not grads_at_peak:
+        notes.append(
+            "gradients are not in the peak: it comes at the end of the forward, before the step's first "
+            "gradient exists (zero_grad(set_to_none=True) freed the last step's)"
+        )
+    return MemoryEstimate(
+        world_size=world_size,
+        block_size=block_size,
+        activation_checkpointing=activation_checkpointing,
+        loss=loss,
+        param_dtype=param_dtype,
+        grad_accum=grad_accum,
+        num_params=n,
+        params_per_rank=per_rank,
+        parameter_bytes=params,
+        gradient_bytes=grads,
+        optimizer_bytes=optim,
+        unsharded_bytes=unsharded,
+        activation_bytes=activations,
+        loss_bytes=loss_bytes,
+        peak_bytes=peak,
+        gpu_bytes=gpu_bytes,
+        gpu_source=gpu_source,
+        notes=tuple(notes),
+    )
+
+
+def _loss_bytes(probe: ActivationProbe, loss: str) -> int:
+    from .loss import DEFAULT_CHUNK_TOKENS
+
+    t, h, v, cb = probe.tokens, probe.hidden_size, probe.vocab_size, probe.compute_bytes
+    if loss == "chunked":
+        chunk = min(DEFAULT_CHUNK_TOKENS, t)
+        # kept for the backward: d(hidden) and d(LM head); one chunk at a time: its logits + fp32 log-softmax
+        return cb * (t * h + v * h) + chunk * v * (cb + 4)
+    # logits in param_dtype, their fp32 copy and the fp32 log-softmax saved for the backward
+    return t * v * (cb + 8)
+
+
+def min_world_size(
+    estimate_for: Callable[[int], MemoryEstimate], gpu_bytes: float, limit: int = 4096
+) -> int | None:
+    """The smallest world size whose per-rank peak fits ``gpu_bytes`` (None when even ``limit`` does not)."""
+    ranks = 1
+    while ranks <= limit:
+        if estimate_for(ranks).fits_on(gpu_bytes):
+            return ranks
+        ranks *= 2
+    return None

@@ -1,0 +1,184 @@
+"""kernelguard.train.memory: per-rank memory of `kernelguard train --dry-run`, on CPU with a tiny Qwen3.5 config.
+
+Parameter, gradient and optimizer figures are checked exactly against a hand count of the architecture;
+activations (measured on the meta device) by their structure: linear in tokens, checkpointing keeps less,
+sharding does not change them, and the fast-kernel stand-ins are what is measured."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelguard.errors import ConfigError
+from kernelguard.train import memory
+from kernelguard.train.config import TrainConfig
+
+H, I, V = 64, 128, 512  # hidden, intermediate, vocab
+HK, HV, DK, DV, W = 2, 4, 16, 16, 4  # GDN key/value heads, head dims, conv width
+NQ, NKV, D = 4, 2, 16  # attention heads, kv heads, head dim
+TINY = {
+    "model_type": "qwen3_5_text",
+    "vocab_size": V,
+    "hidden_size": H,
+    "intermediate_size": I,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "num_attention_heads": NQ,
+    "num_key_value_heads": NKV,
+    "head_dim": D,
+    "linear_num_key_heads": HK,
+    "linear_num_value_heads": HV,
+    "linear_key_head_dim": DK,
+    "linear_value_head_dim": DV,
+    "linear_conv_kernel_dim": W,
+    "tie_word_embeddings": False,
+}
+
+
+def hand_count() -> tuple[int, int, int]:
+    """(all parameters, root parameters, largest decoder layer) of TINY, from the architecture."""
+    conv_dim = 2 * HK * DK + HV * DV
+    gdn = (
+        H * conv_dim  # in_proj_qkv
+        + H * HV * DV  # in_proj_z
+        + 2 * H * HV  # in_proj_b, in_proj_a
+        + conv_dim * W  # depthwise conv1d, no bias
+        + 2 * HV  # dt_bias, A_log
+        + DV  # gated RMSNorm weight
+        + HV * DV * H  # out_proj
+    )
+    attention = H * NQ * D * 2 + 2 * H * NKV * D + NQ * D * H + 2 * D  # q (+ output gate), k, v, o, q/k norms
+    common = 2 * H + 3 * H * I  # two RMSNorms + SwiGLU MLP
+    root = 2 * V * H + H  # embeddings, LM head, final norm
+    layers = [gdn + common] * 3 + [attention + common]
+    return root + sum(layers), root, max(layers)
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY))
+    return path
+
+
+def _cfg(model: Path, **kw: object) -> TrainConfig:
+    return TrainConfig(model=str(model), data="unused", output=model.parent / "out", **kw)  # type: ignore[arg-type]
+
+
+def test_parameters_gradients_and_adamw_state_match_a_hand_count(tiny: Path) -> None:
+    total, root, layer = hand_count()
+    est = memory.estimate(_cfg(tiny, block_size=256), world_size=1, gpu_bytes=80 * 10**9)
+    assert est.num_params == total
+    assert (est.parameter_bytes, est.gradient_bytes, est.optimizer_bytes) == (4 * total, 4 * total, 8 * total)
+    assert est.unsharded_bytes == 2 * (root + 2 * layer)  # bf16 root + two layers in flight
+    two = memory.estimate(_cfg(tiny, block_size=256), world_size=2, gpu_bytes=80 * 10**9)
+    half = -(-total // 2)
+    assert (two.params_per_rank, two.parameter_bytes, two.optimizer_bytes) == (half, 4 * half, 8 * half)
+    assert two.activation_bytes == est.activation_bytes  # every rank runs its own block
+    assert two.unsharded_bytes == est.unsharded_bytes
+    fp32 = memory.estimate(_cfg(tiny, block_size=256, param_dtype="fp32"), world_size=1, gpu_bytes=10**12)
+    assert fp32.unsharded_bytes == 4 * (root + 2 * layer)
+
+
+def test_peak_without_checkpointing_is_forward_end_without_gradients(tiny: Path) -> None:
+    est = memory.estimate(_cfg(tiny, block_size=256, activation_checkpointing=False), world_size=1)
+    parts = est.parameter_bytes + est.optimizer_bytes + est.unsharded_bytes + est.activation_bytes
+    assert est.peak_bytes == parts + est.loss_bytes
+    assert any("gradients are not in the peak" in n for n in est.notes)
+    accum = memory.estimate(
+        _cfg(tiny, block_size=256, activation_checkpointing=False, grad_accum=2), world_size=1
+    )
+    assert accum.peak_bytes == est.peak_bytes + est.gradient_bytes  # the 2nd micro-batch runs with grads
+
+
+def test_chunked_loss_term_by_hand(tiny: Path) -> None:
+    est = memory.estimate(_cfg(tiny, block_size=256, loss="chunked"), world_size=1)
+    assert est.loss_bytes == 2 * (256 * H + V * H) + 256 * V * (2 + 4)  # chunk = all 256 tokens here
+    logits = memory.estimate(_cfg(tiny, block_size=256, loss="logits"), world_size=1)
+    assert logits.loss_bytes == 256 * V * 10
+
+
+def test_activations_are_linear_in_tokens_and_checkpointing_keeps_less(tiny: Path) -> None:
+    from kernelguard.train.parallel import model_source
+
+    config, _ = model_source(str(tiny))
+    small = memory.measure_activations(config, tokens=192)
+    large = memory.measure_activations(config, tokens=384)
+    assert large.total_saved == pytest.approx(2 * small.total_saved, rel=0.01)
+    assert small.max_layer_saved * 4 >= small.total_saved - small.root_saved  # 4 layers
+    no_ac = memory.combine(
+        small,
+        world_size=1,
+        block_size=192,
+        activation_checkpointing=False,
+        loss="chunked",
+        param_dtype="bf16",
+    )
+    ac = memory.combine(
+        small, world_size=1, block_size=192, activation_checkpointing=True, loss="chunked", param_dtype="bf16"
+    )
+    assert ac.activation_bytes == 4 * 192 * H * 2 + small.root_saved + small.max_layer_saved
+    assert ac.activation_bytes < no_ac.activation_bytes
+
+
+def test_fast_kernels_are_measured_not_the_torch_reference(tiny: Path) -> None:
+    """The GDN layer's chunk kernel saves what fla saves; the torch reference would save every chunk's
+    intermediate matrices (many times more). The stand-ins are restored afterwards."""
+    from kernelguard.train.parallel import model_source
+
+    config, _ = model_source(str(tiny))
+    probe = memory.measure_activations(config, tokens=256)
+    module = sys.modules["transformers.models.qwen3_5.modeling_qwen3_5"]
+    assert module.torch_chunk_gated_delta_rule.__name__ != "_chunk_gdn"
+    assert not probe.notes
+    # Per GDN layer the chunk kernel saves q, k (bf16), their fp32 rstd, g (fp32), beta, A [T, HV, 64] (bf16)
+    # and v: a lower bound of the layer's total that the reference path would exceed by far.
+    t = 256
+    kernel = t * (2 * HK * DK * 2 + 2 * HK * 4 + HV * 4 + HV * 2 + HV * 64 * 2 + HV * DV * 2)
+    assert kernel < probe.max_layer_saved < 40 * kernel
+
+
+def test_render_and_dict(tiny: Path) -> None:
+    est = memory.estimate(_cfg(tiny, block_size=256), world_size=4, gpu_bytes=1000)
+    text = est.render()
+    assert text.startswith("memory per rank: ") and "over 4 rank(s)" in text
+    for label in (
+        "parameters (fp32 shards)",
+        "gradients (fp32 shards)",
+        "optimizer state (AdamW, fp32 shards)",
+        "activations",
+        "loss (chunked)",
+        "estimated peak",
+    ):
+        assert label in text
+    assert "does NOT fit on the given GPU memory" in text
+    data = est.to_dict()
+    assert data["fits"] is False and data["peak_bytes"] == est.peak_bytes
+    assert set(data["fits_common_gpus"]) == {"80 GB (H100/A100)", "141 GB (H200)"}
+    json.dumps(data)
+
+
+def test_no_gpu_verdict_names_common_cards(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "_visible_gpu", lambda: (None, "no GPU"))
+    est = memory.estimate(_cfg(tiny, block_size=256), world_size=1)
+    assert est.fits is None
+    assert "fits on 80 GB (H100/A100); fits on 141 GB (H200) (no GPU visible" in est.render()
+
+
+def test_world_size_from_env_and_bad_values(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert memory.estimate(_cfg(tiny, block_size=128)).world_size == 8
+    monkeypatch.setenv("WORLD_SIZE", "zero")
+    with pytest.raises(ConfigError, match="world size is 'zero'"):
+        memory.estimate(_cfg(tiny, block_size=128))
+
+
+def test_min_world_size_doubles_until_it_fits(tiny: Path) -> None:
+    est = {n: memory.estimate(_cfg(tiny, block_size=128), world_size=n) for n in (1, 2, 4, 8)}
+    static = est[1].peak_bytes - est[8].peak_bytes
+    target = (est[4].peak_bytes + static // 100) / memory.HEADROOM
+    assert memory.min_world_size(lambda n: est[n], target, limit=8) == 4
+    assert memory.min_world_size(lambda n: est[n], 1, limit=8) is None
