@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from kernelguard.decisions import REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError
 from kernelguard.integrations.transformers import KernelGuardCallback, Packing, detect_packing
 
@@ -138,7 +139,7 @@ def test_allow_list_trains_on_the_reference_path_and_disarms_after(
     assert trainer.state.global_step == 1
     (summary,) = _kernelguard_logs(trainer)
     assert sorted(summary["allowed_slow"]) == sorted(GDN_KERNELS)
-    assert summary["providers"]["chunk_gated_delta_rule"].endswith("(torch-reference)")
+    assert summary["providers"]["chunk_gated_delta_rule"].endswith(f"({REFERENCE})")
     assert len(summary["armed_sites"]) >= 2  # the accepted reference paths were armed for the run...
     kernels = {e.kernel for e in fallback_events()}
     assert {"chunk_gated_delta_rule", "causal_conv1d_fn"} <= kernels  # ...and every entry was recorded as allowed
@@ -147,8 +148,11 @@ def test_allow_list_trains_on_the_reference_path_and_disarms_after(
     clear_fallback_events()
 
 
-def test_unknown_allow_ids_are_kept_for_the_guard() -> None:
+def test_allow_is_parsed_once_at_construction() -> None:
     assert KernelGuardCallback(allow="attention").allow == ("attention",)
+    with pytest.raises(ConfigError) as info:
+        KernelGuardCallback(allow=["chunk_gated_delta_rul"])  # a typo must never silently allow nothing
+    assert "KernelGuardCallback(allow=...)" in str(info.value)
 
 
 # ------------------------------------------------------------------------------------------- packing ---

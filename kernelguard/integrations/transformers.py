@@ -30,6 +30,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from kernelguard.attention import VARLEN_NAME, register_varlen_attention
+from kernelguard.decisions import REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError, KernelGuardError
 
 __all__ = [
@@ -42,6 +43,8 @@ __all__ = [
 ]
 
 LOG_KEY = "kernelguard"
+# A call site served by transformers' torch reference ("torch-reference" is the 0.1 spelling).
+_REFERENCE_KINDS = frozenset({REFERENCE, "torch-reference"})
 # Trainer arguments (TRL's SFTConfig) under which the collator flattens a batch into one packed row.
 _PACKING_STRATEGIES_THAT_FLATTEN = ("bfd", "bfd_split")
 
@@ -142,8 +145,8 @@ def check_stack(model: Any, *, allow: tuple[str, ...], packed: bool, model_ref: 
     device = _model_device(model)
     if device.type != "cuda":
         return None
-    from kernelguard.require import require
-    from kernelguard.train.loop import lift_accepted_fla_refusal
+    from kernelguard.api import require
+    from kernelguard.fla_refusal import lift_for_accepted_issues
 
     with tempfile.TemporaryDirectory(prefix="kernelguard-") as folder:
         ref = _check_reference(model, model_ref, Path(folder))
@@ -151,7 +154,7 @@ def check_stack(model: Any, *, allow: tuple[str, ...], packed: bool, model_ref: 
             return None
         result = require(ref, mode="training", allow=allow, packed=packed)
     accepted = {issue for v in result.resolution.verdicts if v.selected for issue in v.selected.issues}
-    lift_accepted_fla_refusal(accepted)
+    lift_for_accepted_issues(accepted)
     return result
 
 
@@ -179,9 +182,28 @@ def guard_model(model: Any, *, allow: tuple[str, ...], packed: bool) -> Any:
         ) from None
 
 
-def _check_boundaries(report: Any, packing: Packing) -> None:
+def _check_packed_sequences(report: Any, packing: Packing) -> None:
+    """Packed rows need GDN kernels that keep examples apart. transformers' torch references cannot: since ~5.20
+    they raise at the first packed step, before that they silently mix examples — so ``allow=`` cannot accept
+    them here, and a flattened row must carry its boundaries."""
+    if not packing.packed:
+        return
+    sites = [e for e in report.entries
+             if e.kernel != "attention" and e.required and e.provider_kind in _REFERENCE_KINDS]
+    slow = sorted({e.kernel for e in sites})
+    if slow:
+        report.disarm()
+        installs = "; ".join(dict.fromkeys(e.fix for e in sites if e.fix))
+        raise ConfigError(
+            f"kernelguard refused to start training: batches are packed ({packing.source}) and "
+            f"{', '.join(slow)} would run transformers' torch reference, which cannot keep packed examples apart "
+            "(transformers >= 5.20 raises at the first step; older releases silently mix examples). Allowing the "
+            "slow path does not help here.",
+            fix=f"{installs}; or train on padded batches (padding_free=False, no flattening collator)",
+            details={"kernels": slow, "packed_source": packing.source},
+        )
     gdn = sorted({e.kernel for e in report.entries if e.kernel != "attention"})
-    if not packing.packed or packing.boundaries is not False or not gdn:
+    if packing.boundaries is not False or not gdn:
         return
     report.disarm()
     raise ConfigError(
@@ -201,7 +223,7 @@ def training_gate(
     allowed = tuple(allow)
     result = check_stack(model, allow=allowed, packed=packing.packed, model_ref=model_ref)
     report = guard_model(model, allow=allowed, packed=packing.packed)
-    _check_boundaries(report, packing)
+    _check_packed_sequences(report, packing)
     return report, result
 
 
@@ -252,13 +274,9 @@ def _stop_everywhere(error: KernelGuardError | None, args: Any) -> None:
 
 # ------------------------------------------------------------------------------------------- callback ---
 def _parse_allow(values: Iterable[str]) -> tuple[str, ...]:
-    if isinstance(values, str):
-        values = (values,)
-    values = tuple(values)
-    try:  # the shared parser, once kernelguard.policy exists: unknown IDs are a ConfigError listing valid ones
-        from kernelguard.policy import AllowPolicy
-    except ImportError:
-        return values
+    """Parsed once, at construction: an unknown ID is a ConfigError listing the valid ones, not a silent no-op."""
+    from kernelguard.policy import AllowPolicy
+
     return tuple(AllowPolicy.parse(values, source="KernelGuardCallback(allow=...)").values())
 
 
