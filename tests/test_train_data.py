@@ -24,7 +24,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return AutoTokenizer.from_pretrained(str(h.write_tokenizer(tmp_path_factory.mktemp("tok"))))
 
 
-def _load(tokenizer: Any, data: Path, **kw: Any) -> tuple[list[Any], Any]:
+def _load(tokenizer: Any, data: Path, **kw: Any) -> tuple[Any, Any]:
     kw.setdefault("block_size", 512)
     return load_examples(data=str(data), tokenizer=tokenizer, **kw)
 
@@ -170,7 +170,7 @@ def test_eval_split_is_deterministic_disjoint_and_seeded(tokenizer: Any, tmp_pat
     other, _ = _load(tokenizer, data, take="eval", eval_fraction=0.1, seed=8)
     assert _contents(other, tokenizer) != _contents(evals, tokenizer)
     # Row i is an eval row iff in_eval_split(i): the documented rule the trainer and any tool can recompute.
-    got = sorted(int(re.search(r"user\nq(\d+)<", t).group(1)) for t in _contents(evals, tokenizer))
+    got = sorted(int(m[1]) for t in _contents(evals, tokenizer) if (m := re.search(r"user\nq(\d+)<", t)))
     assert got == [i for i in range(200) if in_eval_split(i, seed=7, fraction=0.1)]
 
 
