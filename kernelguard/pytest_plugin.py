@@ -3,39 +3,52 @@
 Enable for a run with ``pytest --kernelguard`` or the ini option ``kernelguard = true``; enable for one test
 with ``@pytest.mark.kernelguard``; opt one test out with ``@pytest.mark.kernelguard(False)``.
 Accepted fallbacks: ini ``kernelguard_allow`` (one item per line), ``--kernelguard-allow ITEM`` (repeatable),
-and ``@pytest.mark.kernelguard(allow=[...])`` (added to the run-wide list); items as in :mod:`kernelguard.guard`.
+and ``@pytest.mark.kernelguard(allow=[...])`` (added to the run-wide list); items as in
+:class:`kernelguard.policy.AllowPolicy` (kernel name, known-issue ID, ``attention``, ``*``). An unknown item is
+a usage error listing the valid ones.
 
-Tripwires are armed in setup (on every loaded transformers modeling module) and removed in teardown. A test
-that swallowed the :class:`~kernelguard.errors.KernelFallbackError` still fails: events are recorded and checked
-after the call and after teardown. Loaded in every pytest run via the ``pytest11`` entry point, so nothing heavy
-(torch, transformers) is imported unless the plugin is enabled.
+Tripwires are armed in setup (on every loaded transformers modeling module, scanned once per process) and
+removed in teardown. They record instead of raising, so a test runs on and then fails with ONE message naming
+every kernel that fell back, each call site once with its count, and the fix in pytest's terms. A test that
+caught the error, passed, or skipped itself after a fallback still fails (by contract: the slow path ran).
+Loaded in every pytest run via the ``pytest11`` entry point, so nothing heavy (torch, transformers) is
+imported unless the plugin is enabled.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from collections.abc import Generator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+if TYPE_CHECKING:
+    from kernelguard.errors import KernelFallbackError
+
 _MARKER = "kernelguard"
+_MAX_SITES_SHOWN = 6  # per kernel; the rest is summed on one line
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
     enabled: bool
-    allow: tuple[str, ...]
+    policy: Any  # kernelguard.policy.AllowPolicy (imported lazily: the plugin loads in every pytest run)
+    transformers: bool  # transformers is importable: without it there is no reference path to fall back to
+
+    @property
+    def allow(self) -> tuple[str, ...]:
+        return tuple(self.policy.values())
 
 
 @dataclass(slots=True)
 class _TestState:
     tripwires: Any
-    allow: tuple[str, ...]
-    seen: int  # events recorded before this test
-    reported: int  # events already turned into a failure
+    reported: int  # index of the first registry event not yet turned into a failure
+    failures: list[Any] = field(default_factory=list)  # events that failed the call phase
 
 
 settings_key = pytest.StashKey[Settings]()
@@ -47,11 +60,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kernelguard", action="store_true", default=None,
                     help="fail any test during which a kernel fell back to a torch reference path")
     group.addoption("--kernelguard-allow", action="append", default=[], metavar="ITEM",
-                    help="accept this fallback (kernel name, 'attention', known-issue id); repeatable")
+                    help="accept this fallback (kernel name, known-issue ID, 'attention', '*'); repeatable")
     parser.addini("kernelguard", type="bool", default=False,
                   help="enable kernelguard for every test (same as --kernelguard)")
     parser.addini("kernelguard_allow", type="linelist", default=[],
-                  help="fallbacks kernelguard accepts (kernel name, 'attention', known-issue id)")
+                  help="fallbacks kernelguard accepts, one per line (kernel name, known-issue ID, 'attention')")
+
+
+def _parse(values: Any, source: str) -> Any:
+    from kernelguard.errors import ConfigError
+    from kernelguard.policy import AllowPolicy
+
+    try:
+        return AllowPolicy.parse(tuple(values), source=source)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,76 +85,86 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     flag = config.getoption("kernelguard", default=None)
     enabled = bool(flag) if flag is not None else bool(config.getini("kernelguard"))
-    allow = tuple(config.getini("kernelguard_allow")) + tuple(config.getoption("kernelguard_allow", default=[]))
-    config.stash[settings_key] = Settings(enabled=enabled, allow=allow)
+    policy = _parse(config.getini("kernelguard_allow"), "ini option kernelguard_allow").merge(
+        _parse(config.getoption("kernelguard_allow", default=[]), "--kernelguard-allow"))
+    config.stash[settings_key] = Settings(enabled, policy, importlib.util.find_spec("transformers") is not None)
 
 
-def _item_settings(item: pytest.Item) -> tuple[bool, tuple[str, ...]]:
-    base = item.config.stash.get(settings_key, Settings(False, ()))
+@functools.lru_cache(maxsize=256)
+def _marker_policy(values: tuple[str, ...]) -> Any:
+    from kernelguard.policy import AllowPolicy
+
+    return AllowPolicy.parse(values, source="@pytest.mark.kernelguard(allow=...)")
+
+
+def _item_settings(item: pytest.Item) -> tuple[bool, Any]:
+    base = item.config.stash[settings_key]
     marker = item.get_closest_marker(_MARKER)
     if marker is None:
-        return base.enabled, base.allow
+        return base.enabled, base.policy
     enabled = bool(marker.args[0]) if marker.args else bool(marker.kwargs.get("enabled", True))
     extra = marker.kwargs.get("allow", ())
-    extra = (extra,) if isinstance(extra, str) else tuple(extra)
-    return enabled, base.allow + extra
+    if not extra:
+        return enabled, base.policy
+    return enabled, base.policy.merge(_marker_policy((extra,) if isinstance(extra, str) else tuple(extra)))
 
 
 @pytest.hookimpl(tryfirst=True)  # before fixtures are set up: a fallback in a fixture counts too
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    enabled, allow = _item_settings(item)
-    if not enabled or importlib.util.find_spec("transformers") is None:
-        return  # without transformers there is no reference path to fall back to
-    from kernelguard.guard import arm_tripwires, fallback_events
+    if not item.config.stash[settings_key].transformers:
+        return
+    enabled, policy = _item_settings(item)
+    if not enabled:
+        return
+    from kernelguard.tripwires import REGISTRY, arm_tripwires
 
-    seen = len(fallback_events())
-    item.stash[_state_key] = _TestState(arm_tripwires(allow=allow), allow, seen, seen)
+    index = REGISTRY.open_window()
+    tripwires = arm_tripwires(allow=policy, on_fallback="record")
+    item.stash[_state_key] = _TestState(tripwires, index)
 
 
-def _new_failures(item: pytest.Item) -> list[Any]:
-    state = item.stash.get(_state_key, None)
-    if state is None:
-        return []
-    from kernelguard.guard import fallback_events
+def _new_failures(state: _TestState) -> list[Any]:
+    from kernelguard.tripwires import REGISTRY
 
-    events = fallback_events()[state.reported :]
+    events = REGISTRY.events_since(state.reported)
     state.reported += len(events)
     return [e for e in events if not e.allowed]
-
-
-def _failure(events: list[Any], when: str) -> Exception:
-    from kernelguard.errors import KernelFallbackError
-
-    first = events[0]
-    title = (
-        f"kernelguard: {len(events)} torch reference fallback(s) entered during {when} "
-        "(failing even if the test caught the exception):"
-    )
-    lines = [title]
-    for e in events:
-        lines.append(f"  {e.layer}: {e.kernel} ({e.site}): {e.reason}")
-    return KernelFallbackError("\n".join(lines), fix=first.fix, layer=first.layer, kernel=first.kernel,
-                               reason=first.reason)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     __tracebackhide__ = True  # the failure is the message, not this hook's frame
-    if _state_key not in item.stash:
+    state = item.stash.get(_state_key, None)
+    if state is None:
         return (yield)
     try:
         result = yield
-    except BaseException as exc:
-        failures = _new_failures(item)
-        from kernelguard.errors import KernelFallbackError
-
-        if failures and not isinstance(exc, KernelFallbackError):
-            raise _failure(failures, "setup or the test call") from exc
+    except BaseException as exc:  # a hook wrapper: re-raised as is, or as our failure from it (skips too)
+        state.failures = _new_failures(state)
+        if state.failures and not isinstance(exc, _fallback_error_type()):
+            raise _failure(state.failures, "setup or the test call", skipped=_is_skip(exc)) from exc
         raise
-    failures = _new_failures(item)
-    if failures:
-        raise _failure(failures, "setup or the test call")
+    state.failures = _new_failures(state)
+    if state.failures:
+        raise _failure(state.failures, "setup or the test call")
     return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    """unittest's skipTest and errors are recorded by pytest's unittest plugin and replace our call failure in
+    the report; put ours back (a skip after a fallback still fails) or add it as a section."""
+    report = yield
+    state = item.stash.get(_state_key, None)
+    if state is None or call.when != "call" or not state.failures:
+        return report
+    failure = _failure(state.failures, "setup or the test call", skipped=report.skipped)
+    if report.skipped or report.passed:
+        report.outcome = "failed"
+        report.longrepr = f"{type(failure).__name__}: {failure}"
+    elif _fallback_error_type().__name__ not in str(report.longrepr):
+        report.sections.append(("kernelguard", str(failure)))
+    return report
 
 
 @pytest.hookimpl(wrapper=True)
@@ -145,18 +178,100 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             state.tripwires.disarm()
             del item.stash[_state_key]
     if state is not None:
-        from kernelguard.guard import fallback_events
-
-        events = fallback_events()[state.reported :]
-        failures = [e for e in events if not e.allowed]
+        failures = _new_failures(state)
         if failures:
-            raise _failure(failures, "setup/teardown")
+            raise _failure(failures, "teardown")
     return result
 
 
+def _fallback_error_type() -> type[KernelFallbackError]:
+    from kernelguard.errors import KernelFallbackError
+
+    return KernelFallbackError
+
+
+def _is_skip(exc: BaseException) -> bool:
+    unittest = sys.modules.get("unittest")
+    return isinstance(exc, pytest.skip.Exception) or (unittest is not None and isinstance(exc, unittest.SkipTest))
+
+
+# ------------------------------------------------------------------------------------------ message ---
+def _failure(events: list[Any], when: str, *, skipped: bool = False) -> KernelFallbackError:
+    """One error naming every kernel that fell back, each call site once with its count, and the fix."""
+    by_kernel: dict[str, list[Any]] = {}
+    for e in events:
+        by_kernel.setdefault(e.kernel, []).append(e)
+    kernels = list(by_kernel)
+    calls = sum(e.count for e in events)
+    title = (
+        f"kernelguard: the torch reference path of {', '.join(kernels)} ran during {when} "
+        f"({len(kernels)} kernel(s), {len(events)} call site(s), {calls} call(s))"
+    )
+    lines = [title]
+    for kernel, sites in by_kernel.items():
+        lines.extend(_kernel_lines(kernel, sites))
+    lines.append(_contract_line(skipped))
+    first = events[0]
+    return _fallback_error_type()(
+        "\n".join(lines), fix=fix_in_pytest_terms(kernels, [e.fix for e in events], _cuda_available()),
+        layer=first.layer, kernel=first.kernel, reason=first.reason,
+        details={"kernels": kernels, "sites": [(e.layer, e.site, e.count) for e in events]},
+    )
+
+
+def _kernel_lines(kernel: str, sites: list[Any]) -> list[str]:
+    issues = sorted({i for e in sites for i in e.issues})
+    known = f" [known issue: {', '.join(issues)}]" if issues else ""
+    lines = [f"  {kernel}: {sites[0].reason}{known}"]
+    for e in sites[:_MAX_SITES_SHOWN]:
+        lines.append(f"    {e.layer} -> {e.site} ({e.count} call{'s' if e.count != 1 else ''})")
+    rest = sites[_MAX_SITES_SHOWN:]
+    if rest:
+        lines.append(f"    ... and {len(rest)} more call site(s) ({sum(e.count for e in rest)} calls)")
+    return lines
+
+
+def _contract_line(skipped: bool) -> str:
+    if skipped:
+        return (
+            "The test then skipped itself; it fails anyway, by contract: the forward before the skip (skipTest / "
+            "pytest.skip) ran the slow path. Skip before the forward, or allow these kernels for this test."
+        )
+    return "A test fails when a fallback ran, even if it caught the error or passed (the slow path ran)."
+
+
+def _cuda_available() -> bool:
+    torch = sys.modules.get("torch")  # a fallback ran, so torch is loaded; never import it here
+    cuda = getattr(torch, "cuda", None)
+    return bool(cuda is not None and cuda.is_available())
+
+
+def fix_in_pytest_terms(kernels: list[str], install_fixes: list[str], cuda: bool) -> str:
+    """The fix in pytest's terms: install (GPU CI) or allow via option / ini / marker (CPU CI)."""
+    # One command per line: an install command may end in a shell comment.
+    installs = "".join(f"\n      {f}" for f in dict.fromkeys(f for f in install_fixes if f))
+    options = " ".join(f"--kernelguard-allow {k}" for k in kernels)
+    ini = "\n".join(["      kernelguard_allow ="] + [f"          {k}" for k in kernels])
+    marker = f"@pytest.mark.kernelguard(allow={kernels!r})"
+    if cuda:
+        return (
+            f"install the fast kernels:{installs}\n"
+            f"  or accept these fallbacks: pytest {options}; or in pytest.ini / [tool.pytest.ini_options]:\n"
+            f"{ini}\n  or for this test only: {marker}"
+        )
+    return (
+        "this machine has no CUDA device: these kernels cannot run here, the torch reference is the only path.\n"
+        "  CPU CI: allow them in pytest.ini (or [tool.pytest.ini_options] in pyproject.toml; anything not "
+        f"listed still fails):\n      kernelguard = true\n{ini}\n"
+        f"    (or pytest --kernelguard {options}, or {marker} on the test)\n"
+        f"  GPU CI (strict: no allow list): install the fast kernels{installs}"
+    )
+
+
+# ------------------------------------------------------------------------------------------- header ---
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    s = config.stash.get(settings_key, Settings(False, ()))
-    if not s.enabled:
+    s = config.stash.get(settings_key, None)
+    if s is None or not s.enabled:
         return []
     lines = [f"kernelguard: enabled (allow: {', '.join(s.allow) or 'nothing'})"]
     lines.extend(_provider_lines())

@@ -1,4 +1,5 @@
-"""Human text and JSON from a check result. Formatting only: no decisions are made here.
+"""Human text and JSON from a check result, and the guard's per-layer table. Formatting only: no decisions are
+made here.
 
 JSON schema (``schema_version`` 1; additive changes keep the version, renames/removals bump it):
 {
@@ -23,7 +24,7 @@ import json
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from .decisions import ACCEPTED, ALLOWED, FALLBACK, REJECTED, SELECTED, SKIPPED
+from .decisions import ACCEPTED, ALLOWED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
 
 if TYPE_CHECKING:  # report formats what check produced; it must not depend on check at run time
     from .check import CheckResult
@@ -145,3 +146,18 @@ def verdict_line(result: CheckResult) -> str:
     tail = f"; allowed fallbacks: {', '.join(allowed)}" if allowed else ""
     unchecked = f"; {len(res.unchecked)} item(s) not checked here (see above)" if res.unchecked else ""
     return f"verdict: OK - all {len(res.verdicts)} required kernels are served{tail}{unchecked} (exit 0)"
+
+
+def render_call_sites(header: str, rows: list[tuple[Decision, str]], *, notes: list[str] | None = None) -> str:
+    """The guard's per-layer table: one row per call site (a Decision with ``layer`` set) and its status label."""
+    table = [("layer", "kernel", "status", "provider", "implementation", "reason / fix")]
+    for decision, label in rows:
+        note = decision.reason
+        if label != "fast" and decision.fix:
+            note += f" | fix: {decision.fix}"
+        table.append((decision.layer, decision.kernel, label, decision.kind, decision.provider, note))
+    widths = [max(len(r[i]) for r in table) for i in range(5)]
+    lines = [header]
+    lines.extend("  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in table)
+    lines.extend(f"note: {note}" for note in notes or ())
+    return "\n".join(lines)

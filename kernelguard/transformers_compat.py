@@ -29,6 +29,7 @@ from typing import Any
 
 from kernelguard.catalog import PACKAGES
 from kernelguard.errors import UnsupportedTransformersError
+from kernelguard.known_issues import KNOWN_ISSUES, KnownIssue
 
 MIN_TRANSFORMERS = (5, 0)
 DECORATOR_NAME = "use_kernel_func_from_hub_with_fallback"
@@ -44,10 +45,6 @@ _DEFAULT_INTERNAL_PATHS = {
     "chunk_kda": "ops.kda",
     "fused_recurrent_kda": "ops.kda",
 }
-# Decode-only kernels: entered only with a KV/state cache (generation), never in a training forward.
-DECODE_ONLY_KERNELS = frozenset(
-    {"fused_recurrent_gated_delta_rule", "causal_conv1d_update", "selective_state_update", "fused_recurrent_kda"}
-)
 # Instance-attribute pattern of transformers <= 5.14: the attribute names a layer stores its kernel under.
 _INSTANCE_KERNEL_ATTR = re.compile(r"(gated_delta_rule|causal_conv1d|kda|selective_scan|ssd|mamba)")
 
@@ -100,7 +97,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 def _hub_kernels_module() -> ModuleType | None:
     try:
         return importlib.import_module("transformers.integrations.hub_kernels")
-    except Exception:  # noqa: BLE001 - absent or broken: treated as "no decorator"
+    except ImportError:  # absent: treated as "no decorator"
         return None
 
 
@@ -120,7 +117,7 @@ def _probe_decorator(version: str) -> str | None:
 
     try:
         decorated = decorator("kernelguard_probe", "kernelguard_probe_missing_package")(_kernelguard_probe)
-    except Exception as exc:  # noqa: BLE001 - any failure means we do not understand it
+    except Exception as exc:  # noqa: BLE001 - re-raised by selection_mechanism as UnsupportedTransformersError
         return f"`{DECORATOR_NAME}` failed on a probe function: {type(exc).__name__}: {exc}"
     closure = unpack_closure(decorated)
     if closure is None or closure.torch_function is not _kernelguard_probe or not closure.is_torch_reference:
@@ -154,7 +151,12 @@ def unsupported(version: str, why: str) -> UnsupportedTransformersError:
 
 
 # ------------------------------------------------------------------------------------------ unpacking ---
-def _cells(fn: Any) -> dict[str, Any]:
+def closure_cells(fn: Any) -> dict[str, Any]:
+    """A function's closure variables by name (empty cells and non-closures give ``{}``).
+
+    The one place that reads closures: transformers' ``wrapped`` (``implementation``, ``torch_function``, ...)
+    and the kernels ``Func`` module's class forward (``func``). smoke and the guard both go through here.
+    """
     code = getattr(fn, "__code__", None)
     closure = getattr(fn, "__closure__", None)
     if code is None or not closure:
@@ -175,7 +177,7 @@ def unpack_closure(obj: Any, _depth: int = 0) -> FallbackClosure | None:
     tripwire = getattr(obj, TRIPWIRE_ATTR, None) if callable(obj) else None
     if tripwire is not None:
         return unpack_closure(tripwire.original, _depth + 1)
-    cells = _cells(obj)
+    cells = closure_cells(obj)
     if "implementation" in cells and "torch_function" in cells:
         return FallbackClosure(
             kernel=str(cells.get("func_name", getattr(cells["torch_function"], "__name__", "?"))),
@@ -186,7 +188,7 @@ def unpack_closure(obj: Any, _depth: int = 0) -> FallbackClosure | None:
         )
     if hasattr(obj, "kernel_layer_name") and not isinstance(obj, (FunctionType, type)):
         # kernels' `Func` module: its class forward closes over `func` (transformers' `wrapped`).
-        inner = _cells(type(obj).forward).get("func")
+        inner = closure_cells(type(obj).forward).get("func")
         found = unpack_closure(inner, _depth + 1)
         if found is not None:
             return FallbackClosure(
@@ -194,6 +196,16 @@ def unpack_closure(obj: Any, _depth: int = 0) -> FallbackClosure | None:
                 torch_function=found.torch_function, wrapped=found.wrapped, func_module=obj,
             )
     return None
+
+
+def hub_wrapper(obj: Any) -> Callable[..., Any] | None:
+    """transformers' ``wrapped`` function behind a module-level kernel name: the name itself when it is a
+    function, or the function a kernels ``Func`` module's forward closes over (``kernels`` active)."""
+    if isinstance(obj, FunctionType):
+        return obj
+    forward = getattr(type(obj), "forward", None)
+    inner = closure_cells(forward).get("func") if isinstance(forward, FunctionType) else None
+    return inner if isinstance(inner, FunctionType) else None
 
 
 def hub_kernel(closure: FallbackClosure) -> str | None:
@@ -207,14 +219,14 @@ def hub_kernel(closure: FallbackClosure) -> str | None:
         return None
     try:
         from kernels.layer import layer as kernels_layer
-
-        for repo, cls in dict(getattr(kernels_layer, "_CACHED_LAYER", {})).items():
-            if getattr(cls, "forward", None) is impl:
-                repo_id = getattr(repo, "repo_id", None) or getattr(repo, "_repo_id", None) or str(repo)
-                revision = getattr(repo, "revision", None) or getattr(repo, "_revision", None) or "unknown"
-                return f"{repo_id}@{revision}"
-    except Exception as exc:  # noqa: BLE001 - best effort: kernels' layer cache is not public API
+    except ImportError as exc:  # best effort: kernels' layer cache is not public API and may move
         logging.getLogger("kernelguard").debug("cannot read kernels' layer cache: %r", exc)
+        kernels_layer = None
+    for repo, cls in dict(getattr(kernels_layer, "_CACHED_LAYER", None) or {}).items():
+        if getattr(cls, "forward", None) is impl:
+            repo_id = getattr(repo, "repo_id", None) or getattr(repo, "_repo_id", None) or str(repo)
+            revision = getattr(repo, "revision", None) or getattr(repo, "_revision", None) or "unknown"
+            return f"{repo_id}@{revision}"
     return f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}@unknown"
 
 
@@ -326,23 +338,53 @@ def instance_attribute_sites(layer: Any) -> list[InstanceSite]:
 
 
 # ------------------------------------------------------------------------------------------ reasons ---
-def why_not_imported(closure: FallbackClosure) -> str:
-    """Re-run the import the decorator made; report what it raised (or that it works now)."""
+@dataclass(frozen=True, slots=True)
+class ImportFailure:
+    """Why transformers chose the torch reference: the sentence, and the known issues that explain it."""
+
+    reason: str
+    issues: tuple[str, ...] = ()  # known-issue IDs (kernelguard.known_issues) an allow item may name
+
+
+# Text of fla's own refusal of the gated backward on Hopper (fla issue 640), wherever it surfaces.
+_FLA_640_TEXT = re.compile(r"Triton >= ?3\.4\S* and < ?3\.7\.1 on Hopper|flash-linear-attention/issues/640")
+
+
+def known_issue_ids(error_text: str) -> tuple[str, ...]:
+    """Known-issue IDs whose signature is in an import error's text (what ``allow`` can name for the site)."""
+    return tuple(issue.id for issue in KNOWN_ISSUES if _explains(issue, error_text))
+
+
+def _explains(issue: KnownIssue, error_text: str) -> bool:
+    if issue.detector == "undefined-symbol":
+        return "undefined symbol" in error_text
+    if issue.id == "tilelang-without-z3":
+        return "libz3" in error_text
+    return issue.id == "fla-640-refusal" and bool(_FLA_640_TEXT.search(error_text))
+
+
+def import_failure(closure: FallbackClosure) -> ImportFailure:
+    """Re-run the import the decorator made and report what it raised (or that it works now)."""
     try:
         module = importlib.import_module(closure.package)
         if getattr(module, closure.kernel, None) is None:
             module = importlib.import_module(closure.internal_module)
-        if getattr(module, closure.kernel, None) is None:
-            return (
-                f"`{closure.internal_module}` imports but has no `{closure.kernel}` "
-                f"({closure.package} {getattr(module, '__version__', '')} too old?)"
-            )
-    except BaseException as exc:  # noqa: BLE001 - report exactly what the decorator swallowed
-        return f"`import {closure.internal_module}` failed: {type(exc).__name__}: {exc}"
-    return (
+    except Exception as exc:  # noqa: BLE001 - exactly what transformers' decorator swallows (`except Exception`)
+        text = f"{type(exc).__name__}: {exc}"
+        return ImportFailure(f"`import {closure.internal_module}` failed: {text}", known_issue_ids(text))
+    if getattr(module, closure.kernel, None) is None:
+        return ImportFailure(
+            f"`{closure.internal_module}` imports but has no `{closure.kernel}` "
+            f"({closure.package} {getattr(module, '__version__', '')} too old?)"
+        )
+    return ImportFailure(
         f"`{closure.internal_module}` imports now, but did not when the modeling module was imported; "
         "restart the process (or import the provider before transformers models)"
     )
+
+
+def why_not_imported(closure: FallbackClosure) -> str:
+    return import_failure(closure).reason
 
 
 def pip_fix(package: str) -> str:
@@ -365,11 +407,11 @@ def provider_devices(implementation: Any) -> tuple[str, ...]:
 
 def kernels_hub_status() -> str | None:
     """A sentence when transformers has Hub kernels switched off because of the kernels version, else None."""
-    try:
-        from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
         from transformers.utils import import_utils
-    except Exception:  # noqa: BLE001
+    except ImportError:
         return None
     low = getattr(import_utils, "KERNELS_MIN_VERSION", None)
     high = getattr(import_utils, "KERNELS_MAX_VERSION", None)

@@ -16,9 +16,6 @@ import torch
 from kernelguard import transformers_compat as compat
 from kernelguard.errors import ConfigError, KernelFallbackError, UnsupportedTransformersError
 from kernelguard.guard import (
-    _IMPORT_WATCHER,
-    _LOGGED_ONCE,
-    _PATCHES,
     CallSite,
     GuardReport,
     _classify_closure,
@@ -27,6 +24,8 @@ from kernelguard.guard import (
     fallback_events,
     guard,
 )
+from kernelguard.policy import AllowPolicy
+from kernelguard.tripwires import IMPORT_WATCHER, REGISTRY
 
 # These tests enter fallbacks on purpose; the pytest plugin must not fail them.
 pytestmark = pytest.mark.kernelguard(False)
@@ -46,13 +45,10 @@ FALLBACK_GLOBALS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta
 def _no_leftover_tripwires() -> Iterator[None]:
     clear_fallback_events()
     yield
-    leftover = list(_PATCHES.values())
-    for patch in leftover:
-        for holder in list(patch.holders):
-            holder.disarm()
-    clear_fallback_events()
-    assert not leftover, f"test left tripwires armed: {[p.site for p in leftover]}"
-    assert _IMPORT_WATCHER not in sys.meta_path
+    leftover = REGISTRY.armed_sites()
+    REGISTRY.reset()
+    assert not leftover, f"test left tripwires armed: {leftover}"
+    assert IMPORT_WATCHER not in sys.meta_path
 
 
 def _ids(n: int = 12) -> torch.Tensor:
@@ -78,7 +74,7 @@ def test_strict_guard_refuses_naming_every_gdn_layer(
     assert "No module named 'fla'" in err.message
     assert "pip install flash-linear-attention" in (err.fix or "")
     assert "pip install causal-conv1d --no-build-isolation" in (err.fix or "")
-    assert not _PATCHES, "a refused strict guard must not arm anything"
+    assert not REGISTRY.armed_sites(), "a refused strict guard must not arm anything"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -89,7 +85,7 @@ def test_report_marks_every_gdn_layer_as_torch_reference(
     with guard(model, strict=False) as report:
         chunk = _by_kernel(report, "chunk_gated_delta_rule")
         assert [e.layer for e in chunk] == list(GDN_LAYERS)
-        assert all(e.provider_kind == "torch-reference" and not e.fast and not e.allowed for e in chunk)
+        assert all(e.kind == "reference" and not e.fast and not e.allowed for e in chunk)
         assert all("ModuleNotFoundError: No module named 'fla'" in e.reason for e in chunk)
         (attn,) = _by_kernel(report, "attention")
         assert attn.layer == "model.layers.3.self_attn" and attn.implementation == "sdpa" and attn.fast
@@ -144,7 +140,6 @@ def test_silenced_transformers_logging_changes_nothing(
 def test_allow_accepts_logs_once_and_reports(
     fresh_transformers_models: None, tiny: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _LOGGED_ONCE.clear()
     model = tiny.tiny_model("qwen3_5")
     caplog.set_level(logging.WARNING, logger="kernelguard")
     with guard(model, allow=["chunk_gated_delta_rule", "causal_conv1d_fn"]) as report:
@@ -188,7 +183,7 @@ def test_disarm_restores_identity_and_arming_is_idempotent(fresh_transformers_mo
         assert getattr(module, name) is wrappers[name], "re-arming must not wrap twice"
         assert getattr(module, name) is not originals[name]
         assert getattr(module, name).__kernelguard_tripwire__.original is originals[name]
-    assert _by_kernel(second, "chunk_gated_delta_rule")[0].provider_kind == "torch-reference"
+    assert _by_kernel(second, "chunk_gated_delta_rule")[0].kind == "reference"
     first.disarm()
     assert all(getattr(module, n) is wrappers[n] for n in FALLBACK_GLOBALS), "still held by the second arming"
     second.disarm()
@@ -221,7 +216,7 @@ def test_arm_tripwires_is_model_independent_and_covers_later_imports(
         model = tiny.tiny_model("qwen3_5")  # imported after arming: the import hook arms it
         with pytest.raises(KernelFallbackError) as info:
             model(_ids())
-        assert "Qwen3_5GatedDeltaNet (layer_idx=0)" in info.value.layer
+        assert info.value.layer == "model.layers.0.linear_attn"  # from the root module, without guard(model)
     finally:
         tripwires.disarm()
     module = sys.modules[MODELING["qwen3_5"]]
@@ -250,7 +245,7 @@ def test_with_fake_providers_reports_fast_and_forward_passes(
         assert report.ok
         chunk = _by_kernel(report, "chunk_gated_delta_rule")
         assert [e.layer for e in chunk] == list(GDN_LAYERS)
-        assert all(e.fast and e.provider_kind == "package" for e in chunk)
+        assert all(e.fast and e.kind == "package" for e in chunk)
         assert chunk[0].implementation.startswith("fla.ops.gated_delta_rule.chunk_gated_delta_rule 0.6.0")
         conv = _by_kernel(report, "causal_conv1d_fn")
         assert all(e.fast and e.implementation.startswith("causal_conv1d.causal_conv1d_fn") for e in conv)
@@ -268,7 +263,7 @@ def test_installed_provider_that_cannot_run_on_the_device_is_not_fast(
         guard(model)
     with guard(model, strict=False) as report:
         chunk = _by_kernel(report, "chunk_gated_delta_rule")
-        assert all(not e.fast and e.provider_kind == "package" for e in chunk)
+        assert all(not e.fast and e.kind == "package" for e in chunk)
         assert all(e.fast for e in _by_kernel(report, "causal_conv1d_fn"))
 
 
@@ -395,9 +390,9 @@ def test_kernelized_func_module_is_reported_as_hub_kernel(
 
     monkeypatch.setitem(kernels_layer._CACHED_LAYER, Repo(), HubChunk)
     func.forward = MethodType(HubChunk.forward, func)
-    site = _classify_closure("model.layers.0.linear_attn", closure, "cuda", required=True,
-                                       allow=frozenset())
-    assert (site.provider_kind, site.implementation, site.fast) == ("hub", "kernels-community/gated-delta@v1", True)
+    site = _classify_closure("model.layers.0.linear_attn", closure, "cuda", required=True, policy=AllowPolicy())
+    assert (site.kind, site.implementation, site.fast) == ("hub", "kernels-community/gated-delta@v1", True)
+    assert (site.decision.layer, site.decision.status) == ("model.layers.0.linear_attn", "selected")
 
 
 def test_package_attribute_guard_is_callable(fresh_transformers_models: None, tiny: Any) -> None:
