@@ -95,3 +95,8 @@ class NumericsError(KernelGuardError):
 
 class DataError(KernelGuardError):
     """Malformed training data: names the file, row and field."""
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint or an output folder's run cannot be used as asked: names the file and what differs.
+    A ConfigError, so the CLI exits 2 like every other bad input."""

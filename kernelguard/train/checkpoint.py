@@ -1,28 +1,35 @@
-"""Atomic DCP checkpoints, resume, and the final safetensors export.
+"""Atomic, verified DCP checkpoints, resume, retention, and the final safetensors export.
 
 Layout under ``OUTPUT/checkpoints/``: ``step_N/`` holds the DCP shards (model + optimizer, sharded as
-trained), ``trainer.json`` (step, scheduler, data position, world size), ``rng_rank{r}.pt`` and the
-``COMPLETE`` marker. Everything is written into ``step_N.tmp/`` first; rank 0 writes the marker last and
-renames the folder. A folder without its marker (a crash mid-save) is never resumed from and is removed.
-The export is written to ``OUTPUT/final.tmp/`` and renamed to ``OUTPUT/final/``.
+trained), ``trainer.json`` (step, scheduler, data position, world size, run identity), ``rng_rank{r}.pt``,
+``manifest.json`` (every file's size and sha256) and the ``COMPLETE`` marker, which holds the manifest's own
+sha256 and so seals it. Everything is written into ``step_N.tmp/`` first; rank 0 writes the manifest and the
+marker last and renames the folder. A folder without its marker (a crash mid-save) is never resumed from and
+is removed. ``--resume`` verifies the newest checkpoint against its manifest before loading and falls back to
+the newest valid one, naming the bad file. The export is written to ``OUTPUT/final.tmp/`` and renamed to
+``OUTPUT/final/``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from kernelguard.errors import ConfigError
+from kernelguard.errors import CheckpointError
 
 MARKER = "COMPLETE"
+MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer.json"
+_SEAL = "manifest sha256 "
 
 
 def checkpoint_root(output: Path) -> Path:
@@ -39,12 +46,17 @@ def _step_of(path: Path) -> int | None:
         return None
 
 
-def latest_checkpoint(output: Path) -> Path | None:
+def complete_checkpoints(output: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every checkpoint with its marker, oldest first (nothing verified yet)."""
     root = checkpoint_root(output)
     if not root.is_dir():
-        return None
-    done = [(s, p) for p in root.iterdir() if (s := _step_of(p)) is not None and (p / MARKER).exists()]
-    return max(done)[1] if done else None
+        return []
+    return sorted((s, p) for p in root.iterdir() if (s := _step_of(p)) is not None and (p / MARKER).is_file())
+
+
+def latest_checkpoint(output: Path) -> Path | None:
+    done = complete_checkpoints(output)
+    return done[-1][1] if done else None
 
 
 def remove_incomplete(output: Path) -> list[Path]:
@@ -62,6 +74,108 @@ def remove_incomplete(output: Path) -> list[Path]:
     return removed
 
 
+# ------------------------------------------------------------------------------------------- manifest ---
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _hash_files(paths: list[Path]) -> dict[Path, str]:
+    # hashlib releases the GIL on large buffers: shards of one checkpoint hash in parallel.
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(paths)))) as pool:
+        return dict(zip(paths, pool.map(_sha256, paths)))
+
+
+def write_manifest(folder: Path, step: int) -> None:
+    """Record every file's size and sha256, then seal the manifest with the COMPLETE marker (fsync'ed)."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST, MARKER))
+    digests = _hash_files(files)
+    entries = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": digests[p]} for p in files}
+    text = json.dumps({"step": step, "files": entries}, indent=1, sort_keys=True)
+    (folder / MANIFEST).write_text(text)
+    with open(folder / MARKER, "w") as f:
+        f.write(f"step {step}\n{_SEAL}{hashlib.sha256(text.encode()).hexdigest()}\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sealed_digest(folder: Path) -> str | None:
+    """The manifest checksum written into the marker; None for a marker from before manifests existed."""
+    for line in (folder / MARKER).read_text().splitlines():
+        if line.startswith(_SEAL):
+            return line[len(_SEAL) :].strip()
+    return None
+
+
+def verify_checkpoint(folder: Path) -> str | None:
+    """None when every file matches the sealed manifest, else what is wrong, naming the file."""
+    try:
+        seal = _sealed_digest(folder)
+        if seal is None:
+            return None  # written before manifests existed: nothing to verify against
+        text = (folder / MANIFEST).read_text()
+    except FileNotFoundError as e:
+        return f"{e.filename} is missing"
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{getattr(e, 'filename', None) or folder / MARKER} is unreadable ({e})"
+    if hashlib.sha256(text.encode()).hexdigest() != seal:
+        return f"{folder / MANIFEST} does not match the checksum sealed in {folder / MARKER}"
+    try:
+        entries = json.loads(text)["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        return f"{folder / MANIFEST} is not a valid manifest ({e})"
+    return _verify_files(folder, entries)
+
+
+def _verify_files(folder: Path, entries: dict[str, dict[str, Any]]) -> str | None:
+    present: list[Path] = []
+    for name, entry in sorted(entries.items()):
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        size = path.stat().st_size
+        if size != entry["size"]:
+            return f"{path} has {size} bytes; the manifest says {entry['size']} (truncated or overwritten)"
+        present.append(path)
+    digests = _hash_files(present)
+    for path in present:
+        if digests[path] != entries[str(path.relative_to(folder))]["sha256"]:
+            return f"{path} does not match its sha256 in the manifest (corrupted)"
+    return None
+
+
+def find_resumable(output: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that verifies, and one line per newer one that did not (naming its bad file).
+
+    Raises CheckpointError when checkpoints exist but none verifies."""
+    problems: list[str] = []
+    for _, folder in reversed(complete_checkpoints(output)):
+        problem = verify_checkpoint(folder)
+        if problem is None:
+            return folder, problems
+        problems.append(f"checkpoint {folder.name} is unusable: {problem}")
+    if problems:
+        raise CheckpointError(
+            f"--resume found no valid checkpoint in {checkpoint_root(output)}:\n  " + "\n  ".join(problems),
+            fix="restore the damaged files, or start again with --overwrite (deletes this run's checkpoints "
+            "and metrics)",
+        )
+    return None, []
+
+
+def prune_checkpoints(output: Path, *, keep: int, newest: int) -> list[Path]:
+    """Keep the ``keep`` newest complete checkpoints up to step ``newest`` (just saved, always kept); delete
+    older ones. Checkpoints after ``newest`` (left by a run that resumed from an earlier one) are untouched."""
+    older = [p for s, p in complete_checkpoints(output) if s < newest]
+    doomed = older[: max(0, len(older) - (keep - 1))]
+    for path in doomed:
+        shutil.rmtree(path)
+    return doomed
+
+
 def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -77,8 +191,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    output: Path, *, step: int, model: Any, optimizer: Any, trainer_state: dict[str, Any], is_main: bool
+    output: Path,
+    *,
+    step: int,
+    model: Any,
+    optimizer: Any,
+    trainer_state: dict[str, Any],
+    is_main: bool,
+    keep: int | None = None,
 ) -> Path:
+    """Write ``step_N`` atomically (all ranks), seal it with its manifest, then apply ``keep`` (retention)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -94,35 +216,46 @@ def save_checkpoint(
     dist.barrier()
     if is_main:
         (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
-        with open(tmp / MARKER, "w") as f:
-            f.write(f"step {step}\n")
-            f.flush()
-            os.fsync(f.fileno())
+        write_manifest(tmp, step)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        if keep is not None:
+            prune_checkpoints(output, keep=keep, newest=step)
     dist.barrier()
     return final
 
 
-def load_checkpoint(path: Path, *, model: Any, optimizer: Any, world_size: int) -> dict[str, Any]:
-    """Restore model, optimizer and this rank's RNG in place; return the trainer state."""
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """``trainer.json`` of a checkpoint; CheckpointError naming the file when it cannot be read."""
+    file = path / TRAINER_STATE
+    try:
+        state = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(
+            f"{file} cannot be read ({e}).", fix="restore the file, or start again with --overwrite"
+        ) from e
+    if not isinstance(state, dict) or "step" not in state or "scheduler" not in state:
+        raise CheckpointError(
+            f"{file} is not a kernelguard trainer state.", fix="start again with --overwrite"
+        )
+    return state
+
+
+def load_checkpoint(path: Path, *, model: Any, optimizer: Any) -> dict[str, Any]:
+    """Restore model, optimizer and this rank's RNG in place; return the trainer state.
+
+    Verify first (:func:`find_resumable`): DCP reading a damaged shard fails deep inside torch."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    trainer_state = json.loads((path / TRAINER_STATE).read_text())
-    if trainer_state.get("world_size") != world_size:
-        raise ConfigError(
-            f"checkpoint {path} was written by {trainer_state.get('world_size')} ranks; this run has {world_size}. "
-            "The data order depends on the number of ranks, so it cannot continue exactly.",
-            fix="resume with the same --nproc-per-node x --nnodes, or start a new --output",
-        )
+    trainer_state = read_trainer_state(path)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     rng_file = path / f"rng_rank{dist.get_rank()}.pt"
-    if rng_file.exists():
+    if rng_file.exists():  # absent when resuming on more ranks (--resume-anyway)
         set_rng_state(torch.load(rng_file, weights_only=False))
     return trainer_state
 

@@ -1,30 +1,37 @@
-"""The training run, top to bottom: gate -> data -> shard -> resume -> train (eval, save) -> finish.
+"""The training run, top to bottom: preflight -> gate -> data -> claim output -> shard -> resume -> train
+(eval, save) -> finish.
 
 Each stage is one function below, in the order it runs. The per-step math (loss normalisation, clipping,
-optimizer) is :mod:`kernelguard.train.step`; building and sharding the model is :mod:`kernelguard.train.build`.
+optimizer) is :mod:`kernelguard.train.step`; building and sharding the model is :mod:`kernelguard.train.build`;
+what is checked before any expensive work is :mod:`kernelguard.train.preflight`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from kernelguard.errors import CheckpointError
 from kernelguard.policy import AllowPolicy
 
 from . import checkpoint as ckpt
 from .build import BuiltModel, build_model, prepare_training
 from .config import TrainConfig
 from .data import chat_template_name, load_examples, load_tokenizer, pad_token_id, template_choice
+from .evaluate import evaluate, pack_eval_blocks
 from .gate import GuardRefused, lift_accepted_fla_refusal, run_gate
 from .metrics import MetricsLog, peak_flops, plot_metrics, step_flops
 from .packing import build_packed_block, pack_best_fit_decreasing, packing_stats
-from .parallel import DTYPES, DistInfo
+from .parallel import DTYPES, DistInfo, on_main
+from .preflight import StartPlan, claim_output, preflight
 from .step import Plan, StepResult, TrainState, lr_lambda, make_plan, optimizer_step, step_block_ids
 
 __all__ = ["GuardRefused", "lift_accepted_fla_refusal", "lr_lambda", "run"]
@@ -42,21 +49,29 @@ class TrainData:
     lengths: list[int]
     plan: Plan
     pad_id: int
+    eval_examples: Any = None  # None: no eval set
+    eval_blocks: list[list[int]] = dataclasses.field(default_factory=list)
 
 
 # -------------------------------------------------------------------------------------------------- run ---
 def run(cfg: TrainConfig, info: DistInfo) -> int:
-    """The whole run; raises GuardRefused (exit 3) or ConfigError/DataError (exit 2) before any output."""
+    """The whole run. Refusals (GuardRefused: exit 3; ConfigError/DataError: exit 2) leave the output folder
+    as it was."""
     torch.manual_seed(cfg.seed)
     policy = AllowPolicy.parse(cfg.allow, source="--allow")
+    start = on_main(info, lambda: preflight(cfg, world_size=info.world_size))
+    for warning in start.warnings:
+        log(info, warning)
     built = build_model(cfg, info)
     report = run_gate(built.model, model_ref=str(cfg.model), policy=policy, device=info.device)
     try:
         log(info, f"guard passed; attention={built.attention}")
         data = load_training_data(cfg, info)
+        saved = on_main(info, lambda: check_resume_plan(cfg, start, data.plan))
+        claim(cfg, info, start)
         state = prepare_training(built, cfg, info, schedule_steps=data.plan.schedule_steps)
-        start = resume(cfg, info, state)
-        train(cfg, info, state, data, built, start=start)
+        step = resume(cfg, info, state, start, saved)
+        train(cfg, info, state, data, built, start=step, identity=start.identity)
         finish(cfg, info, state, built, data)
     finally:
         report.disarm()
@@ -87,7 +102,12 @@ def load_training_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
         block_size=cfg.block_size,
         data=cfg.data,
     )
-    return TrainData(tokenizer, examples, lengths, plan, pad_token_id(tokenizer))
+    data = TrainData(tokenizer, examples, lengths, plan, pad_token_id(tokenizer))
+    if cfg.eval_data or cfg.eval_fraction:
+        data.eval_examples, estats = read_examples(cfg, tokenizer, take="eval")
+        data.eval_blocks = pack_eval_blocks(data.eval_examples, cfg.block_size, seed=cfg.seed)
+        log(info, f"eval data: {estats.render()}; {len(data.eval_blocks)} blocks")
+    return data
 
 
 def read_examples(cfg: TrainConfig, tokenizer: Any, *, take: str) -> tuple[Any, Any]:
@@ -126,56 +146,115 @@ def step_batches(cfg: TrainConfig, info: DistInfo, data: TrainData, step: int) -
 
 
 # ----------------------------------------------------------------------------------------------- resume ---
-def resume(cfg: TrainConfig, info: DistInfo, state: TrainState) -> int:
-    """Restore the newest complete checkpoint when ``--resume``; return the step to start from."""
-    cfg.output.mkdir(parents=True, exist_ok=True)
-    if info.is_main:
-        ckpt.remove_incomplete(cfg.output)
-    dist.barrier()
+def check_resume_plan(cfg: TrainConfig, start: StartPlan, plan: Plan) -> dict[str, Any] | None:
+    """The chosen checkpoint's trainer state, refused when its data plan differs from this run's (the LR
+    schedule length follows --max-steps when --schedule-steps is not given)."""
+    if start.resume_from is None:
+        return None
+    saved = ckpt.read_trainer_state(start.resume_from)
+    now = {"num_blocks": len(plan.blocks), "schedule_steps": plan.schedule_steps}
+    diffs = [f"{k}: was {saved[k]!r}, now {v!r}" for k, v in now.items() if k in saved and saved[k] != v]
+    if diffs and not cfg.resume_anyway:
+        raise CheckpointError(
+            f"--resume: {start.resume_from} was trained on another plan; what differs:\n  "
+            + "\n  ".join(diffs),
+            fix="resume with the original --max-steps/--schedule-steps (pass --schedule-steps to fix the LR "
+            "schedule's length), or --resume-anyway to continue anyway",
+        )
+    return saved
+
+
+def claim(cfg: TrainConfig, info: DistInfo, start: StartPlan) -> None:
+    """Create the output folder and write this run's identity (after --overwrite removed the old run)."""
+    removed = on_main(info, lambda: claim_output(cfg, start))
+    if removed:
+        log(info, f"--overwrite: removed the previous run's {', '.join(removed)} from {cfg.output}")
+
+
+def resume(
+    cfg: TrainConfig, info: DistInfo, state: TrainState, start: StartPlan, saved: dict[str, Any] | None
+) -> int:
+    """Restore the verified checkpoint preflight chose when ``--resume``; return the step to start from."""
     if not cfg.resume:
         return 0
-    path = ckpt.latest_checkpoint(cfg.output)
-    if path is None:
+    if start.resume_from is None or saved is None:
         log(info, f"--resume: no complete checkpoint in {cfg.output}; starting from step 0")
         return 0
-    saved = ckpt.load_checkpoint(
-        path, model=state.model, optimizer=state.optimizer, world_size=info.world_size
-    )
+    ckpt.load_checkpoint(start.resume_from, model=state.model, optimizer=state.optimizer)
     state.scheduler.load_state_dict(saved["scheduler"])
-    start = int(saved["step"])
-    log(info, f"resumed from {path} at step {start}")
-    return start
+    step = int(saved["step"])
+    log(info, f"resumed from {start.resume_from} at step {step}")
+    return step
 
 
 # ------------------------------------------------------------------------------------------------ train ---
 def train(
-    cfg: TrainConfig, info: DistInfo, state: TrainState, data: TrainData, built: BuiltModel, *, start: int
+    cfg: TrainConfig,
+    info: DistInfo,
+    state: TrainState,
+    data: TrainData,
+    built: BuiltModel,
+    *,
+    start: int,
+    identity: dict[str, Any],
 ) -> None:
-    """Steps ``start`` .. ``plan.stop_step``: one metrics record per step, checkpoints every ``save_every``."""
+    """Steps ``start`` .. ``plan.stop_step``: a metrics record per step, eval and checkpoints when due."""
     plan = data.plan
-    metrics = MetricsLog(cfg.output / "metrics.jsonl", resume_step=start) if info.is_main else None
-    bar = progress_bar(cfg, info, total=plan.stop_step, initial=start)
+    out = Reporter(cfg, info, start=start, total=plan.stop_step)
     peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops(info.device)
     try:
         for step in range(start, plan.stop_step):
             micro, seq_lens = step_batches(cfg, info, data, step)
             result, seconds = timed_step(state, micro)
-            record = step_record(cfg, info, step + 1, result, seconds, seq_lens, built.config, peak)
-            if metrics is not None:
-                metrics.write(record)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            out.write(step_record(cfg, info, step + 1, result, seconds, seq_lens, built.config, peak))
             done = step + 1
-            if (cfg.save_every and done % cfg.save_every == 0) or done == plan.stop_step:
-                save(cfg, info, state, done, plan)
+            if data.eval_examples is not None and _due(cfg.eval_every, done, plan.stop_step):
+                loss, tokens = evaluate(
+                    state, data.eval_examples, data.eval_blocks, block_size=cfg.block_size, pad_id=data.pad_id
+                )
+                out.write({"step": done, "eval_loss": loss, "eval_tokens": tokens})
+            if _due(cfg.save_every, done, plan.stop_step):
+                save(cfg, info, state, done, plan, identity)
     finally:
-        if bar is not None:
-            bar.close()
-        if metrics is not None:
-            metrics.close()
+        out.close()
         if info.is_main:
             ckpt.remove_incomplete(cfg.output)
+
+
+def _due(every: int, done: int, stop: int) -> bool:
+    return bool(every and done % every == 0) or done == stop
+
+
+class Reporter:
+    """Rank 0's metrics.jsonl (and --report-to trackers) and progress bar; a no-op on other ranks."""
+
+    def __init__(self, cfg: TrainConfig, info: DistInfo, *, start: int, total: int) -> None:
+        self.metrics = None
+        if info.is_main:
+            settings = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cfg).items()}
+            self.metrics = MetricsLog(
+                cfg.output / "metrics.jsonl", resume_step=start, report_to=cfg.report_to, run_config=settings
+            )
+        self.bar = progress_bar(cfg, info, total=total, initial=start)
+        self.postfix: dict[str, str] = {}
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.write(record)
+        if self.bar is None:
+            return
+        if "eval_loss" in record:
+            self.postfix["eval_loss"] = f"{record['eval_loss']:.4f}"
+        else:
+            self.bar.update(1)
+            self.postfix.update(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        self.bar.set_postfix(self.postfix)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.metrics is not None:
+            self.metrics.close()
 
 
 def progress_bar(cfg: TrainConfig, info: DistInfo, *, total: int, initial: int) -> Any:
@@ -238,7 +317,9 @@ def _peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
 
 
-def save(cfg: TrainConfig, info: DistInfo, state: TrainState, step: int, plan: Plan) -> None:
+def save(
+    cfg: TrainConfig, info: DistInfo, state: TrainState, step: int, plan: Plan, identity: dict[str, Any]
+) -> None:
     epoch, within = divmod(step, plan.steps_per_epoch)
     trainer_state = {
         "step": step,
@@ -251,6 +332,8 @@ def save(cfg: TrainConfig, info: DistInfo, state: TrainState, step: int, plan: P
         "world_size": info.world_size,
         "seed": cfg.seed,
         "num_blocks": len(plan.blocks),
+        "schedule_steps": plan.schedule_steps,
+        "identity": identity,
     }
     ckpt.save_checkpoint(
         cfg.output,
@@ -259,6 +342,7 @@ def save(cfg: TrainConfig, info: DistInfo, state: TrainState, step: int, plan: P
         optimizer=state.optimizer,
         trainer_state=trainer_state,
         is_main=info.is_main,
+        keep=cfg.save_total_limit,
     )
 
 

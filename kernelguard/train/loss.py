@@ -140,7 +140,7 @@ class _HiddenStatesHead(nn.Linear):
     after the root's forward, which does not reshard) then feeds :func:`linear_cross_entropy`.
     """
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Linear's parameter name
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         return input
 
 

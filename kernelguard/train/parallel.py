@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from kernelguard.errors import ConfigError
+from kernelguard.errors import ConfigError, KernelGuardError
+
+T = TypeVar("T")
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -202,3 +205,25 @@ def _wrapped_name(name: str) -> str:
         if parts[i] == "layers" and parts[i + 1].isdigit():
             return ".".join(parts[: i + 2] + ["_checkpoint_wrapped_module"] + parts[i + 2 :])
     return name
+
+
+def on_main(info: DistInfo, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on rank 0 only and give every rank its result, or raise its kernelguard error on every rank
+    (a rank that raised alone would leave the others waiting in the next collective)."""
+    box: list[Any] = [None]
+    if info.is_main:
+        try:
+            box[0] = ("ok", fn())
+        except KernelGuardError as e:
+            box[0] = ("error", e)
+        except Exception as e:  # unexpected: still release the other ranks, then re-raise it here
+            box[0] = ("error", RuntimeError(f"rank 0 failed: {e!r}"))
+            if info.world_size > 1:
+                dist.broadcast_object_list(box, src=0)
+            raise
+    if info.world_size > 1:
+        dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    return value

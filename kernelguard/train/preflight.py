@@ -1,0 +1,243 @@
+"""Checks a run passes before any expensive work (model build, guard, tokenisation, data reading), and the
+claim of the output folder once the gate has passed.
+
+Preflight reads, never writes: a refusal leaves the output folder exactly as it was. It checks that the
+inputs exist, the flags agree, the output folder can take at least one checkpoint, and how this start
+relates to a run already in the folder: without ``--resume`` a folder holding a run is refused unless
+``--overwrite``; with ``--resume`` the newest checkpoint is verified against its manifest (falling back to
+the newest valid one) and its run identity must equal this one (``--resume-anyway`` overrides, warning).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelguard.errors import CheckpointError, ConfigError
+
+from . import checkpoint as ckpt
+from .config import TrainConfig
+from .identity import RUN_FILE, differences, read_identity, run_identity, write_identity
+from .parallel import model_source
+
+# What a run writes into its output folder; --overwrite removes exactly these.
+RUN_ARTIFACTS = (
+    RUN_FILE,
+    "checkpoints",
+    "final",
+    "final.tmp",
+    "metrics.jsonl",
+    "metrics.png",
+    "tensorboard",
+    "wandb",
+)
+# fp32 master weights + AdamW's two fp32 moments, per parameter (DCP stores them as trained).
+CHECKPOINT_BYTES_PER_PARAM = 12
+
+
+@dataclass(frozen=True, slots=True)
+class StartPlan:
+    """What preflight decided: this run's identity, the verified checkpoint to resume from, and warnings."""
+
+    identity: dict[str, Any]
+    resume_from: Path | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+
+def preflight(cfg: TrainConfig, *, world_size: int) -> StartPlan:
+    """Every check that needs no model, no tokenizer load and no data parse. Raises ConfigError/DataError."""
+    check_flags(cfg)
+    check_inputs(cfg)
+    config, weights = model_source(cfg.model)
+    check_output(cfg.output, need_bytes=checkpoint_bytes_estimate(config, weights))
+    identity = run_identity(cfg, world_size=world_size, model_config=config)
+    if not cfg.resume:
+        refuse_existing_run(cfg)
+        return StartPlan(identity)
+    return plan_resume(cfg, identity)
+
+
+def check_flags(cfg: TrainConfig) -> None:
+    if cfg.eval_every and not (cfg.eval_data or cfg.eval_fraction):
+        raise ConfigError(
+            f"--eval-every {cfg.eval_every} needs an eval set.",
+            fix="add --eval-data FILE or --eval-fraction 0.05, or drop --eval-every",
+        )
+
+
+def check_inputs(cfg: TrainConfig) -> None:
+    """Tokenizer folder, chat template file, training and eval data exist (no downloads are made)."""
+    from .data import resolve_files
+
+    tokenizer = Path(str(cfg.tokenizer))
+    if not tokenizer.is_dir():
+        what = "is a file" if tokenizer.is_file() else "does not exist"
+        raise ConfigError(
+            f"tokenizer {tokenizer} {what}; expected a local tokenizer folder.",
+            fix="pass --tokenizer DIR (needed when --model is a config.json)",
+        )
+    template = cfg.chat_template
+    if template and (template.endswith(".jinja") or os.sep in template) and not Path(template).is_file():
+        raise ConfigError(f"chat template file {template} does not exist.", fix="check --chat-template")
+    resolve_files(cfg.data)  # ConfigError for a missing local path; None for a dataset name
+    if cfg.eval_data:
+        try:
+            resolve_files(cfg.eval_data)
+        except ConfigError as e:
+            raise ConfigError(f"--eval-data: {e.message}", fix="check --eval-data") from e
+
+
+def check_output(output: Path, *, need_bytes: int) -> None:
+    """The output folder (or its nearest existing parent) is a writable folder with room for a checkpoint."""
+    existing = output
+    while not _exists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(
+            f"--output {output}: {existing} is a file, not a folder.", fix="pass a folder path for --output"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"--output {output}: {existing} is not writable by this user (uid {os.getuid()}, owner uid "
+            f"{existing.stat().st_uid}).",
+            fix="choose a folder you own, or fix its permissions",
+        )
+    free = shutil.disk_usage(existing).free
+    if free < need_bytes:
+        raise ConfigError(
+            f"--output {output}: {free / 2**30:.1f} GiB free on its disk; one checkpoint needs about "
+            f"{need_bytes / 2**30:.1f} GiB (12 bytes per parameter).",
+            fix="free disk space or put --output on a larger disk",
+        )
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # an unreadable parent: treat as absent and look further up
+        return False
+
+
+def run_artifacts(output: Path) -> list[str]:
+    """Names of a previous run's artifacts in ``output``."""
+    return [name for name in RUN_ARTIFACTS if _exists(output / name)] if output.is_dir() else []
+
+
+def refuse_existing_run(cfg: TrainConfig) -> None:
+    found = run_artifacts(cfg.output)
+    if found and not cfg.overwrite:
+        raise CheckpointError(
+            f"--output {cfg.output} already holds a run ({', '.join(found)}).",
+            fix="--resume to continue it, --overwrite to delete it and start again, or another --output",
+        )
+
+
+def plan_resume(cfg: TrainConfig, identity: dict[str, Any]) -> StartPlan:
+    """The newest verified checkpoint, refused when its run identity differs (unless --resume-anyway)."""
+    path, problems = ckpt.find_resumable(cfg.output)
+    warnings = list(problems)
+    if problems and path is not None:
+        warnings.append(f"falling back to {path.name}, the newest checkpoint that verifies")
+    reference, source = _reference_identity(cfg.output, path)
+    if reference is not None:
+        diffs = differences(reference, identity)
+        if diffs and not cfg.resume_anyway:
+            raise CheckpointError(
+                f"--resume: {source} belongs to a different run; what differs:\n  " + "\n  ".join(diffs),
+                fix="resume with the original inputs and settings; or --resume-anyway to continue from it "
+                "anyway (not an exact continuation); or --overwrite / another --output to start again",
+            )
+        warnings += [f"--resume-anyway: {source} differs: {d}" for d in diffs]
+    return StartPlan(identity, path, tuple(warnings))
+
+
+def _reference_identity(output: Path, checkpoint: Path | None) -> tuple[dict[str, Any] | None, Path]:
+    """The identity recorded with the checkpoint, else the folder's run.json (None: nothing recorded)."""
+    if checkpoint is not None:
+        saved = ckpt.read_trainer_state(checkpoint).get("identity")
+        if isinstance(saved, dict):
+            return saved, checkpoint
+    run_file = output / RUN_FILE
+    if run_file.is_file():
+        return read_identity(run_file), run_file
+    return None, run_file
+
+
+def claim_output(cfg: TrainConfig, plan: StartPlan) -> list[str]:
+    """Rank 0, after the gate passed: --overwrite deletes the old run's artifacts (returned), then the folder
+    is created, leftovers of a crash mid-save are removed and this run's identity is written."""
+    removed = []
+    if cfg.overwrite:
+        for name in run_artifacts(cfg.output):
+            target = cfg.output / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+            removed.append(name)
+    cfg.output.mkdir(parents=True, exist_ok=True)
+    ckpt.remove_incomplete(cfg.output)
+    write_identity(cfg.output, plan.identity)
+    return removed
+
+
+# ---------------------------------------------------------------------------------------- disk estimate ---
+def checkpoint_bytes_estimate(config: Any, weights: Path | None) -> int:
+    """Bytes of one checkpoint: parameters (from the weight files' headers, else the config) x 12."""
+    params = _params_from_weights(weights) if weights is not None else None
+    return CHECKPOINT_BYTES_PER_PARAM * (params or _params_from_config(config))
+
+
+def _params_from_weights(folder: Path) -> int | None:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        counts = [_safetensors_params(folder / s) for s in shards]
+        return None if None in counts else sum(c for c in counts if c is not None)
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return _safetensors_params(single)
+    binary = folder / "pytorch_model.bin"
+    return binary.stat().st_size // 2 if binary.is_file() else None  # assume 16-bit weights
+
+
+def _safetensors_params(path: Path) -> int | None:
+    """Parameter count from a safetensors header (8-byte length, then JSON): no tensor data is read."""
+    try:
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+    except (OSError, ValueError, struct.error):
+        return None
+    total = 0
+    for name, entry in header.items():
+        if name != "__metadata__" and isinstance(entry, dict):
+            n = 1
+            for dim in entry.get("shape", []):
+                n *= int(dim)
+            total += n
+    return total
+
+
+def _params_from_config(config: Any) -> int:
+    """A lower-bound estimate: embeddings (and an untied head), MLP (all experts), 4 x hidden^2 mixing."""
+    get = getattr(config, "get_text_config", None)
+    text = get() if callable(get) else config
+    hidden, vocab = int(text.hidden_size), int(text.vocab_size)
+    layers = int(getattr(text, "num_hidden_layers", 0) or 0)
+    experts = int(getattr(text, "num_experts", 0) or 0)
+    if experts:
+        mlp_width = experts * int(getattr(text, "moe_intermediate_size", 0) or 0)
+        mlp_width += int(getattr(text, "shared_expert_intermediate_size", 0) or 0)
+    else:
+        mlp_width = int(getattr(text, "intermediate_size", 0) or 0)
+    heads = 1 if getattr(text, "tie_word_embeddings", False) else 2
+    return heads * vocab * hidden + layers * (3 * hidden * mlp_width + 4 * hidden * hidden)
