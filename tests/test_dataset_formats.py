@@ -145,6 +145,12 @@ BAD_ROWS: list[tuple[Any, Any, str, str]] = [
         "name",
     ),
     (CHAT, {"messages": [{**USER, "tool_calls": []}, ANSWER]}, "messages[0].tool_calls", "only assistant"),
+    (
+        CHAT,
+        {"messages": [USER, {**ANSWER, "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}]},
+        "messages[1].tool_calls[0].arguments",
+        "an object or a JSON object string",
+    ),
     (CHAT, {**CHAT, "tools": "[oops"}, "tools", "not valid JSON"),
     (
         CHAT,
@@ -180,4 +186,22 @@ def test_tool_rows_render_with_their_tools_column(qwen: Any, tmp_path: Path) -> 
     assert _trained(qwen, ids, labels) == (
         '<think>\n\n</think>\n\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>\n'
         "<think>\n\n</think>\n\ncd<|im_end|>\n"
+    )
+
+
+def test_json_string_tool_arguments_render_like_objects(qwen: Any, tmp_path: Path) -> None:
+    """OpenAI-style rows carry arguments as a JSON string; Qwen3.5's template can only render an object."""
+    qwen35 = copy.copy(qwen)
+    set_chat_template(qwen35, "qwen3_5_think_training")
+
+    def row(arguments: Any) -> dict[str, Any]:
+        call = {"type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+        return {"messages": [USER, {"role": "assistant", "content": None, "tool_calls": [call]}]}
+
+    (as_object,), _ = _load(qwen35, tmp_path, [row({"city": "Paris"})])
+    (as_string,), stats = _load(qwen35, tmp_path, [row('{"city": "Paris"}')])
+    assert as_string == as_object and stats.template == "qwen3_5_think_training"
+    assert _trained(qwen35, *as_object) == (
+        "<think>\n\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "</function>\n</tool_call><|im_end|>\n"
     )

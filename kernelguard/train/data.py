@@ -420,10 +420,14 @@ def _content(row: Row, content: Any, where: str) -> str:
 
 
 def _tool_calls(row: Row, calls: Any, where: str) -> list[dict[str, Any]]:
+    """Tool calls as ``{"type": "function", "function": {"name", "arguments": {...}}}`` (a bare
+    ``{"name", "arguments"}`` is accepted). Arguments given as a JSON string (OpenAI style) are decoded: chat
+    templates expect an object, and Qwen3.5's cannot render a string at all."""
     if not isinstance(calls, (list, tuple)):
         raise _data_error(
             row.file, row.row, where, f"expected a list of tool calls, got {type(calls).__name__}"
         )
+    out = []
     for j, call in enumerate(calls):
         fn = call.get("function", call) if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
@@ -433,11 +437,25 @@ def _tool_calls(row: Row, calls: Any, where: str) -> list[dict[str, Any]]:
                 f"{where}[{j}]",
                 'expected {"type": "function", "function": {"name": ..., "arguments": {...}}}',
             )
-        if not isinstance(fn.get("arguments", {}), (dict, str)):
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as e:
+                args = e  # reported below
+        if not isinstance(args, dict):
             raise _data_error(
-                row.file, row.row, f"{where}[{j}].arguments", "arguments must be an object or a JSON string"
+                row.file,
+                row.row,
+                f"{where}[{j}].arguments",
+                "arguments must be an object or a JSON object string",
             )
-    return list(calls)
+        out.append(
+            {**call, "function": {**fn, "arguments": args}}
+            if "function" in call
+            else {**fn, "arguments": args}
+        )
+    return out
 
 
 def _tools(row: Row) -> list[dict[str, Any]] | None:
