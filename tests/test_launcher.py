@@ -1,0 +1,137 @@
+"""`kernelguard train --nproc-per-node N`: a rank's kernelguard error reaches the user as one message, printed
+once, with the documented exit code (2 usage/config/data, 3 guard refused) — where plain torchrun exits 1."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import train_helpers as h
+
+from kernelguard.train import launch as launch_mod
+from kernelguard.train.__main__ import main
+from kernelguard.train.config import LaunchOptions
+
+DATA_ERROR = "row 1, field 'messages': the conversation is empty"
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("launch")
+    return {
+        "root": root,
+        "tok": h.write_tokenizer(root / "tok"),
+        "model": h.write_model_config(root / "model"),
+        "data": h.write_jsonl(root / "data.jsonl", h.copy_task_rows(60)),
+        "bad": h.write_jsonl(root / "bad.jsonl", [{"messages": []}]),
+    }
+
+
+def _args(assets: dict[str, Path], out: Path, data: str = "data") -> list[str]:
+    return [
+        "--model", str(assets["model"]), "--tokenizer", str(assets["tok"]), "--data", str(assets[data]),
+        "--output-dir", str(out), "--max-length", "256", "--param-dtype", "fp32", "--no-progress",
+        "--allow", "attention", "--max-steps", "1",
+    ]  # fmt: skip
+
+
+def _assert_clean(stderr: str) -> None:
+    for noise in ("Traceback", "ChildFailedError", "exitcode", "OMP_NUM_THREADS"):
+        assert noise not in stderr, stderr
+
+
+@pytest.mark.slow
+def test_data_error_in_the_ranks_exits_2_printed_once(assets: dict[str, Path]) -> None:
+    out = assets["root"] / "bad"
+    r = h.run_train([*_args(assets, out, "bad"), "--nproc-per-node", "2"], nproc=0)
+    assert r.returncode == 2, r.stderr
+    line = f"kernelguard train: error: {assets['bad']}, {DATA_ERROR}"
+    assert r.stderr.count(line) == 1 and r.stderr.count("kernelguard train: error:") == 1, r.stderr
+    assert r.stderr.rstrip().endswith(
+        "Fix: fix or remove that row, or pass --skip-bad-rows to skip malformed rows with a count"
+    )
+    _assert_clean(r.stderr)
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_guard_refusal_in_the_ranks_exits_3_with_one_report(assets: dict[str, Path]) -> None:
+    out = assets["root"] / "refused"
+    r = h.run_train([*_args(assets, out), "--nproc-per-node", "2"], nproc=0, fakes=False)
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.count("refused to start (exit 3)") == 1, r.stderr
+    assert r.stderr.count("SLOW PATHS") == 1 and "chunk_gated_delta_rule" in r.stderr
+    _assert_clean(r.stderr)
+    assert not out.exists()
+
+
+def test_config_error_exits_2_before_any_rank_starts(
+    assets: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started: list[Any] = []
+    monkeypatch.setattr(launch_mod, "launch", lambda *a: started.append(a) or 0)
+    args = [*_args(assets, assets["root"] / "x"), "--nproc-per-node", "2", "--max-length", "0"]
+    assert main(args) == 2 and not started
+    assert capsys.readouterr().err == (
+        "kernelguard train: error: block_size is 0; it must be a positive integer.\nFix: --max-length 8192\n"
+    )
+
+
+def test_launcher_flags_inside_torchrun_are_refused(
+    assets: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.delenv(launch_mod.LAUNCH_DIR_ENV, raising=False)
+    assert main([*_args(assets, assets["root"] / "y"), "--nproc-per-node", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "kernelguard train: error: --nproc-per-node was given inside a process that torchrun"
+    )
+
+
+def test_torchrun_argv() -> None:
+    assert launch_mod.torchrun_argv(LaunchOptions(nproc_per_node="2"), ["--model", "m"]) == [
+        "--nproc-per-node", "2", "--nnodes", "1", "--node-rank", "0", "--standalone",
+        "-m", "kernelguard.train", "--model", "m",
+    ]  # fmt: skip
+    multi = LaunchOptions(
+        nproc_per_node="8", nnodes="2", node_rank=1, rdzv_backend="c10d", rdzv_endpoint="h:29400"
+    )
+    argv = launch_mod.torchrun_argv(multi, [])
+    assert "--standalone" not in argv and argv[argv.index("--rdzv-endpoint") + 1] == "h:29400"
+
+
+def _failure(rank: int, exitcode: int) -> Any:
+    failure = types.SimpleNamespace(exitcode=exitcode)
+    return types.SimpleNamespace(get_first_failure=lambda: (rank, failure))
+
+
+def test_lowest_failing_rank_record_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(launch_mod.LAUNCH_DIR_ENV, str(tmp_path))
+    for rank, code in ((1, 3), (0, 2)):
+        monkeypatch.setenv("RANK", str(rank))
+        assert launch_mod.write_rank_error(code, f"message of rank {rank}", report=None)
+    assert json.loads((tmp_path / "rank-1.json").read_text())["exit_code"] == 3
+    assert launch_mod._report_failure(_failure(1, 3), tmp_path) == 2
+    assert capsys.readouterr().err == "message of rank 0\n"
+    monkeypatch.delenv(launch_mod.LAUNCH_DIR_ENV)
+    assert not launch_mod.write_rank_error(2, "x")  # outside a launched rank the caller prints
+
+
+@pytest.mark.parametrize(
+    ("exitcode", "expected_rc", "message"),
+    [
+        (1, 1, "kernelguard train: rank 1 failed with exit code 1; its output is above.\n"),
+        (-9, 137, "kernelguard train: rank 1 was killed by SIGKILL.\n"),
+    ],
+)
+def test_other_rank_failures_keep_their_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], exitcode: int, expected_rc: int, message: str
+) -> None:
+    assert launch_mod._report_failure(_failure(1, exitcode), tmp_path) == expected_rc
+    assert capsys.readouterr().err == message
