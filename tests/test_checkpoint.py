@@ -1,0 +1,121 @@
+"""Checkpoint manifests: a damaged newest checkpoint is named and skipped, none valid is a clear refusal,
+retention keeps the N newest and never the one just saved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kernelguard.errors import CheckpointError, ConfigError
+from kernelguard.train import checkpoint as ckpt
+
+SHARD = "__0_0.distcp"
+
+
+def _make(output: Path, step: int, *, payload: bytes = b"") -> Path:
+    """A sealed checkpoint folder with a shard, DCP metadata and a trainer state (no torch needed)."""
+    folder = ckpt.checkpoint_root(output) / f"step_{step}"
+    folder.mkdir(parents=True)
+    (folder / SHARD).write_bytes(payload or bytes(range(256)) * 64 + bytes([step]))
+    (folder / ".metadata").write_bytes(b"meta" * 10)
+    (folder / ckpt.TRAINER_STATE).write_text(json.dumps({"step": step, "scheduler": {}}))
+    ckpt.write_manifest(folder, step)
+    return folder
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_manifest_records_every_file_and_the_marker_seals_it(tmp_path: Path) -> None:
+    folder = _make(tmp_path, 2)
+    manifest = json.loads((folder / ckpt.MANIFEST).read_text())
+    assert sorted(manifest["files"]) == [".metadata", SHARD, ckpt.TRAINER_STATE]
+    assert manifest["files"][SHARD]["size"] == (folder / SHARD).stat().st_size
+    assert len(manifest["files"][SHARD]["sha256"]) == 64
+    assert (folder / ckpt.MARKER).read_text().startswith("step 2\nmanifest sha256 ")
+    assert ckpt.verify_checkpoint(folder) is None
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda f: _truncate(f / SHARD), f"{SHARD} has 16285 bytes; the manifest says 16385 (truncated"),
+        (lambda f: _flip_byte(f / SHARD), f"{SHARD} does not match its sha256 in the manifest (corrupted)"),
+        (lambda f: (f / ckpt.MANIFEST).unlink(), f"{ckpt.MANIFEST} is missing"),
+        (lambda f: (f / SHARD).unlink(), f"{SHARD} is missing"),
+        (lambda f: _flip_byte(f / ckpt.MANIFEST), f"{ckpt.MANIFEST} does not match the checksum sealed in"),
+        (lambda f: _flip_byte(f / ckpt.TRAINER_STATE), f"{ckpt.TRAINER_STATE} does not match its sha256"),
+    ],
+    ids=["truncated-shard", "flipped-byte", "no-manifest", "no-shard", "edited-manifest", "edited-state"],
+)
+def test_damaged_newest_checkpoint_falls_back_naming_the_file(tmp_path: Path, damage, expected: str) -> None:
+    older = _make(tmp_path, 2)
+    newest = _make(tmp_path, 4)
+    damage(newest)
+    problem = ckpt.verify_checkpoint(newest)
+    assert problem is not None and expected in problem and str(newest) in problem, problem
+    path, problems = ckpt.find_resumable(tmp_path)
+    assert path == older
+    assert problems == [f"checkpoint step_4 is unusable: {problem}"]
+
+
+def test_no_valid_checkpoint_is_a_refusal_with_the_fix(tmp_path: Path) -> None:
+    for step in (2, 4):
+        _flip_byte(_make(tmp_path, step) / SHARD)
+    with pytest.raises(CheckpointError) as info:
+        ckpt.find_resumable(tmp_path)
+    err = info.value
+    assert isinstance(err, ConfigError)  # exit 2 through the CLI
+    assert "--resume found no valid checkpoint" in err.message
+    assert "checkpoint step_4 is unusable" in err.message and "checkpoint step_2 is unusable" in err.message
+    assert err.fix is not None and "--overwrite" in err.fix
+
+
+def test_nothing_to_resume_is_not_an_error(tmp_path: Path) -> None:
+    assert ckpt.find_resumable(tmp_path) == (None, [])
+
+
+def test_a_checkpoint_from_before_manifests_is_accepted_unverified(tmp_path: Path) -> None:
+    folder = ckpt.checkpoint_root(tmp_path) / "step_3"
+    folder.mkdir(parents=True)
+    (folder / ckpt.MARKER).write_text("step 3\n")
+    assert ckpt.verify_checkpoint(folder) is None
+    assert ckpt.find_resumable(tmp_path) == (folder, [])
+
+
+def test_unreadable_trainer_state_is_a_checkpoint_error(tmp_path: Path) -> None:
+    folder = _make(tmp_path, 2)
+    (folder / ckpt.TRAINER_STATE).write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"trainer\.json cannot be read"):
+        ckpt.read_trainer_state(folder)
+    (folder / ckpt.TRAINER_STATE).write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match="is not a kernelguard trainer state"):
+        ckpt.read_trainer_state(folder)
+
+
+def test_retention_keeps_the_newest_n_and_never_the_one_just_saved(tmp_path: Path) -> None:
+    for step in (1, 2, 3, 4):
+        _make(tmp_path, step)
+    removed = ckpt.prune_checkpoints(tmp_path, keep=2, newest=4)
+    assert [p.name for p in removed] == ["step_1", "step_2"]
+    assert [s for s, _ in ckpt.complete_checkpoints(tmp_path)] == [3, 4]
+    assert [p.name for p in ckpt.prune_checkpoints(tmp_path, keep=1, newest=4)] == ["step_3"]
+    assert [s for s, _ in ckpt.complete_checkpoints(tmp_path)] == [4]
+
+
+def test_retention_leaves_later_checkpoints_of_a_resumed_run_alone(tmp_path: Path) -> None:
+    # Resumed from step_2 because step_6 is damaged; saving step_3 with keep=1 keeps step_3 (newest saved)
+    # and leaves step_6 for the run to overwrite when it gets there.
+    for step in (2, 3, 6):
+        _make(tmp_path, step)
+    assert [p.name for p in ckpt.prune_checkpoints(tmp_path, keep=1, newest=3)] == ["step_2"]
+    assert [s for s, _ in ckpt.complete_checkpoints(tmp_path)] == [3, 6]

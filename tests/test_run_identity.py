@@ -1,0 +1,207 @@
+"""Runs never mix and refuse early: run identity, --resume against a different run, --overwrite, and
+preflight failures that leave the output folder exactly as it was (in process, no model build)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import train_helpers as h
+
+from kernelguard.errors import CheckpointError, ConfigError
+from kernelguard.train import checkpoint as ckpt
+from kernelguard.train.config import TrainConfig
+from kernelguard.train.identity import RUN_FILE, differences, read_identity, write_identity
+from kernelguard.train.preflight import StartPlan, claim_output, preflight
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("identity")
+    return {
+        "tok": h.write_tokenizer(root / "tok"),
+        "model": h.write_model_config(root / "model"),
+        "data": h.write_jsonl(root / "data.jsonl", h.copy_task_rows(20)),
+    }
+
+
+def _cfg(assets: dict[str, Path], output: Path, **overrides: Any) -> TrainConfig:
+    values: dict[str, Any] = {
+        "model": str(assets["model"]),
+        "tokenizer": str(assets["tok"]),
+        "data": str(assets["data"]),
+        "output": output,
+        "block_size": 256,
+        "lr": 3e-3,
+        "schedule_steps": 8,
+    }
+    return TrainConfig(**{**values, **overrides})
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under ``root`` with its size and mtime: equal snapshots = nothing created or changed."""
+    if not root.exists():
+        return {}
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def _seal_run(output: Path, identity: dict[str, Any], step: int = 2) -> Path:
+    """A finished-looking run: run.json, metrics and one sealed checkpoint recording ``identity``."""
+    folder = ckpt.checkpoint_root(output) / f"step_{step}"
+    folder.mkdir(parents=True)
+    (folder / "__0_0.distcp").write_bytes(b"x" * 100)
+    state = {"step": step, "scheduler": {}, "identity": identity}
+    (folder / ckpt.TRAINER_STATE).write_text(json.dumps(state))
+    ckpt.write_manifest(folder, step)
+    write_identity(output, identity)
+    (output / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    return folder
+
+
+def test_identity_fingerprints_inputs_and_settings(assets: dict[str, Path], tmp_path: Path) -> None:
+    a = preflight(_cfg(assets, tmp_path / "a"), world_size=2).identity
+    assert preflight(_cfg(assets, tmp_path / "b", max_steps=3, save_every=1), world_size=2).identity == a
+    assert a["world_size"] == 2 and a["block_size"] == 256 and a["seed"] == 0
+    assert all(len(a[k]) == 64 for k in ("model_config_sha256", "tokenizer_sha256", "data_sha256"))
+    other_data = h.write_jsonl(tmp_path / "d2.jsonl", h.copy_task_rows(20, seed=1))
+    b = preflight(_cfg(assets, tmp_path / "a", data=str(other_data), seed=3), world_size=1).identity
+    assert differences(a, b) == [
+        f"data_sha256: was {a['data_sha256']!r}, now {b['data_sha256']!r}",
+        "world_size: was 2, now 1",
+        "seed: was 0, now 3",
+    ]
+
+
+def test_resume_refuses_a_different_run_naming_each_difference(
+    assets: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    folder = _seal_run(out, preflight(_cfg(assets, out), world_size=2).identity)
+    before = _snapshot(out)
+    changed = _cfg(assets, out, resume=True, lr=1e-3, block_size=512, grad_accum=2)
+    with pytest.raises(CheckpointError) as info:
+        preflight(changed, world_size=1)
+    message = info.value.message
+    assert message.startswith(f"--resume: {folder} belongs to a different run; what differs:")
+    for line in ("block_size: was 256, now 512", "world_size: was 2, now 1", "grad_accum: was 1, now 2",
+                 "lr: was 0.003, now 0.001"):  # fmt: skip
+        assert f"\n  {line}" in message, message
+    assert "--resume-anyway" in (info.value.fix or "")
+    assert _snapshot(out) == before
+
+    anyway = _cfg(assets, out, resume=True, resume_anyway=True, lr=1e-3)
+    plan = preflight(anyway, world_size=2)
+    assert plan.resume_from == folder
+    assert plan.warnings == (f"--resume-anyway: {folder} differs: lr: was 0.003, now 0.001",)
+
+
+def test_resume_of_the_same_run_picks_the_verified_checkpoint(
+    assets: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    identity = preflight(_cfg(assets, out), world_size=2).identity
+    good = _seal_run(out, identity, step=2)
+    bad = ckpt.checkpoint_root(out) / "step_4"
+    shutil.copytree(good, bad)
+    (bad / "__0_0.distcp").write_bytes(b"y" * 100)  # same size, other content
+    plan = preflight(_cfg(assets, out, resume=True, max_steps=9), world_size=2)
+    assert plan.resume_from == good
+    assert plan.warnings == (
+        f"checkpoint step_4 is unusable: {bad / '__0_0.distcp'} does not match its sha256 in the manifest "
+        "(corrupted)",
+        "falling back to step_2, the newest checkpoint that verifies",
+    )
+
+
+def test_a_folder_holding_a_run_is_refused_without_overwrite(assets: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _seal_run(out, preflight(_cfg(assets, out), world_size=1).identity)
+    (out / "notes.txt").write_text("mine")
+    before = _snapshot(out)
+    with pytest.raises(CheckpointError) as info:
+        preflight(_cfg(assets, out), world_size=1)
+    assert info.value.message == f"--output {out} already holds a run (run.json, checkpoints, metrics.jsonl)."
+    assert "--resume" in (info.value.fix or "") and "--overwrite" in (info.value.fix or "")
+    assert _snapshot(out) == before
+
+    cfg = _cfg(assets, out, overwrite=True, seed=5)
+    plan = preflight(cfg, world_size=1)
+    assert _snapshot(out) == before  # preflight itself never writes
+    assert claim_output(cfg, plan) == [RUN_FILE, "checkpoints", "metrics.jsonl"]
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", RUN_FILE]  # the user's file is kept
+    assert read_identity(out / RUN_FILE) == plan.identity and plan.identity["seed"] == 5
+
+
+def test_claim_writes_the_identity_into_a_new_folder(assets: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "new" / "run"
+    cfg = _cfg(assets, out)
+    plan = preflight(cfg, world_size=1)
+    assert not (tmp_path / "new").exists()
+    assert claim_output(cfg, plan) == []
+    assert read_identity(out / RUN_FILE) == plan.identity
+
+
+def _make_file(path: Path) -> Path:
+    path.write_text("x")
+    return path
+
+
+PREFLIGHT_FAILURES: list[tuple[str, Callable[[dict[str, Path], Path], dict[str, Any]], str]] = [
+    ("output-under-a-file", lambda a, t: {"output": _make_file(t / "f") / "out"}, "is a file, not a folder"),
+    ("no-tokenizer", lambda a, t: {"tokenizer": str(t / "none")}, "does not exist; expected a local tokenizer"),
+    ("tokenizer-is-a-file", lambda a, t: {"tokenizer": str(a["model"])}, "is a file; expected a local tokenizer"),
+    ("no-data", lambda a, t: {"data": str(t / "none.jsonl")}, "does not exist"),
+    ("no-eval-data", lambda a, t: {"eval_data": str(t / "e.jsonl")}, "--eval-data: data path"),
+    ("no-template", lambda a, t: {"chat_template": str(t / "x.jinja")}, "chat template file"),
+    ("eval-every-alone", lambda a, t: {"eval_every": 5}, "--eval-every 5 needs an eval set"),
+    ("no-model", lambda a, t: {"model": str(t / "m")}, "neither a model directory"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"), [c[1:] for c in PREFLIGHT_FAILURES], ids=[c[0] for c in PREFLIGHT_FAILURES]
+)
+def test_preflight_failures_change_nothing(
+    assets: dict[str, Path], tmp_path: Path, change: Any, expected: str
+) -> None:
+    out = tmp_path / "out"
+    overrides = change(assets, tmp_path)
+    before = _snapshot(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        preflight(_cfg(assets, overrides.pop("output", out), **overrides), world_size=1)
+    assert expected in info.value.message, info.value.message
+    assert info.value.fix
+    assert _snapshot(tmp_path) == before
+
+
+def test_preflight_refuses_an_unwritable_or_full_output(
+    assets: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _cfg(assets, tmp_path / "out")
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    with pytest.raises(ConfigError, match=rf"{tmp_path} is not writable by this user \(uid \d+"):
+        preflight(cfg, world_size=1)
+    monkeypatch.undo()
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10, 10, 1024))  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"0\.0 GiB free on its disk; one checkpoint needs about"):
+        preflight(cfg, world_size=1)
+    assert not (tmp_path / "out").exists()
+
+
+def test_checkpoint_estimate_reads_safetensors_headers(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from kernelguard.train.preflight import checkpoint_bytes_estimate
+
+    save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5)}, str(tmp_path / "model.safetensors"))
+    assert checkpoint_bytes_estimate(None, tmp_path) == 12 * 17
+
+
+def test_start_plan_defaults() -> None:
+    assert StartPlan({"seed": 0}) == StartPlan({"seed": 0}, None, ())
