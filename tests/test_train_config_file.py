@@ -286,17 +286,20 @@ def test_dry_run_without_the_memory_module_is_a_clear_error(
 def test_dry_run_prints_the_estimate_and_trains_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    seen: list[TrainConfig] = []
+    seen: list[tuple[TrainConfig, int | None]] = []
 
     class Estimate:
         def render(self) -> str:
             return "peak per GPU: 12.3 GiB"
 
-    def estimate(cfg: TrainConfig) -> Estimate:
-        seen.append(cfg)
+    def estimate(cfg: TrainConfig, *, world_size: int | None) -> Estimate:
+        seen.append((cfg, world_size))
         return Estimate()
 
     monkeypatch.setitem(sys.modules, "kernelguard.train.memory", types.SimpleNamespace(estimate=estimate))
     assert main([*_base(tmp_path), "--dry-run", "--max-length", "128"]) == 0
     assert capsys.readouterr().out == "peak per GPU: 12.3 GiB\n"
-    assert seen[0].block_size == 128 and not (tmp_path / "out").exists()
+    assert seen[0][0].block_size == 128 and seen[0][1] is None and not (tmp_path / "out").exists()
+    # With the launcher flags, the estimate is for the ranks they would start; nothing is launched.
+    assert main([*_base(tmp_path), "--dry-run", "--nproc-per-node", "4", "--nnodes", "2:3"]) == 0
+    assert seen[1][1] == 8 and not (tmp_path / "out").exists()

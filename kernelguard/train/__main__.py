@@ -13,6 +13,8 @@ import sys
 
 from kernelguard.errors import ConfigError, DataError
 
+from .config import LaunchOptions
+
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_GUARD = 3
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         for warning in cmd.warnings:
             print_rank0(f"kernelguard train: warning: {warning}")
     if cmd.config.dry_run:
-        return _dry_run(cmd.config)
+        return _dry_run(cmd.config, world_size=_launch_world_size(cmd.launch))
     if cmd.launch is not None and not launched_by_kernelguard():
         try:
             return launch(cmd.launch, argv)
@@ -83,7 +85,15 @@ def _train(cfg: object) -> int:
             dist.destroy_process_group()
 
 
-def _dry_run(cfg: object) -> int:
+def _launch_world_size(opts: LaunchOptions | None) -> int | None:
+    """Ranks that --nproc-per-node/--nnodes will start (the fewest for MIN:MAX); None when not a number."""
+    if opts is None or not opts.nproc_per_node.isdigit():
+        return None
+    nodes = opts.nnodes.split(":")[0]
+    return int(opts.nproc_per_node) * int(nodes) if nodes.isdigit() else None
+
+
+def _dry_run(cfg: object, *, world_size: int | None) -> int:
     """--dry-run: the memory estimate (kernelguard.train.memory), no process group, no training."""
     try:
         from .memory import estimate
@@ -94,7 +104,7 @@ def _dry_run(cfg: object) -> int:
             "which this kernelguard does not have.\nFix: run without --dry-run, or upgrade kernelguard",
         )
     try:
-        text = estimate(cfg).render()
+        text = estimate(cfg, world_size=world_size).render()
     except (ConfigError, DataError) as e:
         return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
     if is_rank0():
