@@ -268,3 +268,87 @@ def cpu_varlen() -> Any:
     finally:
         attention.set_varlen_impl(saved)
 
+
+
+# ---------------------------------------------------------------------------------------- stack check ---
+def test_stack_check_resolves_the_models_own_config(
+    fake_providers: Path, tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA the callback runs `kernelguard check` from the trained model's config (its real key head dim),
+    packed or not as the run is. CPU here: pretend the model is on CUDA to take that path."""
+    from kernelguard.errors import ResolutionError
+    from kernelguard.integrations import transformers as integration
+
+    monkeypatch.setattr(integration, "_model_device", lambda model: torch.device("cuda"))
+    model = tiny.tiny_model("qwen3_5")
+    result = integration.check_stack(model, allow=(), packed=False)
+    assert result.ok
+    assert result.model_origin.endswith("config.json")
+    assert result.resolution.requirements.key_head_dim == 16  # the tiny model's, not the family default
+    with pytest.raises(ResolutionError) as info:  # packed: varlen attention is required, and CPU torch has none
+        integration.check_stack(model, allow=(), packed=True)
+    assert "varlen_attention" in str(info.value)
+    assert integration.check_stack(model, allow=["attention"], packed=True).ok
+
+
+def test_stack_check_is_skipped_off_cuda_and_for_models_without_fallback_kernels(tiny: Any, tmp_path: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from kernelguard.integrations import transformers as integration
+
+    assert integration.check_stack(tiny.tiny_model("qwen3_5"), allow=(), packed=True) is None  # CPU
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    assert integration._check_reference(llama, None, tmp_path) is None  # the guard still checks its attention
+    assert integration._check_reference(llama, "qwen3_5", tmp_path) == "qwen3_5"  # model= wins
+
+
+# -------------------------------------------------------------------------------------- two ranks ---
+RANKS_SCRIPT = '''
+import os, sys
+sys.path[:0] = [{tests!r}]
+import torch, tiny_models
+from transformers import Trainer, TrainingArguments, default_data_collator
+from kernelguard.integrations.transformers import KernelGuardCallback
+
+rank = int(os.environ["RANK"])
+# Rank 0 accepts the slow GDN paths, rank 1 does not: only rank 1 refuses.
+allow = ["chunk_gated_delta_rule", "causal_conv1d_fn"] if rank == 0 else []
+model = tiny_models.tiny_model("qwen3_5").train()
+rows = [{{"input_ids": torch.arange(3, 11), "labels": torch.arange(3, 11)}} for _ in range(8)]
+args = TrainingArguments(output_dir={out!r}, max_steps=1, per_device_train_batch_size=2, report_to="none",
+                         use_cpu=True, save_strategy="no", disable_tqdm=True, ddp_backend="gloo")
+trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=default_data_collator,
+                  callbacks=[KernelGuardCallback(allow=allow)])
+try:
+    trainer.train()
+except Exception as e:
+    print(f"RANK{{rank}} {{type(e).__name__}}: {{str(e).splitlines()[0]}}", flush=True)
+    print(f"RANK{{rank}} step={{trainer.state.global_step}}", flush=True)
+    sys.exit(3)
+print(f"RANK{{rank}} trained", flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_two_ranks_stop_together_when_one_refuses(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    tests = str(Path(__file__).resolve().parent)
+    script = tmp_path / "job.py"
+    script.write_text(RANKS_SCRIPT.format(tests=tests, out=str(tmp_path / "out")))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "TRANSFORMERS_VERBOSITY": "error",
+           "PYTHONPATH": os.pathsep.join([str(Path(tests).parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone", str(script)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    out = proc.stdout
+    assert proc.returncode != 0, out + proc.stderr
+    assert "RANK1 KernelFallbackError: kernelguard refused to start training (before step 1)." in out
+    assert ("RANK0 KernelFallbackError: kernelguard refused to start training on rank(s) [1] (the report is "
+            "printed by rank 1); this rank 0 passed and stops with them.") in out
+    assert "RANK0 step=0" in out and "RANK1 step=0" in out
+    assert "trained" not in out
