@@ -104,8 +104,13 @@ def test_list_of_text_parts_equals_string_content(tokenizer: Any, tmp_path: Path
     (ex2,), _ = _load(tokenizer, tmp_path, [{"messages": [USER, ANSWER]}])
     assert ex1 == ex2
     image = {"role": "user", "content": [{"type": "image", "url": "x.png"}]}
+    strings = {"role": "user", "content": ["not", "parts"]}
     with pytest.raises(
-        DataError, match=r"row 1, field 'messages\[0\]\.content\[0\]': content part of type 'image'"
+        DataError, match=r"field 'messages\[0\]\.content': part 0 is 'str'; expected text parts"
+    ):
+        _load(tokenizer, tmp_path, [{"messages": [strings, ANSWER]}])
+    with pytest.raises(
+        DataError, match=r"row 1, field 'messages\[0\]\.content': part 0 is 'image'; expected text parts"
     ):
         _load(tokenizer, tmp_path, [{"messages": [image, ANSWER]}])
 

@@ -157,24 +157,21 @@ def _message(row: Row, msg: Any, where: str) -> dict[str, Any]:
 
 
 def _content(row: Row, content: Any, where: str) -> str:
-    """A string. Lists of text parts are joined as Qwen3.5's template joins them; templates that read only string
+    """A string. A list of text parts is joined as Qwen3.5's template joins them; templates that read only string
     content (Qwen3's) would otherwise render such a message as empty."""
     if isinstance(content, str):
         return content
     if isinstance(content, (list, tuple)):
         texts = []
         for j, part in enumerate(content):
-            if isinstance(part, str):
-                texts.append(part)
-                continue
             kind = part.get("type", "text") if isinstance(part, dict) else type(part).__name__
             if not isinstance(part, dict) or kind != "text" or not isinstance(part.get("text"), str):
                 raise data_error(
                     row.file,
                     row.row,
-                    f"{where}[{j}]",
-                    f"content part of type {kind!r}; kernelguard train reads text parts "
-                    '({"type": "text", "text": "..."}) only',
+                    where,
+                    f'part {j} is {kind!r}; expected text parts ({{"type": "text", "text": "..."}}): '
+                    "kernelguard train reads text only",
                 )
             texts.append(part["text"])
         return "".join(texts)
