@@ -112,8 +112,7 @@ def test_resume_of_the_same_run_picks_the_verified_checkpoint(
     plan = preflight(_cfg(assets, out, resume=True, max_steps=9), world_size=2)
     assert plan.resume_from == good
     assert plan.warnings == (
-        f"checkpoint step_4 is unusable: {bad / '__0_0.distcp'} does not match its sha256 in the manifest "
-        "(corrupted)",
+        f"checkpoint step_4 is unusable: {bad / '__0_0.distcp'} does not match its sha256 in the manifest (corrupted)",
         "falling back to step_2, the newest checkpoint that verifies",
     )
 
