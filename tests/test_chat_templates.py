@@ -221,3 +221,28 @@ def test_template_choice_order(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a shipped template name") as info:
         chat_templates.choose(None, "qwen9_training")
     assert "qwen3_training" in str(info.value.fix)
+
+
+def test_official_template_with_prompt_completion_rows(qwen: Any, tmp_path: Path) -> None:
+    """Prefix rendering works for a completion that is the final assistant turn (the official template keeps
+    the reasoning of turns after the last user query), and names the completion's turn when it cannot."""
+    original = tmp_path / "qwen3.jinja"
+    original.write_text(chat_templates.read("qwen3"))
+    tok = with_template(qwen, original)
+    prompt = [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "q2"},
+    ]
+    final = {"role": "assistant", "reasoning_content": "r", "content": "a2"}
+    rows = [{"prompt": prompt, "completion": [final]}]
+    ((ids, labels),), stats = load_examples(
+        data=str(h.write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer=tok, block_size=4096
+    )
+    assert tok.decode([t for t, lab in zip(ids, labels) if lab != IGNORE_INDEX]) == (
+        "<think>\nr\n</think>\n\na2<|im_end|>\n"
+    )
+    assert stats.template == f"file:{original}"
+    rows = [{"prompt": prompt, "completion": [final, {"role": "user", "content": "q3"}, final]}]
+    with pytest.raises(DataError, match=r"row 1, field 'completion\[0\]': the chat template does not render"):
+        load_examples(data=str(h.write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer=tok, block_size=4096)

@@ -289,7 +289,7 @@ def _unstable_error(item: ChatItem, i: int, template: str) -> DataError:
     return data_error(
         item.row.file,
         item.row.row,
-        f"{item.where}[{i}]",
+        f"{item.where}[{i - item.first_trained}]",  # prompt/completion rows: the index in the completion
         "the chat template does not render this conversation prefix-stably (it rewrites earlier turns, e.g. "
         "drops the reasoning of earlier assistant turns), so the assistant's tokens cannot be located",
         f"{looks}pass --chat-template FILE with a template that wraps assistant output in "
