@@ -1,56 +1,79 @@
 #!/usr/bin/env python
-"""Training throughput of a Qwen3.5-shaped proxy, one process per variant, JSON out.
+"""Training throughput of `kernelguard train`'s own step on a Qwen3.5-shaped proxy; one JSON per variant.
 
-Variants (same model, init, data, bf16 weights, AdamW, activation checkpointing on every decoder layer,
-single GPU — no FSDP here, the point is kernel/packing/launch cost, not sharding):
+Every variant builds the model with ``kernelguard.train.build.setup_training`` (meta device -> activation
+checkpointing -> chunked-loss head -> FSDP2 ``fully_shard`` on a 1-rank mesh -> weights -> fused AdamW) and
+times ``kernelguard.train.step.optimizer_step`` (forward/backward, clip, AdamW, LR schedule): the product's
+step, FSDP2 included. Variants differ only in their input batches and TrainConfig flags:
 
-  a  fallback: fla and causal_conv1d hidden (imports blocked before transformers loads), padded 2D batches
-     of sequential examples capped at --tokens-per-batch tokens (rows x longest <= cap), SDPA, AdamW (foreach).
-  b  stock transformers packing: sequential greedy fill into --tokens-per-batch blocks, exactly what
-     DataCollatorWithFlattening passes by default (input_ids, labels, position_ids; no cu_seq_lens, no
-     seq_idx: GDN layers then run each block as ONE sequence), SDPA (block mask from position ids),
-     fla + causal-conv1d present, AdamW (foreach).
-  c  kernelguard: best-fit-decreasing blocks padded to --tokens-per-batch with cu_seq_lens_q/k,
-     max_length_q/k, seq_idx (kernelguard.train.packing.build_packed_block), the varlen attention from
-     kernelguard.attention.register_varlen_attention(), fused AdamW.
-  d  c without activation checkpointing (what `kernelguard train --no-activation-checkpointing` does; the
-     forward is no longer recomputed in the backward - only where the activations fit, see peak memory).
-  e  d with kernelguard.train.loss.linear_cross_entropy: the loss from the final hidden states in
-     4,096-token chunks, never materialising the fp32 tokens x vocab logits.
+  fallback        padded 2D batches of sequential examples (rows x longest <= --tokens-per-batch), fla and
+                  causal-conv1d hidden (transformers' torch references run), SDPA, AC, logits loss.
+  stock_best      the fair stock baseline: sequential greedy fill, DataCollatorWithFlattening(
+                  return_flash_attn_kwargs=True, return_seq_idx=True) (cu_seq_lens + seq_idx reach fla and
+                  causal-conv1d), fla + causal-conv1d, SDPA, AC, logits loss.
+  stock_defaults  the same with the collator's defaults (position_ids only: GDN state flows across examples;
+                  a labelled extra row, not a baseline).
+  product         what `kernelguard train` runs by default: best-fit-decreasing blocks of exactly
+                  --tokens-per-batch tokens (build_packed_block), kernelguard_varlen attention, AC, chunked loss.
+  product_noac    product with --no-activation-checkpointing.
 
-  python bench/train_throughput.py --variant c --out c.json
-  python bench/train_throughput.py --all --out combined.json       # a..e, each in a fresh subprocess
-  python bench/train_throughput.py --variant a --device cpu --tiny --steps 2 --out /tmp/a.json  # logic check
+Levers (``--lever``, bench-side patches of the product's build/step, measured one at a time; the JSON then says
+product_path: false, since `kernelguard train` does not run them): ``compile`` (regional torch.compile of each
+decoder layer, fla/causal-conv1d/attention left opaque with torch.compiler.disable), ``liger`` (Liger-Kernel's
+fused linear cross-entropy instead of the chunked loss), ``sac2`` (activation checkpointing on every 2nd layer).
 
-On Hopper with Triton 3.4-3.7.0, fla 0.6.0 refuses its gated backward (fla issue 640). --lift-fla-hopper-refusal
-auto (default) lifts it only when the model's key head dim is >= 128, the geometry measured correct on the H200
-(bench/gpu_numerics.py); the JSON then says fla_hopper_refusal_lifted: true, and so must every figure quoted.
+  python bench/train_throughput.py --variant product --out product.json
+  python bench/train_throughput.py --all --variants fallback,stock_best,product --out combined.json
+  python bench/train_throughput.py --variant product --device cpu --tiny --steps 2 --out /tmp/p.json  # logic
+
+On Hopper with Triton 3.4-3.7.0, fla 0.6.0 refuses its gated backward (fla issue 640); at key head dim >= 128
+(measured correct on the H200, bench/RESULTS.md) the refusal is lifted in the process and the JSON says
+fla_hopper_refusal_lifted: true.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 HIDE_ENV = "KERNELGUARD_BENCH_HIDE"  # comma-separated top-level packages to make unimportable
-VARIANTS = ("a", "b", "c", "d", "e")
-PACKED_VARIANTS = ("c", "d", "e")  # kernelguard's data layout, attention and optimizer
-NO_AC_VARIANTS = ("d", "e")  # activation checkpointing off (kernelguard train --no-activation-checkpointing)
-FUSED_LOSS_VARIANTS = ("e",)  # kernelguard.train.loss.linear_cross_entropy instead of the model's loss
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(1, str(ROOT))  # run from a checkout without installing kernelguard
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    layout: str  # padded | stock_flash | stock_defaults | packed
+    attention: str  # TrainConfig.attention
+    activation_checkpointing: bool
+    loss: str  # TrainConfig.loss
+    hide: tuple[str, ...] = ()
+    product_path: bool = False  # exactly what `kernelguard train` runs (before levers)
+
+
+VARIANTS: dict[str, Variant] = {
+    "fallback": Variant("padded", "sdpa", True, "logits", hide=("fla", "causal_conv1d")),
+    "stock_best": Variant("stock_flash", "sdpa", True, "logits"),
+    "stock_defaults": Variant("stock_defaults", "sdpa", True, "logits"),
+    "product": Variant("packed", "auto", True, "chunked", product_path=True),
+    "product_noac": Variant("packed", "auto", False, "chunked", product_path=True),
+}
+LEVERS = ("compile", "liger", "sac2")
 
 
 # ----------------------------------------------------------------------------------------- import blocker
@@ -72,10 +95,11 @@ def hide_packages(names: set[str]) -> None:
         sys.modules[name] = None  # type: ignore[assignment]
 
 
-# ----------------------------------------------------------------------------------------- config
-def model_config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+# ----------------------------------------------------------------------------------------- model config
+def model_config(args: argparse.Namespace) -> dict[str, Any]:
+    """config.json contents of the proxy (Qwen3.5 text model, one full-attention layer every N)."""
     if args.tiny:
-        return {
+        dims = {
             "vocab_size": 512,
             "hidden_size": 64,
             "intermediate_size": 128,
@@ -87,32 +111,35 @@ def model_config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "linear_num_value_heads": 4,
             "linear_key_head_dim": 16,
             "linear_value_head_dim": 16,
-            "linear_conv_kernel_dim": 4,
-            "max_position_embeddings": 4096,
-            "tie_word_embeddings": False,
-            "use_cache": False,
         }
+        interval = 2
+    else:
+        dims = {
+            "vocab_size": args.vocab,
+            "hidden_size": args.hidden,
+            "intermediate_size": args.intermediate,
+            "num_hidden_layers": args.layers,
+            "num_attention_heads": args.attn_heads,
+            "num_key_value_heads": args.kv_heads,
+            "head_dim": args.head_dim,
+            "linear_num_key_heads": args.linear_key_heads,
+            "linear_num_value_heads": args.linear_value_heads,
+            "linear_key_head_dim": args.linear_key_dim,
+            "linear_value_head_dim": args.linear_value_dim,
+        }
+        interval = args.full_attention_interval
+    n = dims["num_hidden_layers"]
     return {
-        "vocab_size": args.vocab,
-        "hidden_size": args.hidden,
-        "intermediate_size": args.intermediate,
-        "num_hidden_layers": args.layers,
-        "num_attention_heads": args.attn_heads,
-        "num_key_value_heads": args.kv_heads,
-        "head_dim": args.head_dim,
-        "linear_num_key_heads": args.linear_key_heads,
-        "linear_num_value_heads": args.linear_value_heads,
-        "linear_key_head_dim": args.linear_key_dim,
-        "linear_value_head_dim": args.linear_value_dim,
+        "model_type": "qwen3_5_text",
+        **dims,
+        "layer_types": [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
+        ],
         "linear_conv_kernel_dim": 4,
         "max_position_embeddings": max(32768, args.tokens_per_batch),
         "tie_word_embeddings": False,
         "use_cache": False,
     }
-
-
-def layer_types(n: int, interval: int) -> list[str]:
-    return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -148,26 +175,24 @@ def padded_batches(lengths: list[int], cap: int) -> list[list[int]]:
     return batches
 
 
-def group_examples(variant: str, lengths: list[int], cap: int) -> list[list[int]]:
-    if variant == "a":
-        return padded_batches(lengths, cap)
+def group_examples(layout: str, lengths: list[int], cap: int) -> list[list[int]]:
     from kernelguard.train.packing import pack_best_fit_decreasing, pack_sequential_greedy
 
-    return (
-        pack_sequential_greedy(lengths, cap)
-        if variant == "b"
-        else pack_best_fit_decreasing(lengths, cap, seed=0)
-    )
+    if layout == "padded":
+        return padded_batches(lengths, cap)
+    if layout == "packed":
+        return pack_best_fit_decreasing(lengths, cap, seed=0)
+    return pack_sequential_greedy(lengths, cap)  # what a stock packing collator is fed
 
 
-def layout_stats(variant: str, groups: list[list[int]], lengths: list[int], cap: int) -> dict[str, Any]:
+def layout_stats(layout: str, groups: list[list[int]], lengths: list[int], cap: int) -> dict[str, Any]:
     real = sum(lengths[i] for g in groups for i in g)
-    if variant == "a":  # rows x longest
+    if layout == "padded":  # rows x longest
         computed = sum(len(g) * max(lengths[i] for i in g) for g in groups)
-    elif variant == "b":  # the stock collator concatenates without padding
-        computed = real
-    else:  # every block padded to cap (one padding segment)
+    elif layout == "packed":  # every block padded to cap (one padding segment)
         computed = len(groups) * cap
+    else:  # the stock collator concatenates without padding
+        computed = real
     return {
         "examples": len(lengths),
         "real_tokens": real,
@@ -178,36 +203,123 @@ def layout_stats(variant: str, groups: list[list[int]], lengths: list[int], cap:
 
 
 def build_batch(
-    variant: str, idx: list[int], lengths: list[int], cap: int, vocab: int, seed: int, pad_id: int
+    layout: str, idx: list[int], lengths: list[int], cap: int, vocab: int, seed: int
 ) -> dict[str, Any]:
-    """Model inputs (CPU tensors) for one group of example indices, as each variant's pipeline builds them."""
+    """One micro-batch (CPU tensors) for a group of example indices, as each layout's pipeline builds it."""
     import torch
 
     examples = [make_example(i, lengths[i], vocab, seed) for i in idx]
-    seq_lens = [lengths[i] for i in idx]
-    if variant == "a":
-        longest = max(seq_lens)
-        ids = torch.full((len(idx), longest), pad_id, dtype=torch.long)
-        labels = torch.full((len(idx), longest), -100, dtype=torch.long)
-        mask = torch.zeros((len(idx), longest), dtype=torch.long)
+    if layout == "padded":
+        longest = max(len(t) for t, _ in examples)
+        batch: dict[str, Any] = {
+            "input_ids": torch.zeros((len(idx), longest), dtype=torch.long),
+            "labels": torch.full((len(idx), longest), -100, dtype=torch.long),
+            "attention_mask": torch.zeros((len(idx), longest), dtype=torch.long),
+        }
         for row, (tok, lab) in enumerate(examples):
-            n = len(tok)
-            ids[row, :n] = torch.tensor(tok)
-            labels[row, :n] = torch.tensor(lab)
-            mask[row, :n] = 1
-        batch: dict[str, Any] = {"input_ids": ids, "labels": labels, "attention_mask": mask}
-    elif variant == "b":
+            batch["input_ids"][row, : len(tok)] = torch.tensor(tok)
+            batch["labels"][row, : len(tok)] = torch.tensor(lab)
+            batch["attention_mask"][row, : len(tok)] = 1
+    elif layout in ("stock_flash", "stock_defaults"):
         from transformers import DataCollatorWithFlattening
 
-        collator = DataCollatorWithFlattening(return_tensors="pt")  # stock defaults
-        batch = dict(collator([{"input_ids": tok, "labels": lab} for tok, lab in examples]))
+        flash = layout == "stock_flash"
+        collator = DataCollatorWithFlattening(return_flash_attn_kwargs=flash, return_seq_idx=flash)
+        batch = dict(
+            collator([{"input_ids": tok, "labels": lab} for tok, lab in examples], return_tensors="pt")
+        )
     else:
         from kernelguard.train.packing import build_packed_block
 
-        batch = build_packed_block(examples, cap, pad_id)
-        batch.pop("num_real_tokens", None)
-    batch["_seq_lens"] = seq_lens
+        batch = build_packed_block(examples, cap, 0)
+    batch["_seq_lens"] = [lengths[i] for i in idx]
     return batch
+
+
+def make_schedule(
+    args: argparse.Namespace, variant: Variant, vocab: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Batches for warm-up + measured + profiled steps, drawn from a whole synthetic epoch's layout (a seeded
+    sample, not the first ones: best-fit-decreasing opens its blocks longest example first)."""
+    cap = args.tokens_per_batch
+    lengths = example_lengths(
+        args.examples, median=args.median_len, sigma=args.sigma, cap=cap, seed=args.seed
+    )
+    groups = group_examples(variant.layout, lengths, cap)
+    stats = layout_stats(variant.layout, groups, lengths, cap)
+    needed = args.warmup + args.steps + args.profile_steps
+    picks = random.Random(args.seed).sample(range(len(groups)), min(needed, len(groups)))
+    built = [build_batch(variant.layout, groups[i], lengths, cap, vocab, args.seed) for i in picks]
+    stats["batch_kwargs"] = sorted(k for k in built[0] if k not in ("_seq_lens", "labels"))
+    stats["lengths"] = (
+        f"lognormal(median={args.median_len}, sigma={args.sigma}) capped at {cap}, seed {args.seed}"
+    )
+    return [built[i % len(built)] for i in range(needed)], stats
+
+
+# ----------------------------------------------------------------------------------------- levers
+def apply_levers(levers: list[str], notes: list[str]) -> None:
+    """Bench-side patches of the product's build/step (before setup_training)."""
+    from kernelguard.train import build, step
+
+    if "sac2" in levers:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        from kernelguard.train.parallel import decoder_layers
+
+        def every_second(model: Any) -> None:
+            layers = decoder_layers(model)
+            for i in range(1, len(layers), 2):
+                layers[i] = checkpoint_wrapper(layers[i], preserve_rng_state=True)
+
+        build.apply_activation_checkpointing = every_second  # type: ignore[assignment]
+        notes.append("lever sac2: activation checkpointing on every 2nd decoder layer only")
+    if "liger" in levers:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+        def liger_loss(hidden: Any, weight: Any, labels: Any, *, ignore_index: int = -100, **_: Any) -> Any:
+            total = liger_fused_linear_cross_entropy(
+                hidden, weight, labels, ignore_index=ignore_index, reduction="sum"
+            )
+            return total.float(), (labels != ignore_index).sum()
+
+        step.linear_cross_entropy = liger_loss  # type: ignore[assignment]
+        notes.append("lever liger: Liger-Kernel fused linear cross-entropy replaces the chunked loss")
+    if "compile" in levers:
+        real_fsdp = build.apply_fsdp
+
+        def compiled_then_sharded(model: Any, **kw: Any) -> Any:
+            _compile_layers(model)
+            return real_fsdp(model, **kw)
+
+        build.apply_fsdp = compiled_then_sharded  # type: ignore[assignment]
+        notes.append(
+            "lever compile: torch.compile per decoder layer before fully_shard; GDN kernels, conv and "
+            "attention opaque (torch.compiler.disable)"
+        )
+
+
+def _compile_layers(model: Any) -> None:
+    """torchtitan's regional compile: each decoder layer compiled in place; the fast kernels are left opaque."""
+    import torch
+    from transformers import AttentionInterface
+
+    from kernelguard import discovery
+    from kernelguard.train.parallel import decoder_layers
+
+    module = sys.modules[type(model).__module__]
+    for family in discovery.families().values():
+        if family.source.endswith(module.__name__.rsplit(".", 1)[-1] + ".py"):
+            for req in family.kernels:
+                fn = getattr(module, req.call_site, None)
+                if fn is not None:
+                    setattr(module, req.call_site, torch.compiler.disable(fn))
+    attention = model.config._attn_implementation
+    impl = AttentionInterface._global_mapping.get(attention)
+    if impl is not None:
+        AttentionInterface.register(attention, torch.compiler.disable(impl))
+    for layer in decoder_layers(model):
+        layer.compile()
 
 
 # ----------------------------------------------------------------------------------------- measuring
@@ -215,15 +327,14 @@ def which_implementations() -> dict[str, str]:
     """Which callable transformers' decorated GDN/conv functions will call (closure ``implementation``)."""
     import importlib
 
-    mod = importlib.import_module("transformers.models.qwen3_5.modeling_qwen3_5")
-    from kernelguard.smoke import hub_wrapper
+    from kernelguard.smoke import hub_wrapper, kernel_sources
 
     out = {}
-    for kernel, name in (
-        ("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
-        ("causal_conv1d_fn", "causal_conv1d_fn"),
-    ):
-        fn: Any = hub_wrapper(getattr(mod, name))
+    for kernel in ("chunk_gated_delta_rule", "causal_conv1d_fn"):
+        src = kernel_sources(kernel, family="qwen3_5")[
+            0
+        ]  # the catalog's call site in the proxy's modeling file
+        fn: Any = hub_wrapper(getattr(importlib.import_module(src.reference_module), src.reference_name))
         try:
             cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
             impl = cells["implementation"]
@@ -304,8 +415,12 @@ def profile_counts(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> 
         "gpu_busy_pct": round(100.0 * kernel_us / 1e6 / wall, 1) if cuda and wall > 0 else None,
         "cpu_ops_per_step": round(cpu_ops / n, 1),
         "top_gpu_kernels": [
-            {"kernel": k, "calls_per_step": round(c / n, 1), "ms_per_step": round(us / 1e3 / n, 2),
-             "pct_of_gpu_time": round(100.0 * us / kernel_us, 1) if kernel_us else None}
+            {
+                "kernel": k,
+                "calls_per_step": round(c / n, 1),
+                "ms_per_step": round(us / 1e3 / n, 2),
+                "pct_of_gpu_time": round(100.0 * us / kernel_us, 1) if kernel_us else None,
+            }
             for k, (c, us) in sorted(by_kernel.items(), key=lambda kv: -kv[1][1])[:15]
         ],
         "profiler_note": "kernel launches = GPU kernels executed (profiler device events, memcpy/memset excluded); "
@@ -314,268 +429,193 @@ def profile_counts(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> 
     }
 
 
-def maybe_lift_refusal(mode: str, key_dim: int, device: Any) -> tuple[bool, str]:
-    """fla's Hopper refusal: lift per --lift-fla-hopper-refusal (auto: only at key head dim >= 128)."""
+def lift_refusal(key_dim: int, device: Any) -> tuple[bool, str]:
+    """fla's Hopper refusal, lifted only at key head dim >= 128 (measured correct on the H200)."""
     import torch
 
     try:
         from fla.ops.common import chunk_o
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - fla hidden or absent: nothing to lift
         return False, f"fla.ops.common.chunk_o not importable ({type(exc).__name__}); nothing to lift"
-    flag = getattr(chunk_o, "TRITON_ABOVE_3_7_1", True)
-    hopper = bool(getattr(chunk_o, "IS_NVIDIA_HOPPER", False))
-    triton34 = bool(getattr(chunk_o, "TRITON_ABOVE_3_4_0", False))
-    if flag or not (hopper and triton34) or torch.device(device).type != "cuda":
+    refuses = not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True) and bool(
+        getattr(chunk_o, "IS_NVIDIA_HOPPER", False)
+    )
+    if not refuses or torch.device(device).type != "cuda":
         return False, "fla does not refuse on this stack"
-    if mode == "no":
-        return (
-            False,
-            "fla refuses the gated backward on this stack and the refusal was kept: fla steps will raise",
-        )
-    if mode == "auto" and key_dim < 128:
+    if key_dim < 128:
         raise SystemExit(
-            f"fla refuses its gated backward here (Hopper, Triton < 3.7.1) and key head dim {key_dim} < 128 is "
-            "the shape where that refusal is justified (wrong dk/dg, fla issue 640); pass "
-            "--lift-fla-hopper-refusal yes to time it anyway (gradients wrong)"
+            f"fla refuses its gated backward here and key head dim {key_dim} < 128 is where that is justified"
         )
-    from kernelguard.smoke import lift_fla_hopper_refusal
+    from kernelguard.fla_refusal import lift_fla_hopper_refusal
 
     changed = lift_fla_hopper_refusal()
-    return True, (
-        f"fla's Hopper/Triton<3.7.1 refusal lifted in this process ({', '.join(changed)}); key head dim "
-        f"{key_dim}: {'measured correct (DEVICE.md, gpu_numerics)' if key_dim >= 128 else 'GRADIENTS WRONG'}"
+    return (
+        True,
+        f"fla's Hopper/Triton<3.7.1 refusal lifted in this process ({', '.join(changed)}); key head dim {key_dim}",
     )
 
 
+def memory_estimate(cfg: Any, measured: int, device: Any) -> dict[str, Any] | None:
+    """kernelguard.train.memory's estimate for this configuration next to the measured peak."""
+    from kernelguard.train.memory import estimate
+
+    est = estimate(cfg, world_size=1)
+    return {
+        "estimated_peak_bytes": est.peak_bytes,
+        "measured_peak_bytes": measured,
+        "estimate_over_measured": round(est.peak_bytes / measured, 4) if measured else None,
+        "estimate": est.to_dict(),
+    }
+
+
 # ----------------------------------------------------------------------------------------- one variant
+def train_config(args: argparse.Namespace, variant: Variant, model_path: Path, out_dir: Path) -> Any:
+    from kernelguard.train.config import TrainConfig
+
+    return TrainConfig(
+        model=str(model_path),
+        data="unused",
+        output=out_dir,
+        block_size=args.tokens_per_batch,
+        param_dtype="fp32" if args.tiny else "bf16",
+        attention=variant.attention,
+        activation_checkpointing=variant.activation_checkpointing,
+        loss=variant.loss,
+        lr=1e-5,
+        weight_decay=0.1,
+        betas=(0.9, 0.95),
+        grad_clip=1.0,
+        warmup_steps=0,
+        seed=args.seed,
+    )
+
+
+def timed_steps(state: Any, batches: list[dict[str, Any]], device: Any) -> tuple[list[float], list[float]]:
+    from kernelguard.train.step import optimizer_step
+
+    times, losses = [], []
+    for b in batches:
+        sync(device)
+        t0 = time.perf_counter()
+        result = optimizer_step(state, [b])
+        sync(device)
+        times.append(time.perf_counter() - t0)
+        losses.append(result.loss)
+    return times, losses
+
+
 def run_variant(args: argparse.Namespace) -> dict[str, Any]:
-    variant = args.variant
-    if variant == "a":
-        hide_packages({"fla", "causal_conv1d"} | set(filter(None, os.environ.get(HIDE_ENV, "").split(","))))
-    else:
-        hide_packages(set(filter(None, os.environ.get(HIDE_ENV, "").split(","))))
+    name, levers = args.variant, [x for x in (args.lever or "").split(",") if x]
+    variant = VARIANTS[name]
+    hide_packages(set(variant.hide) | set(filter(None, os.environ.get(HIDE_ENV, "").split(","))))
     import torch
+
+    from kernelguard.train.metrics import peak_flops, step_flops
+    from kernelguard.train.parallel import init_distributed
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but torch.cuda.is_available() is False")
-    from transformers import AutoModelForCausalLM
-    from transformers.models.qwen3_5 import Qwen3_5TextConfig
-
-    from kernelguard.train.metrics import peak_flops, step_flops
-
-    result: dict[str, Any] = {"variant": variant, "ok": False, "notes": []}
-    cfg_kwargs = model_config_kwargs(args)
-    interval = 2 if args.tiny else args.full_attention_interval  # tiny: one GDN + one attention layer
-    cfg_kwargs["layer_types"] = layer_types(cfg_kwargs["num_hidden_layers"], interval)
-    config = Qwen3_5TextConfig(**cfg_kwargs)
-
-    attn = "sdpa"
-    if args.attn_impl:
-        attn = args.attn_impl
-        if attn == "kernelguard_varlen":
-            from kernelguard.attention import register_varlen_attention
-
-            register_varlen_attention(device_type=device.type)
-        result["notes"].append(f"attention forced to {attn} by --attn-impl")
-    elif variant in PACKED_VARIANTS:
-        from kernelguard.attention import register_varlen_attention
-
-        attn = register_varlen_attention(device_type=device.type)
-        if attn == "sdpa":
-            result["notes"].append("register_varlen_attention() chose sdpa (no varlen kernel on this device)")
-    lifted, lift_note = (False, "fallback variant: fla hidden")
-    if variant != "a":
-        lifted, lift_note = maybe_lift_refusal(
-            args.lift_fla_hopper_refusal, config.linear_key_head_dim, device
-        )
-    result["notes"].append(lift_note)
-    if variant == "b":
-        result["notes"].append(
-            "stock DataCollatorWithFlattening defaults pass no cu_seq_lens/seq_idx: GDN layers run each block as "
-            "one sequence (recurrent and conv state flow across packed examples) - stock behaviour, timed as is"
-        )
-    result["kernels"] = which_implementations()
-    result["attention"] = attn
-
-    # ---- data: layout statistics over a whole synthetic epoch; tensors only for a seeded sample of its
-    # batches (not the first ones: best-fit-decreasing opens its blocks longest example first).
-    cap = args.tokens_per_batch
-    lengths = example_lengths(
-        args.examples, median=args.median_len, sigma=args.sigma, cap=cap, seed=args.seed
+    result: dict[str, Any] = {"variant": name, "levers": levers, "ok": False, "notes": []}
+    apply_levers(levers, result["notes"])
+    tmp = Path(tempfile.mkdtemp(prefix="kg-bench-"))
+    config = model_config(args)
+    (tmp / "config.json").write_text(json.dumps(config))
+    cfg = train_config(args, variant, tmp / "config.json", tmp / "out")
+    lifted, note = (
+        (False, "fla hidden")
+        if "fla" in variant.hide
+        else lift_refusal(config["linear_key_head_dim"], device)
     )
-    groups = group_examples(variant, lengths, cap)
-    layout = layout_stats(variant, groups, lengths, cap)
-    needed = args.warmup + args.steps + args.profile_steps
-    import random
+    result["notes"].append(note)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    info = init_distributed()
+    schedule, layout = make_schedule(args, variant, config["vocab_size"])
+    baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
-    picks = random.Random(args.seed).sample(range(len(groups)), min(needed, len(groups)))
-    if len(picks) < needed:
-        result["notes"].append(f"only {len(groups)} batches for {needed} steps: batches reused cyclically")
-    built = [build_batch(variant, groups[i], lengths, cap, config.vocab_size, args.seed, 0) for i in picks]
-    schedule = [built[i % len(built)] for i in range(needed)]
-    layout["batch_kwargs"] = sorted(k for k in built[0] if k not in ("_seq_lens", "input_ids", "labels"))
+    from kernelguard.train.build import setup_training
 
-    # ---- model + optimizer
-    torch.manual_seed(args.seed)
-    dtype = torch.bfloat16
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=dtype)
-    model.to(device=device, dtype=dtype)
-    model.train()
-    ac_kwargs = {"use_reentrant": False}
-    if variant in NO_AC_VARIANTS:
-        pass
-    elif hasattr(model, "activation_checkpointing_enable"):  # transformers >= ~5.20
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=ac_kwargs)
-    else:  # 5.17 on the GPU machine
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ac_kwargs)
-    fused = variant in PACKED_VARIANTS and device.type == "cuda"
-    opt = torch.optim.AdamW(
-        model.parameters(),
-        lr=1e-5,
-        betas=(0.9, 0.95),
-        weight_decay=0.1,
-        **({"fused": True} if fused else {"foreach": device.type == "cuda"}),
-    )
-    n_params = sum(p.numel() for p in model.parameters())
-
-    def to_dev(batch: dict[str, Any]) -> dict[str, Any]:
-        return {
-            k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v)
-            for k, v in batch.items()
-            if not k.startswith("_")
-        }
-
-    def model_loss(inputs: dict[str, Any]) -> Any:
-        return model(**inputs, use_cache=False).loss
-
-    def fused_loss(inputs: dict[str, Any]) -> Any:
-        from kernelguard.train.loss import linear_cross_entropy
-
-        labels = inputs.pop("labels")
-        hidden = model.model(**inputs, use_cache=False).last_hidden_state
-        # The model's loss shifts inside (token t predicts t+1) and takes the mean over counted tokens.
-        total, count = linear_cross_entropy(
-            hidden[:, :-1].reshape(-1, hidden.shape[-1]), model.lm_head.weight, labels[:, 1:].reshape(-1)
-        )
-        return total / count.clamp(min=1)
-
-    compute_loss = fused_loss if variant in FUSED_LOSS_VARIANTS else model_loss
-
-    def step(batch: dict[str, Any]) -> float:
-        loss = compute_loss(to_dev(batch))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    # ---- warm-up (compiles/autotunes Triton kernels on first fla call)
     t0 = time.perf_counter()
-    for b in schedule[: args.warmup]:
-        loss = step(b)
-    sync(device)
-    warmup_s = time.perf_counter() - t0
+    built, state = setup_training(cfg, info, schedule_steps=len(schedule) + 1)
+    setup_s = time.perf_counter() - t0
+    result["kernels"] = which_implementations()
+    result["attention"] = built.attention
+    warm, _ = timed_steps(state, schedule[: args.warmup], device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    measured = schedule[args.warmup : args.warmup + args.steps]
+    times, losses = timed_steps(state, measured, device)
+    peak_mem = (torch.cuda.max_memory_allocated(device) - baseline) if device.type == "cuda" else 0
 
-    # ---- measured steps (no profiler)
-    times: list[float] = []
-    real_tokens = 0
-    flops = 0.0
-    losses = []
-    for b in schedule[args.warmup : args.warmup + args.steps]:
-        sync(device)
-        s = time.perf_counter()
-        loss = step(b)
-        sync(device)
-        times.append(time.perf_counter() - s)
-        real_tokens += sum(b["_seq_lens"])
-        flops += step_flops(config, b["_seq_lens"])
-        losses.append(float(loss))
-    total = sum(times)
-    if device.type == "cuda":
-        peak_mem = torch.cuda.max_memory_allocated(device)
-        mem_kind = "torch.cuda.max_memory_allocated"
-    else:
-        import resource
+    def one_step(b: dict[str, Any], st: Any = state) -> None:
+        from kernelguard.train.step import optimizer_step
 
-        peak_mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        mem_kind = "process max RSS (CPU run)"
+        optimizer_step(st, [b])
 
-    # ---- profiler over the next steps
     try:
-        prof = profile_counts(step, schedule[args.warmup + args.steps :], device)
+        prof = profile_counts(one_step, schedule[args.warmup + args.steps :], device)
     except Exception as exc:  # noqa: BLE001 - keep the throughput figures even if profiling fails
         prof = {"profiler_error": f"{type(exc).__name__}: {exc}"}
-
-    # ---- matmul roofline in this process
-    mm_n = 256 if args.tiny or device.type != "cuda" else 8192
-    mm_tflops = measure_matmul_tflops(device, mm_n, iters=5 if device.type != "cuda" else 20)
-    achieved = flops / total if total else 0.0
+    real = sum(sum(b["_seq_lens"]) for b in measured)
+    flops = sum(step_flops(built.config, b["_seq_lens"]) for b in measured)
+    total = sum(times)
+    mm = measure_matmul_tflops(
+        device, 256 if args.tiny or device.type != "cuda" else 8192, 5 if device.type != "cuda" else 20
+    )
     peak = peak_flops(device)
-
     result.update(
         {
-            "ok": all(math.isfinite(x) for x in losses),
+            "ok": bool(losses) and all(math.isfinite(x) for x in losses),
+            "product_path": variant.product_path and not levers,
+            "step": "kernelguard.train.step.optimizer_step after kernelguard.train.build.setup_training "
+            f"(FSDP2 fully_shard, world size {info.world_size})",
             "device": torch.cuda.get_device_name(device)
             if device.type == "cuda"
             else platform.processor() or "cpu",
             "fla_hopper_refusal_lifted": lifted,
-            "config": {
-                "class": type(config).__name__,
-                **cfg_kwargs,
-                "params": n_params,
-                "dtype": "bfloat16 weights, grads and optimizer state",
-                "activation_checkpointing": "none"
-                if variant in NO_AC_VARIANTS
-                else "every decoder layer (use_reentrant=False)",
-                "loss": "kernelguard.train.loss.linear_cross_entropy (4,096-token chunks)"
-                if variant in FUSED_LOSS_VARIANTS
-                else "the model's (logits, fp32 upcast, cross_entropy)",
-                "optimizer": f"torch.optim.AdamW(lr=1e-5, betas=(0.9,0.95), wd=0.1, {'fused' if fused else 'foreach' if device.type == 'cuda' else 'for-loop'})",
-                "parallelism": "single device, no FSDP",
+            "flags": {
+                "attention": cfg.attention,
+                "activation_checkpointing": cfg.activation_checkpointing,
+                "loss": cfg.loss,
+                "param_dtype": cfg.param_dtype,
+                "layout": variant.layout,
+                "levers": levers,
             },
-            "data": {
-                "lengths": f"lognormal(median={args.median_len}, sigma={args.sigma}) capped at {cap}, seed {args.seed}",
-                "tokens_per_batch": cap,
-                **{k: v for k, v in layout.items() if k != "batch_kwargs"},
-            },
-            "batch_kwargs": layout["batch_kwargs"],
+            "config": {**config, "params": sum(p.numel() for p in state.model.parameters())},
+            "tokens_per_batch": args.tokens_per_batch,
+            "data": layout,
             "batches_per_epoch": layout["batches_per_epoch"],
             "padding_pct": layout["padding_pct"],
-            "unused_capacity_pct": layout["unused_capacity_pct"],
+            "setup_s": round(setup_s, 2),
             "warmup_steps": args.warmup,
-            "warmup_s": round(warmup_s, 2),
+            "warmup_s": round(sum(warm), 2),
             "measured_steps": len(times),
             "step_time_s": round(total / len(times), 4) if times else None,
             "step_time_s_median": round(statistics.median(times), 4) if times else None,
             "step_times_s": [round(t, 4) for t in times],
-            "real_tokens_measured": real_tokens,
-            "tokens_per_s": round(real_tokens / total, 1) if total else 0.0,
-            "achieved_tflops": round(achieved / 1e12, 3),
-            "mfu": round(achieved / peak, 4) if peak else None,
-            "mfu_peak_tflops": round(peak / 1e12, 1) if peak else None,
-            "matmul_bf16": {"n": mm_n, "tflops": round(mm_tflops, 1)},
-            "mfu_vs_measured_matmul": round(achieved / (mm_tflops * 1e12), 4) if mm_tflops else None,
+            "real_tokens_measured": real,
+            "tokens_per_s": round(real / total, 1) if total else 0.0,
+            "achieved_tflops": round(flops / total / 1e12, 3) if total else 0.0,
+            "mfu_datasheet": round(flops / total / peak, 4) if peak and total else None,
+            "matmul_bf16": {"n": 256 if args.tiny else 8192, "tflops": round(mm, 1)},
+            "mfu_vs_measured_matmul": round(flops / total / (mm * 1e12), 4) if mm and total else None,
             "flops_source": "kernelguard.train.metrics.step_flops (3 x forward, real tokens only; AC recompute not counted)",
             "peak_memory_bytes": int(peak_mem),
-            "peak_memory_kind": mem_kind,
             "losses": [round(x, 4) for x in losses],
             **prof,
             "versions": versions(),
         }
     )
-    for key in ("kernel_launches_per_step", "cpu_ops_per_step"):
-        result.setdefault(key, None)
     if result.get("gpu_kernel_s_per_step") and result.get("step_time_s"):
         # The profiler slows the host side, so its own wall time overstates idle GPU time; kernel time per
         # step over the unprofiled step time is the better "is the GPU busy" figure.
-        result["gpu_busy_vs_unprofiled_step_pct"] = round(
-            100.0 * result["gpu_kernel_s_per_step"] / result["step_time_s"], 1
-        )
+        result["gpu_busy_fraction"] = round(result["gpu_kernel_s_per_step"] / result["step_time_s"], 3)
+    if variant.layout == "packed" and device.type == "cuda" and args.memory_estimate:
+        result["memory"] = memory_estimate(cfg, int(peak_mem), device)
     if lifted:
         result["notes"].append("timing obtained with fla's Hopper refusal lifted (Triton path)")
+    del state, built
+    gc.collect()
     return result
 
 
@@ -601,46 +641,50 @@ def versions() -> dict[str, str | None]:
 def run_all(args: argparse.Namespace, passthrough: list[str]) -> dict[str, Any]:
     combined: dict[str, Any] = {"variants": {}, "errors": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for v in args.variants.split(","):
-            out = Path(tmp) / f"{v}.json"
+        for spec in args.variants.split(","):
+            name, _, lever = spec.partition("+")  # "product_noac+compile"
+            out = Path(tmp) / f"{spec}.json"
             cmd = [
                 sys.executable,
                 str(Path(__file__).resolve()),
                 "--variant",
-                v,
+                name,
                 "--out",
                 str(out),
                 *passthrough,
             ]
-            print(f"[train_throughput] variant {v}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+            cmd += ["--lever", lever.replace("+", ",")] if lever else []
+            print(f"[train_throughput] {spec}: {' '.join(cmd)}", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
-            rc: int | str
             try:
                 proc = subprocess.run(
                     cmd, check=False, capture_output=True, text=True, timeout=args.child_timeout
                 )
-                rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-4000:]
+                rc: int | str = proc.returncode
+                tail = (proc.stdout + proc.stderr)[-4000:]
             except subprocess.TimeoutExpired as exc:
                 rc, tail = "timeout", str(exc)[-4000:]
             elapsed = round(time.perf_counter() - t0, 1)
             if out.exists():
-                combined["variants"][v] = {**json.loads(out.read_text()), "process_s": elapsed}
+                combined["variants"][spec] = {**json.loads(out.read_text()), "process_s": elapsed}
             if rc != 0 or not out.exists():
-                combined["errors"][v] = {"returncode": rc, "process_s": elapsed, "output_tail": tail}
-            print(f"[train_throughput] variant {v}: rc={rc} in {elapsed}s", file=sys.stderr, flush=True)
-            _summarize(combined)
-            # Partial results survive an outer timeout: rewrite the combined file after every variant.
+                combined["errors"][spec] = {"returncode": rc, "process_s": elapsed, "output_tail": tail}
+            print(f"[train_throughput] {spec}: rc={rc} in {elapsed}s", file=sys.stderr, flush=True)
+            summarize(combined)
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(combined, indent=2, default=str))
+            args.out.write_text(json.dumps(combined, indent=2, default=str))  # partial results survive a kill
     return combined
 
 
-def _summarize(combined: dict[str, Any]) -> None:
+def summarize(combined: dict[str, Any]) -> None:
     tps = {v: r.get("tokens_per_s") for v, r in combined["variants"].items() if r.get("tokens_per_s")}
     combined["tokens_per_s"] = tps
-    combined["speedup_vs_a"] = {v: round(t / tps["a"], 3) for v, t in tps.items()} if "a" in tps else {}
-    if "b" in tps:
-        combined["vs_b"] = {v: round(t / tps["b"], 3) for v, t in tps.items()}
+    for base in ("fallback", "stock_best"):
+        if base in tps:
+            combined[f"speedup_vs_{base}"] = {v: round(t / tps[base], 3) for v, t in tps.items()}
+    combined["mfu_vs_measured_matmul"] = {
+        v: r.get("mfu_vs_measured_matmul") for v, r in combined["variants"].items()
+    }
     combined["note"] = (
         "Ratios are only meaningful within this one run/machine (the fallback is CPU-launch-bound). "
         "Variants with fla_hopper_refusal_lifted=true ran fla's Triton backward past its Hopper refusal."
@@ -650,13 +694,18 @@ def _summarize(combined: dict[str, Any]) -> None:
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--variant", choices=VARIANTS)
-    g.add_argument("--all", action="store_true", help="run --variants each in a fresh subprocess")
-    p.add_argument("--variants", default="a,b,c,d,e")
+    g.add_argument("--variant", choices=sorted(VARIANTS))
+    g.add_argument("--all", action="store_true", help="run --variants, each in a fresh subprocess")
+    p.add_argument(
+        "--variants",
+        default="fallback,stock_best,stock_defaults,product,product_noac",
+        help="comma list; NAME+LEVER[+LEVER] adds levers (e.g. product_noac+compile)",
+    )
+    p.add_argument("--lever", default="", help=f"comma list of {', '.join(LEVERS)}")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="tiny model/data for a CPU logic check")
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--profile-steps", type=int, default=2)
     p.add_argument("--tokens-per-batch", type=int, default=None)
@@ -676,20 +725,20 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--linear-key-dim", type=int, default=128)
     p.add_argument("--linear-value-dim", type=int, default=128)
     p.add_argument("--full-attention-interval", type=int, default=4)
-    p.add_argument("--attn-impl", default=None, help="override the variant's attention (e.g. sdpa)")
-    p.add_argument("--lift-fla-hopper-refusal", choices=("auto", "yes", "no"), default="auto")
-    p.add_argument("--child-timeout", type=int, default=420)
+    p.add_argument("--no-memory-estimate", dest="memory_estimate", action="store_false")
+    p.add_argument("--child-timeout", type=int, default=300)
     raw = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(raw)
+    bad = [x for x in args.lever.split(",") if x and x not in LEVERS]
+    if bad:
+        p.error(f"unknown lever(s) {bad}; known: {', '.join(LEVERS)}")
     if args.tokens_per_batch is None:
         args.tokens_per_batch = 256 if args.tiny else 8192
     if args.median_len is None:
         args.median_len = 40.0 if args.tiny else 1100.0
     if args.examples is None:
-        # Enough for warm-up + measured + profiled steps even in the densest layout (packed ~4-5 per block).
         args.examples = 200 if args.tiny else 4000
-    passthrough = _strip(raw, {"--all": 0, "--variants": 1, "--out": 1, "--child-timeout": 1})
-    return args, passthrough
+    return args, _strip(raw, {"--all": 0, "--variants": 1, "--out": 1, "--child-timeout": 1, "--lever": 1})
 
 
 def _strip(argv: list[str], drop: dict[str, int]) -> list[str]:
@@ -712,8 +761,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         if exc.code in (0, None):
             raise
-        result = {"variant": args.variant, "ok": False, "error": str(exc.code)}
-        rc = 1
+        result, rc = {"variant": args.variant, "ok": False, "error": str(exc.code)}, 1
     except Exception as exc:  # noqa: BLE001 - the JSON must say what went wrong
         result = {
             "variant": args.variant,
@@ -724,33 +772,34 @@ def main(argv: list[str] | None = None) -> int:
         rc = 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str))
-    summary = {
-        k: result.get(k)
-        for k in (
-            "variant",
-            "ok",
-            "tokens_per_s",
-            "step_time_s",
-            "mfu",
-            "mfu_vs_measured_matmul",
-            "padding_pct",
-            "batches_per_epoch",
-            "fla_hopper_refusal_lifted",
-            "error",
-        )
-        if k in result
-    }
-    print(
-        json.dumps(
-            summary
-            if not args.all
-            else {
-                "tokens_per_s": result.get("tokens_per_s"),
-                "speedup_vs_a": result.get("speedup_vs_a"),
-                "errors": list(result.get("errors", {})),
-            }
-        )
+    keys = (
+        "variant",
+        "levers",
+        "ok",
+        "tokens_per_s",
+        "step_time_s",
+        "mfu_vs_measured_matmul",
+        "gpu_busy_fraction",
+        "peak_memory_bytes",
+        "padding_pct",
+        "fla_hopper_refusal_lifted",
+        "error",
     )
+    if args.all:
+        print(
+            json.dumps(
+                {
+                    k: result.get(k)
+                    for k in ("tokens_per_s", "speedup_vs_fallback", "speedup_vs_stock_best", "errors")
+                },
+                default=str,
+            )
+        )
+    else:
+        summary = {k: result.get(k) for k in keys if k in result}
+        if result.get("memory"):
+            summary["memory_estimate_over_measured"] = result["memory"]["estimate_over_measured"]
+        print(json.dumps(summary))
     return rc
 
 
