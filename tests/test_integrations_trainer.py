@@ -118,6 +118,7 @@ def test_passes_with_fake_providers_and_records_them(
     assert summary["providers"]["causal_conv1d_fn"].startswith("causal_conv1d.")
     assert summary["providers"]["attention"] == "sdpa (package)"
     assert summary["allowed_slow"] == [] and summary["armed_sites"] == []
+    assert summary["check"] == "not run (the stack check needs the model on a CUDA device)"
     err = capsys.readouterr().err
     assert err.count("kernelguard: guard passed") == 1
     assert "model.layers.0.linear_attn" in err  # the provider table, not only "passed"
@@ -288,7 +289,12 @@ def test_stack_check_resolves_the_models_own_config(
     with pytest.raises(ResolutionError) as info:  # packed: varlen attention is required, and CPU torch has none
         integration.check_stack(model, allow=(), packed=True)
     assert "varlen_attention" in str(info.value)
-    assert integration.check_stack(model, allow=["attention"], packed=True).ok
+    accepted = integration.check_stack(model, allow=["attention"], packed=True)
+    assert accepted.ok
+    with integration.guard_model(model, allow=("attention",), packed=True) as report:
+        summary = integration.providers_summary(report, integration.Packing(True, "test", True), accepted)
+    assert summary["check"].startswith("OK")
+    assert "varlen_attention" in summary["check"]  # the accepted fallback is named
 
 
 def test_stack_check_is_skipped_off_cuda_and_for_models_without_fallback_kernels(tiny: Any, tmp_path: Path) -> None:

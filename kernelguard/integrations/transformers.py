@@ -280,8 +280,9 @@ def _parse_allow(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(AllowPolicy.parse(values, source="KernelGuardCallback(allow=...)").values())
 
 
-def providers_summary(report: Any, packing: Packing) -> dict[str, Any]:
-    """The resolved providers as a JSON-friendly dict (what ``log_history`` and trackers get)."""
+def providers_summary(report: Any, packing: Packing, check: Any = None) -> dict[str, Any]:
+    """The resolved providers as a JSON-friendly dict (what ``log_history`` gets); ``check``: the stack check's
+    CheckResult on CUDA, summarised by its verdict line."""
     providers: dict[str, list[str]] = {}
     allowed: list[str] = []
     for e in report.entries:
@@ -299,7 +300,16 @@ def providers_summary(report: Any, packing: Packing) -> dict[str, Any]:
         "providers": {kernel: ", ".join(labels) for kernel, labels in providers.items()},
         "allowed_slow": allowed,
         "armed_sites": list(report.tripwires.sites),
+        "check": _verdict(check),
     }
+
+
+def _verdict(check: Any) -> str:
+    if check is None:
+        return "not run (the stack check needs the model on a CUDA device)"
+    from kernelguard.report import verdict_line
+
+    return verdict_line(check).removeprefix("verdict: ")
 
 
 class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
@@ -346,7 +356,7 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         except KernelGuardError:
             self.disarm()  # this rank may have passed while another refused
             raise
-        self.summary = providers_summary(self.report, self.packing)
+        self.summary = providers_summary(self.report, self.packing, self.check_result)
         state.log_history.append({LOG_KEY: self.summary, "step": state.global_step})
         if self.verbose and getattr(state, "is_world_process_zero", True):
             print(f"kernelguard: guard passed ({self.packing.source}).\n{self.report.render()}",
