@@ -90,7 +90,7 @@ def boundaries_from_position_ids(position_ids: Any) -> tuple[Any, int] | None:
     if not isinstance(position_ids, torch.Tensor) or position_ids.ndim != 2 or position_ids.shape[0] != 1:
         return None
     starts = (position_ids[0] == 0).nonzero().flatten()
-    if starts.numel() <= 1:
+    if starts.numel() == 0 or (starts.numel() == 1 and int(starts[0]) == 0):
         return None
     total = torch.tensor([position_ids.shape[1]], device=starts.device, dtype=starts.dtype)
     if int(starts[0]) != 0:
