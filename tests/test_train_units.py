@@ -1,4 +1,5 @@
-"""Small pieces of `kernelguard train`: config validation, LR schedule, FLOP accounting, checkpoint folders."""
+"""Small pieces of `kernelguard train`: config validation, LR schedule, FLOP accounting, checkpoint folders, the
+optimizer step and eval on one rank."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 from kernelguard.errors import ConfigError
 from kernelguard.train import checkpoint as ckpt
 from kernelguard.train.config import TrainConfig, parse_args
-from kernelguard.train.step import lr_lambda
 from kernelguard.train.metrics import forward_flops_per_token, peak_flops, step_flops
+from kernelguard.train.step import lr_lambda
 
 
 def test_config_validation_names_the_fix(tmp_path: Path) -> None:
@@ -116,7 +117,10 @@ def test_accepted_fla_640_rows_lift_the_refusal_and_others_do_not(monkeypatch: p
 
     assert lift_accepted_fla_refusal({"kernels-version"}) == []
     assert mods["fla.ops.common.chunk_o"].TRITON_ABOVE_3_7_1 is False
-    assert sorted(lift_accepted_fla_refusal({"fla-640-wrong-grads"})) == ["fla.ops.common.chunk_o", "fla.utils"]
+    assert sorted(lift_accepted_fla_refusal({"fla-640-wrong-grads"})) == [
+        "fla.ops.common.chunk_o",
+        "fla.utils",
+    ]
     assert mods["fla.ops.common.chunk_o"].TRITON_ABOVE_3_7_1 is True
 
 
@@ -130,3 +134,130 @@ def test_lifting_with_an_fla_that_has_no_refusal_is_a_no_op(monkeypatch: pytest.
     for name in [n for n in sys.modules if n.startswith("fla.")]:
         monkeypatch.delitem(sys.modules, name)
     assert lift_accepted_fla_refusal({"fla-640-refusal"}) == []
+
+
+# ------------------------------------------------------------------------------- step and eval, one rank ---
+@pytest.fixture
+def one_rank() -> Any:
+    """A one-process gloo group (the step and eval all-reduce), torn down after the test."""
+    import torch
+    import torch.distributed as dist
+
+    from kernelguard.train.parallel import DistInfo
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield DistInfo(0, 1, 0, torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _blocks(vocab: int, n: int, block: int = 48) -> tuple[list[Any], list[list[int]], list[dict[str, Any]]]:
+    import torch
+
+    from kernelguard.train.packing import IGNORE_INDEX, build_packed_block
+
+    g = torch.Generator().manual_seed(1)
+    examples = []
+    for length in [9, 14, 6, 11, 17, 8][:n]:
+        ids = torch.randint(3, vocab, (length,), generator=g).tolist()
+        examples.append((ids, [IGNORE_INDEX] * 3 + ids[3:]))
+    groups = [list(range(i, min(i + 2, n))) for i in range(0, n, 2)]
+    return examples, groups, [build_packed_block([examples[i] for i in grp], block, 0) for grp in groups]
+
+
+def _hand_loss(model: Any, batches: list[dict[str, Any]]) -> tuple[float, int]:
+    import torch
+    import torch.nn.functional as F
+
+    from kernelguard.train.packing import IGNORE_INDEX, MODEL_INPUT_KEYS
+
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for b in batches:
+            logits = model(**{k: b[k] for k in MODEL_INPUT_KEYS}, use_cache=False).logits[0, :-1]
+            labels = b["labels"][0, 1:]
+            total += float(
+                F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+            )
+            count += int((labels != IGNORE_INDEX).sum())
+    return total / count, count
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["logits", "chunked-head"])
+def test_evaluate_is_the_token_mean_loss_over_every_eval_block(
+    fake_providers: Any, tiny: Any, one_rank: Any, chunked: bool
+) -> None:
+    import copy
+
+    from kernelguard.train.evaluate import evaluate
+    from kernelguard.train.loss import return_hidden_states_from_head
+    from kernelguard.train.step import TrainState
+
+    model = tiny.tiny_model("qwen3_5").train()
+    examples, groups, batches = _blocks(model.config.vocab_size, 5)
+    expected, tokens = _hand_loss(model, batches)
+    evaluated = copy.deepcopy(model)
+    head = return_hidden_states_from_head(evaluated) if chunked else None
+    state = TrainState(evaluated, optimizer=None, scheduler=None, info=one_rank, head=head)
+    loss, count = evaluate(state, examples, groups, block_size=48, pad_id=0)
+    assert count == tokens
+    assert loss == pytest.approx(expected, rel=1e-5)
+    assert evaluated.training  # back in train mode
+    assert all(p.grad is None for p in evaluated.parameters())
+
+
+def test_eval_blocks_are_dealt_so_every_rank_runs_the_same_number_of_forwards() -> None:
+    from kernelguard.train.evaluate import rank_eval_blocks
+
+    for n, world in [(5, 2), (7, 3), (2, 4), (6, 3), (0, 2)]:
+        turns = [rank_eval_blocks(n, rank=r, world_size=world) for r in range(world)]
+        assert len({len(t) for t in turns}) == 1
+        real = sorted(b for t in turns for b in t if b is not None)
+        assert real == list(range(n))
+
+
+def test_step_normalises_by_the_global_label_count_for_any_batch_shape(
+    fake_providers: Any, tiny: Any, one_rank: Any
+) -> None:
+    """A padded [B, T] batch (the bench's unpacked variant) gives the model's own mean loss; two packed
+    micro-batches give the token mean over both, and gradients are those of that mean."""
+    import copy
+
+    import torch
+
+    from kernelguard.train.build import make_optimizer
+    from kernelguard.train.step import TrainState, forward_backward, optimizer_step
+
+    model = tiny.tiny_model("qwen3_5").train()
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, model.config.vocab_size, (2, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    padded = {"input_ids": ids, "attention_mask": mask, "labels": labels, "_note": "not a model input"}
+    loss_sum, count = forward_backward(model, [padded], info=one_rank)
+    reference = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
+    assert float(loss_sum) / float(count) == pytest.approx(float(reference.detach()), rel=1e-5)
+
+    _, _, batches = _blocks(model.config.vocab_size, 4)
+    expected, tokens = _hand_loss(model, batches)
+    twin = copy.deepcopy(model)
+    cfg = TrainConfig(model="m", data="d", output=Path("o"), lr=1e-3, grad_clip=0.0)
+    opt, sched = make_optimizer(twin, cfg, one_rank.device, schedule_steps=4)
+    result = optimizer_step(TrainState(twin, opt, sched, one_rank, grad_clip=0.0), batches)
+    assert result.loss_tokens == tokens and result.loss == pytest.approx(expected, rel=1e-5)
+    assert result.lr == pytest.approx(1e-3) and result.grad_norm > 0
+    assert all(p.grad is None for p in twin.parameters())  # zeroed for the next step
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
+
+
+def test_guard_refusal_is_a_picklable_kernel_fallback_error() -> None:
+    import pickle
+
+    from kernelguard.errors import KernelFallbackError
+    from kernelguard.train.gate import GuardRefused
+
+    err = pickle.loads(pickle.dumps(GuardRefused("layer table\n\nchunk_gated_delta_rule is slow")))
+    assert isinstance(err, KernelFallbackError)
+    assert err.report == "layer table\n\nchunk_gated_delta_rule is slow" == str(err)

@@ -71,7 +71,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if grad_weight is not None:
                 # cuBLAS adds in fp32 and rounds once per chunk (the stock path rounds once per matmul too).
                 grad_weight.addmm_(grad_logits.t(), h * keep)
-        ctx.save_for_backward(grad_hidden, grad_weight)  # None where no gradient is wanted
+        ctx.save_for_backward(grad_hidden, grad_weight)  # type: ignore[arg-type]  # None: no gradient wanted
         return total
 
     @staticmethod
@@ -146,7 +146,8 @@ class _HiddenStatesHead(nn.Linear):
 
 def return_hidden_states_from_head(model: nn.Module) -> nn.Linear:
     """Make ``model``'s LM head return the hidden states; return the head (its ``weight`` is the one to use)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
     if type(head) is not nn.Linear or head.bias is not None:
         raise ConfigError(
             f"the chunked loss needs a bias-free nn.Linear LM head; {type(model).__name__} has "

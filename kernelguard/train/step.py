@@ -164,7 +164,7 @@ def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
     from torch.distributed.tensor import DTensor
 
     params = [p for p in model.parameters() if p.grad is not None]
-    grads = [p.grad for p in params]
+    grads = [g for p in params if (g := p.grad) is not None]
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
     if isinstance(total, DTensor):
         total = total.full_tensor()
