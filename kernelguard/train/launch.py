@@ -7,7 +7,8 @@ writes its kernelguard error (one line, plus the guard's report for exit 3) to a
 instead of printing it; when the ranks stop, the launcher prints the lowest failing rank's message once and
 exits with its code: 2 usage/config/data error, 3 the guard refused. A rank that dies otherwise (a Python
 traceback, a signal) is named with its exit code, and the launcher exits with that code (128 + N for
-signal N, as a shell does).
+signal N, as a shell does); a launcher stopped by a signal (Ctrl-C) exits 128 + N too; ranks that cannot
+rendezvous exit 1.
 """
 
 from __future__ import annotations
@@ -84,7 +85,9 @@ def launch(opts: LaunchOptions, train_argv: list[str]) -> int:
             fix="drop the launcher flags (torchrun launched the ranks), or run `kernelguard train "
             "--nproc-per-node N ...` without torchrun",
         )
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args(torchrun_argv(opts, train_argv))
@@ -93,6 +96,12 @@ def launch(opts: LaunchOptions, train_argv: list[str]) -> int:
             run(args)
         except ChildFailedError as e:
             return _report_failure(e, Path(folder))
+        except SignalException as e:  # Ctrl-C or a scheduler's SIGTERM: the agent already stopped the ranks
+            print(f"kernelguard train: stopped by {e.sigval.name}.", file=sys.stderr, flush=True)
+            return 128 + int(e.sigval)
+        except RendezvousError as e:
+            print(f"kernelguard train: the ranks could not meet: {e}", file=sys.stderr, flush=True)
+            return 1
     return 0
 
 
@@ -116,7 +125,9 @@ def _quiet() -> Iterator[None]:
     if os.environ.get("LOGLEVEL"):
         yield
         return
-    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    # torchelastic gives each module's logger its own level, so the parents' level is not enough.
+    names = [n for n in logging.root.manager.loggerDict if n.startswith(_QUIET_LOGGERS)]
+    loggers = [logging.getLogger(name) for name in {*_QUIET_LOGGERS, *names}]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
