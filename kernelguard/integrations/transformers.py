@@ -183,9 +183,9 @@ def guard_model(model: Any, *, allow: tuple[str, ...], packed: bool) -> Any:
 
 
 def _check_packed_sequences(report: Any, packing: Packing) -> None:
-    """Packed rows need GDN kernels that keep examples apart. transformers' torch references cannot: since ~5.20
-    they raise at the first packed step, before that they silently mix examples — so ``allow=`` cannot accept
-    them here, and a flattened row must carry its boundaries."""
+    """Packed rows need GDN kernels that keep examples apart. transformers' torch references cannot (5.24
+    raises at the first packed step; 5.17 ignores ``cu_seqlens``/``seq_idx`` and silently mixes examples), so
+    ``allow=`` cannot accept them here; and a flattened row must carry its boundaries."""
     if not packing.packed:
         return
     sites = [e for e in report.entries
@@ -197,7 +197,7 @@ def _check_packed_sequences(report: Any, packing: Packing) -> None:
         raise ConfigError(
             f"kernelguard refused to start training: batches are packed ({packing.source}) and "
             f"{', '.join(slow)} would run transformers' torch reference, which cannot keep packed examples apart "
-            "(transformers >= 5.20 raises at the first step; older releases silently mix examples). Allowing the "
+            "(transformers 5.24 raises at the first packed step; 5.17 silently mixes examples). Allowing the "
             "slow path does not help here.",
             fix=f"{installs}; or train on padded batches (padding_free=False, no flattening collator)",
             details={"kernels": slow, "packed_source": packing.source},
