@@ -528,6 +528,10 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         else lift_refusal(config["linear_key_head_dim"], device)
     )
     result["notes"].append(note)
+    if "fla" not in variant.hide and device.type == "cuda":
+        from kernelguard.fla_autotune import pin_for_this_gpu
+
+        result["notes"].append(pin_for_this_gpu())  # only shortens the warm-up: pins are autotune's own choices
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     info = init_distributed()
     schedule, layout = make_schedule(args, variant, config["vocab_size"])
