@@ -37,7 +37,11 @@ __all__ = [
     "VARLEN_NAME",
     "KernelGuardCallback",
     "Packing",
+    "check_stack",
     "detect_packing",
+    "failing_ranks",
+    "guard_model",
+    "providers_summary",
     "register_varlen_attention",
     "training_gate",
 ]
