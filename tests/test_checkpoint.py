@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,3 +120,54 @@ def test_retention_leaves_later_checkpoints_of_a_resumed_run_alone(tmp_path: Pat
         _make(tmp_path, step)
     assert [p.name for p in ckpt.prune_checkpoints(tmp_path, keep=1, newest=3)] == ["step_2"]
     assert [s for s, _ in ckpt.complete_checkpoints(tmp_path)] == [3, 6]
+
+
+@pytest.fixture
+def one_rank() -> Any:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _model_and_optimizer(seed: int) -> tuple[Any, Any]:
+    import torch
+
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_real_save_is_sealed_loads_back_and_old_unverified_damage_is_a_checkpoint_error(
+    tmp_path: Path, one_rank: None
+) -> None:
+    import torch
+
+    model, opt = _model_and_optimizer(0)
+    state = {"step": 1, "scheduler": {}}
+    folder = ckpt.save_checkpoint(
+        tmp_path, step=1, model=model, optimizer=opt, trainer_state=state, is_main=True
+    )
+    assert ckpt.verify_checkpoint(folder) is None
+    assert {".metadata", "rng_rank0.pt", ckpt.TRAINER_STATE} <= set(
+        json.loads((folder / ckpt.MANIFEST).read_text())["files"]
+    )
+
+    other, other_opt = _model_and_optimizer(1)
+    assert ckpt.load_checkpoint(folder, model=other, optimizer=other_opt) == state
+    assert torch.equal(other.weight, model.weight)
+
+    # A checkpoint written before manifests cannot be verified first: damage must still be one clear error.
+    (folder / ckpt.MANIFEST).unlink()
+    (folder / ckpt.MARKER).write_text("step 1\n")
+    for shard in folder.glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:10])
+    with pytest.raises(CheckpointError, match=rf"checkpoint {folder} cannot be loaded: ") as info:
+        ckpt.load_checkpoint(folder, model=other, optimizer=other_opt)
+    assert f"delete {folder}" in (info.value.fix or "")

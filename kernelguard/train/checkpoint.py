@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import random
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -202,6 +203,7 @@ def save_checkpoint(
 ) -> Path:
     """Write ``step_N`` atomically (all ranks), seal it with its manifest, then apply ``keep`` (retention)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     final = checkpoint_root(output) / f"step_{step}"
@@ -211,8 +213,14 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-    torch.save(rng_state(), tmp / f"rng_rank{dist.get_rank()}.pt")
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+        torch.save(rng_state(), tmp / f"rng_rank{dist.get_rank()}.pt")
+    except (CheckpointException, OSError) as e:  # disk full, permissions changed mid-run
+        raise CheckpointError(
+            f"writing checkpoint {tmp} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+            fix="free disk space or fix permissions, then --resume from the last complete checkpoint",
+        ) from e
     dist.barrier()
     if is_main:
         (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
@@ -247,16 +255,27 @@ def load_checkpoint(path: Path, *, model: Any, optimizer: Any) -> dict[str, Any]
 
     Verify first (:func:`find_resumable`): DCP reading a damaged shard fails deep inside torch."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     trainer_state = read_trainer_state(path)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     rng_file = path / f"rng_rank{dist.get_rank()}.pt"
-    if rng_file.exists():  # absent when resuming on more ranks (--resume-anyway)
-        set_rng_state(torch.load(rng_file, weights_only=False))
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+        rng = (
+            torch.load(rng_file, weights_only=False) if rng_file.exists() else None
+        )  # absent: more ranks now
+    # A checkpoint from before manifests is not verified: its damage surfaces here, inside torch.
+    except (CheckpointException, OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as e:
+        raise CheckpointError(
+            f"checkpoint {path} cannot be loaded: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+            fix=f"delete {path} to resume from the checkpoint before it, or start again with --overwrite",
+        ) from e
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if rng is not None:
+        set_rng_state(rng)
     return trainer_state
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from kernelguard.errors import CheckpointError
+from kernelguard.errors import CheckpointError, ConfigError
 
 from .config import TrainConfig
 
@@ -55,9 +55,14 @@ def _sha256_files(paths: Iterable[Path], root: Path | None = None) -> str:
     h = hashlib.sha256()
     for path in paths:
         h.update(str(path.relative_to(root) if root else path.name).encode() + b"\0")
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
+        try:
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot read {path}: {e.strerror or e}.", fix="check the file's permissions"
+            ) from e
     return h.hexdigest()
 
 

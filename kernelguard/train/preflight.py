@@ -172,17 +172,22 @@ def claim_output(cfg: TrainConfig, plan: StartPlan) -> list[str]:
     """Rank 0, after the gate passed: --overwrite deletes the old run's artifacts (returned), then the folder
     is created, leftovers of a crash mid-save are removed and this run's identity is written."""
     removed = []
-    if cfg.overwrite:
-        for name in run_artifacts(cfg.output):
+    try:
+        for name in run_artifacts(cfg.output) if cfg.overwrite else []:
             target = cfg.output / name
             if target.is_dir():
                 shutil.rmtree(target)
             else:
                 target.unlink()
             removed.append(name)
-    cfg.output.mkdir(parents=True, exist_ok=True)
-    ckpt.remove_incomplete(cfg.output)
-    write_identity(cfg.output, plan.identity)
+        cfg.output.mkdir(parents=True, exist_ok=True)
+        ckpt.remove_incomplete(cfg.output)
+        write_identity(cfg.output, plan.identity)
+    except OSError as e:
+        raise ConfigError(
+            f"--output {cfg.output}: {e.filename or cfg.output} cannot be written ({e.strerror or e}).",
+            fix="choose a folder you own, or fix its permissions",
+        ) from e
     return removed
 
 
