@@ -68,6 +68,26 @@ def test_guard_refusal_in_the_ranks_exits_3_with_one_report(assets: dict[str, Pa
     assert not out.exists()
 
 
+@pytest.mark.slow
+def test_launched_run_from_a_config_file_trains_and_reports_to_tensorboard(assets: dict[str, Path]) -> None:
+    """The success path: --config YAML (CLI wins), two ranks through the launcher, exit 0, events written."""
+    pytest.importorskip("tensorboard")
+    out = assets["root"] / "ok"
+    config = assets["root"] / "run.yaml"
+    config.write_text(
+        f"model: {assets['model']}\ntokenizer: {assets['tok']}\ndata: {assets['data']}\n"
+        f"output_dir: {out}\nmax_length: 256\nparam_dtype: fp32\nprogress: false\nallow: [attention]\n"
+        "max_steps: 5\nlearning_rate: 3e-3\nreport_to: tensorboard\nexport: false\nplot: false\n"
+    )
+    r = h.run_train(["--config", str(config), "--max-steps", "2", "--nproc-per-node", "2"], nproc=0)
+    assert r.returncode == 0, r.stderr
+    _assert_clean(r.stderr)
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert steps == [1, 2]  # --max-steps 2 on the command line beat max_steps: 5 in the file
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert r.stderr.count("guard passed") == 1  # rank 0 speaks for the job
+
+
 def test_config_error_exits_2_before_any_rank_starts(
     assets: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
