@@ -424,3 +424,34 @@ def test_hub_target_fields_match_kernels_resolver_arguments() -> None:
                "tvm_ffi_version", "macos_version"}
     assert taken <= covered, taken - covered
     assert {f.name for f in dataclasses.fields(HubTarget)} >= {"cpu", "os", "torch_version", "cxx11_abi"}
+
+
+@pytest.mark.slow
+def test_check_cli_selects_a_local_hub_kernel_when_kernels_is_in_transformers_window(tmp_path: Path) -> None:
+    """End to end on whichever stack is installed: transformers 5.17 + kernels 0.16.2 serves the Hub kernel
+    (it failed with "cannot import name '_rust'" before); 5.24 + 0.17.2 is outside 5.24's window."""
+    import os
+    import subprocess
+
+    from packaging.version import Version
+    from transformers.utils import import_utils
+
+    low, high = import_utils.KERNELS_MIN_VERSION, import_utils.KERNELS_MAX_VERSION
+    repo = _repo(tmp_path / "fla", ["torch213-cxx11-cpu-x86_64-linux", "torch212-cxx11-cpu-x86_64-linux"])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", KERNELS_CACHE=str(tmp_path / "cache"),
+               LOCAL_KERNELS=f"kernels-community/fla={repo}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernelguard", "check", "--model", "qwen3_5", "--hub", "--json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    report = json.loads(proc.stdout)
+    gdn = next(k for k in report["kernels"] if k["kernel"] == "chunk_gated_delta_rule")
+    [hub_candidate] = [c for c in gdn["candidates"] if c["kind"] == "hub"]
+    if Version(low) <= Version(KERNELS_VERSION) < Version(high):
+        assert hub_candidate["status"] in ("selected", "accepted"), hub_candidate
+        assert hub_candidate["reason"] == "build variant torch213-cxx11-cpu-x86_64-linux from LOCAL_KERNELS."
+    else:
+        assert hub_candidate["status"] == "rejected"
+        assert f"kernels {KERNELS_VERSION} is outside [{low}, {high})" in hub_candidate["reason"]
