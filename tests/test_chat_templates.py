@@ -246,3 +246,31 @@ def test_official_template_with_prompt_completion_rows(qwen: Any, tmp_path: Path
     rows = [{"prompt": prompt, "completion": [final, {"role": "user", "content": "q3"}, final]}]
     with pytest.raises(DataError, match=r"row 1, field 'completion\[0\]': the chat template does not render"):
         load_examples(data=str(h.write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer=tok, block_size=4096)
+
+
+def test_batched_rendering_keeps_each_rows_tools_and_isolates_a_bad_row(qwen: Any, tmp_path: Path) -> None:
+    tok = with_template(qwen, "qwen3_5_think_training")
+
+    def tool(name: str) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    rows = [
+        {"messages": chat, "tools": [tool("alpha")]},
+        {"messages": chat, "tools": [tool("beta")]},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]},
+        {"messages": chat},
+        {"messages": chat, "tools": [tool("alpha")]},
+    ]
+    data = h.write_jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(
+        DataError, match=r"row 3, field 'messages': the chat template could not render .*No user query"
+    ):
+        load_examples(data=str(data), tokenizer=tok, block_size=4096)
+    ex, stats = load_examples(data=str(data), tokenizer=tok, block_size=4096, skip_bad_rows=True)
+    assert stats.bad_rows == {"messages": 1} and len(ex) == 4
+    texts = [tok.decode(ids) for ids, _ in ex]
+    assert ['"alpha"' in t for t in texts] == [True, False, False, True]
+    assert ['"beta"' in t for t in texts] == [False, True, False, False]
+    one_by_one, _ = load_examples(data=str(data), tokenizer=tok, block_size=4096, skip_bad_rows=True, chunk=1)
+    assert list(one_by_one) == list(ex)

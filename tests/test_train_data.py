@@ -208,7 +208,7 @@ def test_all_tokens_loss_never_locates_assistant_tokens(
         raise AssertionError("assistant spans computed with assistant_only=False")
 
     monkeypatch.setattr(rows_module, "assistant_spans", boom)
-    monkeypatch.setattr(rows_module, "_generation_example", boom)
+    monkeypatch.setattr(rows_module, "generation_examples", boom)
     rows = [
         GOOD,
         {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]},

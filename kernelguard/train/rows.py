@@ -314,33 +314,61 @@ def assistant_spans(tokenizer: Any, item: ChatItem, template: str) -> tuple[str,
     return full, spans
 
 
-def _generation_example(tokenizer: Any, item: ChatItem, template: str) -> tuple[list[int], list[int]]:
-    """transformers' own assistant mask from the template's {% generation %} blocks; for a prompt/completion
-    conversation, only the part after the prompt's rendering."""
-    boundary = 0
-    if item.first_trained:
-        prompt = _render(tokenizer, template, item, item.messages[: item.first_trained], prompt=False)
-        if not _render(tokenizer, template, item, item.messages, prompt=False).startswith(prompt):
-            raise _unstable_error(item, item.first_trained, template)
-        boundary = len(prompt)
-    try:
-        enc = tokenizer.apply_chat_template(
-            item.messages,
-            tools=item.tools,
-            chat_template=template,
-            tokenize=True,
-            return_dict=True,
-            return_assistant_tokens_mask=True,
-            tokenizer_kwargs={"return_offsets_mapping": True},
-        )
-    except Exception as e:  # noqa: BLE001 - see _render
-        raise _template_error(item, e) from None
-    ids = list(enc["input_ids"])
-    trained = [
-        bool(m) and start >= boundary
-        for m, (start, _end) in zip(enc["assistant_masks"], enc["offset_mapping"])
-    ]
-    return ids, [t if keep else IGNORE_INDEX for t, keep in zip(ids, trained)]
+def _prompt_boundary(tokenizer: Any, item: ChatItem, template: str) -> int:
+    """Where a prompt/completion conversation's completion starts in its rendering (0: train every turn)."""
+    if not item.first_trained:
+        return 0
+    prompt = _render(tokenizer, template, item, item.messages[: item.first_trained], prompt=False)
+    if not _render(tokenizer, template, item, item.messages, prompt=False).startswith(prompt):
+        raise _unstable_error(item, item.first_trained, template)
+    return len(prompt)
+
+
+def _masked_apply(tokenizer: Any, conversations: list[Any], tools: Any, template: str) -> Any:
+    """transformers' own assistant mask from the template's {% generation %} blocks, for a batch of
+    conversations sharing ``tools`` (one batched tokenizer call: the Rust tokenizer uses every core)."""
+    return tokenizer.apply_chat_template(
+        conversations,
+        tools=tools,
+        chat_template=template,
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+        tokenizer_kwargs={"return_offsets_mapping": True},
+    )
+
+
+def generation_examples(
+    tokenizer: Any,
+    jobs: list[tuple[int, ChatItem, int]],
+    template: str,
+    on_error: Callable[[DataError], None],
+) -> dict[int, tuple[list[int], list[int]]]:
+    """(input_ids, labels) for each (position, item, boundary): the assistant mask, from ``boundary`` on."""
+    groups: dict[str, list[tuple[int, ChatItem, int]]] = {}
+    for job in jobs:  # batched by tool list: apply_chat_template takes one for the whole batch
+        groups.setdefault(json.dumps(job[1].tools, sort_keys=True), []).append(job)
+    out: dict[int, tuple[list[int], list[int]]] = {}
+    for group in groups.values():
+        try:
+            enc = _masked_apply(
+                tokenizer, [item.messages for _, item, _ in group], group[0][1].tools, template
+            )
+            encoded = list(zip(group, enc["input_ids"], enc["assistant_masks"], enc["offset_mapping"]))
+        except Exception:  # noqa: BLE001 - some row breaks the template: find it (them) one by one
+            encoded = []
+            for job in group:
+                try:
+                    enc = _masked_apply(tokenizer, job[1].messages, job[1].tools, template)
+                except Exception as e:  # noqa: BLE001 - see _render
+                    on_error(_template_error(job[1], e))
+                    continue
+                encoded.append((job, enc["input_ids"], enc["assistant_masks"], enc["offset_mapping"]))
+        for (pos, _item, boundary), ids, mask, offsets in encoded:
+            ids = list(ids)
+            keep = [bool(m) and start >= boundary for m, (start, _end) in zip(mask, offsets)]
+            out[pos] = (ids, [t if k else IGNORE_INDEX for t, k in zip(ids, keep)])
+    return out
 
 
 def _labels_from_spans(ids: list[int], offsets: list[Span], spans: list[Span] | None) -> list[int]:
@@ -367,8 +395,9 @@ def encode_items(
 ) -> list[tuple[list[int], list[int]]]:
     """(input_ids, labels) for every item, in order; an item that fails goes to ``on_error`` (which raises, or
     counts it and returns)."""
-    done: dict[int, tuple[list[int], list[int]]] = {}
     texts: list[tuple[int, str, list[Span] | None, bool]] = []  # position, text, spans (None: all), specials
+    generation: list[tuple[int, ChatItem, int]] = []  # position, item, where its loss may start
+    template = ""
     for pos, item in enumerate(items):
         try:
             if isinstance(item, TextItem):
@@ -377,16 +406,24 @@ def encode_items(
                 continue
             template = _chat_template_or_raise(choice, item)
             if not assistant_only:  # never locate assistant tokens: one plain rendering
-                texts.append(
-                    (pos, _render(tokenizer, template, item, item.messages, prompt=False), None, False)
-                )
+                full = _render(tokenizer, template, item, item.messages, prompt=False)
+                texts.append((pos, full, None, False))
             elif choice.method == GENERATION:
-                done[pos] = _generation_example(tokenizer, item, template)
+                generation.append((pos, item, _prompt_boundary(tokenizer, item, template)))
             else:
                 full, spans = assistant_spans(tokenizer, item, template)
                 texts.append((pos, full, spans, False))
         except DataError as e:
             on_error(e)
+    done = generation_examples(tokenizer, generation, template, on_error) if generation else {}
+    done.update(_tokenize(tokenizer, texts))
+    return [done[pos] for pos in sorted(done)]
+
+
+def _tokenize(
+    tokenizer: Any, texts: list[tuple[int, str, list[Span] | None, bool]]
+) -> dict[int, tuple[list[int], list[int]]]:
+    done: dict[int, tuple[list[int], list[int]]] = {}
     for specials in (True, False):
         group = [t for t in texts if t[3] is specials]
         if not group:
@@ -395,7 +432,7 @@ def encode_items(
         enc = tokenizer([t[1] for t in group], add_special_tokens=specials, return_offsets_mapping=True)
         for (pos, _text, spans, _), ids, offsets in zip(group, enc["input_ids"], enc["offset_mapping"]):
             done[pos] = (list(ids), _labels_from_spans(list(ids), list(offsets), spans))
-    return [done[pos] for pos in sorted(done)]
+    return done
 
 
 def _chat_template_or_raise(choice: TemplateChoice, item: ChatItem) -> str:
