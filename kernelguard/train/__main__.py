@@ -33,8 +33,9 @@ def print_rank0(message: str) -> None:
 
 def _fail(code: int, message: str, *, report: str | None = None, is_main: bool | None = None) -> int:
     """Report an error once: through the launcher's record file in a launched rank, else on rank 0."""
-    from .launch import write_rank_error
+    from .launch import write_rank_error, write_torchelastic_error
 
+    write_torchelastic_error(message)
     if not write_rank_error(code, message, report) and (is_rank0() if is_main is None else is_main):
         if report:
             print(report, file=sys.stderr)

@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,17 @@ def write_rank_error(exit_code: int, message: str, report: str | None = None) ->
     tmp.write_text(json.dumps(record))
     tmp.replace(path)
     return True
+
+
+def write_torchelastic_error(message: str) -> None:
+    """Under plain torchrun: put this rank's message in torchelastic's error file, so its ChildFailedError table
+    shows kernelguard's message for every failed rank (only rank 0 prints it) instead of "To enable traceback"."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    info = {"py_callstack": message, "timestamp": str(int(time.time()))}
+    with contextlib.suppress(OSError):
+        Path(path).write_text(json.dumps({"message": {"message": message, "extraInfo": info}}))
 
 
 def torchrun_argv(opts: LaunchOptions, train_argv: list[str]) -> list[str]:
