@@ -52,7 +52,7 @@ def write_qwen_tokenizer(path: Path, *, chat_template: str | None = None) -> Pat
 
 def tokenizer_dir(factory: pytest.TempPathFactory) -> Path:
     """The Qwen3.5-vocabulary tokenizer folder with the real Qwen3 template, built once per process."""
-    if "qwen3" not in _BUILT:
+    if "qwen3" not in _BUILT or not (_BUILT["qwen3"] / "tokenizer.json").is_file():
         _BUILT["qwen3"] = write_qwen_tokenizer(factory.mktemp("qwen_tokenizer"))
     return _BUILT["qwen3"]
 
