@@ -148,6 +148,8 @@ def test_guard_refuses_without_fast_providers(assets: dict[str, Path]) -> None:
     # lists the exit code 3 in its ChildFailedError table. `kernelguard train --nproc-per-node` returns 3 itself
     # (tests/test_launcher.py).
     assert r.returncode == 1 and "exitcode  : 3" in r.stderr and "ChildFailedError" in r.stderr, r.stderr
+    # Each failed rank's kernelguard message is in torchrun's table (torchelastic's error file).
+    assert "traceback : kernelguard train: refused to start (exit 3)" in r.stderr
     assert "chunk_gated_delta_rule" in r.stderr and "causal_conv1d_fn" in r.stderr
     assert "refused to start" in r.stderr
     assert not out.exists()  # refused before any data work or output
