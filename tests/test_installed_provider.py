@@ -403,6 +403,16 @@ def test_extension_that_hangs_is_killed_at_the_timeout(site: Site, monkeypatch: 
     assert found.import_error == f"hangs on import (no result within 1 s) in {so}"
 
 
+def test_a_process_with_cuda_initialised_is_not_forked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KERNELGUARD_IMPORT_PROBE", raising=False)
+    monkeypatch.setattr(installed, "_cuda_initialized", lambda: False)
+    assert installed._probe_mode() == "fork"
+    monkeypatch.setattr(installed, "_cuda_initialized", lambda: True)
+    assert installed._probe_mode() == "spawn"
+    monkeypatch.setenv("KERNELGUARD_IMPORT_PROBE", "fork")  # an explicit choice wins
+    assert installed._probe_mode() == "fork"
+
+
 def test_probe_off_imports_in_process(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KERNELGUARD_IMPORT_PROBE", "off")
     write_conv(site, extension_source=f"raise ImportError({UNDEFINED!r})\n")

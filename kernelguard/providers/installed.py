@@ -3,12 +3,13 @@
 Live probing lives here (and in ``hub``); judging the facts is the pure resolver's job.
 
 A compiled extension can kill the interpreter on import (an abort in a static initialiser, a segfault in
-``PyInit``): such a package is first imported in a forked child with a timeout (one child per package,
+``PyInit``): such a package is first imported in a child process with a timeout (one child per package,
 only for packages that ship .so files), and only imported here when the child survived. A crash becomes
 the fact ``import_error = "crashes on import (signal 11: SIGSEGV) in <.so path>"`` (or ``... while
 importing <module>`` when the package's Python code dies after its extensions loaded), and the rest of
-the report still prints. ``KERNELGUARD_IMPORT_PROBE=spawn`` uses a fresh interpreter instead of fork
-(slower: it imports torch again), ``off`` imports in-process as before.
+the report still prints. The child is forked (~35 ms) unless this process already initialised CUDA, where
+a fresh interpreter is spawned instead (seconds: it imports torch again);
+``KERNELGUARD_IMPORT_PROBE=fork|spawn|off`` forces one (``off`` imports in-process, unprotected).
 """
 
 from __future__ import annotations
@@ -142,11 +143,22 @@ class _Crash:
     text: str  # "crashes on import (signal 11: SIGSEGV)"
 
 
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a half-imported or stand-in torch: assume the careful answer
+        return True
+
+
 def _probe_mode() -> str:
     mode = os.environ.get("KERNELGUARD_IMPORT_PROBE", "").strip().lower()
     if mode in ("fork", "spawn", "off"):
         return mode
-    return "fork" if hasattr(os, "fork") else "spawn"
+    # fork costs ~35 ms; a fresh interpreter seconds (it imports torch again). But a process that already
+    # initialised CUDA (a GPU node: env.probe read the device capabilities) is not forked: the CUDA driver
+    # does not support use after fork, and a child stuck in it would read as an extension that hangs.
+    return "fork" if hasattr(os, "fork") and not _cuda_initialized() else "spawn"
 
 
 def _child_imports(modules: list[str], write_fd: int) -> None:
