@@ -5,10 +5,16 @@
 
 fails the job in its first seconds with the same decision trace ``kernelguard check`` prints, instead of
 after hours on a slow fallback path.
+
+Environment variables (for launchers such as torchrun/accelerate, where editing the script per cluster is
+awkward): ``KERNELGUARD_ALLOW`` (comma-separated allow items, added to ``allow=``) and ``KERNELGUARD_ARCH``
+(comma-separated compute capabilities, used when ``arch=`` is not given). Both are validated like their
+arguments: a typo is a ``ConfigError`` naming the variable.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 from .check import CheckOptions, CheckResult, run_check
@@ -26,15 +32,29 @@ def check(
     hub: bool = False,
 ) -> CheckResult:
     """Resolve providers for ``model`` without raising on a failed requirement (see ``CheckResult.ok``)."""
+    return run_check(
+        CheckOptions(model=model, mode=mode, archs=_archs(arch), allow=_allow(allow), packed=packed, hub=hub)
+    )
+
+
+def _archs(arch: object) -> tuple[object, ...]:
     from .capability import ComputeCapability, parse_all
 
+    if arch is None and os.environ.get("KERNELGUARD_ARCH", "").strip():
+        items = [a for a in os.environ["KERNELGUARD_ARCH"].split(",") if a.strip()]
+        return parse_all(items, source="KERNELGUARD_ARCH")
     # One capability or several; parse_all raises a ConfigError naming arch= for anything else.
     if arch is not None and not isinstance(arch, (str, int, float, ComputeCapability, list, tuple)):
         arch = list(arch) if isinstance(arch, Iterable) else arch
-    archs = parse_all(arch if arch is not None else [], source="arch=")
-    return run_check(
-        CheckOptions(model=model, mode=mode, archs=archs, allow=AllowPolicy.parse(allow, source='allow='), packed=packed, hub=hub)
-    )
+    return parse_all(arch if arch is not None else [], source="arch=")
+
+
+def _allow(allow: object) -> AllowPolicy:
+    policy = AllowPolicy.parse(allow, source="allow=")  # type: ignore[arg-type]
+    from_env = os.environ.get("KERNELGUARD_ALLOW", "")
+    if from_env.strip():
+        policy = policy.merge(AllowPolicy.parse(from_env.split(","), source="KERNELGUARD_ALLOW"))
+    return policy
 
 
 def require(

@@ -149,3 +149,25 @@ def test_api_bad_input_raises_config_error(name: str) -> None:
         call()
     assert contains in str(info.value)
     assert info.value.fix
+
+
+def test_require_reads_kernelguard_allow_and_arch_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERNELGUARD_ARCH", "sm_90, 8.0")
+    monkeypatch.setenv("KERNELGUARD_ALLOW", "chunk_gated_delta_rule,causal_conv1d_fn, attention")
+    result = kernelguard.require("qwen3_5")
+    assert [str(a) for a in result.resolution.target.archs] == ["9.0", "8.0"]
+    assert result.resolution.target.allow.values() == ["attention", "causal_conv1d_fn", "chunk_gated_delta_rule"]
+    # An explicit arch= wins over the environment.
+    assert [str(a) for a in kernelguard.check("qwen3_5", arch="10.0").resolution.target.archs] == ["10.0"]
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("KERNELGUARD_ALLOW", "fla640", "KERNELGUARD_ALLOW: 'fla640' is not a known issue ID"),
+    ("KERNELGUARD_ARCH", "9.5", "KERNELGUARD_ARCH '9.5' is not the compute capability of a real NVIDIA GPU."),
+])
+def test_bad_environment_values_name_the_variable(monkeypatch: pytest.MonkeyPatch, name: str, value: str,
+                                                  message: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(kernelguard.ConfigError) as info:
+        kernelguard.require("qwen3_5")
+    assert str(info.value).startswith(message)
