@@ -239,6 +239,33 @@ def test_new_fields_are_validated(tmp_path: Path, extra: dict[str, Any], text: s
     assert info.value.fix
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("lr", "1e-4", "lr is '1e-4' (str); expected a number."),
+        ("block_size", 2.0, "block_size is 2.0 (float); expected an integer."),
+        ("max_steps", True, "max_steps is True (bool); expected an integer."),
+        ("resume", "yes", "resume is 'yes' (str); expected true or false."),
+        ("allow", [1], "allow is [1] (list); expected a string or a list of strings."),
+        ("betas", (0.9,), "betas is (0.9,) (tuple); expected two numbers."),
+        ("output", 3, "output is 3 (int); expected a path."),
+    ],
+)
+def test_api_callers_get_the_same_type_errors(tmp_path: Path, field: str, value: Any, expected: str) -> None:
+    values: dict[str, Any] = {"model": "m", "data": "d", "output": tmp_path, field: value}
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(**values)
+    assert info.value.message == expected
+
+
+def test_api_values_are_normalised(tmp_path: Path) -> None:
+    cfg = TrainConfig(
+        model=tmp_path / "m", data=tmp_path / "d", output=str(tmp_path), lr=1, allow="attention", betas=[1, 0]
+    )  # type: ignore[arg-type]
+    assert (cfg.model, cfg.data, cfg.output) == (str(tmp_path / "m"), str(tmp_path / "d"), tmp_path)
+    assert (cfg.lr, cfg.allow, cfg.betas) == (1.0, ("attention",), (1.0, 0.0)) and isinstance(cfg.lr, float)
+
+
 def test_new_fields_from_flags(tmp_path: Path) -> None:
     cfg = parse_command(
         [*_base(tmp_path), "--chat-template", "t.jinja", "--dataset-format", "prompt-completion",

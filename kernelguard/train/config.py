@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -18,6 +19,33 @@ ATTENTION_CHOICES = ("auto", "varlen", "sdpa", "flash_attention_2", "eager")
 LOSS_CHOICES = ("chunked", "logits")  # kernelguard.train.loss.linear_cross_entropy / the full logits
 DATASET_FORMATS = ("auto", "messages", "prompt-completion", "text")
 REPORT_TO_CHOICES = ("none", "tensorboard", "wandb", "trackio")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_strings(v: Any) -> bool:
+    return isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v))
+
+
+# TrainConfig annotation (without "| None") -> (what to say, check)
+_FIELD_TYPES: dict[str, tuple[str, Any]] = {
+    "int": ("an integer", _is_int),
+    "float": ("a number", _is_number),
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "str": ("a string", lambda v: isinstance(v, (str, os.PathLike))),
+    "Path": ("a path", lambda v: isinstance(v, (str, os.PathLike))),
+    "tuple[str, ...]": ("a string or a list of strings", _is_strings),
+    "tuple[float, float]": (
+        "two numbers",
+        lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_number(x) for x in v),
+    ),
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -67,8 +95,9 @@ class TrainConfig:
     dry_run: bool = False
 
     def __post_init__(self) -> None:
+        self._check_types()
         self.output = Path(self.output)
-        self.allow = tuple(self.allow)
+        self.allow = (self.allow,) if isinstance(self.allow, str) else tuple(self.allow)
         self.report_to = normalize_report_to(self.report_to)
         self._validate_new_fields()
         # A missing tracker library is refused now, not after the model build.
@@ -127,6 +156,26 @@ class TrainConfig:
             raise ConfigError(
                 f"output {self.output} exists and is not a directory.", fix="pass a directory path"
             )
+
+    def _check_types(self) -> None:
+        """Every field against its annotation, so API callers get the same one-line errors as the CLI."""
+        for f in fields(self):
+            annotation = str(f.type)
+            value = getattr(self, f.name)
+            if value is None and annotation.endswith(" | None"):
+                continue
+            expected, ok = _FIELD_TYPES[annotation.removesuffix(" | None")]
+            if not ok(value):
+                raise ConfigError(
+                    f"{f.name} is {value!r} ({type(value).__name__}); expected {expected}.",
+                    fix=f"give {f.name} {expected}",
+                )
+            if isinstance(value, os.PathLike) and annotation.startswith("str"):
+                setattr(self, f.name, os.fspath(value))
+            elif annotation == "float":
+                setattr(self, f.name, float(value))
+            elif annotation == "tuple[float, float]":
+                setattr(self, f.name, tuple(float(x) for x in value))
 
     def _validate_new_fields(self) -> None:
         if self.dataset_format not in DATASET_FORMATS:
