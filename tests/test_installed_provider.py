@@ -25,6 +25,7 @@ from check_helpers import cuda_so, fatbin, isolated_provider_modules, make_env, 
 
 from kernelguard import catalog, discovery
 from kernelguard.catalog import PACKAGES
+from kernelguard.errors import ConfigError
 from kernelguard.providers import installed
 from kernelguard.providers.installed import ExtensionFacts, PackageFacts, probe_package
 from kernelguard.resolver import REJECTED, SELECTED, Facts, Target, resolve
@@ -411,6 +412,14 @@ def test_a_process_with_cuda_initialised_is_not_forked(monkeypatch: pytest.Monke
     assert installed._probe_mode() == "spawn"
     monkeypatch.setenv("KERNELGUARD_IMPORT_PROBE", "fork")  # an explicit choice wins
     assert installed._probe_mode() == "fork"
+
+
+def test_a_misspelt_probe_mode_is_a_config_error(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERNELGUARD_IMPORT_PROBE", "forkk")
+    write_conv(site, extension_source="LOADED = True\n")
+    with pytest.raises(ConfigError) as caught:
+        probe_conv()
+    assert caught.value.message == "KERNELGUARD_IMPORT_PROBE='forkk' is not a probe mode; expected fork, spawn or off."
 
 
 def test_probe_off_imports_in_process(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,6 +28,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..catalog import PackageSpec
+from ..errors import ConfigError
 from ..facts import ExtensionFacts, PackageFacts
 
 
@@ -152,9 +153,15 @@ def _cuda_initialized() -> bool:
 
 
 def _probe_mode() -> str:
-    mode = os.environ.get("KERNELGUARD_IMPORT_PROBE", "").strip().lower()
+    raw = os.environ.get("KERNELGUARD_IMPORT_PROBE", "")
+    mode = raw.strip().lower()
     if mode in ("fork", "spawn", "off"):
         return mode
+    if mode:
+        raise ConfigError(
+            f"KERNELGUARD_IMPORT_PROBE={raw!r} is not a probe mode; expected fork, spawn or off.",
+            fix="unset KERNELGUARD_IMPORT_PROBE (automatic choice) or set it to fork, spawn or off",
+        )
     # fork costs ~35 ms; a fresh interpreter seconds (it imports torch again). But a process that already
     # initialised CUDA (a GPU node: env.probe read the device capabilities) is not forked: the CUDA driver
     # does not support use after fork, and a child stuck in it would read as an extension that hangs.
@@ -294,7 +301,8 @@ def _probe_extensions(
 
 
 def probe_package(spec: PackageSpec, module: str, attribute: str, *, load_extensions: bool = True) -> PackageFacts:
-    """Everything knowable about ``spec`` without a GPU. Never raises, and never dies with the package."""
+    """Everything knowable about ``spec`` without a GPU. Never dies with the package; raises only ConfigError
+    for a misspelt KERNELGUARD_IMPORT_PROBE."""
     distribution, version = _installed_distribution(spec)
     extensions: list[ExtensionFacts] = []
     crash: str | None = None
