@@ -37,6 +37,7 @@ def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("KERNELS_CACHE", str(tmp_path / "empty-cache"))
 
 
+pytest.importorskip("kernels", reason="the Hub tests need the hub extra: pip install -e '.[dev]'")
 KERNELS_VERSION = metadata.version("kernels")
 # Private modules a kernels release may lack (0.16 has none of the 0.17 ones and vice versa).
 PRIVATE_MODULES = (
