@@ -92,7 +92,7 @@ def test_config_error_exits_2_before_any_rank_starts(
     assets: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     started: list[Any] = []
-    monkeypatch.setattr(launch_mod, "launch", lambda *a: started.append(a) or 0)
+    monkeypatch.setattr(launch_mod, "launch", lambda *a: started.append(a))
     args = [*_args(assets, assets["root"] / "x"), "--nproc-per-node", "2", "--max-length", "0"]
     assert main(args) == 2 and not started
     assert capsys.readouterr().err == (

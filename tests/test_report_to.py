@@ -15,7 +15,7 @@ from kernelguard.errors import ConfigError
 from kernelguard.train.config import TrainConfig, config_dict
 from kernelguard.train.metrics import MetricsLog, open_metrics, plot_metrics
 
-RECORDS = [
+RECORDS: list[dict[str, Any]] = [
     {"step": 1, "loss": 2.5, "lr": 1e-4, "tokens_per_s": 100.0, "mfu": None},
     {"step": 2, "loss": 2.0, "lr": 2e-4, "tokens_per_s": 110.0, "mfu": None},
     {"step": 2, "eval_loss": 2.2, "eval_tokens": 64},
@@ -104,7 +104,7 @@ def test_missing_wandb_through_the_cli_exits_2_before_any_work(
 def test_report_to_none_and_comma_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "wandb", _fake_wandb([]))
     pytest.importorskip("tensorboard")
-    cfg = TrainConfig(model="m", data="d", output=tmp_path, report_to=["tensorboard,wandb", "wandb"])
+    cfg = TrainConfig(model="m", data="d", output=tmp_path, report_to=["tensorboard,wandb", "wandb"])  # type: ignore[arg-type]
     assert cfg.report_to == ("tensorboard", "wandb")
     assert TrainConfig(model="m", data="d", output=tmp_path, report_to=("none",)).report_to == ()
 

@@ -259,9 +259,8 @@ def test_api_callers_get_the_same_type_errors(tmp_path: Path, field: str, value:
 
 
 def test_api_values_are_normalised(tmp_path: Path) -> None:
-    cfg = TrainConfig(
-        model=tmp_path / "m", data=tmp_path / "d", output=str(tmp_path), lr=1, allow="attention", betas=[1, 0]
-    )  # type: ignore[arg-type]
+    values: dict[str, Any] = {"model": tmp_path / "m", "data": tmp_path / "d", "output": str(tmp_path)}
+    cfg = TrainConfig(**values, lr=1, allow="attention", betas=[1, 0])  # type: ignore[arg-type]
     assert (cfg.model, cfg.data, cfg.output) == (str(tmp_path / "m"), str(tmp_path / "d"), tmp_path)
     assert (cfg.lr, cfg.allow, cfg.betas) == (1.0, ("attention",), (1.0, 0.0)) and isinstance(cfg.lr, float)
 
