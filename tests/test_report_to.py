@@ -183,6 +183,22 @@ def test_trackio_gets_every_record(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     ]
 
 
+def test_older_trackio_without_step_gets_the_step_as_a_metric(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logged: list[dict[str, float]] = []
+    mod = types.ModuleType("trackio")
+    mod.init = lambda **kw: None  # type: ignore[attr-defined]
+    mod.log = lambda values: logged.append(values)  # type: ignore[attr-defined]
+    mod.finish = lambda: None  # type: ignore[attr-defined]
+    mod.__spec__ = types.SimpleNamespace(name="trackio")  # type: ignore[assignment]
+    monkeypatch.setitem(sys.modules, "trackio", mod)
+    log = MetricsLog(tmp_path / "metrics.jsonl", resume_step=None, report_to=("trackio",))
+    log.write({"step": 7, "loss": 1.0})
+    log.close()
+    assert logged == [{"train/loss": 1.0, "train/global_step": 7}]
+
+
 def test_a_tracker_failing_mid_run_is_dropped_not_fatal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

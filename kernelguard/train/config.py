@@ -556,7 +556,9 @@ def _add_output_flags(g: Any) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help=f"also log metrics to {', '.join(REPORT_TO_CHOICES[1:])} (repeatable or comma list; none: off)",
+        help=f"also log metrics to {', '.join(REPORT_TO_CHOICES[1:])} (repeatable or comma list; none: off). "
+        "tensorboard writes OUTPUT/tensorboard; wandb honours WANDB_MODE=offline, WANDB_PROJECT; trackio logs "
+        "locally (TRACKIO_PROJECT); each is an extra: pip install 'kernelguard[NAME]'",
     )
     g.add_argument(
         "--export", action=argparse.BooleanOptionalAction, default=True, help="safetensors at the end"

@@ -224,7 +224,13 @@ class _Trackio:
         )
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        self.trackio.log({_tracker_tag(k): v for k, v in values.items()}, step=step)
+        tagged = {_tracker_tag(k): v for k, v in values.items()}
+        try:
+            self.trackio.log(tagged, step=step)
+        except (
+            TypeError
+        ):  # older trackio counts steps itself: record ours as a metric, like transformers does
+            self.trackio.log({**tagged, "train/global_step": step})
 
     def close(self) -> None:
         self.trackio.finish()
