@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import sys
@@ -12,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
+
+from .config_file import file_defaults, load_config_file
 
 PARAM_DTYPES = ("bf16", "fp32", "fp16")
 OVERLONG_POLICIES = ("truncate", "drop")
@@ -581,149 +582,6 @@ def _add_launch_flags(g: Any) -> None:
     g.add_argument("--master-port", type=int, metavar="PORT", help="static rendezvous port")
 
 
-# ------------------------------------------------------------------------------------------ config file ---
-def load_config_file(path: Path) -> dict[str, Any]:
-    """The mapping in a YAML/TOML/JSON file; ConfigError (naming the file) for anything else."""
-    suffix = path.suffix.lower()
-    if suffix not in (".yaml", ".yml", ".toml", ".json"):
-        raise ConfigError(
-            f"--config {path}: unknown file type {suffix or '(none)'!r}; expected .yaml, .yml, .toml or .json.",
-            fix="rename the file with the extension of its format",
-        )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--config {path}: cannot read it ({e}).", fix="pass a readable file") from None
-    try:
-        data = _parse_config_text(text, suffix)
-    except Exception as e:  # noqa: BLE001  # each parser has its own error class; all mean "malformed file"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(
-            f"--config {path}: not valid {suffix[1:].upper()}: {first}", fix="fix the file"
-        ) from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"--config {path}: the top level is a {type(data).__name__}; expected a mapping of flag names to values.",
-            fix="write one `name: value` per line (YAML) or `name = value` (TOML)",
-        )
-    return data
-
-
-def _parse_config_text(text: str, suffix: str) -> Any:
-    if suffix == ".toml":
-        import tomllib
-
-        return tomllib.loads(text)
-    if suffix == ".json":
-        return json.loads(text)
-    import yaml  # a dependency of transformers, so present wherever training is
-
-    return yaml.safe_load(text)
-
-
-def _file_keys(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """Config-file key -> the flag it sets: the dest and every flag name with underscores, except negated ones
-    (`--no-export`, `--all-tokens-loss`: write `export: false` / `assistant_only_loss: false`)."""
-    keys: dict[str, argparse.Action] = {}
-    for action in parser._actions:
-        if not action.option_strings or action.dest in ("help", "config"):
-            continue
-        keys.setdefault(action.dest, action)
-        if isinstance(action, argparse._StoreFalseAction):
-            continue
-        for opt in action.option_strings:
-            name = opt.lstrip("-").replace("-", "_")
-            if not name.startswith("no_"):
-                keys.setdefault(name, action)
-    return keys
-
-
-def _file_defaults(parser: argparse.ArgumentParser, data: dict[str, Any], path: Path) -> dict[str, Any]:
-    keys = _file_keys(parser)
-    out: dict[str, Any] = {}
-    seen: dict[str, str] = {}
-    for raw_key, value in data.items():
-        key = str(raw_key).replace("-", "_")
-        action = keys.get(key)
-        if action is None:
-            close = difflib.get_close_matches(key, list(keys), n=1)
-            raise ConfigError(
-                f"--config {path}: unknown key {raw_key!r}"
-                + (f" (did you mean {close[0]!r}?)." if close else "."),
-                fix=f"keys are the flags of `{PROG} --help` with underscores, e.g. learning_rate",
-            )
-        if action.dest in seen:
-            raise ConfigError(
-                f"--config {path}: {seen[action.dest]!r} and {raw_key!r} set the same option.",
-                fix="keep one of them",
-            )
-        seen[action.dest] = str(raw_key)
-        out[action.dest] = _file_value(action, str(raw_key), value, path)
-    return out
-
-
-def _file_value(action: argparse.Action, key: str, value: Any, path: Path) -> Any:
-    """The value a config-file entry gives the flag's dest, type-checked like the command line would."""
-
-    def wrong(expected: str) -> ConfigError:
-        return ConfigError(
-            f"--config {path}: {key} is {value!r} ({type(value).__name__}); expected {expected}.",
-            fix=f"set {key} to {expected} in {path.name}",
-        )
-
-    if value is None and action.default is None:  # null/~ for an optional flag: left unset
-        return None
-    if isinstance(
-        action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)
-    ):
-        if not isinstance(value, bool):
-            raise wrong("true or false")
-        return value
-    if isinstance(action, (argparse._AppendAction, argparse._ExtendAction)):
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
-            raise wrong("a string or a list of strings")
-        return list(items)
-    if isinstance(action.nargs, int):
-        if not isinstance(value, list) or len(value) != action.nargs:
-            raise wrong(f"a list of {action.nargs} {_type_name(action.type)}s")
-        return tuple(_scalar(action, x, wrong) for x in value)
-    return _scalar(action, value, wrong)
-
-
-def _yaml_float(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
-def _type_name(kind: Any) -> str:
-    return {int: "integer", float: "number"}.get(kind, "string")
-
-
-def _scalar(action: argparse.Action, value: Any, wrong: Any) -> Any:
-    kind = action.type
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise wrong("an integer")
-    if kind is float:
-        value = _yaml_float(value)  # PyYAML reads 3e-4 (no dot) as a string: accept what float() reads
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise wrong("a number")
-        value = float(value)
-    if kind not in (int, float):
-        if not isinstance(value, str):
-            raise wrong("a string")
-        value = Path(value) if kind is Path else value
-    if action.choices is not None and value not in action.choices:
-        raise wrong("one of " + ", ".join(map(str, action.choices)))
-    return value
-
-
 # ------------------------------------------------------------------------------------------------ parse ---
 def _normalize_flag_spelling(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """`--output_dir x` -> `--output-dir x`, as Hugging Face's parser accepts both spellings."""
@@ -744,7 +602,7 @@ def parse_command(argv: list[str] | None) -> Command:
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", type=Path)
     config_file = pre.parse_known_args(argv)[0].config
-    from_file = _file_defaults(parser, load_config_file(config_file), config_file) if config_file else {}
+    from_file = file_defaults(parser, load_config_file(config_file), config_file) if config_file else {}
     lists = {
         a.dest for a in parser._actions if isinstance(a, (argparse._AppendAction, argparse._ExtendAction))
     }
