@@ -16,7 +16,7 @@ Exit codes: 0 ok; 2 usage, config or data error; 3 the guard refused. ``kernelgu
 returns those codes from the ranks with the message printed once; plain ``torchrun`` exits 1 whenever a rank
 fails and prints each rank's exit code in its ChildFailedError table.
 
-Modules: config (TrainConfig, argv and --config files, the saved train_config.json), launch (the
+Modules: config (TrainConfig, argv, the saved train_config.json), config_file (--config files), launch (the
 --nproc-per-node launcher), data (rows -> examples), packing (bin packing, block tensors),
 parallel (process group, meta model, AC, FSDP2), checkpoint (DCP save/resume, export), metrics (FLOPs,
 MFU, JSONL, plot), loop (the run), __main__ (entry point).
