@@ -150,6 +150,9 @@ class GuardRegistry:
         self._window: dict[tuple[str, str, bool], FallbackEvent] = {}
         self.logged_once: set[tuple[str, ...]] = set()
         self.patches: dict[tuple[int, str], _Patch] = {}
+        # Disarmed patches of module globals, re-installed as they are by the next arming (the plugin re-arms
+        # the same globals for every test: no new wrapper per test).
+        self.retired: dict[tuple[int, str], _Patch] = {}
         self.watchers: list[Tripwires] = []
         # Layer module -> path: filled by guard(model), or from the root module when a tripwire fires.
         self.layer_paths: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -202,6 +205,7 @@ class GuardRegistry:
             tripwires.disarm()
         with self.lock:
             self.patches.clear()
+            self.retired.clear()
             self.watchers.clear()
             self.layer_paths = weakref.WeakKeyDictionary()
             self.scan.clear()
@@ -363,6 +367,28 @@ def _current(owner: Any, name: str) -> Any:
     return vars(owner).get(name)
 
 
+def _install(owner: Any, name: str, kernel: str, site: str, closure: compat.FallbackClosure | None) -> _Patch:
+    current = _current(owner, name)
+    info = getattr(current, compat.TRIPWIRE_ATTR, None) if callable(current) else None
+    if info is not None:  # a wrapper from a stale registry entry: wrap what it wraps
+        current = info.original
+    patch = _Patch(owner=owner, name=name, original=current, kernel=kernel, site=site, closure=closure)
+    patch.wrapper = _make_wrapper(patch)
+    setattr(owner, name, patch.wrapper)
+    return patch
+
+
+def _reinstall(owner: Any, name: str) -> _Patch | None:
+    """The retired patch of ``owner.<name>``, put back, when the name still holds what it wrapped."""
+    patch = REGISTRY.retired.pop((id(owner), name), None)
+    if patch is None or patch.owner is not owner or _current(owner, name) is not patch.original:
+        return None
+    patch.allowed_seen = False
+    patch._failure = None  # the reason is re-read on the next failure: the environment may have changed
+    setattr(owner, name, patch.wrapper)
+    return patch
+
+
 class Tripwires:
     """A set of armed tripwires; ``disarm()`` (or leaving the ``with`` block) restores the originals."""
 
@@ -395,13 +421,7 @@ class Tripwires:
                 del REGISTRY.patches[key]  # someone replaced our wrapper: it is no longer ours to manage
                 patch = None
             if patch is None:
-                current = _current(owner, name)
-                info = getattr(current, compat.TRIPWIRE_ATTR, None) if callable(current) else None
-                if info is not None:  # a wrapper from a stale registry entry: wrap what it wraps
-                    current = info.original
-                patch = _Patch(owner=owner, name=name, original=current, kernel=kernel, site=site, closure=closure)
-                patch.wrapper = _make_wrapper(patch)
-                setattr(owner, name, patch.wrapper)
+                patch = _reinstall(owner, name) or _install(owner, name, kernel, site, closure)
                 REGISTRY.patches[key] = patch
             if self not in patch.holders:
                 patch.holders.append(self)
@@ -423,6 +443,8 @@ class Tripwires:
                     del REGISTRY.patches[key]
                 if _current(patch.owner, patch.name) is patch.wrapper:
                     setattr(patch.owner, patch.name, patch.original)
+                    if isinstance(patch.owner, ModuleType):  # never keep a layer instance alive
+                        REGISTRY.retired[key] = patch
             self._patches = []
 
     def __enter__(self) -> Tripwires:  # noqa: PYI034 - final in practice; py3.10 has no typing.Self

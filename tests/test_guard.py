@@ -458,5 +458,166 @@ def test_model_without_kernel_layers_reports_attention_only(fresh_transformers_m
 
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2)
-    with guard(LlamaForCausalLM(config)) as report:
+    with guard(LlamaForCausalLM(config)) as report:  # the attention check still applies: not an error
         assert report.ok and {e.kernel for e in report.entries} == {"attention"}
+        assert report.notes == [
+            ("no gated-delta call sites found: no layer calls a transformers kernel with a torch fallback; "
+             "only attention was checked")
+        ]
+        assert "note: no gated-delta call sites found" in report.render()
+
+
+# ------------------------------------------------------------------- one vocabulary (issue 9) ---
+UNDEFINED_SYMBOL = "/site-packages/causal_conv1d_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi"
+
+
+@pytest.fixture
+def conv_built_for_other_torch(fresh_transformers_models: None, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A causal_conv1d whose extension fails to load like one built against another torch."""
+    package = tmp_path / "causal_conv1d"
+    package.mkdir()
+    (package / "__init__.py").write_text(f"raise ImportError({UNDEFINED_SYMBOL!r})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_known_issue_id_allows_the_sites_it_explains_and_nothing_else(
+    conv_built_for_other_torch: None, tiny: Any
+) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    with pytest.raises(KernelFallbackError) as info:
+        guard(model, allow=["extension-built-for-other-torch"])
+    assert "chunk_gated_delta_rule" in info.value.message and "causal_conv1d_fn" not in info.value.message
+    with guard(model, allow=["extension-built-for-other-torch", "chunk_gated_delta_rule"]) as report:
+        (conv, *_) = _by_kernel(report, "causal_conv1d_fn")
+        assert conv.allowed and conv.issues == ("extension-built-for-other-torch",)
+        assert f"ImportError: {UNDEFINED_SYMBOL}" in conv.reason
+        (chunk, *_) = _by_kernel(report, "chunk_gated_delta_rule")
+        assert chunk.allowed and chunk.issues == ()
+        model(_ids())  # both accepted: the tripwires let the forward through
+    assert {(e.kernel, e.allowed) for e in fallback_events()} == {
+        ("causal_conv1d_fn", True), ("chunk_gated_delta_rule", True)}
+
+
+def test_allow_items_are_parsed_once_and_unknown_ones_are_config_errors(
+    fresh_transformers_models: None, tiny: Any
+) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    for bad in (["No module named 'fla'"], ["chunk_gated_delta_rul"], [3]):
+        with pytest.raises(ConfigError, match=r"^allow= of kernelguard.guard\(\): .* is not a known issue ID"):
+            guard(model, allow=bad)  # reason text is no longer matched by substring
+    assert not REGISTRY.armed_sites()
+
+
+def test_call_sites_are_decisions_with_layer_and_kind_reference(fresh_transformers_models: None, tiny: Any) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    with guard(model, strict=False, allow=["causal_conv1d_fn"]) as report:
+        chunk = _by_kernel(report, "chunk_gated_delta_rule")[0]
+        conv = _by_kernel(report, "causal_conv1d_fn")[0]
+    assert (chunk.decision.layer, chunk.decision.kind, chunk.decision.status) == (
+        "model.layers.0.linear_attn", "reference", "fallback")
+    assert (conv.decision.kind, conv.decision.status) == ("reference", "allowed")
+    assert chunk.decision.provider == "transformers.models.qwen3_5.modeling_qwen3_5.torch_chunk_gated_delta_rule"
+    row = chunk.to_dict()
+    assert (row["layer"], row["kind"], row["status"], row["fast"], row["required"]) == (
+        "model.layers.0.linear_attn", "reference", "fallback", False, True)
+
+
+def test_clear_fallback_events_also_resets_log_once(
+    fresh_transformers_models: None, tiny: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    caplog.set_level(logging.WARNING, logger="kernelguard")
+    allow = ["chunk_gated_delta_rule", "causal_conv1d_fn"]
+    for _ in range(2):
+        with guard(model, allow=allow):
+            model(_ids())
+        clear_fallback_events()
+    entered = [r for r in caplog.records if "allowed fallback" in r.getMessage() and "chunk_gated" in r.getMessage()]
+    assert len(entered) == 2, "logged once per clear, not once per process"
+
+
+def test_registry_reset_restores_every_original(fresh_transformers_models: None, tiny: Any) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    module = sys.modules[MODELING["qwen3_5"]]
+    originals = {name: vars(module)[name] for name in FALLBACK_GLOBALS}
+    guard(model, strict=False)
+    arm_tripwires()
+    assert REGISTRY.armed_sites() and IMPORT_WATCHER in sys.meta_path
+    REGISTRY.reset()
+    assert all(vars(module)[n] is originals[n] for n in FALLBACK_GLOBALS)
+    assert not REGISTRY.armed_sites() and IMPORT_WATCHER not in sys.meta_path and not fallback_events()
+
+
+def test_record_mode_counts_entries_and_names_layers_without_guard(fresh_transformers_models: None, tiny: Any) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    with arm_tripwires(on_fallback="record"):
+        model(_ids())
+        model(_ids())  # no exception: the entries are recorded and counted
+    events = fallback_events()
+    assert sorted({e.layer for e in events}) == list(GDN_LAYERS)
+    assert {e.kernel for e in events} == {"chunk_gated_delta_rule", "causal_conv1d_fn"}
+    assert len(events) == 6 and all(e.count == 2 and not e.allowed for e in events)
+
+
+def test_scan_cache_rescans_only_new_or_replaced_modules(fresh_transformers_models: None, tiny: Any) -> None:
+    REGISTRY.reset()
+    tiny.tiny_model("qwen3_5")
+    arm_tripwires().disarm()
+    scans = REGISTRY.scan.scans
+    for _ in range(3):
+        arm_tripwires().disarm()
+    assert REGISTRY.scan.scans == scans, "re-arming reads the cache"
+    module = sys.modules[MODELING["qwen3_5"]]
+    original = vars(module)["causal_conv1d_fn"]
+    module.causal_conv1d_fn = lambda *a, **k: None  # a test double bound after the scan: not ours to wrap
+    try:
+        with arm_tripwires() as tripwires:
+            assert f"{MODELING['qwen3_5']}.causal_conv1d_fn" not in tripwires.sites
+        assert REGISTRY.scan.scans == scans + 1, "only the changed module is scanned again"
+    finally:
+        module.causal_conv1d_fn = original
+
+
+def test_known_issue_ids_from_import_errors() -> None:
+    assert compat.known_issue_ids(f"ImportError: {UNDEFINED_SYMBOL}") == ("extension-built-for-other-torch",)
+    assert compat.known_issue_ids("OSError: libz3.so.4.15: cannot open shared object file") == ("tilelang-without-z3",)
+    refusal = "RuntimeError: Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results"
+    assert compat.known_issue_ids(refusal) == ("fla-640-refusal",)
+    assert compat.known_issue_ids("ModuleNotFoundError: No module named 'fla'") == ()
+
+
+def test_hub_wrapper_is_the_one_closure_reader(fresh_transformers_models: None) -> None:
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    wrapped = modeling_qwen3_5.torch_chunk_gated_delta_rule
+    assert compat.hub_wrapper(wrapped) is wrapped
+    cells = compat.closure_cells(wrapped)
+    assert cells["func_name"] == "chunk_gated_delta_rule" and cells["implementation"] is cells["torch_function"]
+    assert compat.hub_wrapper(object()) is None
+
+
+# -------------------------------------------------------------- guard(x) validation (issue 10) ---
+@pytest.mark.parametrize(("value", "shown"), [("abc", "str 'abc'"), (object(), "object <object object at"),
+                                              (None, "NoneType None")])
+def test_guard_of_a_non_module_is_a_config_error(value: Any, shown: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        guard(value)
+    assert info.value.message.startswith(
+        "kernelguard.guard(model): expected a torch.nn.Module (a transformers model such as Qwen3_5ForCausalLM), "
+        f"got {shown}")
+    assert "kernelguard.guard(model)" in (info.value.fix or "")
+
+
+def test_module_without_kernel_sites_is_refused_when_strict_and_reported_otherwise() -> None:
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(ConfigError, match=r"^kernelguard.guard\(Sequential\): no gated-delta call sites found and no "
+                                          "attention layer"):
+        guard(plain)
+    with guard(plain, strict=False) as report:
+        assert report.entries == [] and report.ok
+        assert report.notes == [
+            ("no gated-delta call sites found: no layer calls a transformers kernel with a torch fallback; "
+             "nothing was checked")
+        ]
+        assert "OK (no gated-delta call sites found)" in report.render().splitlines()[0]
+        assert report.to_dict()["kernel_call_sites"] == 0

@@ -172,3 +172,161 @@ def test_plugin_import_is_cheap() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# ------------------------------------------------------------------------------- suite scale (issue 14) ---
+SCAN_COUNTING_TEST = """
+import pytest
+from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: F401
+from kernelguard.tripwires import REGISTRY
+
+SCANS = []
+
+@pytest.mark.parametrize("i", range(50))
+def test_many(i):
+    SCANS.append(REGISTRY.scan.scans)
+    if i % 2:
+        pytest.skip("half of them skip, like transformers' CPU runs")
+
+def test_zz_counts():
+    # Every module was scanned in the first test's setup; the 49 after it re-armed from the cache.
+    assert len(SCANS) == 50 and len(set(SCANS)) == 1, SCANS
+"""
+
+TWO_FORWARDS_TEST = """
+import torch
+import tiny_models
+
+def test_two_forwards():
+    model = tiny_models.tiny_model("qwen3_5")
+    for _ in range(2):
+        model(torch.randint(0, 256, (1, 8)))
+"""
+
+SKIP_AFTER_FORWARD_TEST = """
+import unittest
+import pytest
+import torch
+import tiny_models
+
+class GdnTest(unittest.TestCase):
+    def test_forward_then_skip_test(self):
+        tiny_models.tiny_model("qwen3_5")(torch.randint(0, 256, (1, 8)))
+        self.skipTest("not on CPU")
+
+def test_forward_then_pytest_skip():
+    tiny_models.tiny_model("qwen3_5")(torch.randint(0, 256, (1, 8)))
+    pytest.skip("not on CPU")
+
+class PlainTest(unittest.TestCase):
+    def test_skip_first(self):
+        self.skipTest("skipped before any forward")
+"""
+
+
+def test_scan_cache_scans_each_module_once_across_50_tests(inner: pytest.Pytester) -> None:
+    from kernelguard.tripwires import REGISTRY
+
+    REGISTRY.reset()  # a cold cache, as in a fresh pytest process
+    inner.makepyfile(SCAN_COUNTING_TEST)
+    before = REGISTRY.scan.scans
+    result = inner.runpytest("--kernelguard")
+    result.assert_outcomes(passed=26, skipped=25)
+    modeling = [n for n in sys.modules if n.startswith("transformers.models.") and ".modeling_" in n]
+    assert REGISTRY.scan.scans - before == len(modeling), "each loaded modeling module is scanned exactly once"
+    rerun = REGISTRY.scan.scans
+    inner.runpytest("--kernelguard").assert_outcomes(passed=26, skipped=25)
+    assert REGISTRY.scan.scans == rerun, "a second session in this process re-scans nothing"
+
+
+def test_one_message_names_every_kernel_each_site_once_with_counts(inner: pytest.Pytester) -> None:
+    inner.makepyfile(TWO_FORWARDS_TEST)
+    result = inner.runpytest("--kernelguard")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        ("*the torch reference path of causal_conv1d_fn, chunk_gated_delta_rule ran during setup or the test call "
+         "(2 kernel(s), 6 call site(s), 12 call(s))"),
+        "*  causal_conv1d_fn: `import causal_conv1d` failed*",
+        "*    model.layers.0.linear_attn -> transformers.models.qwen3_5.modeling_qwen3_5.causal_conv1d_fn (2 calls)",
+        "*    model.layers.1.linear_attn -> *causal_conv1d_fn (2 calls)",
+        "*    model.layers.2.linear_attn -> *causal_conv1d_fn (2 calls)",
+        "*  chunk_gated_delta_rule: `import fla.ops.gated_delta_rule` failed*",
+        "*    model.layers.2.linear_attn -> *torch_chunk_gated_delta_rule (2 calls)",
+    ])
+    site_lines = [line.strip() for line in result.outlines if " -> transformers.models." in line]
+    assert len(site_lines) == 6 and len(set(site_lines)) == 6, "each distinct call site exactly once"
+    assert not [line for line in result.outlines if "Qwen3_5GatedDeltaNet" in line], "paths, not class names"
+
+
+def test_fix_is_in_pytest_terms_and_says_cpu_cannot_run_the_kernels(inner: pytest.Pytester) -> None:
+    inner.makepyfile(TWO_FORWARDS_TEST)
+    result = inner.runpytest("--kernelguard")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*Fix: this machine has no CUDA device: these kernels cannot run here, the torch reference is the only path.",
+        "*CPU CI: allow them in pytest.ini (or [[]tool.pytest.ini_options] in pyproject.toml; anything not listed*",
+        "*kernelguard = true",
+        "*kernelguard_allow =",
+        "*    causal_conv1d_fn",
+        "*    chunk_gated_delta_rule",
+        ("*(or pytest --kernelguard --kernelguard-allow causal_conv1d_fn --kernelguard-allow chunk_gated_delta_rule, "
+         "or @pytest.mark.kernelguard(allow=[[]'causal_conv1d_fn', 'chunk_gated_delta_rule']) on the test)"),
+        "*GPU CI (strict: no allow list): install the fast kernels",
+        "*pip install causal-conv1d --no-build-isolation*",
+        "*pip install flash-linear-attention",
+    ])
+    result.stdout.no_fnmatch_line("*kernelguard.guard(*")
+    result.stdout.no_fnmatch_line("*allow=[[]'causal_conv1d_fn'[]]*")  # the guard() spelling of a single kernel
+
+
+def test_fix_on_a_cuda_machine_installs_first() -> None:
+    from kernelguard.pytest_plugin import fix_in_pytest_terms
+
+    fix = fix_in_pytest_terms(["chunk_gated_delta_rule"], ["pip install flash-linear-attention"], cuda=True)
+    assert fix.splitlines() == [
+        "install the fast kernels:",
+        "      pip install flash-linear-attention",
+        ("  or accept these fallbacks: pytest --kernelguard-allow chunk_gated_delta_rule; or in pytest.ini / "
+         "[tool.pytest.ini_options]:"),
+        "      kernelguard_allow =",
+        "          chunk_gated_delta_rule",
+        "  or for this test only: @pytest.mark.kernelguard(allow=['chunk_gated_delta_rule'])",
+    ]
+    assert "no CUDA device" not in fix
+
+
+def test_allow_list_recipe_from_the_message_makes_the_suite_pass(inner: pytest.Pytester) -> None:
+    inner.makepyfile(TWO_FORWARDS_TEST)
+    inner.makeini("[pytest]\nkernelguard = true\nkernelguard_allow =\n    causal_conv1d_fn\n"
+                  "    chunk_gated_delta_rule\n")
+    inner.runpytest().assert_outcomes(passed=1)
+
+
+def test_a_test_that_skips_after_a_forward_fails_by_contract(inner: pytest.Pytester) -> None:
+    inner.makepyfile(SKIP_AFTER_FORWARD_TEST)
+    result = inner.runpytest("--kernelguard", "-v")
+    result.assert_outcomes(failed=2, skipped=1)
+    result.stdout.fnmatch_lines([
+        "*test_forward_then_skip_test FAILED*",
+        "*test_forward_then_pytest_skip FAILED*",
+        "*test_skip_first SKIPPED*",
+    ])
+    assert result.stdout.str().count("The test then skipped itself; it fails anyway, by contract") == 2
+
+
+def test_unknown_allow_item_is_a_usage_error_listing_valid_ones(inner: pytest.Pytester) -> None:
+    inner.makepyfile("def test_nothing():\n    pass\n")
+    result = inner.runpytest("--kernelguard", "--kernelguard-allow", "chunk_gated_delta_rul")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        ("*--kernelguard-allow: 'chunk_gated_delta_rul' is not a known issue ID, kernel name or policy. "
+         "Known issues: fla-640-wrong-grads*Kernels: *chunk_gated_delta_rule*"),
+    ])
+
+
+def test_known_issue_id_in_the_ini_is_accepted(inner: pytest.Pytester) -> None:
+    inner.makepyfile("def test_nothing():\n    pass\n")
+    inner.makeini("[pytest]\nkernelguard = true\nkernelguard_allow =\n    extension-built-for-other-torch\n")
+    result = inner.runpytest()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["kernelguard: enabled (allow: extension-built-for-other-torch)"])
