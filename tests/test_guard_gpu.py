@@ -76,3 +76,53 @@ def test_hidden_fla_fails_at_guard_time_naming_the_layer() -> None:
     assert "REFUSED AT GUARD TIME" in result.stdout
     assert "model.layers.0.linear_attn" in result.stdout
     assert "chunk_gated_delta_rule" in result.stdout
+
+
+PLUGIN_CONFTEST = textwrap.dedent(
+    """
+    import sys
+    if {hide!r}:
+        sys.modules["fla"] = None  # before any transformers modeling module is imported
+    sys.path.insert(0, {tests!r})
+    """
+)
+
+PLUGIN_TEST = textwrap.dedent(
+    """
+    import torch
+    from tiny_models import tiny_model
+
+    def test_cuda_forward():
+        model = tiny_model("qwen3_5").to("cuda", torch.bfloat16)
+        with torch.no_grad():
+            model(input_ids=torch.randint(0, 100, (1, 64), device="cuda"))
+    """
+)
+
+
+def _run_plugin(tmp_path: Path, hide_fla: bool) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "conftest.py").write_text(PLUGIN_CONFTEST.format(hide=hide_fla, tests=str(REPO / "tests")))
+    (tmp_path / "test_cuda_forward.py").write_text(PLUGIN_TEST)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--kernelguard", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, check=False, cwd=tmp_path,
+    )
+    print(result.stdout[-6000:], result.stderr[-3000:], sep="\n")
+    return result
+
+
+def test_plugin_passes_with_real_kernels_on_cuda(tmp_path: Path) -> None:
+    result = _run_plugin(tmp_path, hide_fla=False)
+    assert result.returncode == 0
+    assert "1 passed" in result.stdout
+
+
+def test_plugin_on_cuda_without_fla_names_the_layer_and_installs_first(tmp_path: Path) -> None:
+    result = _run_plugin(tmp_path, hide_fla=True)
+    assert result.returncode == 1
+    assert "the torch reference path of chunk_gated_delta_rule ran during setup or the test call" in result.stdout
+    assert "model.layers.0.linear_attn -> transformers.models.qwen3_5.modeling_qwen3_5.torch_chunk_gated_delta_rule" in (
+        result.stdout)
+    assert "Fix: install the fast kernels:" in result.stdout
+    assert "pip install flash-linear-attention" in result.stdout
+    assert "no CUDA device" not in result.stdout
