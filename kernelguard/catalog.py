@@ -48,7 +48,7 @@ PACKAGES: dict[str, PackageSpec] = {
             "causal_conv1d",
             ("causal-conv1d",),
             "is_causal_conv1d_available",
-            "pip install causal-conv1d --no-build-isolation  # compiles with nvcc for TORCH_CUDA_ARCH_LIST",
+            "pip install --no-build-isolation --no-cache-dir causal-conv1d  # builds against the installed torch",
             compiled=True,
         ),
         PackageSpec(

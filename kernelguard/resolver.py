@@ -14,9 +14,10 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .capability import ComputeCapability, parse_all
-from .catalog import PACKAGES, VARLEN_ATTENTION, KernelRequirement, Requirements
+from .catalog import VARLEN_ATTENTION, KernelRequirement, Requirements
 from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
 from .facts import Facts, PackageFacts
+from .install import install_command
 from .known_issues import KNOWN_ISSUES, KnownIssue
 from .policy import AllowPolicy
 
@@ -191,7 +192,9 @@ def _package_decision(
     label = f"{spec.import_name} ({req.module}.{req.kernel})"
     found = facts.packages.get(req.module)
 
-    def rejected(reason: str, fix: str | None = spec.install, issues: tuple[str, ...] = ()) -> Decision:
+    install = _install_fix(spec.import_name, facts, target)
+
+    def rejected(reason: str, fix: str | None = install, issues: tuple[str, ...] = ()) -> Decision:
         return Decision(req.kernel, label, "package", REJECTED, reason, fix, issues)
 
     if found is None or (found.version is None and found.import_error is not None):
@@ -202,26 +205,16 @@ def _package_decision(
             f"{found.distribution} {found.version} is older than {minimum}, the minimum transformers requires.",
             f"pip install -U '{found.distribution}>={minimum}'",
         )
-    broken = [e for e in found.extensions if e.load_error]
-    if found.import_error or broken:
-        error = found.import_error or broken[0].load_error or ""
-        if "undefined symbol" in error:
-            torch_now = _torch_minor(facts.env.torch_version.value)
-            built = f"built for torch {found.built_for_torch}" if found.built_for_torch else "built for another torch"
-            return rejected(
-                f"its compiled extension does not load against the installed torch {facts.env.torch_version.value} "
-                f"({error}): {built}, found torch {torch_now}.",
-                f"pip install --no-build-isolation --no-cache-dir --force-reinstall {found.distribution}",
-                ("extension-built-for-other-torch",),
-            )
-        return rejected(f"importing {req.module}.{req.kernel} fails exactly as transformers would see it: {error}.")
+    broken = _broken_import(req, found, facts, target)
+    if broken is not None:
+        return rejected(*broken)
     if target.archs and "cuda" not in found.devices:
         return rejected(
             f"it runs on {', '.join(found.devices)} ({found.devices_source}), the target is a CUDA GPU.", None
         )
     arch_problems = _arch_problems(found, target, unchecked, label)
     if arch_problems:
-        return rejected(arch_problems, spec.install)
+        return rejected(arch_problems)
     matched: list[str] = []
     for issue in KNOWN_ISSUES:
         hit, unknown = _issue_matches(issue, req.kernel, spec.import_name, found.version, facts, target, requirements)
@@ -240,6 +233,44 @@ def _package_decision(
         issue = next(i for i in KNOWN_ISSUES if i.id == issue_id)
         reason += f" Note: {_issue_sentence(issue, allowed=True)}."
     return Decision(req.kernel, label, "package", ACCEPTED, reason, None, tuple(matched))
+
+
+_DEATHS = ("crashes on import", "hangs on import", "exits the interpreter on import")
+
+
+def _broken_import(
+    req: KernelRequirement, found: PackageFacts, facts: Facts, target: Target
+) -> tuple[str, str | None, tuple[str, ...]] | None:
+    """(reason, fix, known issues) when the package is installed but its import or an extension fails."""
+    broken = [e for e in found.extensions if e.load_error]
+    if not (found.import_error or broken):
+        return None
+    error = found.import_error or broken[0].load_error or ""
+    reinstall = _install_fix(found.import_name, facts, target, reinstall=True)
+    if error.startswith(_DEATHS):
+        reason = (f"importing {req.module} kills the Python process: {error}. transformers imports it the same "
+                  "way when the modeling module loads, so the job would die there.")
+        return reason, reinstall, ()
+    if "undefined symbol" in error:
+        torch_now = _torch_minor(facts.env.torch_version.value)
+        built = f"built for torch {found.built_for_torch}" if found.built_for_torch else "built for another torch"
+        reason = (f"its compiled extension does not load against the installed torch "
+                  f"{facts.env.torch_version.value} ({error}): {built}, found torch {torch_now}.")
+        return reason, reinstall, ("extension-built-for-other-torch",)
+    return (f"importing {req.module}.{req.kernel} fails exactly as transformers would see it: {error}.",
+            _install_fix(found.import_name, facts, target), ())
+
+
+def _install_fix(package: str, facts: Facts, target: Target, *, reinstall: bool = False) -> str:
+    """The exact install command for this torch / CUDA / ABI / archs (kernelguard.install), with its caveats."""
+    env = facts.env
+    abi = env.cxx11_abi.value
+    advice = install_command(
+        package, torch_version=env.torch_version.value, cuda_version=env.cuda_version.value, archs=target.archs,
+        cxx11_abi=abi if isinstance(abi, bool) else None, python_version=str(env.python.value or "3.11"),
+        machine=str(env.machine.value or "x86_64"), kernels_window=facts.kernels_window, reinstall=reinstall,
+    )
+    return advice.command + (f"  ({' '.join(advice.notes)})" if advice.notes else "")
 
 
 def _describe_targets(found: PackageFacts) -> str:
@@ -323,19 +354,19 @@ def _resolve_attention(facts: Facts, target: Target, unchecked: list[str]) -> Ke
     """Packed training needs an attention that takes cu_seqlens instead of an O(T^2) block mask."""
     candidates: list[Decision] = []
     flash = facts.packages.get("flash_attn")
-    spec = PACKAGES["flash_attn"]
+    install = _install_fix("flash_attn", facts, target)
     if flash is None or flash.version is None:
         candidates.append(Decision(VARLEN_ATTENTION, "flash_attn (flash_attn_varlen_func)", "package", REJECTED,
-                                   "flash-attn is not installed.", spec.install))
+                                   "flash-attn is not installed.", install))
     elif flash.import_error:
         candidates.append(Decision(VARLEN_ATTENTION, "flash_attn (flash_attn_varlen_func)", "package", REJECTED,
-                                   f"importing flash_attn fails: {flash.import_error}.", spec.install))
+                                   f"importing flash_attn fails: {flash.import_error}.", install))
     else:
         problem = _arch_problems(flash, target, unchecked, "flash_attn")
         candidates.append(Decision(VARLEN_ATTENTION, "flash_attn (flash_attn_varlen_func)", "package",
                                    REJECTED if problem else ACCEPTED,
                                    problem or f"flash-attn {flash.version} imports flash_attn_varlen_func.",
-                                   spec.install if problem else None))
+                                   install if problem else None))
     varlen = "torch.nn.attention.varlen.varlen_attn (attn_implementation='kernelguard_varlen')"
     if facts.env.torch_error:
         candidates.append(Decision(VARLEN_ATTENTION, varlen, "torch", REJECTED,

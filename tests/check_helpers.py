@@ -24,9 +24,15 @@ from kernelguard.providers.installed import ExtensionFacts, PackageFacts
 
 # ------------------------------------------------------------------------------------------- made-up facts
 
+# kernelguard.install's command for make_env()'s defaults (torch 2.13.0+cu128, cxx11 ABI, Python 3.11.7, x86_64).
+_CONV_WHEEL = ("https://github.com/Dao-AILab/causal-conv1d/releases/download/v1.7.0/"
+               "causal_conv1d-1.7.0+cu12torch2.13cxx11abiTRUE-cp311-cp311-linux_x86_64.whl")
+_CONV_NOTE = (f"  (It first tries the prebuilt wheel {_CONV_WHEEL}, then compiles against the installed torch "
+              "2.13.0+cu128 with nvcc from a CUDA 12.x toolkit (CUDA_HOME), which takes several minutes.)")
 INSTALL = {
-    "fla": "pip install flash-linear-attention",
-    "causal_conv1d": "pip install causal-conv1d --no-build-isolation  # compiles with nvcc for TORCH_CUDA_ARCH_LIST",
+    "fla": "pip install 'flash-linear-attention>=0.6.0,<1'",
+    "causal_conv1d": "pip install setuptools wheel ninja packaging && pip install --no-build-isolation "
+    "--no-cache-dir 'causal-conv1d==1.7.0'" + _CONV_NOTE,
 }
 UNDEFINED_SYMBOL = "ImportError: /x/causal_conv1d_cuda.so: undefined symbol: _ZN3c1017RegisterOperatorsD1Ev"
 EXT_SO = "causal_conv1d_cuda.cpython-311-x86_64-linux-gnu.so"

@@ -15,9 +15,9 @@ PACKAGE = Path(kernelguard.__file__).parent
 
 # Lowest first. A module may import modules of its own layer or below.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("data", {"errors", "capability", "known_issues", "catalog", "decisions", "facts"}),
+    ("data", {"errors", "capability", "known_issues", "catalog", "decisions", "facts", "install"}),
     ("probes", {"env", "discovery", "providers", "providers.installed", "providers.hub", "providers.cuda_arch",
-                "fla_refusal", "fla_autotune", "transformers_compat", "install"}),
+                "fla_refusal", "fla_autotune", "transformers_compat"}),
     ("decisions", {"policy", "resolver"}),
     ("compose", {"check", "report", "smoke", "attention", "tripwires"}),
     ("runtime", {"api", "guard", "pytest_plugin", "integrations", "integrations.transformers",

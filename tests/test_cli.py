@@ -82,6 +82,19 @@ def candidate(data: dict[str, Any], name: str, kind: str) -> dict[str, Any]:
     return next(c for c in kernel(data, name)["candidates"] if c["kind"] == kind)
 
 
+def _fla_fix() -> str:
+    """kernelguard.install's advice for fla on this machine's torch (CI: a CPU build, which gets a caveat)."""
+    torch_version = metadata.version("torch")
+    note = "" if "+cpu" not in torch_version else (
+        f"  (torch {torch_version} is a build without CUDA: fla installs, but its Triton kernels need a CUDA "
+        "(or XPU) build of torch to run.)"
+    )
+    return "pip install 'flash-linear-attention>=0.6.0,<1'" + note
+
+
+FLA_FIX = _fla_fix()
+
+
 def kernels_note() -> str | None:
     window = discovery.kernels_version_window()
     if window is None or (window[0] <= KERNELS < window[1]):  # plain string compare is fine for 0.x.y here
@@ -130,8 +143,8 @@ def test_default_check_fails_with_the_whole_trace(tmp_path: Path) -> None:
         assert f"{name:<34} FAIL  no fast provider: the torch reference path would run" in lines
     text = proc.stdout
     assert "  [-] rejected  fla (fla.ops.gated_delta_rule.chunk_gated_delta_rule)" in lines
-    assert "fix: pip install flash-linear-attention" in text
-    assert "fix: pip install causal-conv1d --no-build-isolation" in text
+    assert "fix: pip install 'flash-linear-attention>=0.6.0,<1'" in text
+    assert "pip install --no-build-isolation --no-cache-dir 'causal-conv1d==1.7.0'" in text
     assert f"torch {TORCH} is a build without CUDA; varlen_attn runs only on CUDA GPUs." in " ".join(
         line.strip() for line in lines
     )
@@ -230,7 +243,7 @@ def test_json_follows_the_documented_schema(tmp_path: Path) -> None:
         "status": "rejected",
         "reason": "fla-core / flash-linear-attention is not installed (import 'fla.ops.gated_delta_rule' "
         "failed).",
-        "fix": "pip install flash-linear-attention",
+        "fix": FLA_FIX,
         "known_issues": [],
     }
     assert candidate(data, "chunk_gated_delta_rule", "hub")["status"] == "skipped"
@@ -520,5 +533,5 @@ def test_train_subcommand_passes_everything_through(tmp_path: Path) -> None:
     assert "--block-size" in helped.stdout
     missing = kg("train", cwd=tmp_path)
     assert missing.returncode == 2
-    assert "required: --model, --data, --output" in missing.stderr
+    assert "kernelguard train: error: --model is required." in missing.stderr
     assert "Traceback" not in missing.stderr

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from check_helpers import cuda_so, fatbin, isolated_provider_modules, make_env, write_distribution
+from check_helpers import INSTALL, cuda_so, fatbin, isolated_provider_modules, make_env, write_distribution
 
 from kernelguard import catalog, discovery
 from kernelguard.catalog import PACKAGES
@@ -37,7 +37,7 @@ UNDEFINED = f"/x/causal_conv1d_cuda.so: undefined symbol: {SYMBOL}"
 CONV_INIT = (
     "import causal_conv1d_cuda  # noqa: F401\n\n\ndef causal_conv1d_fn(*args, **kwargs):\n    return None\n"
 )
-FORCE_REINSTALL = "pip install --no-build-isolation --no-cache-dir --force-reinstall causal-conv1d"
+FORCE_REINSTALL = INSTALL["causal_conv1d"].replace("--no-cache-dir ", "--no-cache-dir --force-reinstall --no-deps ")
 CAUSAL_WHEEL_URL = (
     "https://github.com/Dao-AILab/causal-conv1d/releases/download/v1.5.0.post8/"
     "causal_conv1d-1.5.0.post8+cu12torch2.6cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"
@@ -269,7 +269,7 @@ def test_extension_loads_but_lacks_the_target_arch(site: Site) -> None:
         f"{EXT} cannot run on compute capability 9.0: built for sm_80 (SASS) and no PTX; "
         "needs sm_90 SASS or PTX <= compute_90"
     )
-    assert rejected.fix == PACKAGES["causal_conv1d"].install
+    assert rejected.fix == INSTALL["causal_conv1d"]
     served = decide(found, "causal_conv1d_fn", archs=("8.6",))
     assert served.status == SELECTED
     assert served.reason == (
