@@ -186,6 +186,12 @@ def test_hf_spellings_and_aliases(tmp_path: Path) -> None:
         True,
     )
     assert parse_command([*_base(tmp_path), "--block-size", "64"]).config.block_size == 64
+    cfg = parse_command([*_base(tmp_path), "--adam_beta2", "0.99", "--no_gradient_checkpointing"]).config
+    assert cfg.betas == (0.9, 0.99) and cfg.activation_checkpointing is False
+    path = tmp_path / "c.yaml"
+    path.write_text("adam_betas: [0.8, 0.9]\ngradient_checkpointing: false\n")
+    cfg = parse_command(["--config", str(path), *_base(tmp_path), "--adam-beta1", "0.7"]).config
+    assert cfg.betas == (0.7, 0.9) and cfg.activation_checkpointing is False
     with pytest.raises(ConfigError, match="unrecognized arguments: --learn"):
         parse_command([*_base(tmp_path), "--learn", "0.1"])  # no prefix matching
 

@@ -475,6 +475,8 @@ def _add_optimisation_flags(g: Any) -> None:
         metavar=("B1", "B2"),
         help="AdamW betas",
     )
+    g.add_argument("--adam-beta1", type=float, metavar="B1", help="AdamW beta1 alone (Hugging Face's name)")
+    g.add_argument("--adam-beta2", type=float, metavar="B2", help="AdamW beta2 alone (Hugging Face's name)")
     _flag(
         g,
         "--max-grad-norm",
@@ -505,6 +507,8 @@ def _add_model_runtime_flags(g: Any) -> None:
     )
     g.add_argument(
         "--activation-checkpointing",
+        "--gradient-checkpointing",
+        dest="activation_checkpointing",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="recompute each layer's forward in the backward; off is ~25%% faster when activations fit "
@@ -615,6 +619,8 @@ def parse_command(argv: list[str] | None) -> Command:
         if ns.get(dest) is None:
             where = f", or set {dest} in {config_file}" if config_file else ""
             raise ConfigError(f"{usage.split()[0]} is required.", fix=f"pass {usage}{where}")
+    b1, b2 = ns.pop("adam_beta1"), ns.pop("adam_beta2")  # HF's one-beta flags refine --adam-betas
+    ns["betas"] = (ns["betas"][0] if b1 is None else b1, ns["betas"][1] if b2 is None else b2)
     names = {f.name for f in fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in ns.items() if k in names})
     return Command(cfg, _launch_options(ns), tuple(parser.deprecated_used))  # type: ignore[attr-defined]
