@@ -79,9 +79,12 @@ def test_launched_run_from_a_config_file_trains_and_reports_to_tensorboard(asset
         f"output_dir: {out}\nmax_length: 256\nparam_dtype: fp32\nprogress: false\nallow: [attention]\n"
         "max_steps: 5\nlearning_rate: 3e-3\nreport_to: tensorboard\nexport: false\nplot: false\n"
     )
-    r = h.run_train(["--config", str(config), "--max-steps", "2", "--nproc-per-node", "2"], nproc=0)
+    argv = ["--config", str(config), "--max-steps", "2", "--save-every", "0", "--nproc-per-node", "2"]
+    r = h.run_train(argv, nproc=0)
     assert r.returncode == 0, r.stderr
     _assert_clean(r.stderr)
+    # The launcher warns about a deprecated flag once for the job, not once per rank.
+    assert r.stderr.count("--save-every is deprecated") == 1, r.stderr
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
     assert steps == [1, 2]  # --max-steps 2 on the command line beat max_steps: 5 in the file
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
