@@ -112,7 +112,7 @@ class ModuleScanCache:
         if cached is not None and cached[0] is module and not rescan:
             return cached[1]
         self.scans += 1
-        found = tuple(ScannedSite(s.name, vars(module).get(s.name), s) for s in compat.module_sites(module))
+        found = tuple(ScannedSite(s.name, _unwrapped(vars(module).get(s.name)), s) for s in compat.module_sites(module))
         self._by_name[module.__name__] = (module, found)
         self._loaded = None
         return found
@@ -484,12 +484,14 @@ def _arm_sites(tripwires: Tripwires, module: ModuleType, sites: tuple[ScannedSit
             tripwires.arm(module, s.name, s.site.closure.kernel, f"{s.site.module}.{s.name}", s.site.closure)
 
 
+def _unwrapped(value: Any) -> Any:
+    """What a tripwire wraps (the object itself when it is not one of ours)."""
+    info = getattr(value, compat.TRIPWIRE_ATTR, None) if callable(value) else None
+    return value if info is None else info.original
+
+
 def _unchanged(module: ModuleType, scanned: ScannedSite) -> bool:
-    current = vars(module).get(scanned.name)
-    if current is scanned.value:
-        return True
-    info = getattr(current, compat.TRIPWIRE_ATTR, None) if callable(current) else None
-    return info is not None and info.original is scanned.value
+    return _unwrapped(vars(module).get(scanned.name)) is scanned.value
 
 
 # -------------------------------------------------------------------------------------- import hook ---

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kernelguard import transformers_compat as compat
+from kernelguard.catalog import PACKAGES
 from kernelguard.errors import ConfigError, KernelFallbackError, UnsupportedTransformersError
 from kernelguard.guard import (
     CallSite,
@@ -72,8 +73,8 @@ def test_strict_guard_refuses_naming_every_gdn_layer(
         assert layer in err.message
     assert err.layer == "model.layers.0.linear_attn"
     assert "No module named 'fla'" in err.message
-    assert "pip install flash-linear-attention" in (err.fix or "")
-    assert "pip install causal-conv1d --no-build-isolation" in (err.fix or "")
+    assert PACKAGES["fla"].install in (err.fix or "")
+    assert PACKAGES["causal_conv1d"].install in (err.fix or "")
     assert not REGISTRY.armed_sites(), "a refused strict guard must not arm anything"
 
 
@@ -621,3 +622,13 @@ def test_module_without_kernel_sites_is_refused_when_strict_and_reported_otherwi
         ]
         assert "OK (no gated-delta call sites found)" in report.render().splitlines()[0]
         assert report.to_dict()["kernel_call_sites"] == 0
+
+
+def test_a_scan_made_while_armed_is_reused_after_disarm(fresh_transformers_models: None, tiny: Any) -> None:
+    REGISTRY.reset()
+    model = tiny.tiny_model("qwen3_5")
+    with guard(model, strict=False):
+        arm_tripwires().disarm()  # the first scan sees the guard's wrappers
+    scans = REGISTRY.scan.scans
+    arm_tripwires().disarm()
+    assert REGISTRY.scan.scans == scans, "the scan recorded what the wrappers wrap, so it is still valid"

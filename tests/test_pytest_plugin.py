@@ -13,6 +13,8 @@ import pytest
 import torch
 import transformers  # noqa: F401
 
+from kernelguard.catalog import PACKAGES
+
 pytest_plugins = ["pytester"]
 # The outer run must not arm tripwires around the inner runs.
 pytestmark = pytest.mark.kernelguard(False)
@@ -116,7 +118,7 @@ def test_swallowed_fallback_fails_the_test_with_layer_kernel_and_fix(inner: pyte
         "*model.layers.0.linear_attn -> transformers.models.qwen3_5.modeling_qwen3_5.causal_conv1d_fn (1 call)",
         "*chunk_gated_delta_rule: `import fla.ops.gated_delta_rule` failed: *No module named 'fla'",
         "*even if it caught the error*",
-        "*pip install causal-conv1d --no-build-isolation*",
+        f"*{PACKAGES['causal_conv1d'].install}",
     ])
 
 
@@ -272,8 +274,8 @@ def test_fix_is_in_pytest_terms_and_says_cpu_cannot_run_the_kernels(inner: pytes
         ("*(or pytest --kernelguard --kernelguard-allow causal_conv1d_fn --kernelguard-allow chunk_gated_delta_rule, "
          "or @pytest.mark.kernelguard(allow=[[]'causal_conv1d_fn', 'chunk_gated_delta_rule']) on the test)"),
         "*GPU CI (strict: no allow list): install the fast kernels",
-        "*pip install causal-conv1d --no-build-isolation*",
-        "*pip install flash-linear-attention",
+        f"*{PACKAGES['causal_conv1d'].install}",
+        f"*{PACKAGES['fla'].install}",
     ])
     result.stdout.no_fnmatch_line("*kernelguard.guard(*")
     result.stdout.no_fnmatch_line("*allow=[[]'causal_conv1d_fn'[]]*")  # the guard() spelling of a single kernel
