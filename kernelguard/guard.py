@@ -309,8 +309,9 @@ def _offending_error(offending: list[CallSite]) -> KernelFallbackError:
     kernels = list(dict.fromkeys(e.kernel for e in offending))
     fixes.append(f"or accept explicitly: kernelguard.guard(model, allow={kernels!r})")
     first = offending[0]
+    # One command per line: an install command may end in a shell comment.
     return KernelFallbackError(
-        "\n".join(lines), fix="; ".join(fixes), layer=first.layer, kernel=first.kernel, reason=first.reason,
+        "\n".join(lines), fix="\n  ".join(fixes), layer=first.layer, kernel=first.kernel, reason=first.reason,
         details={"offending": [e.to_dict() for e in offending]},
     )
 
