@@ -115,6 +115,31 @@ def test_launcher_flags_inside_torchrun_are_refused(
     )
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--nproc-per-node", "0"],
+            "--nproc-per-node is '0'; expected a positive integer or one of auto, cpu, gpu",
+        ),
+        (["--nproc-per-node", "many"], "--nproc-per-node is 'many'; expected a positive integer"),
+        (
+            ["--nproc-per-node", "2", "--nnodes", "4:2"],
+            "--nnodes is '4:2'; expected a positive integer N or MIN:MAX",
+        ),
+        (["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "2"], "--node-rank is 2; expected 0 to 1"),
+        (["--nproc-per-node", "2", "--master-port", "0"], "--master-port is 0; expected 1 to 65535."),
+    ],
+)
+def test_bad_launcher_values_are_usage_errors(tmp_path: Path, flags: list[str], message: str) -> None:
+    from kernelguard.errors import ConfigError
+    from kernelguard.train.config import parse_command
+
+    with pytest.raises(ConfigError) as info:
+        parse_command(["--model", "m", "--data", "d", "--output-dir", str(tmp_path), *flags])
+    assert info.value.message.startswith(message), info.value.message
+
+
 def test_torchrun_argv() -> None:
     assert launch_mod.torchrun_argv(LaunchOptions(nproc_per_node="2"), ["--model", "m"]) == [
         "--nproc-per-node", "2", "--nnodes", "1", "--node-rank", "0", "--standalone",

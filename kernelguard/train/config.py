@@ -260,6 +260,7 @@ DEPRECATED_FLAGS = {
     "--grad-clip": "--max-grad-norm",
     "--save-every": "--save-steps",
 }
+NPROC_NAMES = ("auto", "cpu", "gpu", "xpu")  # torchrun's named --nproc-per-node values
 LAUNCH_FIELDS = (
     "nproc_per_node",
     "nnodes",
@@ -289,6 +290,33 @@ class LaunchOptions:
     rdzv_id: str | None = None
     master_addr: str | None = None
     master_port: int | None = None
+
+    def __post_init__(self) -> None:
+        n = self.nproc_per_node
+        if not (n.isdigit() and int(n) > 0) and n not in NPROC_NAMES:
+            raise ConfigError(
+                f"--nproc-per-node is {n!r}; expected a positive integer or one of {', '.join(NPROC_NAMES)}.",
+                fix="--nproc-per-node 8 (one process per GPU)",
+            )
+        nodes = self.nnodes.split(":")
+        if not (
+            len(nodes) <= 2
+            and all(x.isdigit() and int(x) > 0 for x in nodes)
+            and int(nodes[0]) <= int(nodes[-1])
+        ):
+            raise ConfigError(
+                f"--nnodes is {self.nnodes!r}; expected a positive integer N or MIN:MAX with MIN <= MAX.",
+                fix="--nnodes 2 (or --nnodes 1:4 for an elastic job)",
+            )
+        if self.node_rank < 0 or (len(nodes) == 1 and self.node_rank >= int(nodes[0])):
+            raise ConfigError(
+                f"--node-rank is {self.node_rank}; expected 0 to {int(nodes[-1]) - 1} for --nnodes {self.nnodes}.",
+                fix="--node-rank 0 on the first node, 1 on the second, ...",
+            )
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise ConfigError(
+                f"--master-port is {self.master_port}; expected 1 to 65535.", fix="--master-port 29500"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,6 +114,10 @@ def launch(opts: LaunchOptions, train_argv: list[str]) -> int:
         except RendezvousError as e:
             print(f"kernelguard train: the ranks could not meet: {e}", file=sys.stderr, flush=True)
             return 1
+        except ValueError as e:  # torchrun's own option checks, e.g. --nproc-per-node gpu without a GPU
+            raise ConfigError(
+                f"the launcher refused its options: {e}", fix="see `kernelguard train --help`"
+            ) from None
     return 0
 
 
