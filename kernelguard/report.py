@@ -74,7 +74,9 @@ def to_dict(result: CheckResult) -> dict[str, Any]:
 
 
 def _wrap(text: str, indent: int, width: int = 110) -> str:
-    return textwrap.fill(text, width=width, initial_indent=" " * indent, subsequent_indent=" " * indent)
+    # Commands in fix lines must stay copyable: never split "--no-cache-dir" or a URL at a hyphen.
+    return textwrap.fill(text, width=width, initial_indent=" " * indent, subsequent_indent=" " * indent,
+                         break_on_hyphens=False, break_long_words=False)
 
 
 def _env_line(result: CheckResult) -> str:
