@@ -237,11 +237,20 @@ def test_kernelguard_cli_forwards_train_help(capsys: pytest.CaptureFixture[str])
         ({"report_to": "none,tensorboard"}, "'none' cannot be combined"),
         ({"resume_anyway": True}, "resume_anyway was given without resume"),
         ({"resume": True, "overwrite": True}, "overwrite and resume were both given"),
+        ({"output": ""}, "output is empty."),
+        ({"model": " "}, "model is empty."),
+        ({"lr": float("inf")}, "lr is inf; it must be a finite number."),
+        ({"betas": (0.9, float("nan"))}, "betas is (0.9, nan); it must be a finite number."),
+        ({"betas": (0.9, 1.0)}, "betas are (0.9, 1.0); each must be in [0, 1)."),
+        ({"seed": -1}, "seed is -1; it must be in [0, 2**32)."),
+        ({"weight_decay": -0.1}, "weight_decay is -0.1; it must be >= 0."),
+        ({"lr": float("nan")}, "lr is nan; it must be a finite number."),
     ],
 )
 def test_new_fields_are_validated(tmp_path: Path, extra: dict[str, Any], text: str) -> None:
+    values: dict[str, Any] = {"model": "m", "data": "d", "output": tmp_path, **extra}
     with pytest.raises(ConfigError, match=re.escape(text)) as info:
-        TrainConfig(model="m", data="d", output=tmp_path, **extra)
+        TrainConfig(**values)
     assert info.value.fix
 
 
@@ -266,9 +275,9 @@ def test_api_callers_get_the_same_type_errors(tmp_path: Path, field: str, value:
 
 def test_api_values_are_normalised(tmp_path: Path) -> None:
     values: dict[str, Any] = {"model": tmp_path / "m", "data": tmp_path / "d", "output": str(tmp_path)}
-    cfg = TrainConfig(**values, lr=1, allow="attention", betas=[1, 0])  # type: ignore[arg-type]
+    cfg = TrainConfig(**values, lr=1, allow="attention", betas=[0, 0])  # type: ignore[arg-type]
     assert (cfg.model, cfg.data, cfg.output) == (str(tmp_path / "m"), str(tmp_path / "d"), tmp_path)
-    assert (cfg.lr, cfg.allow, cfg.betas) == (1.0, ("attention",), (1.0, 0.0)) and isinstance(cfg.lr, float)
+    assert (cfg.lr, cfg.allow, cfg.betas) == (1.0, ("attention",), (0.0, 0.0)) and isinstance(cfg.lr, float)
 
 
 def test_new_fields_from_flags(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, fields
@@ -97,6 +98,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self._check_types()
+        self._check_ranges()
         self.output = Path(self.output)
         self.allow = (self.allow,) if isinstance(self.allow, str) else tuple(self.allow)
         self.report_to = normalize_report_to(self.report_to)
@@ -177,6 +179,29 @@ class TrainConfig:
                 setattr(self, f.name, float(value))
             elif annotation == "tuple[float, float]":
                 setattr(self, f.name, tuple(float(x) for x in value))
+
+    def _check_ranges(self) -> None:
+        """What the per-field checks below do not cover: empty paths, non-finite numbers, seeds, betas."""
+        for name, flag in (("model", "--model"), ("data", "--data"), ("output", "--output-dir")):
+            if not str(getattr(self, name)).strip():
+                raise ConfigError(f"{name} is empty.", fix=f"pass {flag} with a path")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            numbers = value if f.name == "betas" else (value,)
+            if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
+                raise ConfigError(
+                    f"{f.name} is {value!r}; it must be a finite number.", fix=f"give {f.name} a real value"
+                )
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"seed is {self.seed}; it must be in [0, 2**32).", fix="--seed 0")
+        if self.weight_decay < 0:
+            raise ConfigError(
+                f"weight_decay is {self.weight_decay}; it must be >= 0.", fix="--weight-decay 0.1"
+            )
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(
+                f"betas are {tuple(self.betas)}; each must be in [0, 1).", fix="--adam-betas 0.9 0.95"
+            )
 
     def _validate_new_fields(self) -> None:
         if self.dataset_format not in DATASET_FORMATS:
