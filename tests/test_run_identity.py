@@ -124,7 +124,10 @@ def test_a_folder_holding_a_run_is_refused_without_overwrite(assets: dict[str, P
     before = _snapshot(out)
     with pytest.raises(CheckpointError) as info:
         preflight(_cfg(assets, out), world_size=1)
-    assert info.value.message == f"--output {out} already holds a run (run.json, checkpoints, metrics.jsonl)."
+    assert (
+        info.value.message
+        == f"--output-dir {out} already holds a run (run.json, checkpoints, metrics.jsonl)."
+    )
     assert "--resume" in (info.value.fix or "") and "--overwrite" in (info.value.fix or "")
     assert _snapshot(out) == before
 
@@ -132,7 +135,11 @@ def test_a_folder_holding_a_run_is_refused_without_overwrite(assets: dict[str, P
     plan = preflight(cfg, world_size=1)
     assert _snapshot(out) == before  # preflight itself never writes
     assert claim_output(cfg, plan) == [RUN_FILE, "checkpoints", "metrics.jsonl"]
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", RUN_FILE]  # the user's file is kept
+    assert sorted(p.name for p in out.iterdir()) == [
+        "notes.txt",
+        RUN_FILE,
+        "train_config.json",
+    ]  # user file kept
     assert read_identity(out / RUN_FILE) == plan.identity and plan.identity["seed"] == 5
 
 
@@ -143,6 +150,9 @@ def test_claim_writes_the_identity_into_a_new_folder(assets: dict[str, Path], tm
     assert not (tmp_path / "new").exists()
     assert claim_output(cfg, plan) == []
     assert read_identity(out / RUN_FILE) == plan.identity
+    saved = json.loads((out / "train_config.json").read_text())  # a --config file that repeats the run
+    assert saved["data"] == str(assets["data"]) and "resume" not in saved
+    assert sorted(p.name for p in out.iterdir()) == [RUN_FILE, "train_config.json"]
 
 
 def _make_file(path: Path) -> Path:
@@ -204,3 +214,33 @@ def test_checkpoint_estimate_reads_safetensors_headers(tmp_path: Path) -> None:
 
 def test_start_plan_defaults() -> None:
     assert StartPlan({"seed": 0}) == StartPlan({"seed": 0}, None, ())
+
+
+def test_resume_refuses_a_checkpoint_trained_on_another_plan(tmp_path: Path) -> None:
+    """Same inputs, but without --schedule-steps the LR schedule's length follows --max-steps."""
+    from kernelguard.train.loop import check_resume_plan
+    from kernelguard.train.step import make_plan
+
+    folder = _seal_run(tmp_path, {"seed": 0})
+    state = json.loads((folder / ckpt.TRAINER_STATE).read_text())
+    state.update(num_blocks=10, schedule_steps=10)
+    (folder / ckpt.TRAINER_STATE).write_text(json.dumps(state))
+    blocks = [[i] for i in range(10)]
+    kw: dict[str, Any] = {
+        "world_size": 1,
+        "grad_accum": 1,
+        "epochs": 1,
+        "schedule_steps": None,
+        "block_size": 8,
+    }
+    start = StartPlan({"seed": 0}, folder)
+    cfg = TrainConfig(model="m", data="d", output=tmp_path, resume=True)
+    assert check_resume_plan(cfg, start, make_plan(blocks, max_steps=6, **kw))["step"] == 2
+    with pytest.raises(CheckpointError) as info:
+        check_resume_plan(cfg, start, make_plan(blocks, max_steps=20, **kw))
+    assert info.value.message == (
+        f"--resume: {folder} was trained on another plan; what differs:\n  schedule_steps: was 10, now 20"
+    )
+    anyway = TrainConfig(model="m", data="d", output=tmp_path, resume=True, resume_anyway=True)
+    assert check_resume_plan(anyway, start, make_plan(blocks, max_steps=20, **kw)) is not None
+    assert check_resume_plan(cfg, StartPlan({}), make_plan(blocks, max_steps=20, **kw)) is None

@@ -30,7 +30,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _args(assets: dict[str, Path], output: Path, *extra: str) -> list[str]:
     return [
         "--model", str(assets["model"]), "--tokenizer", str(assets["tok"]), "--data", str(assets["data"]),
-        "--output", str(output), "--block-size", "256", "--param-dtype", "fp32", "--lr", "3e-3",
+        "--output-dir", str(output), "--block-size", "256", "--param-dtype", "fp32", "--learning-rate", "3e-3",
         "--schedule-steps", "8", "--warmup-steps", "1", "--no-progress", "--no-plot", "--allow", "attention",
         "--eval-fraction", str(EVAL_FRACTION), "--eval-every", str(EVAL_EVERY), *extra,
     ]  # fmt: skip
@@ -128,7 +128,13 @@ def test_damaged_checkpoint_falls_back_and_resume_stays_exact(
             ("--resume", "--seed", "1"),
             ["belongs to a different run", "world_size: was 2, now 1", "seed: was 0, now 1"],
         ),
-        ((), ["already holds a run (run.json, checkpoints, final, metrics.jsonl)", "--overwrite"]),
+        (
+            (),
+            [
+                "already holds a run (run.json, train_config.json, checkpoints, final, metrics.jsonl)",
+                "--overwrite",
+            ],
+        ),
     ],
     ids=["different-run", "occupied"],
 )
@@ -143,4 +149,17 @@ def test_cli_refuses_without_touching_the_run(
     err = capsys.readouterr().err
     assert all(e in err for e in expected), err
     assert "Traceback" not in err
+    assert _snapshot(full_run) == before
+
+
+def test_two_ranks_refuse_together_with_one_message(full_run: Path, assets: dict[str, Path]) -> None:
+    """Preflight runs on rank 0 and its refusal reaches every rank: no rank waits in a collective, the
+    launcher (`kernelguard train --nproc-per-node 2`) exits 2 with the message once; the folder is untouched."""
+    before = _snapshot(full_run)
+    args = ["--nproc-per-node", "2", *_args(assets, full_run, "--max-steps", "8")]
+    r = h.run_train(args, nproc=0, timeout=120)
+    assert r.returncode == 2, r.stderr
+    message = f"--output-dir {full_run} already holds a run (run.json, train_config.json, checkpoints, final"
+    assert r.stderr.count(message) == 1, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
     assert _snapshot(full_run) == before

@@ -13,7 +13,6 @@ import resource
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +27,7 @@ from .config import TrainConfig
 from .data import chat_template_name, load_examples, load_tokenizer, pad_token_id, template_choice
 from .evaluate import evaluate, pack_eval_blocks
 from .gate import GuardRefused, lift_accepted_fla_refusal, run_gate
-from .metrics import MetricsLog, peak_flops, plot_metrics, step_flops
+from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_flops
 from .packing import build_packed_block, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, claim_output, preflight
@@ -69,9 +68,11 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
         data = load_training_data(cfg, info)
         saved = on_main(info, lambda: check_resume_plan(cfg, start, data.plan))
         claim(cfg, info, start)
-        state = prepare_training(built, cfg, info, schedule_steps=data.plan.schedule_steps)
-        step = resume(cfg, info, state, start, saved)
-        train(cfg, info, state, data, built, start=step, identity=start.identity)
+        first = int(saved["step"]) if saved else 0
+        with Reporter(cfg, info, start=first, total=data.plan.stop_step) as out:
+            state = prepare_training(built, cfg, info, schedule_steps=data.plan.schedule_steps)
+            resume(cfg, info, state, start, saved)
+            train(cfg, info, state, data, built, out, start=first, identity=start.identity)
         finish(cfg, info, state, built, data)
     finally:
         report.disarm()
@@ -194,13 +195,13 @@ def train(
     state: TrainState,
     data: TrainData,
     built: BuiltModel,
+    out: Reporter,
     *,
     start: int,
     identity: dict[str, Any],
 ) -> None:
     """Steps ``start`` .. ``plan.stop_step``: a metrics record per step, eval and checkpoints when due."""
     plan = data.plan
-    out = Reporter(cfg, info, start=start, total=plan.stop_step)
     peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops(info.device)
     try:
         for step in range(start, plan.stop_step):
@@ -216,7 +217,6 @@ def train(
             if _due(cfg.save_every, done, plan.stop_step):
                 save(cfg, info, state, done, plan, identity)
     finally:
-        out.close()
         if info.is_main:
             ckpt.remove_incomplete(cfg.output)
 
@@ -226,17 +226,23 @@ def _due(every: int, done: int, stop: int) -> bool:
 
 
 class Reporter:
-    """Rank 0's metrics.jsonl (and --report-to trackers) and progress bar; a no-op on other ranks."""
+    """Rank 0's metrics.jsonl (and --report-to trackers) and progress bar; a no-op on other ranks.
+
+    Opened right after the output folder is claimed, before the model is materialized: a tracker that cannot
+    start refuses the run (on every rank) before any long work."""
 
     def __init__(self, cfg: TrainConfig, info: DistInfo, *, start: int, total: int) -> None:
-        self.metrics = None
-        if info.is_main:
-            settings = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cfg).items()}
-            self.metrics = MetricsLog(
-                cfg.output / "metrics.jsonl", resume_step=start, report_to=cfg.report_to, run_config=settings
-            )
+        opened: list[MetricsLog] = []
+        on_main(info, lambda: opened.append(open_metrics(cfg, resume_step=start)))
+        self.metrics = opened[0] if opened else None
         self.bar = progress_bar(cfg, info, total=total, initial=start)
         self.postfix: dict[str, str] = {}
+
+    def __enter__(self) -> Reporter:  # noqa: PYI034 - final in practice; py3.10 has no typing.Self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def write(self, record: dict[str, Any]) -> None:
         if self.metrics is not None:

@@ -21,13 +21,14 @@ from typing import Any
 from kernelguard.errors import CheckpointError, ConfigError
 
 from . import checkpoint as ckpt
-from .config import TrainConfig
+from .config import CONFIG_FILENAME, TrainConfig, save_config
 from .identity import RUN_FILE, differences, read_identity, run_identity, write_identity
 from .parallel import model_source
 
 # What a run writes into its output folder; --overwrite removes exactly these.
 RUN_ARTIFACTS = (
     RUN_FILE,
+    CONFIG_FILENAME,
     "checkpoints",
     "final",
     "final.tmp",
@@ -99,20 +100,21 @@ def check_output(output: Path, *, need_bytes: int) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError(
-            f"--output {output}: {existing} is a file, not a folder.", fix="pass a folder path for --output"
+            f"--output-dir {output}: {existing} is a file, not a folder.",
+            fix="pass a folder path for --output-dir",
         )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(
-            f"--output {output}: {existing} is not writable by this user (uid {os.getuid()}, owner uid "
+            f"--output-dir {output}: {existing} is not writable by this user (uid {os.getuid()}, owner uid "
             f"{existing.stat().st_uid}).",
             fix="choose a folder you own, or fix its permissions",
         )
     free = shutil.disk_usage(existing).free
     if free < need_bytes:
         raise ConfigError(
-            f"--output {output}: {free / 2**30:.1f} GiB free on its disk; one checkpoint needs about "
+            f"--output-dir {output}: {free / 2**30:.1f} GiB free on its disk; one checkpoint needs about "
             f"{need_bytes / 2**30:.1f} GiB (12 bytes per parameter).",
-            fix="free disk space or put --output on a larger disk",
+            fix="free disk space or put --output-dir on a larger disk",
         )
 
 
@@ -132,8 +134,8 @@ def refuse_existing_run(cfg: TrainConfig) -> None:
     found = run_artifacts(cfg.output)
     if found and not cfg.overwrite:
         raise CheckpointError(
-            f"--output {cfg.output} already holds a run ({', '.join(found)}).",
-            fix="--resume to continue it, --overwrite to delete it and start again, or another --output",
+            f"--output-dir {cfg.output} already holds a run ({', '.join(found)}).",
+            fix="--resume to continue it, --overwrite to delete it and start again, or another --output-dir",
         )
 
 
@@ -150,7 +152,7 @@ def plan_resume(cfg: TrainConfig, identity: dict[str, Any]) -> StartPlan:
             raise CheckpointError(
                 f"--resume: {source} belongs to a different run; what differs:\n  " + "\n  ".join(diffs),
                 fix="resume with the original inputs and settings; or --resume-anyway to continue from it "
-                "anyway (not an exact continuation); or --overwrite / another --output to start again",
+                "anyway (not an exact continuation); or --overwrite / another --output-dir to start again",
             )
         warnings += [f"--resume-anyway: {source} differs: {d}" for d in diffs]
     return StartPlan(identity, path, tuple(warnings))
@@ -170,7 +172,8 @@ def _reference_identity(output: Path, checkpoint: Path | None) -> tuple[dict[str
 
 def claim_output(cfg: TrainConfig, plan: StartPlan) -> list[str]:
     """Rank 0, after the gate passed: --overwrite deletes the old run's artifacts (returned), then the folder
-    is created, leftovers of a crash mid-save are removed and this run's identity is written."""
+    is created, leftovers of a crash mid-save are removed and this run's identity and configuration
+    (``train_config.json``) are written."""
     removed = []
     try:
         for name in run_artifacts(cfg.output) if cfg.overwrite else []:
@@ -183,9 +186,10 @@ def claim_output(cfg: TrainConfig, plan: StartPlan) -> list[str]:
         cfg.output.mkdir(parents=True, exist_ok=True)
         ckpt.remove_incomplete(cfg.output)
         write_identity(cfg.output, plan.identity)
+        save_config(cfg, cfg.output)  # a --config file that repeats this run
     except OSError as e:
         raise ConfigError(
-            f"--output {cfg.output}: {e.filename or cfg.output} cannot be written ({e.strerror or e}).",
+            f"--output-dir {cfg.output}: {e.filename or cfg.output} cannot be written ({e.strerror or e}).",
             fix="choose a folder you own, or fix its permissions",
         ) from e
     return removed
