@@ -41,7 +41,7 @@ def test_parse_args_allow_is_repeatable(tmp_path: Path) -> None:
             "m",
             "--data",
             "d",
-            "--output",
+            "--output-dir",
             str(tmp_path),
             "--allow",
             "attention",
