@@ -18,12 +18,15 @@ What `kernelguard train` holds per rank (FSDP2, ``MixedPrecisionPolicy(param_dty
   else (projections, norms, gates, casts, MLP) is transformers' code as it runs. With activation
   checkpointing only each layer's input is kept, plus one layer's activations while it is recomputed;
 - **loss**: ``--loss chunked`` keeps the hidden-state and LM-head gradients (``T x hidden`` + ``vocab x
-  hidden`` in ``param_dtype``) and one fp32 ``4096 x vocab`` chunk (plus its bf16 matmul output) at a time;
-  ``--loss logits`` the full logits, their fp32 copy and log-softmax (``~10 T x vocab`` bytes).
+  hidden`` in ``param_dtype``) and, one 4,096-token chunk at a time, holds its logits, their fp32 copy
+  (``log_softmax(dtype=float32)`` upcasts a bf16 input first) and the fp32 log-softmax; ``--loss logits``
+  keeps the fp32 log-softmax of every token and holds the logits and their fp32 copy through the loss.
 
-The peak is the sum of what is alive at the worst moment (end of the forward without checkpointing; the
-backward with it). CUDA context, NCCL buffers and allocator slack are not in torch's
-``max_memory_allocated``; "fits" keeps 8% of the card free for them.
+The peak is the larger of two moments: the loss's forward (all saved activations + the loss buffers) and the
+backward (with checkpointing: gradients + the layer being recomputed). CUDA context, NCCL buffers and
+allocator slack are not in torch's ``max_memory_allocated``; "fits" keeps 8% of the card free for them.
+Checked on an H200 against the measured peak of the product's step (bench/RESULTS.md, 2026-12-01): within
+5% for the 1.16 B proxy with and without checkpointing, at 8k and 16k tokens.
 """
 
 from __future__ import annotations
@@ -399,20 +402,27 @@ def combine(
     per_rank = math.ceil(n / world_size)
     params, grads, optim = 4 * per_rank, 4 * per_rank, 8 * per_rank
     unsharded = cb * (probe.root_params + 2 * probe.max_layer_params)
+    static = params + optim + unsharded
+    kept, transient = _loss_bytes(probe, loss)
     if activation_checkpointing:
         layer_inputs = probe.num_layers * probe.tokens * probe.hidden_size * cb
-        activations = layer_inputs + probe.root_saved + probe.max_layer_saved
+        saved_fwd = layer_inputs + probe.root_saved
+        activations = saved_fwd + probe.max_layer_saved  # plus the layer being recomputed in the backward
     else:
-        activations = probe.total_saved
-    loss_bytes = _loss_bytes(probe, loss)
-    grads_at_peak = activation_checkpointing or grad_accum > 1
-    peak = params + optim + unsharded + activations + loss_bytes + (grads if grads_at_peak else 0)
+        saved_fwd = activations = probe.total_saved
+    # Two candidate moments: the loss's forward (everything saved + its chunk buffers) and the backward
+    # (gradients accumulate while checkpointed layers are recomputed). Gradients of an earlier micro-batch
+    # are alive in both when --grad-accum > 1; otherwise zero_grad(set_to_none=True) freed the last step's.
+    accum_grads = grads if grad_accum > 1 else 0
+    at_loss = static + saved_fwd + kept + transient + accum_grads
+    in_backward = static + activations + kept + (grads if activation_checkpointing else accum_grads)
+    peak = max(at_loss, in_backward)
     notes = list(probe.notes)
-    if not grads_at_peak:
-        notes.append(
-            "gradients are not in the peak: it comes at the end of the forward, before the step's first "
-            "gradient exists (zero_grad(set_to_none=True) freed the last step's)"
-        )
+    notes.append(
+        "the peak is reached in the loss's forward (saved activations + its chunk buffers)"
+        if at_loss >= in_backward
+        else "the peak is reached in the backward (gradients + one recomputed layer)"
+    )
     return MemoryEstimate(
         world_size=world_size,
         block_size=block_size,
@@ -427,7 +437,7 @@ def combine(
         optimizer_bytes=optim,
         unsharded_bytes=unsharded,
         activation_bytes=activations,
-        loss_bytes=loss_bytes,
+        loss_bytes=kept + transient,
         peak_bytes=peak,
         gpu_bytes=gpu_bytes,
         gpu_source=gpu_source,
@@ -435,16 +445,19 @@ def combine(
     )
 
 
-def _loss_bytes(probe: ActivationProbe, loss: str) -> int:
+def _loss_bytes(probe: ActivationProbe, loss: str) -> tuple[int, int]:
+    """(kept for the backward, transient at the loss's forward) bytes of the loss."""
     from .loss import DEFAULT_CHUNK_TOKENS
 
     t, h, v, cb = probe.tokens, probe.hidden_size, probe.vocab_size, probe.compute_bytes
+    # log_softmax(x, dtype=float32) of a bf16/fp16 x first makes an fp32 copy of x (only CUDA fp16 skips it)
+    upcast = 4 if cb != 4 else 0
     if loss == "chunked":
         chunk = min(DEFAULT_CHUNK_TOKENS, t)
-        # kept for the backward: d(hidden) and d(LM head); one chunk at a time: its logits + fp32 log-softmax
-        return cb * (t * h + v * h) + chunk * v * (cb + 4)
-    # logits in param_dtype, their fp32 copy and the fp32 log-softmax saved for the backward
-    return t * v * (cb + 8)
+        # kept: d(hidden) and d(LM head); per chunk: its logits, their fp32 copy and the fp32 log-softmax
+        return cb * (t * h + v * h), chunk * v * (cb + upcast + 4)
+    # the fp32 log-softmax is kept; the logits and their fp32 copy live through the loss's forward
+    return 4 * t * v, t * v * (cb + 4)
 
 
 def min_world_size(
