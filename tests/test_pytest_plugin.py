@@ -332,3 +332,27 @@ def test_known_issue_id_in_the_ini_is_accepted(inner: pytest.Pytester) -> None:
     result = inner.runpytest()
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["kernelguard: enabled (allow: extension-built-for-other-torch)"])
+
+
+GENERATE_TEST = """
+import torch
+import tiny_models
+
+def test_generate():
+    model = tiny_models.tiny_model("qwen3_5", use_cache=True)
+    model.generate(torch.randint(0, 256, (1, 8)), max_new_tokens=3, do_sample=False, pad_token_id=0)
+"""
+
+
+def test_generation_names_the_four_kernels_of_transformers_suite_in_one_message(inner: pytest.Pytester) -> None:
+    inner.makepyfile(GENERATE_TEST)
+    result = inner.runpytest("--kernelguard")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        ("*the torch reference path of causal_conv1d_fn, chunk_gated_delta_rule, causal_conv1d_update, "
+         "fused_recurrent_gated_delta_rule ran during setup or the test call (4 kernel(s), 12 call site(s), *"),
+    ])
+    text = result.stdout.str()
+    decode_site = "model.layers.1.linear_attn -> transformers.models.qwen3_5.modeling_qwen3_5.causal_conv1d_update"
+    assert f"{decode_site} (2 calls)" in text
+    assert text.count("KernelFallbackError: kernelguard:") == 1
