@@ -1,12 +1,14 @@
 """Per-test cost of the kernelguard pytest plugin on a suite that loads many transformers modeling modules.
 
-    python -m pytest bench/bench_plugin.py -q -p no:randomly --benchmark-columns=mean,stddev,min,rounds
+    python -m pytest bench/bench_plugin.py -q -p no:randomly --benchmark-disable-gc \
+        --benchmark-timer=time.process_time --benchmark-columns=mean,stddev,min,median,rounds
 
 The situation of issue 14: transformers' own qwen3_next / qwen3_5 / qwen3_5_moe test files, where ~200
 modeling modules are loaded and most tests are skipped or trivial. Here: ``KG_BENCH_MODULES`` (default 200)
 modeling modules are imported once in this process (qwen3_5, qwen3_next and qwen3_5_moe first), then an inner
 pytest run (pytester, in-process) of ``KG_BENCH_TESTS`` (default 400) tests that import those three modeling
-modules — half pass, half call ``pytest.skip`` — is timed with the plugin off and on.
+modules — half pass, half call ``pytest.skip`` — is timed with the plugin on and off (on first: repeated
+in-process runs slowly grow the process, which would otherwise count against the plugin).
 
 Added cost per test = (mean[on] - mean[off]) / KG_BENCH_TESTS. The module scan happens once per process
 (``ModuleScanCache``), so the runs after the first (what the mean reports with warm-up) show the per-test
