@@ -261,3 +261,27 @@ def test_guard_refusal_is_a_picklable_kernel_fallback_error() -> None:
     err = pickle.loads(pickle.dumps(GuardRefused("layer table\n\nchunk_gated_delta_rule is slow")))
     assert isinstance(err, KernelFallbackError)
     assert err.report == "layer table\n\nchunk_gated_delta_rule is slow" == str(err)
+
+
+def test_setup_training_gives_the_benchmark_the_products_fsdp2_step(
+    fake_providers: Any, tiny: Any, one_rank: Any, tmp_path: Path
+) -> None:
+    """bench/train_throughput.py's entry point: model + AC + chunked head + FSDP2 + AdamW from a TrainConfig,
+    then optimizer_step on already-built blocks (no data files, no output folder)."""
+    import train_helpers as h
+    from torch.distributed.fsdp import FSDPModule
+
+    from kernelguard.train.build import setup_training
+    from kernelguard.train.step import optimizer_step
+
+    config = h.write_model_config(tmp_path / "model")
+    cfg = TrainConfig(
+        model=str(config), data="unused", output=tmp_path / "unused", block_size=48, param_dtype="fp32",
+        lr=1e-2, allow=("attention",),
+    )  # fmt: skip
+    built, state = setup_training(cfg, one_rank, schedule_steps=4)
+    assert isinstance(state.model, FSDPModule) and state.head is not None and built.attention == "sdpa"
+    _, _, batches = _blocks(h.VOCAB_SIZE, 4)
+    losses = [optimizer_step(state, batches).loss for _ in range(3)]
+    assert losses[2] < losses[0], losses
+    assert not (tmp_path / "unused").exists()

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,10 @@ def prepare_training(
         apply_activation_checkpointing(model)
     # Before sharding: the head keeps its parameters and names, only its forward changes.
     head = return_hidden_states_from_head(model) if cfg.loss == "chunked" else None
+    if head is not None:
+        # The model's output is then a slice of the hidden states (a view); FSDP2 warns that an in-place op
+        # on it would skip its pre-backward hook. The loss only reads it.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     apply_fsdp(
         model,
         mesh=mesh,
