@@ -204,13 +204,16 @@ def measure_activations(hf_config: Any, *, tokens: int, param_dtype: str = "bf16
         )
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[param_dtype]
     _register_probe_attention()
-    model = build_meta_model(hf_config, attn_implementation=PROBE_ATTENTION)
-    num_params = sum(p.numel() for p in model.parameters())
-    layers = decoder_layers(model)
-    layer_params = [sum(p.numel() for p in layer.parameters()) for layer in layers]
-    model.to(dtype)
-    with _kernel_stand_ins(model) as notes:
-        per_layer, root = _saved_by_layer(model, layers, tokens)
+    with (
+        _quiet_transformers()
+    ):  # its "falling back to the torch reference" line is about this host, not the job
+        model = build_meta_model(hf_config, attn_implementation=PROBE_ATTENTION)
+        num_params = sum(p.numel() for p in model.parameters())
+        layers = decoder_layers(model)
+        layer_params = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+        model.to(dtype)
+        with _kernel_stand_ins(model) as notes:
+            per_layer, root = _saved_by_layer(model, layers, tokens)
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     return ActivationProbe(
         tokens=tokens,
@@ -226,6 +229,18 @@ def measure_activations(hf_config: Any, *, tokens: int, param_dtype: str = "bf16
         compute_bytes=_DTYPE_BYTES[param_dtype],
         notes=tuple(notes),
     )
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 def _saved_by_layer(model: Any, layers: Any, tokens: int) -> tuple[list[int], int]:
