@@ -396,6 +396,8 @@ def profile_counts(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> 
                 launch_calls += "Launch" in name
             elif not name.startswith(("ProfilerStep", "## ")):
                 cpu_ops += 1
+        elif getattr(evt, "is_user_annotation", False):
+            continue  # a GPU-side range such as "Optimizer.step#AdamW.step": its kernels are counted themselves
         elif "memcpy" in name.lower() or "memset" in name.lower():
             copies += 1
         else:  # a GPU kernel that ran

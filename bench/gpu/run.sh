@@ -7,8 +7,8 @@
 #                 installed into kernelguard/fla_autotune_pins.json of this checkout), (2) empty Triton cache
 #                 with those pins, (3) warm (the cache of 2).
 #   throughput    bench/train_throughput.py --all over $VARIANTS (default: fallback,stock_best,product,product_noac)
-#   levers        bench/train_throughput.py --all over $LEVERS (default: product_noac+liger,product+sac2,
-#                 product_noac+compile), then product_noac at 16,384 tokens per step.
+#   levers        product_noac at 16,384 tokens per step, then bench/train_throughput.py --all over $LEVERS
+#                 (default: product_noac+liger,product+sac2,product_noac+compile).
 #   gpu-tests     pytest -m gpu tests/test_smoke.py
 set -u
 OUT=${OUT:-/tmp/kg-out}; mkdir -p "$OUT"
@@ -57,13 +57,13 @@ PY
       timeout "${THROUGHPUT_TIMEOUT:-400}" python3 bench/train_throughput.py --all --child-timeout 150 --steps 5 \
         --variants "${VARIANTS:-fallback,stock_best,product,product_noac}" --out "$OUT/throughput.json" ;;
     levers)
+      step "product_noac at 16k"
+      timeout 120 python3 bench/train_throughput.py --variant product_noac --tokens-per-batch 16384 --steps 5 \
+        --out "$OUT/product_noac_16k.json"
       step "levers"
       timeout "${LEVERS_TIMEOUT:-400}" python3 bench/train_throughput.py --all --child-timeout 200 --steps 5 \
         --no-memory-estimate --variants "${LEVERS:-product_noac+liger,product+sac2,product_noac+compile}" \
-        --out "$OUT/levers.json"
-      step "product_noac at 16k"
-      timeout 120 python3 bench/train_throughput.py --variant product_noac --tokens-per-batch 16384 --steps 5 \
-        --out "$OUT/product_noac_16k.json" ;;
+        --out "$OUT/levers.json" ;;
     gpu-tests)
       step "gpu tests"
       timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_smoke.py ;;
