@@ -928,9 +928,10 @@ def slow_run_note(seconds: float, kernels: Sequence[str]) -> str | None:
         return None
     return (
         f"this run took {seconds:.0f} s: fla autotunes its Triton kernels the first time each shape is seen on "
-        "a machine (minutes); the results are cached on disk (TRITON_CACHE_DIR, default ~/.triton/cache), so "
-        "the next run in a fresh process takes seconds (22 s on an H200, bench/RESULTS.md). Keep that cache "
-        "in the image or a volume to make --run cheap on every node."
+        "a machine (minutes) unless kernelguard ships pinned choices for this GPU arch, Triton and fla "
+        "(kernelguard/fla_autotune_pins.json: 43 s cold on an H200); the results are cached on disk "
+        "(TRITON_CACHE_DIR, default ~/.triton/cache), so the next run in a fresh process takes seconds (19 s on "
+        "an H200, bench/RESULTS.md). Keep that cache in the image or a volume to make --run cheap on every node."
     )
 
 
