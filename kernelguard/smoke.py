@@ -782,6 +782,8 @@ def run_numerics(
     provs, import_failures = _providers_for(wanted, providers, family, run.skipped)
     if device.startswith("cuda") and not torch.cuda.is_available():
         return run.early(provs, "device cuda requested but torch.cuda.is_available() is False")
+    if not provs:
+        return run.finish([], import_failures)
     if pin_autotune and device.startswith("cuda") and any(k in _FLA_KERNELS for k in provs):
         run.notes.append(_pin_note())
     try:

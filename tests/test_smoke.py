@@ -164,6 +164,9 @@ def test_unknown_and_unprovided_kernels_are_skipped_not_passed(fakes: dict[str, 
     assert not report.ok  # nothing exercised is not a pass
     assert any("no_such_kernel: unknown kernel" in s for s in report.skipped)
     assert any("chunk_gated_delta_rule: no provider given" in s for s in report.skipped)
+    assert "no kernel was exercised: nothing to vouch for" in report.notes
+    empty = run_numerics([], device="cpu", shapes=SHAPES)
+    assert not empty.ok and not empty.cases and empty.notes == ("no kernel was exercised: nothing to vouch for",)
 
 
 def test_layer_that_repeats_qk_feeds_value_heads(
