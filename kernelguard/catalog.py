@@ -153,3 +153,11 @@ def requirements(spec: ModelSpec, mode: str, *, packed: bool, transformers_versi
 def is_decode_only(kernel: str) -> bool:
     """Kernels that only serve one-token decode steps; a training job never calls them."""
     return bool(_DECODE_ONLY.match(kernel))
+
+
+# A packed row's examples are kept apart only by cu_seqlens / seq_idx, which transformers' torch references ignore.
+PACKED_REFERENCE = (
+    "the torch reference cannot keep packed examples apart (it ignores cu_seqlens / seq_idx: transformers >= 5.20 "
+    "raises ValueError at the first packed step, older releases silently mix the examples' state), so an allow "
+    "cannot make it acceptable for packed training"
+)

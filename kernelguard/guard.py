@@ -30,7 +30,7 @@ from typing import Any
 
 from kernelguard import transformers_compat as compat
 from kernelguard.attention import VARLEN_NAME
-from kernelguard.catalog import MODES, is_decode_only
+from kernelguard.catalog import MODES, PACKED_REFERENCE, is_decode_only
 from kernelguard.decisions import ALLOWED, FALLBACK, HUB, PACKAGE, REFERENCE, REJECTED, SELECTED, Decision
 from kernelguard.errors import ConfigError, KernelFallbackError
 from kernelguard.policy import AllowPolicy
@@ -125,7 +125,8 @@ def _version_of(fn: Any) -> str:
 
 
 def _classify_closure(
-    layer: str, closure: compat.FallbackClosure, device: str, *, required: bool, policy: AllowPolicy
+    layer: str, closure: compat.FallbackClosure, device: str, *, required: bool, policy: AllowPolicy,
+    packed_training: bool = False,
 ) -> CallSite:
     kernel = closure.kernel
     hub = compat.hub_kernel(closure)
@@ -147,9 +148,11 @@ def _classify_closure(
     failure = compat.import_failure(closure)
     hub_off = compat.kernels_hub_status()
     reason = f"{failure.reason}; {hub_off}" if hub_off else failure.reason
-    return _site(layer, kernel, _qualname(closure.torch_function), REFERENCE,
-                 _slow(policy, kernel, failure.issues, FALLBACK), reason, compat.pip_fix(closure.package),
-                 failure.issues, required=required)
+    status = _slow(policy, kernel, failure.issues, FALLBACK)
+    if packed_training and required and status == ALLOWED:
+        status, reason = FALLBACK, f"{reason}; allowed, but {PACKED_REFERENCE}"
+    return _site(layer, kernel, _qualname(closure.torch_function), REFERENCE, status, reason,
+                 compat.pip_fix(closure.package), failure.issues, required=required)
 
 
 def _classify_instance(
@@ -326,11 +329,12 @@ class _Collected:
 
 
 def _collect_decorator_sites(found: _Collected, path: str, module: Any, device: str, mode: str,
-                             policy: AllowPolicy) -> None:
+                             policy: AllowPolicy, packed: bool = False) -> None:
     for gsite in compat.layer_global_sites(module):
         closure = gsite.closure
         required = mode == "inference" or not is_decode_only(closure.kernel)
-        found.entries.append(_classify_closure(path, closure, device, required=required, policy=policy))
+        found.entries.append(_classify_closure(path, closure, device, required=required, policy=policy,
+                                               packed_training=packed and mode == "training"))
         if closure.is_torch_reference and compat.hub_kernel(closure) is None:
             owner = sys.modules.get(gsite.module)
             if owner is not None:
@@ -340,7 +344,7 @@ def _collect_decorator_sites(found: _Collected, path: str, module: Any, device: 
 
 
 def _collect_instance_sites(found: _Collected, path: str, module: Any, device: str, mode: str,
-                            policy: AllowPolicy) -> None:
+                            policy: AllowPolicy, packed: bool = False) -> None:
     for isite in compat.instance_attribute_sites(module):
         required = mode == "inference" or not is_decode_only(isite.attr)
         found.entries.append(_classify_instance(path, isite, device, required=required, policy=policy))
@@ -355,7 +359,7 @@ def _collect(model: Any, mechanism: str, *, mode: str, packed: bool, policy: All
     collect = _collect_decorator_sites if mechanism == "decorator" else _collect_instance_sites
     for path, module in model.named_modules():
         path = path or type(model).__name__
-        collect(found, path, module, device, mode, policy)
+        collect(found, path, module, device, mode, policy, packed)
         names, _ = compat.forward_code_names(type(module))
         if _ATTENTION_FORWARD_NAMES.intersection(names):
             found.entries.append(_attention_site(path, module, model, packed=packed, policy=policy))

@@ -118,7 +118,7 @@ def render(result: CheckResult) -> str:
         for decision in verdict.candidates:
             lines.append(f"  {_MARKS[decision.status]}  {decision.provider}")
             lines.append(_wrap(decision.reason, 18))
-            if decision.fix and decision.status == REJECTED:
+            if decision.fix and decision.status in (REJECTED, FALLBACK):
                 lines.append(_wrap(f"fix: {decision.fix}", 18))
         lines.append("")
     if result.numerics is not None:

@@ -14,7 +14,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .capability import ComputeCapability, parse_all
-from .catalog import VARLEN_ATTENTION, KernelRequirement, Requirements
+from .catalog import PACKED_REFERENCE, VARLEN_ATTENTION, KernelRequirement, Requirements
 from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
 from .facts import Facts, PackageFacts
 from .install import install_command
@@ -314,13 +314,17 @@ def _as_targets(extension: Any) -> Any:
     )
 
 
-def _reference_decision(kernel: str, target: Target, call_site: str) -> Decision:
-    allowed = target.allow.allows_fallback(kernel)
+def _reference_decision(kernel: str, target: Target, call_site: str, requirements: Requirements) -> Decision:
+    packed_training = requirements.packed and requirements.mode == "training"
+    asked = target.allow.allows_fallback(kernel)
     reason = (
         f"{call_site} is transformers' pure-PyTorch reference: correct but 2-4x slower in training "
         "(launch-bound; GPU utilisation still reads high)"
     )
-    reason += "; explicitly allowed by --allow." if allowed else "; used only when every provider above is rejected."
+    if asked and packed_training:
+        return Decision(kernel, "torch reference", "reference", FALLBACK, f"{reason}; {PACKED_REFERENCE}.",
+                        "install a fast provider above, or check unpacked training with --no-packed")
+    reason += "; explicitly allowed by --allow." if asked else "; used only when every provider above is rejected."
     return Decision(kernel, "torch reference", "reference", FALLBACK, reason)
 
 
@@ -346,8 +350,10 @@ def _resolve_kernel(req: KernelRequirement, facts: Facts, target: Target, requir
         for d in (_hub_decision(req, facts, target), _package_decision(req, facts, target, requirements, unchecked))
         if d is not None
     ]
-    candidates.append(_reference_decision(req.kernel, target, req.call_site))
-    return _finish(req.kernel, candidates, allowed_fallback=target.allow.allows_fallback(req.kernel))
+    candidates.append(_reference_decision(req.kernel, target, req.call_site, requirements))
+    packed_training = requirements.packed and requirements.mode == "training"
+    return _finish(req.kernel, candidates, allowed_fallback=target.allow.allows_fallback(req.kernel)
+                   and not packed_training)
 
 
 def _resolve_attention(facts: Facts, target: Target, unchecked: list[str]) -> KernelVerdict:

@@ -154,7 +154,7 @@ def test_api_bad_input_raises_config_error(name: str) -> None:
 def test_require_reads_kernelguard_allow_and_arch_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KERNELGUARD_ARCH", "sm_90, 8.0")
     monkeypatch.setenv("KERNELGUARD_ALLOW", "chunk_gated_delta_rule,causal_conv1d_fn, attention")
-    result = kernelguard.require("qwen3_5")
+    result = kernelguard.require("qwen3_5", packed=False)
     assert [str(a) for a in result.resolution.target.archs] == ["9.0", "8.0"]
     assert result.resolution.target.allow.values() == ["attention", "causal_conv1d_fn", "chunk_gated_delta_rule"]
     # An explicit arch= wins over the environment.

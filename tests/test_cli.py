@@ -159,16 +159,30 @@ def test_default_check_fails_with_the_whole_trace(tmp_path: Path) -> None:
 
 
 @no_fast_packages
-def test_allowed_fallbacks_exit_0(tmp_path: Path) -> None:
-    proc = kg("check", *ALLOW_ALL, cwd=tmp_path)
+def test_allowed_fallbacks_exit_0_for_unpacked_training(tmp_path: Path) -> None:
+    proc = kg("check", *ALLOW_ALL, "--no-packed", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert f"{'chunk_gated_delta_rule':<34} OK    torch reference, explicitly allowed" in lines
-    assert f"{'varlen_attention':<34} OK    torch reference, explicitly allowed" in lines
-    assert "  [x] selected  sdpa / eager with a block mask" in lines
     assert lines[-1] == (
-        "verdict: OK - all 3 required kernels are served; allowed fallbacks: causal_conv1d_fn, "
-        "chunk_gated_delta_rule, varlen_attention; 1 item(s) not checked here (see above) (exit 0)"
+        "verdict: OK - all 2 required kernels are served; allowed fallbacks: causal_conv1d_fn, "
+        "chunk_gated_delta_rule; 1 item(s) not checked here (see above) (exit 0)"
+    )
+
+
+@no_fast_packages
+def test_allowing_gdn_fallbacks_cannot_pass_packed_training(tmp_path: Path) -> None:
+    # transformers' torch references ignore cu_seqlens/seq_idx: packed rows would crash (>= 5.20) or mix.
+    proc = kg("check", *ALLOW_ALL, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    text = " ".join(line.strip() for line in lines)
+    assert f"{'varlen_attention':<34} OK    torch reference, explicitly allowed" in lines
+    assert "the torch reference cannot keep packed examples apart" in text
+    assert "fix: install a fast provider above, or check unpacked training with --no-packed" in text
+    assert lines[-1] == (
+        "verdict: FAIL - 2 of 3 required kernels would run a slow fallback: causal_conv1d_fn, "
+        "chunk_gated_delta_rule (exit 1)"
     )
 
 
@@ -182,11 +196,11 @@ def _console_script() -> str | None:
 def test_console_script_is_the_same_command(tmp_path: Path) -> None:
     script = _console_script()
     assert script is not None
-    ok = kg("check", *ALLOW_ALL, "--arch", "9.0", cwd=tmp_path, command=(script,))
+    ok = kg("check", *ALLOW_ALL, "--no-packed", "--arch", "9.0", cwd=tmp_path, command=(script,))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.splitlines()[-1] == (
-        "verdict: OK - all 3 required kernels are served; allowed fallbacks: "
-        "causal_conv1d_fn, chunk_gated_delta_rule, varlen_attention (exit 0)"
+        "verdict: OK - all 2 required kernels are served; allowed fallbacks: "
+        "causal_conv1d_fn, chunk_gated_delta_rule (exit 0)"
     )
     bad = kg("check", "--model", "nope", cwd=tmp_path, command=(script,))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
@@ -266,21 +280,20 @@ def test_json_follows_the_documented_schema(tmp_path: Path) -> None:
 def test_model_from_config_file_or_folder(tmp_path: Path, as_folder: bool) -> None:
     config = write_config(tmp_path / "my-model", key_dim=64)
     model = str(config.parent) if as_folder else str(config)
-    data = kg_json("--model", model, *ALLOW_ALL, cwd=tmp_path, rc=0)
+    data = kg_json("--model", model, *ALLOW_ALL, "--no-packed", cwd=tmp_path, rc=0)
     assert data["ok"] is True
     assert data["model"] == {
         "name": model,
         "family": "qwen3_5",
         "origin": str(config),
         "mode": "training",
-        "packed": True,
+        "packed": False,
         "key_head_dim": 64,
         "key_head_dim_source": f"linear_key_head_dim in {config}",
     }
     assert [k["selected"] for k in data["kernels"]] == [
         "torch reference",
         "torch reference",
-        "sdpa / eager with a block mask",
     ]
 
 
@@ -291,7 +304,7 @@ def test_model_from_config_file_or_folder(tmp_path: Path, as_folder: bool) -> No
 def test_pyproject_defaults_are_read_from_cwd(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "job"\n\n[tool.kernelguard]\nmodel = "qwen3_next"\narch = "sm_90"\n'
-        'allow = ["chunk_gated_delta_rule", "causal_conv1d_fn"]\n'
+        'allow = ["chunk_gated_delta_rule", "causal_conv1d_fn"]\npacked = false\n'
     )
     data = kg_json("--allow", "attention", cwd=tmp_path, rc=0)
     assert data["model"]["family"] == "qwen3_next"

@@ -619,20 +619,30 @@ def test_untrusted_hub_repo_needs_its_allow() -> None:
 # --------------------------------------------------------------------------------------------- allow
 
 
-def test_allowed_kernel_fallback_is_selected_and_ok() -> None:
+@pytest.mark.parametrize("packed", [False, True])
+def test_allowed_kernel_fallback_is_selected_only_for_unpacked_training(packed: bool) -> None:
     facts = with_package(
         BASE,
         "fla.ops.gated_delta_rule",
         make_pkg("fla", None, import_error="ModuleNotFoundError: No module named 'fla'"),
     )
-    res = resolve(facts, TRAIN, allow(H200, CHUNK))
+    res = resolve(facts, qwen(packed=packed), allow(H200, CHUNK))
     chunk = find(res, CHUNK)
-    assert chunk.ok and res.ok
-    ref = chunk.selected
-    assert (ref.kind, ref.provider, ref.status) == ("reference", "torch reference", SELECTED)
+    ref = chunk.candidates[-1]
     assert ref.reason.startswith("torch_chunk_gated_delta_rule is transformers' pure-PyTorch reference")
-    assert ref.reason.endswith("; explicitly allowed by --allow.")
     assert find(res, CHUNK, "package").status == REJECTED  # the rejection is still shown
+    if not packed:
+        assert chunk.ok and chunk.selected is ref
+        assert (ref.kind, ref.provider, ref.status) == ("reference", "torch reference", SELECTED)
+        assert ref.reason.endswith("; explicitly allowed by --allow.")
+        return
+    assert not chunk.ok and chunk.selected is None and not res.ok
+    assert (ref.status, ref.fix) == (FALLBACK, "install a fast provider above, or check unpacked training with --no-packed")
+    assert ref.reason.endswith(
+        "the torch reference cannot keep packed examples apart (it ignores cu_seqlens / seq_idx: transformers "
+        ">= 5.20 raises ValueError at the first packed step, older releases silently mix the examples' state), so "
+        "an allow cannot make it acceptable for packed training."
+    )
 
 
 def test_allowed_kernel_still_prefers_a_working_provider() -> None:
