@@ -137,8 +137,12 @@ API_CASES: dict[str, tuple[Callable[[], object], str]] = {
     "check-arch-no-gpu": (lambda: kernelguard.check(arch="9.5"), "arch= '9.5' is not the compute capability"),
     "check-allow-int": (lambda: kernelguard.check(allow=5), "allow=: a int (5) is not"),  # type: ignore[arg-type]
     "require-allow-typo": (lambda: kernelguard.require(allow=["fla640"]), "allow=: 'fla640' is not a known"),
-    "guard-a-string": (lambda: kernelguard.guard("model"), "guard() needs"),  # type: ignore[arg-type]
-    "guard-an-object": (lambda: kernelguard.guard(object()), "guard() needs"),
+    "guard-a-string": (lambda: kernelguard.guard("model"), "expected a torch.nn.Module"),  # type: ignore[arg-type]
+    "guard-an-object": (lambda: kernelguard.guard(object()), "expected a torch.nn.Module"),
+    "guard-plain-sequential": (lambda: kernelguard.guard(__import__("torch").nn.Sequential()),
+                               "no gated-delta call sites found"),
+    "guard-allow-typo": (lambda: kernelguard.guard(__import__("torch").nn.Sequential(), allow=["fla640"]),
+                         "'fla640' is not a known issue ID"),
 }
 
 

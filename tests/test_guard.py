@@ -155,6 +155,19 @@ def test_allow_accepts_logs_once_and_reports(
     assert len([m for m in lines if "chunk_gated_delta_rule" in m and "entered" in m]) == 1
 
 
+def test_allowed_gdn_reference_is_still_refused_for_packed_training(fresh_transformers_models: None, tiny: Any) -> None:
+    # The torch references ignore cu_seqlens/seq_idx: a packed row would crash (transformers >= 5.20) or mix.
+    model = tiny.tiny_model("qwen3_5")
+    allow = ["chunk_gated_delta_rule", "causal_conv1d_fn", "attention"]
+    with pytest.raises(KernelFallbackError) as info:
+        guard(model, packed=True, allow=allow)
+    assert "the torch reference cannot keep packed examples apart" in str(info.value)
+    with guard(model, packed=False, allow=allow) as report:  # the same allow list is fine unpacked
+        assert report.ok
+    with guard(model, mode="inference", packed=True, strict=False, allow=allow) as report:
+        assert all(e.allowed for e in _by_kernel(report, "chunk_gated_delta_rule"))  # packed matters in training
+
+
 def test_decode_only_kernels_required_in_inference_mode(fresh_transformers_models: None, tiny: Any) -> None:
     model = tiny.tiny_model("qwen3_5")
     allow = ["chunk_gated_delta_rule", "causal_conv1d_fn"]
