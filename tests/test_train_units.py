@@ -263,25 +263,51 @@ def test_guard_refusal_is_a_picklable_kernel_fallback_error() -> None:
     assert err.report == "layer table\n\nchunk_gated_delta_rule is slow" == str(err)
 
 
-def test_setup_training_gives_the_benchmark_the_products_fsdp2_step(
-    fake_providers: Any, tiny: Any, one_rank: Any, tmp_path: Path
-) -> None:
+SETUP_TRAINING_SCRIPT = """
+import sys
+import torch.distributed as dist
+import torch
+import train_helpers as h
+from pathlib import Path
+from torch.distributed.fsdp import FSDPModule
+from kernelguard.train.build import setup_training
+from kernelguard.train.config import TrainConfig
+from kernelguard.train.packing import IGNORE_INDEX, build_packed_block
+from kernelguard.train.parallel import init_distributed
+from kernelguard.train.step import optimizer_step
+
+tmp = Path(sys.argv[1])
+cfg = TrainConfig(model=str(h.write_model_config(tmp / "model")), data="unused", output=tmp / "unused",
+                  block_size=48, param_dtype="fp32", lr=1e-2, allow=("attention",))
+info = init_distributed()
+built, state = setup_training(cfg, info, schedule_steps=4)
+assert isinstance(state.model, FSDPModule) and state.head is not None and built.attention == "sdpa"
+g = torch.Generator().manual_seed(1)
+examples = [(ids, [IGNORE_INDEX] * 3 + ids[3:]) for ids in
+            (torch.randint(3, h.VOCAB_SIZE, (n,), generator=g).tolist() for n in (9, 14, 6, 11))]
+blocks = [build_packed_block(examples[:2], 48, 0), build_packed_block(examples[2:], 48, 0)]
+losses = [optimizer_step(state, blocks).loss for _ in range(3)]
+assert losses[2] < losses[0], losses
+assert not (tmp / "unused").exists()
+dist.destroy_process_group()
+print("OK", losses)
+"""
+
+
+def test_setup_training_gives_the_benchmark_the_products_fsdp2_step(tmp_path: Path) -> None:
     """bench/train_throughput.py's entry point: model + AC + chunked head + FSDP2 + AdamW from a TrainConfig,
-    then optimizer_step on already-built blocks (no data files, no output folder)."""
+    then optimizer_step on already-built blocks (no data files, no output folder). In a fresh interpreter:
+    transformers' auto classes remember modeling modules imported by earlier in-process tests."""
+    import os
+    import subprocess
+    import sys
+
     import train_helpers as h
-    from torch.distributed.fsdp import FSDPModule
 
-    from kernelguard.train.build import setup_training
-    from kernelguard.train.step import optimizer_step
-
-    config = h.write_model_config(tmp_path / "model")
-    cfg = TrainConfig(
-        model=str(config), data="unused", output=tmp_path / "unused", block_size=48, param_dtype="fp32",
-        lr=1e-2, allow=("attention",),
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error", CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = os.pathsep.join([str(h.REPO), str(h.FAKE_PROVIDERS), str(h.TESTS_DIR)])
+    r = subprocess.run(
+        [sys.executable, "-c", SETUP_TRAINING_SCRIPT, str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
-    built, state = setup_training(cfg, one_rank, schedule_steps=4)
-    assert isinstance(state.model, FSDPModule) and state.head is not None and built.attention == "sdpa"
-    _, _, batches = _blocks(h.VOCAB_SIZE, 4)
-    losses = [optimizer_step(state, batches).loss for _ in range(3)]
-    assert losses[2] < losses[0], losses
-    assert not (tmp_path / "unused").exists()
+    assert r.returncode == 0 and r.stdout.startswith("OK"), r.stderr
