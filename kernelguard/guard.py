@@ -309,8 +309,13 @@ def _offending_error(offending: list[CallSite]) -> KernelFallbackError:
     for (kernel, impl, reason), layers in groups.items():
         lines.append(f"  {kernel} -> {impl} in {', '.join(layers)}: {reason}")
     fixes = list(dict.fromkeys(e.fix for e in offending if e.fix))
-    kernels = list(dict.fromkeys(e.kernel for e in offending))
-    fixes.append(f"or accept explicitly: kernelguard.guard(model, allow={kernels!r})")
+    packed_only = {e.kernel for e in offending if PACKED_REFERENCE in e.reason}  # an allow cannot help these
+    allowable = list(dict.fromkeys(e.kernel for e in offending if e.kernel not in packed_only))
+    if allowable:
+        fixes.append(f"or accept explicitly: kernelguard.guard(model, allow={allowable!r})")
+    if packed_only:
+        fixes.append(f"or train on unpacked batches (packed=False): {', '.join(sorted(packed_only))} cannot run "
+                     "packed rows on the torch reference")
     first = offending[0]
     # One command per line: an install command may end in a shell comment.
     return KernelFallbackError(

@@ -295,10 +295,13 @@ def test_packed_sdpa_attention_is_a_reported_slow_path(
     model.config._attn_implementation = "flash_attention_2"
     with guard(model, packed=True) as report:
         assert _by_kernel(report, "attention")[0].fast
+    from transformers import AttentionInterface
+
+    # Another test may have registered it in this process (the mapping is global): start unregistered.
+    monkeypatch.delitem(AttentionInterface._global_mapping, "kernelguard_varlen", raising=False)
     model.config._attn_implementation = "kernelguard_varlen"
     with pytest.raises(KernelFallbackError, match="not registered"):
         guard(model, packed=True)
-    from transformers import AttentionInterface
 
     monkeypatch.setitem(AttentionInterface._global_mapping, "kernelguard_varlen", lambda *a, **k: None)
     with guard(model, packed=True) as report:

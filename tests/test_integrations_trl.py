@@ -15,7 +15,7 @@ pytest.importorskip("trl")
 # TRL's SFTConfig sets `gradient_checkpointing`, which transformers >= 5.24 renames: TRL's warning, not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
 
-from kernelguard.errors import ConfigError, KernelFallbackError
+from kernelguard.errors import KernelFallbackError
 from kernelguard.integrations.transformers import KernelGuardCallback
 
 TEXTS = [
@@ -114,14 +114,13 @@ def test_sft_padding_free_cannot_allow_the_torch_references(
     """transformers' torch references raise on packed sequences (5.24) or mix them (older): allow= cannot help."""
     callback = KernelGuardCallback(allow=["chunk_gated_delta_rule", "causal_conv1d_fn", "attention"])
     trainer = _sft(_model(tiny), tokenizer_dir, tmp_path, padding_free=True, callbacks=[callback])
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(KernelFallbackError) as info:
         trainer.train()
-    assert info.value.message.startswith(
-        "kernelguard refused to start training: batches are packed (SFTConfig.padding_free=True) and "
-        "causal_conv1d_fn, chunk_gated_delta_rule would run transformers' torch reference"
-    )
+    assert info.value.message.startswith("kernelguard refused to start training (before step 1).")
+    assert "allowed, but the torch reference cannot keep packed examples apart" in info.value.message
     assert "pip install flash-linear-attention" in info.value.fix
     assert "padding_free=False" in info.value.fix
+    assert "KernelGuardCallback(allow=" not in info.value.fix  # an allow cannot help here
     assert trainer.state.global_step == 0
     assert callback.report is None  # nothing left armed
 

@@ -30,7 +30,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from kernelguard.attention import VARLEN_NAME, register_varlen_attention
-from kernelguard.decisions import REFERENCE
+from kernelguard.catalog import PACKED_REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError, KernelGuardError
 
 __all__ = [
@@ -47,8 +47,6 @@ __all__ = [
 ]
 
 LOG_KEY = "kernelguard"
-# A call site served by transformers' torch reference ("torch-reference" is the 0.1 spelling).
-_REFERENCE_KINDS = frozenset({REFERENCE, "torch-reference"})
 # Trainer arguments (TRL's SFTConfig) under which the collator flattens a batch into one packed row.
 _PACKING_STRATEGIES_THAT_FLATTEN = ("bfd", "bfd_split")
 
@@ -179,7 +177,11 @@ def guard_model(model: Any, *, allow: tuple[str, ...], packed: bool) -> Any:
         offending = e.details.get("offending", [])
         kernels = list(dict.fromkeys(site["kernel"] for site in offending)) or [e.kernel]
         fixes = list(dict.fromkeys(site["fix"] for site in offending if site.get("fix")))
-        fixes.append(f"or accept the slow path explicitly: KernelGuardCallback(allow={kernels!r})")
+        if packed and any(PACKED_REFERENCE in str(site.get("reason", "")) for site in offending):
+            # An allow cannot make a GDN torch reference keep packed examples apart: offer padded batches.
+            fixes.append("or train on padded batches (padding_free=False, no flattening collator)")
+        else:
+            fixes.append(f"or accept the slow path explicitly: KernelGuardCallback(allow={kernels!r})")
         raise KernelFallbackError(
             f"kernelguard refused to start training (before step 1).\n{table}{e.message}",
             fix="; ".join(fixes), layer=e.layer, kernel=e.kernel, reason=e.reason, details=e.details,
@@ -187,25 +189,10 @@ def guard_model(model: Any, *, allow: tuple[str, ...], packed: bool) -> Any:
 
 
 def _check_packed_sequences(report: Any, packing: Packing) -> None:
-    """Packed rows need GDN kernels that keep examples apart. transformers' torch references cannot (5.24
-    raises at the first packed step; 5.17 ignores ``cu_seqlens``/``seq_idx`` and silently mixes examples), so
-    ``allow=`` cannot accept them here; and a flattened row must carry its boundaries."""
+    """A flattened row must carry its example boundaries (``cu_seq_lens_q`` / ``seq_idx``) for GDN layers."""
+    # GDN torch references on packed rows are refused by the guard itself (allowed or not).
     if not packing.packed:
         return
-    sites = [e for e in report.entries
-             if e.kernel != "attention" and e.required and e.provider_kind in _REFERENCE_KINDS]
-    slow = sorted({e.kernel for e in sites})
-    if slow:
-        report.disarm()
-        installs = "; ".join(dict.fromkeys(e.fix for e in sites if e.fix))
-        raise ConfigError(
-            f"kernelguard refused to start training: batches are packed ({packing.source}) and "
-            f"{', '.join(slow)} would run transformers' torch reference, which cannot keep packed examples apart "
-            "(transformers 5.24 raises at the first packed step; 5.17 silently mixes examples). Allowing the "
-            "slow path does not help here.",
-            fix=f"{installs}; or train on padded batches (padding_free=False, no flattening collator)",
-            details={"kernels": slow, "packed_source": packing.source},
-        )
     gdn = sorted({e.kernel for e in report.entries if e.kernel != "attention"})
     if packing.boundaries is not False or not gdn:
         return
