@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import logging
+import os
 import sys
 import threading
 import time
@@ -158,11 +159,14 @@ class GuardRegistry:
         self.layer_paths: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
     def log_once(self, key: tuple[str, ...], message: str) -> None:
+        """Log ``message`` once per process, and only on rank 0 of a torchrun/accelerate job (``RANK``): every
+        rank takes the same decisions, so N copies of the line would only bury it."""
         with self.lock:
             if key in self.logged_once:
                 return
             self.logged_once.add(key)
-        logger.warning(message)
+        if os.environ.get("RANK", "0").strip() in ("", "0"):
+            logger.warning(message)
 
     def record(self, event: FallbackEvent) -> FallbackEvent:
         """Append ``event``, or count it on the identical event already recorded in this window."""

@@ -648,3 +648,19 @@ def test_a_scan_made_while_armed_is_reused_after_disarm(fresh_transformers_model
     scans = REGISTRY.scan.scans
     arm_tripwires().disarm()
     assert REGISTRY.scan.scans == scans, "the scan recorded what the wrappers wrap, so it is still valid"
+
+
+def test_allowed_slow_paths_are_logged_by_rank_0_only(
+    fresh_transformers_models: None, tiny: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    caplog.set_level(logging.WARNING, logger="kernelguard")
+    monkeypatch.setenv("RANK", "1")
+    with guard(model, allow=["chunk_gated_delta_rule", "causal_conv1d_fn"]):
+        pass
+    assert not [r for r in caplog.records if "allowed slow path" in r.getMessage()]
+    clear_fallback_events()  # resets the log-once set too
+    monkeypatch.setenv("RANK", "0")
+    with guard(model, allow=["chunk_gated_delta_rule", "causal_conv1d_fn"]):
+        pass
+    assert [r for r in caplog.records if "allowed slow path" in r.getMessage()]
