@@ -171,3 +171,23 @@ def test_real_save_is_sealed_loads_back_and_old_unverified_damage_is_a_checkpoin
     with pytest.raises(CheckpointError, match=rf"checkpoint {folder} cannot be loaded: ") as info:
         ckpt.load_checkpoint(folder, model=other, optimizer=other_opt)
     assert f"delete {folder}" in (info.value.fix or "")
+
+
+def test_retention_that_cannot_delete_warns_and_keeps_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    for step in (1, 2, 3):
+        _make(tmp_path, step)
+    real = shutil.rmtree
+
+    def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(path).name == "step_1":
+            raise PermissionError(13, "Permission denied", str(path))
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    assert [p.name for p in ckpt.prune_checkpoints(tmp_path, keep=1, newest=3)] == ["step_2"]
+    err = capsys.readouterr().err
+    assert f"could not delete old checkpoint {ckpt.checkpoint_root(tmp_path) / 'step_1'}: [Errno 13]" in err

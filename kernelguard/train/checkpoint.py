@@ -18,6 +18,7 @@ import os
 import pickle
 import random
 import shutil
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -171,10 +172,17 @@ def prune_checkpoints(output: Path, *, keep: int, newest: int) -> list[Path]:
     """Keep the ``keep`` newest complete checkpoints up to step ``newest`` (just saved, always kept); delete
     older ones. Checkpoints after ``newest`` (left by a run that resumed from an earlier one) are untouched."""
     older = [p for s, p in complete_checkpoints(output) if s < newest]
-    doomed = older[: max(0, len(older) - (keep - 1))]
-    for path in doomed:
-        shutil.rmtree(path)
-    return doomed
+    removed = []
+    for path in older[: max(0, len(older) - (keep - 1))]:
+        try:
+            shutil.rmtree(path)
+        except OSError as e:  # retention must not stop a healthy run: say so and keep going
+            print(
+                f"kernelguard train: could not delete old checkpoint {path}: {e}", file=sys.stderr, flush=True
+            )
+            continue
+        removed.append(path)
+    return removed
 
 
 def rng_state() -> dict[str, Any]:
