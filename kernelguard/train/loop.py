@@ -26,14 +26,14 @@ from .build import BuiltModel, build_model, prepare_training
 from .config import TrainConfig
 from .data import chat_template_name, load_examples, load_tokenizer, pad_token_id, template_choice
 from .evaluate import evaluate, pack_eval_blocks
-from .gate import GuardRefused, lift_accepted_fla_refusal, run_gate
+from .gate import GuardRefused, run_gate
 from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_flops
 from .packing import build_packed_block, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, claim_output, preflight
-from .step import Plan, StepResult, TrainState, lr_lambda, make_plan, optimizer_step, step_block_ids
+from .step import Plan, StepResult, TrainState, make_plan, optimizer_step, step_block_ids
 
-__all__ = ["GuardRefused", "lift_accepted_fla_refusal", "lr_lambda", "run"]
+__all__ = ["GuardRefused", "run"]  # GuardRefused: what __main__ maps to exit 3
 
 
 def log(info: DistInfo, message: str) -> None:
