@@ -311,3 +311,28 @@ def test_setup_training_gives_the_benchmark_the_products_fsdp2_step(tmp_path: Pa
         env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert r.returncode == 0 and r.stdout.startswith("OK"), r.stderr
+
+
+def test_eval_sets_held_out_fraction_or_separate_file(tmp_path: Path) -> None:
+    """--eval-fraction holds out the same rows on every call for a seed (and other rows for another seed),
+    never trained on; --eval-data evaluates every row of its own file and trains on all of --data."""
+    import train_helpers as h
+
+    from kernelguard.train.data import load_tokenizer
+    from kernelguard.train.loop import read_examples
+
+    tok = load_tokenizer(str(h.write_tokenizer(tmp_path / "tok")))
+    data = h.write_jsonl(tmp_path / "d.jsonl", h.copy_task_rows(60))
+    extra = h.write_jsonl(tmp_path / "e.jsonl", h.copy_task_rows(7, seed=5))
+
+    def examples(take: str, **kw: Any) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        cfg = TrainConfig(model="m", data=str(data), output=tmp_path / "o", block_size=256, **kw)
+        store, _ = read_examples(cfg, tok, take=take)
+        return [(tuple(ids), tuple(labels)) for ids, labels in store]
+
+    train, held = examples("train", eval_fraction=0.25), examples("eval", eval_fraction=0.25)
+    assert held == examples("eval", eval_fraction=0.25) and 5 <= len(held) <= 25
+    assert sorted(train + held) == sorted(examples("train"))  # a partition of every row: none trained twice
+    assert held != examples("eval", eval_fraction=0.25, seed=1)
+    assert len(examples("eval", eval_data=str(extra))) == 7
+    assert len(examples("train", eval_data=str(extra))) == 60
