@@ -174,7 +174,8 @@ def test_guard_refuses_without_fast_providers(assets: dict[str, Path]) -> None:
     ids=["content", "role", "column", "empty", "utf8"],
 )
 def test_malformed_input_exits_2_before_any_checkpoint(
-    assets: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], row: Any, expected: str
+    assets: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], row: Any, expected: str,
+    fake_providers: Path,
 ) -> None:
     from kernelguard.train.__main__ import main
 
@@ -185,8 +186,9 @@ def test_malformed_input_exits_2_before_any_checkpoint(
     out = tmp_path / "out"
     args = _args(assets, out, "--max-steps", "1")
     args[args.index("--data") + 1] = str(data)
-    # In process, world size 1, real (slow) torch kernels explicitly allowed: the gate passes, the data fails.
-    args += ["--allow", "chunk_gated_delta_rule", "causal_conv1d_fn"]
+    # In process, world size 1, the fake fast providers (packed training cannot allow torch references): the
+    # gate passes, the data fails.
+    args += ["--allow", "attention"]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert str(data) in err and expected in err, err
