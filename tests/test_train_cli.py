@@ -174,11 +174,8 @@ def test_guard_refuses_without_fast_providers(assets: dict[str, Path]) -> None:
     ids=["content", "role", "column", "empty", "utf8"],
 )
 def test_malformed_input_exits_2_before_any_checkpoint(
-    assets: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], row: Any, expected: str,
-    fake_providers: Path,
+    assets: dict[str, Path], tmp_path: Path, row: Any, expected: str
 ) -> None:
-    from kernelguard.train.__main__ import main
-
     data = tmp_path / "bad.jsonl"
     good = json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
     bad = row if isinstance(row, bytes) else json.dumps(row).encode()
@@ -186,12 +183,11 @@ def test_malformed_input_exits_2_before_any_checkpoint(
     out = tmp_path / "out"
     args = _args(assets, out, "--max-steps", "1")
     args[args.index("--data") + 1] = str(data)
-    # In process, world size 1, the fake fast providers (packed training cannot allow torch references): the
-    # gate passes, the data fails.
-    args += ["--allow", "attention"]
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert str(data) in err and expected in err, err
+    # One process with the fake fast providers (packed training cannot allow torch references): the gate
+    # passes, the data fails.
+    r = h.run_train(args, nproc=0)
+    assert r.returncode == 2, r.stderr
+    assert str(data) in r.stderr and expected in r.stderr, r.stderr
     assert not out.exists()
 
 

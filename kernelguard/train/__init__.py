@@ -6,10 +6,14 @@
 
 (or ``torchrun --nproc-per-node N -m kernelguard.train ...`` with the same training flags).
 
-Order of work: build the model on the meta device -> ``guard(model, mode="training", packed=True,
-allow=...)`` (refuses with exit 3 before any data is read) -> load, validate and tokenize chat data ->
-best-fit-decreasing packing into 1D blocks -> activation checkpointing + FSDP2 -> weights from rank 0 ->
-train -> atomic DCP checkpoints -> safetensors export (``OUTPUT/final``) -> ``metrics.jsonl`` +
+Order of work: preflight (flags, inputs exist, output writable with room for a checkpoint, run identity;
+a folder holding a run needs --resume or --overwrite; --resume verifies checkpoints) -> on CUDA, the stack
+check (``kernelguard check`` for this model: known-bad stacks, extensions that crash on import, probed in a
+child) -> build the model on the meta device -> ``guard(model, mode="training", packed=True, allow=...)``
+(refuses with exit 3 before any data is read) -> load, validate and tokenize the data (and the eval set) ->
+best-fit-decreasing packing into 1D blocks -> claim the output folder (run.json, train_config.json) ->
+activation checkpointing + FSDP2 -> weights from rank 0 -> resume -> train (eval every --eval-every steps) ->
+atomic, checksummed DCP checkpoints -> safetensors export (``OUTPUT/final``) -> ``metrics.jsonl`` +
 ``metrics.png``.
 
 Exit codes: 0 ok; 2 usage, config or data error; 3 the guard refused. ``kernelguard train --nproc-per-node``
@@ -17,7 +21,10 @@ returns those codes from the ranks with the message printed once; plain ``torchr
 fails and prints each rank's exit code in its ChildFailedError table.
 
 Modules: config (TrainConfig, argv, the saved train_config.json), config_file (--config files), launch (the
---nproc-per-node launcher), data (rows -> examples), packing (bin packing, block tensors),
-parallel (process group, meta model, AC, FSDP2), checkpoint (DCP save/resume, export), metrics (FLOPs,
-MFU, JSONL, plot), loop (the run), __main__ (entry point).
+--nproc-per-node launcher), preflight (checks before any expensive work, output claim), identity (run
+identity, run.json), gate (the one gate), data / rows / chat_templates (rows -> examples, training chat
+templates), packing (bin packing, block tensors), build (model, FSDP2, optimizer), step (the optimizer step,
+data plan, LR schedule), evaluate (held-out loss), parallel (process group, meta model, AC, FSDP2),
+checkpoint (verified DCP save/resume, retention, export), memory (--dry-run estimate), metrics (FLOPs, MFU,
+JSONL, trackers, plot), loop (the run), __main__ (entry point).
 """

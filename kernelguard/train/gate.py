@@ -1,9 +1,11 @@
 """The gate a run passes before any data work: one function, one report, refusal = exit 3.
 
-On CUDA it first resolves the environment (``kernelguard check`` for this model, training, packed): only the
-resolver knows that a present fast provider is wrong on this GPU/Triton/head-dim combination (known-issue
-rows such as fla #640). Then the guard inspects the built model's call sites once, reporting and arming its
-tripwires. A failure of either raises :class:`GuardRefused` carrying the whole text to print.
+On CUDA it first resolves the environment (``kernelguard check`` for this model, training, packed) before the
+model is built: only the resolver knows that a present fast provider is wrong on this GPU/Triton/head-dim
+combination (known-issue rows such as fla #640), and its child-process import probe catches an extension that
+would crash the interpreter. Then the guard inspects the built model's call sites once, reporting and arming
+its tripwires. A failure of either raises :class:`GuardRefused` carrying the whole text to print (both parts
+when both refuse).
 """
 
 from __future__ import annotations
@@ -24,15 +26,21 @@ class GuardRefused(KernelFallbackError):
         super().__init__(report, **fields)
 
 
-def run_gate(model: Any, *, model_ref: str, policy: AllowPolicy, device: torch.device) -> Any:
-    """Check the environment (CUDA) and guard ``model`` for packed training; return the armed GuardReport.
+def check_stack(*, model_ref: str, policy: AllowPolicy, device: torch.device) -> str | None:
+    """The resolver's verdict for this stack (CUDA only), BEFORE the model is built: building it imports the
+    provider packages in this process, and ``check`` probes extensions in a child first, so one that crashes
+    the interpreter on import is refused here instead of killing the job. Returns the refusal text, or None
+    (after lifting fla's refusal for accepted rows)."""
+    if device.type != "cuda":
+        return None  # no GPU arch to check against; the guard still judges every call site
+    return _check_environment(model_ref, policy)
 
-    Raises :class:`GuardRefused` with one report covering every refused kernel."""
-    sections = []
-    if device.type == "cuda":
-        refused = _check_environment(model_ref, policy)
-        if refused:
-            sections.append(refused)
+
+def run_gate(model: Any, *, policy: AllowPolicy, stack_refusal: str | None = None) -> Any:
+    """Guard ``model`` for packed training; return the armed GuardReport.
+
+    Raises :class:`GuardRefused` with one report covering every refused kernel, the stack check's included."""
+    sections = [stack_refusal] if stack_refusal else []
     report = _guard(model, policy)
     if report is not None and report.ok and not sections:
         return report

@@ -26,7 +26,7 @@ from .build import BuiltModel, build_model, prepare_training
 from .config import TrainConfig
 from .data import chat_template_name, load_examples, load_tokenizer, pad_token_id, template_choice
 from .evaluate import evaluate, pack_eval_blocks
-from .gate import GuardRefused, run_gate
+from .gate import GuardRefused, check_stack, run_gate
 from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_flops
 from .packing import build_packed_block, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
@@ -61,8 +61,9 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     start = on_main(info, lambda: preflight(cfg, world_size=info.world_size))
     for warning in start.warnings:
         log(info, warning)
+    stack_refusal = check_stack(model_ref=str(cfg.model), policy=policy, device=info.device)
     built = build_model(cfg, info)
-    report = run_gate(built.model, model_ref=str(cfg.model), policy=policy, device=info.device)
+    report = run_gate(built.model, policy=policy, stack_refusal=stack_refusal)
     try:
         log(info, f"guard passed; attention={built.attention}")
         data = load_training_data(cfg, info)
