@@ -116,7 +116,9 @@ def padded_batch(examples: list[tuple[list[int], list[int]]], group: list[int], 
 def token_loss(model: Any, inputs: dict[str, Any], labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     hidden = model.model(**inputs, use_cache=False).last_hidden_state
     h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
-    return linear_cross_entropy(h, model.lm_head.weight, labels[:, 1:].reshape(-1))
+    # The chunked loss multiplies in one dtype: the head in the activations' (bf16 under autocast), as FSDP2's
+    # mixed precision hands it to the product's loss; the cast is differentiable, master weights stay fp32.
+    return linear_cross_entropy(h, model.lm_head.weight.to(h.dtype), labels[:, 1:].reshape(-1))
 
 
 def lr_at(step: int, total: int, warmup: int, peak: float) -> float:
