@@ -33,7 +33,12 @@ from typing import Any
 import torch
 
 from kernelguard.train.loss import linear_cross_entropy
-from kernelguard.train.packing import IGNORE_INDEX, MODEL_INPUT_KEYS, build_packed_block, pack_best_fit_decreasing
+from kernelguard.train.packing import (
+    IGNORE_INDEX,
+    MODEL_INPUT_KEYS,
+    build_packed_block,
+    pack_best_fit_decreasing,
+)
 
 USER, ASSISTANT, END = 10, 11, 12  # marker tokens
 WORDS_FROM = 1000  # the alphabet of "words" starts here
@@ -194,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
             lifted = lift_fla_hopper_refusal()  # key head dim 128: outside fla #640's tile-64 bug (bench/RESULTS.md)
         except ImportError:
             lifted = []
+    pins = ""
+    if args.device == "cuda":
+        from kernelguard.fla_autotune import pin_for_this_gpu
+
+        pins = pin_for_this_gpu()  # the recorded fla autotune choices: no minutes of autotuning per variant
+        print(pins, flush=True)
     from kernelguard.attention import register_varlen_attention
 
     attention = register_varlen_attention(device_type=args.device)
@@ -204,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {v: train_variant(v, args, config, data) for v in ("packed", "padded")}
     packed, padded = results["packed"]["final_eval_loss"], results["padded"]["final_eval_loss"]
     summary = {
-        "bench": "quality_packing", "config": vars(args), "fla_refusal_lifted_in": lifted,
+        "bench": "quality_packing", "config": vars(args), "fla_refusal_lifted_in": lifted, "fla_pins": pins,
         "versions": _versions(), "steps": len(data["groups"]),
         "final_eval_loss": {"packed": packed, "padded": padded},
         "relative_difference": round(abs(packed - padded) / padded, 5),

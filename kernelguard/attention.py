@@ -163,12 +163,32 @@ def varlen_attention_forward(
         extra["window_size"] = (-1, 0)
     if scaling is not None and "scale" in _VARLEN_PARAMS:
         extra["scale"] = scaling
+    q, k, v, back_to = _flash_dtype(q, k, v)
     out = _VARLEN_IMPL(
         q, k, v, cu_q.to(q.device, torch.int32), cu_k.to(q.device, torch.int32), max_q, max_k, **extra
     )
     if isinstance(out, tuple):
         out = out[0]
-    return out.reshape(bsz, q_len, heads, -1), None
+    return out.to(back_to).reshape(bsz, q_len, heads, -1), None
+
+
+def _flash_dtype(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any, Any]:
+    """varlen_attn is a flash kernel: fp16/bf16 only. Under autocast with fp32 master weights (Trainer's
+    ``bf16=True``, a plain ``torch.autocast`` loop) the q/k norms hand it fp32 tensors: run it in the autocast
+    dtype (what SDPA would do) and return the caller's dtype. Outside autocast, fp32 is a clear error."""
+    import torch
+
+    dtype = q.dtype
+    exact = _VARLEN_IMPL is reference_varlen_attn  # the CPU stand-in takes any dtype
+    if exact or (dtype in (torch.float16, torch.bfloat16) and k.dtype == dtype and v.dtype == dtype):
+        return q, k, v, dtype
+    if torch.is_autocast_enabled(q.device.type):
+        low = torch.get_autocast_dtype(q.device.type)
+        return q.to(low), k.to(low), v.to(low), dtype
+    raise ValueError(
+        f"kernelguard_varlen runs torch's flash varlen kernel, which takes fp16/bf16; got {dtype}. Load the model "
+        "in bf16 (dtype=torch.bfloat16), train under torch.autocast, or use attn_implementation='sdpa'"
+    )
 
 
 def register_varlen_attention(*, device_type: str | None = None) -> str:

@@ -102,3 +102,28 @@ def test_refuses_what_it_does_not_implement(reference_impl: None) -> None:
     cu = torch.tensor([0, 4], dtype=torch.int32)
     with pytest.raises(ValueError, match="needs batch size 1, got 2"):
         attention.varlen_attention_forward(None, q2, k2, v2, None, cu_seq_lens_q=cu)
+
+
+def test_flash_kernel_gets_the_autocast_dtype_and_fp32_outside_autocast_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Trainer's bf16=True keeps fp32 weights under autocast; the flash varlen kernel takes fp16/bf16 only."""
+    import torch
+
+    from kernelguard import attention
+
+    seen: list[torch.dtype] = []
+
+    def flash_like(q, k, v, cu_q, cu_k, max_q, max_k, **kw):  # type: ignore[no-untyped-def]
+        seen.append(q.dtype)
+        return attention.reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
+
+    monkeypatch.setattr(attention, "_VARLEN_IMPL", flash_like)
+    q = torch.randn(1, 2, 6, 8)
+    kwargs = {"cu_seq_lens_q": torch.tensor([0, 6], dtype=torch.int32), "cu_seq_lens_k": torch.tensor([0, 6], dtype=torch.int32),
+              "max_length_q": 6, "max_length_k": 6}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = attention.varlen_attention_forward(None, q, q, q, None, **kwargs)
+    assert seen == [torch.bfloat16] and out.dtype == torch.float32
+    with pytest.raises(ValueError, match="takes fp16/bf16; got torch.float32"):
+        attention.varlen_attention_forward(None, q, q, q, None, **kwargs)
