@@ -17,10 +17,11 @@ step, FSDP2 included. Variants differ only in their input batches and TrainConfi
                   --tokens-per-batch tokens (build_packed_block), kernelguard_varlen attention, AC, chunked loss.
   product_noac    product with --no-activation-checkpointing.
 
-Levers (``--lever``, bench-side patches of the product's build/step, measured one at a time; the JSON then says
-product_path: false, since `kernelguard train` does not run them): ``compile`` (regional torch.compile of each
-decoder layer, fla/causal-conv1d/attention left opaque with torch.compiler.disable), ``liger`` (Liger-Kernel's
-fused linear cross-entropy instead of the chunked loss), ``sac2`` (activation checkpointing on every 2nd layer).
+Levers (``--lever``, measured one at a time): ``compile`` is the product's ``--compile`` (regional torch.compile of
+each decoder layer, fla/causal-conv1d/attention left opaque: kernelguard.train.compile), so the JSON still says
+product_path: true; the others are bench-side patches of the product's build/step that `kernelguard train` does
+not run (product_path: false): ``liger`` (Liger-Kernel's fused linear cross-entropy instead of the chunked loss),
+``sac2`` (activation checkpointing on every 2nd layer).
 
   python bench/train_throughput.py --variant product --out product.json
   python bench/train_throughput.py --all --variants fallback,stock_best,product --out combined.json
@@ -285,41 +286,11 @@ def apply_levers(levers: list[str], notes: list[str]) -> None:
 
         step.linear_cross_entropy = liger_loss  # type: ignore[assignment]
         notes.append("lever liger: Liger-Kernel fused linear cross-entropy replaces the chunked loss")
-    if "compile" in levers:
-        real_fsdp = build.apply_fsdp
-
-        def compiled_then_sharded(model: Any, **kw: Any) -> Any:
-            _compile_layers(model)
-            return real_fsdp(model, **kw)
-
-        build.apply_fsdp = compiled_then_sharded  # type: ignore[assignment]
+    if "compile" in levers:  # the product's --compile (TrainConfig.compile, set in run_variant)
         notes.append(
-            "lever compile: torch.compile per decoder layer before fully_shard; GDN kernels, conv and "
-            "attention opaque (torch.compiler.disable)"
+            "lever compile: `kernelguard train --compile` (kernelguard.train.compile.compile_layers): "
+            "torch.compile per decoder layer before fully_shard; GDN kernels, conv and attention opaque"
         )
-
-
-def _compile_layers(model: Any) -> None:
-    """torchtitan's regional compile: each decoder layer compiled in place; the fast kernels are left opaque."""
-    import torch
-    from transformers import AttentionInterface
-
-    from kernelguard import discovery
-    from kernelguard.train.parallel import decoder_layers
-
-    module = sys.modules[type(model).__module__]
-    for family in discovery.families().values():
-        if family.source.endswith(module.__name__.rsplit(".", 1)[-1] + ".py"):
-            for req in family.kernels:
-                fn = getattr(module, req.call_site, None)
-                if fn is not None:
-                    setattr(module, req.call_site, torch.compiler.disable(fn))
-    attention = model.config._attn_implementation
-    impl = AttentionInterface._global_mapping.get(attention)
-    if impl is not None:
-        AttentionInterface.register(attention, torch.compiler.disable(impl))
-    for layer in decoder_layers(model):
-        layer.compile()
 
 
 # ----------------------------------------------------------------------------------------- measuring
@@ -524,6 +495,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     config = model_config(args)
     (tmp / "config.json").write_text(json.dumps(config))
     cfg = train_config(args, variant, tmp / "config.json", tmp / "out")
+    cfg.compile = "compile" in levers
     lifted, note = (
         (False, "fla hidden")
         if "fla" in variant.hide
@@ -572,7 +544,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     result.update(
         {
             "ok": bool(losses) and all(math.isfinite(x) for x in losses),
-            "product_path": variant.product_path and not levers,
+            "product_path": variant.product_path and not set(levers) - {"compile"},  # --compile is a flag
             "step": "kernelguard.train.step.optimizer_step after kernelguard.train.build.setup_training "
             f"(FSDP2 fully_shard, world size {info.world_size})",
             "device": torch.cuda.get_device_name(device)

@@ -203,3 +203,38 @@ def test_min_world_size_doubles_until_it_fits(tiny: Path) -> None:
     target = (est[4].peak_bytes + static // 100) / memory.HEADROOM
     assert memory.min_world_size(lambda n: est[n], target, limit=8) == 4
     assert memory.min_world_size(lambda n: est[n], 1, limit=8) is None
+
+
+def test_auto_checkpointing_estimate_is_for_the_setting_auto_picks_on_this_gpu(tiny: Path) -> None:
+    """--dry-run with the default --activation-checkpointing auto reports the setting the run would use, and why."""
+    off = memory.estimate(
+        _cfg(tiny, block_size=256, activation_checkpointing=False), world_size=1, gpu_bytes=10**12
+    )
+    on = memory.estimate(
+        _cfg(tiny, block_size=256, activation_checkpointing=True), world_size=1, gpu_bytes=10**12
+    )
+    auto = memory.estimate(_cfg(tiny, block_size=256), world_size=1, gpu_bytes=10**12)
+    assert auto.activation_checkpointing is False and auto.peak_bytes == off.peak_bytes
+    assert auto.notes[-1] == (
+        f"--activation-checkpointing auto: off, estimated peak {off.peak_bytes / 2**30:.2f} GiB without it fits "
+        "92% of 931.32 GiB on the given GPU memory"
+    )
+    small = int(off.peak_bytes / memory.HEADROOM) - 1  # one byte short of fitting without checkpointing
+    auto = memory.estimate(_cfg(tiny, block_size=256), world_size=1, gpu_bytes=small)
+    assert auto.activation_checkpointing is True and auto.peak_bytes == on.peak_bytes
+    assert auto.notes[-1].startswith("--activation-checkpointing auto: on, estimated peak ")
+    assert auto.notes[-1].endswith(" with it")
+    assert f"note: {auto.notes[-1]}" in auto.render()
+
+
+def test_auto_checkpointing_without_a_gpu_reports_off_and_what_would_turn_it_on(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(memory, "_visible_gpu", lambda: (None, "no GPU"))
+    on = memory.estimate(_cfg(tiny, block_size=256, activation_checkpointing=True), world_size=1)
+    auto = memory.estimate(_cfg(tiny, block_size=256), world_size=1)
+    assert auto.activation_checkpointing is False and auto.fits is None
+    assert auto.notes[-1] == (
+        "--activation-checkpointing auto decides on the job's GPU: off where the peak above fits "
+        f"(80 GB (H100/A100): off, 141 GB (H200): off); with it the estimated peak is {on.peak_bytes / 2**30:.2f} GiB"
+    )

@@ -336,3 +336,168 @@ def test_eval_sets_held_out_fraction_or_separate_file(tmp_path: Path) -> None:
     assert held != examples("eval", eval_fraction=0.25, seed=1)
     assert len(examples("eval", eval_data=str(extra))) == 7
     assert len(examples("train", eval_data=str(extra))) == 60
+
+
+# ------------------------------------------------------------------ activation checkpointing and compile ---
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], None),  # auto
+        (["--activation-checkpointing"], True),
+        (["--gradient-checkpointing"], True),
+        (["--activation-checkpointing", "auto"], None),
+        (["--activation-checkpointing=off"], False),
+        (["--activation_checkpointing", "on"], True),
+        (["--no-activation-checkpointing"], False),
+        (["--no_gradient_checkpointing"], False),
+        (["--activation-checkpointing", "--compile"], True),  # alone (a flag follows): on
+    ],
+)
+def test_activation_checkpointing_is_auto_unless_a_flag_says_otherwise(
+    tmp_path: Path, flags: list[str], expected: bool | None
+) -> None:
+    cfg = parse_args(["--model", "m", "--data", "d", "--output-dir", str(tmp_path), *flags])
+    assert cfg.activation_checkpointing is expected
+    assert cfg.compile is ("--compile" in flags)
+
+
+def test_activation_checkpointing_values_and_errors(tmp_path: Path) -> None:
+    from kernelguard.train.config import parse_command
+
+    base = {"model": "m", "data": "d", "output": tmp_path / "o"}
+    assert TrainConfig(**base, activation_checkpointing="auto").activation_checkpointing is None
+    assert TrainConfig(**base, activation_checkpointing="Off").activation_checkpointing is False
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**base, activation_checkpointing="sometimes")
+    assert str(err.value) == (
+        "activation_checkpointing is 'sometimes'; expected auto, on or off.\n"
+        "Fix: --activation-checkpointing auto (the default), on or off"
+    )
+    with pytest.raises(ConfigError, match="compile is 'yes' \\(str\\); expected true or false"):
+        TrainConfig(**base, compile="yes")
+    argv = ["--model", "m", "--data", "d", "--output-dir", str(tmp_path)]
+    with pytest.raises(ConfigError, match="--activation-checkpointing is 'maybe'; expected auto, on or off"):
+        parse_command([*argv, "--activation-checkpointing", "maybe"])
+    with pytest.raises(ConfigError, match="--no-activation-checkpointing takes no value \\(got 'auto'\\)"):
+        parse_command([*argv, "--no-activation-checkpointing", "auto"])
+
+
+def test_saved_config_keeps_auto_and_compile_and_a_config_file_sets_them(tmp_path: Path) -> None:
+    """train_config.json writes auto as null (a --config file's "unset"), so repeating the run decides again on
+    its own GPU; true/false in a file are the explicit overrides."""
+    import json
+
+    from kernelguard.train.config import config_dict, parse_command, save_config
+
+    argv = ["--model", "m", "--data", "d", "--output-dir", str(tmp_path / "o")]
+    cfg = parse_command([*argv, "--compile"]).config
+    assert config_dict(cfg)["activation_checkpointing"] is None and config_dict(cfg)["compile"] is True
+    again = parse_command(["--config", str(save_config(cfg, tmp_path / "saved.json"))]).config
+    assert again.activation_checkpointing is None and again.compile is True
+    for value, expected in [(False, False), (True, True), (None, None)]:
+        file = tmp_path / "c.json"
+        file.write_text(json.dumps({"gradient_checkpointing": value, "compile": False}))
+        cfg = parse_command([*argv, "--config", str(file)]).config
+        assert cfg.activation_checkpointing is expected and cfg.compile is False
+    cfg = parse_command([*argv, "--config", str(file), "--no-activation-checkpointing"]).config
+    assert cfg.activation_checkpointing is False  # the command line wins
+
+
+def test_run_identity_ignores_activation_checkpointing_and_compile(tmp_path: Path) -> None:
+    """Neither changes the results, so a run may resume with either switched."""
+    import train_helpers as h
+
+    from kernelguard.train.identity import run_identity
+    from kernelguard.train.parallel import model_source
+
+    model = h.write_model_config(tmp_path / "model")
+    base = {
+        "model": str(model),
+        "tokenizer": str(h.write_tokenizer(tmp_path / "tok")),
+        "data": str(h.write_jsonl(tmp_path / "d.jsonl", h.copy_task_rows(3))),
+        "output": tmp_path / "o",
+    }
+    config, _ = model_source(str(model))
+    identities = [
+        run_identity(TrainConfig(**base, **kw), world_size=1, model_config=config)  # type: ignore[arg-type]
+        for kw in (
+            {},
+            {"activation_checkpointing": True},
+            {"activation_checkpointing": False},
+            {"compile": True},
+        )
+    ]
+    assert all(i == identities[0] for i in identities)
+
+
+def _cuda_info() -> Any:
+    import torch
+
+    from kernelguard.train.parallel import DistInfo
+
+    return DistInfo(0, 1, 0, torch.device("cuda", 0))  # a device object only: nothing is allocated on it
+
+
+def test_auto_checkpointing_is_off_when_the_estimate_fits_the_gpu_and_on_when_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    import torch
+    import train_helpers as h
+
+    from kernelguard.train import memory
+    from kernelguard.train.build import resolve_activation_checkpointing
+
+    cfg = TrainConfig(
+        model=str(h.write_model_config(tmp_path / "m")), data="d", output=tmp_path / "o", block_size=256
+    )
+    card = types.SimpleNamespace(total_memory=141 * 10**9, name="Fake H200")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: card)
+    without = memory.estimate(
+        TrainConfig(**{**_fields(cfg), "activation_checkpointing": False}), world_size=1
+    )
+    on, line = resolve_activation_checkpointing(cfg, _cuda_info())
+    gib = f"{without.peak_bytes / 2**30:.2f} GiB"
+    assert (on, line) == (
+        False,
+        f"activation checkpointing: off (auto: estimated peak {gib} without it fits 92% of 131.32 GiB on Fake H200)",
+    )
+    card.total_memory = int(without.peak_bytes / 0.92) - 1  # one byte short of fitting without checkpointing
+    on, line = resolve_activation_checkpointing(cfg, _cuda_info())
+    with_ac = memory.estimate(TrainConfig(**{**_fields(cfg), "activation_checkpointing": True}), world_size=1)
+    assert on is True and line.startswith(
+        f"activation checkpointing: on (auto: estimated peak {gib} without it exceeds"
+    )
+    assert line.endswith(f"; {with_ac.peak_bytes / 2**30:.2f} GiB with it)")
+    # Explicit flags are never second-guessed; a CPU run keeps checkpointing on; a failing estimate means on.
+    for value, text in [
+        (True, "on (--activation-checkpointing)"),
+        (False, "off (--no-activation-checkpointing)"),
+    ]:
+        explicit = TrainConfig(**{**_fields(cfg), "activation_checkpointing": value})
+        assert resolve_activation_checkpointing(explicit, _cuda_info()) == (
+            value,
+            f"activation checkpointing: {text}",
+        )
+    cpu = resolve_activation_checkpointing(cfg, _cuda_info().__class__(0, 1, 0, torch.device("cpu")))
+    assert cpu[0] is True
+    assert cpu[1] == (
+        "activation checkpointing: on (auto: a cpu run has no GPU memory to budget; "
+        "--no-activation-checkpointing turns it off)"
+    )
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("probe exploded")
+
+    monkeypatch.setattr(memory, "choose_checkpointing", broken)
+    assert resolve_activation_checkpointing(cfg, _cuda_info()) == (
+        True,
+        "activation checkpointing: on (auto: the memory estimate failed: probe exploded)",
+    )
+
+
+def _fields(cfg: TrainConfig) -> dict[str, Any]:
+    from dataclasses import fields
+
+    return {f.name: getattr(cfg, f.name) for f in fields(cfg)}

@@ -1,7 +1,8 @@
-"""Build what a run trains: the model (meta first, for the guard), then AC + FSDP2 + weights, then AdamW.
+"""Build what a run trains: the model (meta first, for the guard), then AC + compile + FSDP2 + weights, then
+AdamW.
 
     model = build_model(cfg, info)                       # meta device, cheap; the guard inspects this
-    state = prepare_training(model, cfg, info, schedule_steps=N)   # AC, FSDP2, weights, optimizer
+    state = prepare_training(model, cfg, info, schedule_steps=N)   # AC, compile, FSDP2, weights, optimizer
     result = optimizer_step(state, blocks)               # kernelguard.train.step
 
 :func:`setup_training` does both for callers that have no gate of their own (the benchmark).
@@ -9,6 +10,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from .parallel import (
     materialize,
     mixed_precision,
     model_source,
+    on_main,
 )
 from .step import TrainState, lr_lambda
 
@@ -40,6 +43,8 @@ class BuiltModel:
     config: Any  # transformers PretrainedConfig
     weights: Path | None  # None: seeded random init
     attention: str  # the attn_implementation it was built with
+    activation_checkpointing: bool | None = None  # what prepare_training applied (None: not yet prepared)
+    compiled: Any = None  # kernelguard.train.compile.RegionalCompile with --compile, once prepared
 
 
 def choose_attention(choice: str, device: torch.device) -> str:
@@ -83,15 +88,55 @@ def make_optimizer(
     return opt, sched
 
 
+def resolve_activation_checkpointing(cfg: TrainConfig, info: DistInfo) -> tuple[bool, str]:
+    """(on?, the line to log). auto (``None``) on a GPU: off when kernelguard.train.memory's estimate of the
+    peak without it fits the card (keeping its 8% reserve), else on; rank 0 decides for every rank. auto on CPU:
+    on, as before auto existed (CPU runs are tests; there is no GPU memory to budget and the suite keeps
+    covering the checkpointed path)."""
+    if cfg.activation_checkpointing is not None:
+        on = bool(cfg.activation_checkpointing)
+        flag = "--activation-checkpointing" if on else "--no-activation-checkpointing"
+        return on, f"activation checkpointing: {'on' if on else 'off'} ({flag})"
+    if info.device.type != "cuda":
+        return True, (
+            f"activation checkpointing: on (auto: a {info.device.type} run has no GPU memory to budget; "
+            "--no-activation-checkpointing turns it off)"
+        )
+    from .memory import choose_checkpointing
+
+    props = torch.cuda.get_device_properties(info.device)
+    try:
+        choice = on_main(
+            info,
+            lambda: choose_checkpointing(
+                cfg, gpu_bytes=int(props.total_memory), gpu_source=props.name, world_size=info.world_size
+            ),
+        )
+    except Exception as e:  # noqa: BLE001 - the estimate only advises: never fail a run that would train
+        return True, f"activation checkpointing: on (auto: the memory estimate failed: {e})"
+    return choice.enabled, choice.line()
+
+
 def prepare_training(
     built: BuiltModel, cfg: TrainConfig, info: DistInfo, *, schedule_steps: int
 ) -> TrainState:
-    """Activation checkpointing, FSDP2 over a 1D mesh, weights from rank 0, optimizer: ready to step."""
+    """Activation checkpointing, regional compile, FSDP2 over a 1D mesh, weights from rank 0, optimizer: ready
+    to step."""
     from torch.distributed.device_mesh import init_device_mesh
 
     model = built.model
     mesh = init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp",))
-    if cfg.activation_checkpointing:
+    # Compile before fully_shard (torchtitan's order) and before AC: dynamo cannot trace a checkpoint region
+    # with graph breaks in it (the opaque kernels), so a compiled checkpoint wrapper would run all eager; a
+    # checkpoint of the compiled layer recomputes the compiled forward instead.
+    if cfg.compile:
+        from .compile import compile_layers
+
+        built.compiled = compile_layers(model)
+        _log(info, built.compiled.describe())
+    built.activation_checkpointing, line = resolve_activation_checkpointing(cfg, info)
+    _log(info, line)
+    if built.activation_checkpointing:
         apply_activation_checkpointing(model)
     # Before sharding: the head keeps its parameters and names, only its forward changes.
     head = return_hidden_states_from_head(model) if cfg.loss == "chunked" else None
@@ -109,6 +154,11 @@ def prepare_training(
     model.train()
     optimizer, scheduler = make_optimizer(model, cfg, info.device, schedule_steps=schedule_steps)
     return TrainState(model, optimizer, scheduler, info, head=head, grad_clip=cfg.grad_clip)
+
+
+def _log(info: DistInfo, message: str) -> None:
+    if info.is_main:
+        print(f"kernelguard train: {message}", file=sys.stderr, flush=True)
 
 
 def setup_training(cfg: TrainConfig, info: DistInfo, *, schedule_steps: int) -> tuple[BuiltModel, TrainState]:

@@ -21,6 +21,17 @@ ATTENTION_CHOICES = ("auto", "varlen", "sdpa", "flash_attention_2", "eager")
 LOSS_CHOICES = ("chunked", "logits")  # kernelguard.train.loss.linear_cross_entropy / the full logits
 DATASET_FORMATS = ("auto", "messages", "prompt-completion", "text")
 REPORT_TO_CHOICES = ("none", "tensorboard", "wandb", "trackio")
+# --activation-checkpointing VALUE -> TrainConfig.activation_checkpointing (None: auto, decided per run from
+# kernelguard.train.memory's estimate by kernelguard.train.build.resolve_activation_checkpointing)
+CHECKPOINTING_VALUES: dict[str, bool | None] = {
+    "auto": None,
+    "on": True,
+    "true": True,
+    "yes": True,
+    "off": False,
+    "false": False,
+    "no": False,
+}
 
 
 def _is_int(v: Any) -> bool:
@@ -77,7 +88,8 @@ class TrainConfig:
     assistant_only_loss: bool = True
     param_dtype: str = "bf16"
     attention: str = "auto"
-    activation_checkpointing: bool = True
+    activation_checkpointing: bool | None = None  # None: auto (off when the run fits the GPU without it)
+    compile: bool = False  # regional torch.compile of each decoder layer (kernelguard.train.compile)
     loss: str = "chunked"
     reshard_after_forward: bool = True
     save_every: int = 0
@@ -97,6 +109,10 @@ class TrainConfig:
     dry_run: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.activation_checkpointing, str):  # "auto", "on", "off" from an API caller
+            self.activation_checkpointing = checkpointing_value(
+                self.activation_checkpointing, source="activation_checkpointing"
+            )
         self._check_types()
         self._check_ranges()
         self.output = Path(self.output)
@@ -266,6 +282,17 @@ def normalize_report_to(value: object) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in items if n != "none"))
 
 
+def checkpointing_value(value: str, *, source: str) -> bool | None:
+    """``auto`` -> None, ``on``/``true``/``yes`` -> True, ``off``/``false``/``no`` -> False."""
+    key = value.strip().lower()
+    if key not in CHECKPOINTING_VALUES:
+        raise ConfigError(
+            f"{source} is {value!r}; expected auto, on or off.",
+            fix="--activation-checkpointing auto (the default), on or off",
+        )
+    return CHECKPOINTING_VALUES[key]
+
+
 def _positive(name: str, value: int, fix: str) -> None:
     if not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{name} is {value!r}; it must be a positive integer.", fix=fix)
@@ -360,11 +387,38 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise ConfigError(message, fix=f"see `{self.prog} --help`")
 
 
+class _CheckpointingSwitch(argparse.BooleanOptionalAction):
+    """``--activation-checkpointing [auto|on|off]`` (alone: on) and its ``--no-`` twins (off). A
+    BooleanOptionalAction, so a --config file sets it like any switch: true, false, or null (auto)."""
+
+    VALUES = "auto|on|off"
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.nargs = "?"  # after BooleanOptionalAction's own nargs=0, so the positive names take a value
+        self.metavar = self.VALUES
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        if option_string is not None and option_string.startswith("--no-"):
+            if values is not None:
+                parser.error(f"{option_string} takes no value (got {values!r}); it means off")
+            setattr(namespace, self.dest, False)
+            return
+        flag = option_string or "--activation-checkpointing"
+        setattr(namespace, self.dest, True if values is None else checkpointing_value(values, source=flag))
+
+
 class _HelpFormatter(argparse.HelpFormatter):
     """Every flag's help line states its default (booleans only when the flag has a --no- twin)."""
 
     def __init__(self, prog: str) -> None:
         super().__init__(prog, max_help_position=34, width=110)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, _CheckpointingSwitch):  # the --no- names take no value
+            names = sorted(action.option_strings, key=lambda o: o.startswith("--no-"))  # positives first
+            return f"{names[0]} [{_CheckpointingSwitch.VALUES}], " + ", ".join(names[1:])
+        return super()._format_action_invocation(action)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -562,10 +616,19 @@ def _add_model_runtime_flags(g: Any) -> None:
         "--activation-checkpointing",
         "--gradient-checkpointing",
         dest="activation_checkpointing",
+        action=_CheckpointingSwitch,
+        default=None,
+        help="recompute each layer's forward in the backward: same results, less memory, ~25%% slower "
+        "(bench/RESULTS.md). auto (default): off when --dry-run's memory estimate fits the GPU without it "
+        "(keeping 8%% free), else on; on for CPU runs. The flag alone means on",
+    )
+    g.add_argument(
+        "--compile",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="recompute each layer's forward in the backward; off is ~25%% faster when activations fit "
-        "(bench/RESULTS.md)",
+        default=False,
+        help="regional torch.compile of each decoder layer before FSDP2 sharding, with the GDN kernels, the "
+        "causal conv and attention left opaque: +12.6%% tokens/s measured on one H200 without checkpointing "
+        "(bench/RESULTS.md); the first steps pause to compile",
     )
     g.add_argument(
         "--loss",

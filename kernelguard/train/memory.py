@@ -36,7 +36,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kernelguard.errors import ConfigError
@@ -131,24 +131,91 @@ def estimate(
     """Estimate per-rank memory for ``cfg`` (a :class:`kernelguard.train.config.TrainConfig`).
 
     ``world_size``: default ``cfg.world_size`` if set, else ``$WORLD_SIZE``, else 1. ``gpu_bytes``: default the
-    visible GPU's memory; with no GPU the verdict is given for 80 GB and 141 GB cards."""
+    visible GPU's memory; with no GPU the verdict is given for 80 GB and 141 GB cards. With
+    ``activation_checkpointing=None`` (auto) the estimate is for the setting :func:`choose_checkpointing` picks
+    on that GPU, with its reason in the notes; with no GPU, for checkpointing off, and the notes say when auto
+    would turn it on."""
+    estimate_for, gpu, source = _estimator(cfg, world_size=world_size, gpu_bytes=gpu_bytes)
+    if cfg.activation_checkpointing is not None:
+        return estimate_for(bool(cfg.activation_checkpointing))
+    if gpu is None:
+        without, with_ac = estimate_for(False), estimate_for(True)
+        cards = ", ".join(f"{name}: {'off' if without.fits_on(size) else 'on'}" for name, size in COMMON_GPUS)
+        note = (
+            f"--activation-checkpointing auto decides on the job's GPU: off where the peak above fits ({cards}); "
+            f"with it the estimated peak is {_gib(with_ac.peak_bytes)}"
+        )
+        return replace(without, notes=(*without.notes, note))
+    choice = _choose(estimate_for, gpu, source)
+    note = f"--activation-checkpointing auto: {'on' if choice.enabled else 'off'}, {choice.reason}"
+    return replace(choice.estimate, notes=(*choice.estimate.notes, note))
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointingChoice:
+    """What ``--activation-checkpointing auto`` chose for one run, why (with the figures), and the estimate."""
+
+    enabled: bool
+    reason: str
+    estimate: MemoryEstimate
+
+    def line(self) -> str:
+        return f"activation checkpointing: {'on' if self.enabled else 'off'} (auto: {self.reason})"
+
+
+def choose_checkpointing(
+    cfg: Any, *, gpu_bytes: int, gpu_source: str, world_size: int | None = None
+) -> CheckpointingChoice:
+    """Off when the run's estimated peak without checkpointing fits ``HEADROOM`` of ``gpu_bytes``, else on.
+
+    Checkpointing never changes the results (the forward is recomputed exactly); off is ~25% faster when the
+    activations fit (bench/RESULTS.md). ``cfg.activation_checkpointing`` is not read: this is what auto means."""
+    estimate_for, _, _ = _estimator(cfg, world_size=world_size, gpu_bytes=gpu_bytes, gpu_source=gpu_source)
+    return _choose(estimate_for, gpu_bytes, gpu_source)
+
+
+def _choose(estimate_for: Callable[[bool], MemoryEstimate], gpu: int, source: str) -> CheckpointingChoice:
+    without = estimate_for(False)
+    budget = f"{HEADROOM:.0%} of {_gib(gpu)} on {source}"
+    if without.fits_on(gpu):
+        return CheckpointingChoice(
+            False, f"estimated peak {_gib(without.peak_bytes)} without it fits {budget}", without
+        )
+    with_ac = estimate_for(True)
+    reason = (
+        f"estimated peak {_gib(without.peak_bytes)} without it exceeds {budget}; "
+        f"{_gib(with_ac.peak_bytes)} with it"
+    )
+    if not with_ac.fits_on(gpu):
+        reason += " (does not fit either: see --dry-run for more ranks or a smaller --max-length)"
+    return CheckpointingChoice(True, reason, with_ac)
+
+
+def _estimator(
+    cfg: Any, *, world_size: int | None, gpu_bytes: int | None, gpu_source: str = "the given GPU memory"
+) -> tuple[Callable[[bool], MemoryEstimate], int | None, str]:
+    """(checkpointing on/off -> the estimate, GPU bytes, where they came from): the model is probed once."""
     from .parallel import model_source
 
     ranks = _world_size(cfg, world_size)
     hf_config, _ = model_source(str(cfg.model))
     probe = measure_activations(hf_config, tokens=int(cfg.block_size), param_dtype=cfg.param_dtype)
-    gpu, source = (gpu_bytes, "the given GPU memory") if gpu_bytes else _visible_gpu()
-    return combine(
-        probe,
-        world_size=ranks,
-        block_size=int(cfg.block_size),
-        activation_checkpointing=bool(cfg.activation_checkpointing),
-        loss=str(cfg.loss),
-        param_dtype=str(cfg.param_dtype),
-        grad_accum=int(cfg.grad_accum),
-        gpu_bytes=gpu,
-        gpu_source=source,
-    )
+    gpu, source = (gpu_bytes, gpu_source) if gpu_bytes else _visible_gpu()
+
+    def estimate_for(activation_checkpointing: bool) -> MemoryEstimate:
+        return combine(
+            probe,
+            world_size=ranks,
+            block_size=int(cfg.block_size),
+            activation_checkpointing=activation_checkpointing,
+            loss=str(cfg.loss),
+            param_dtype=str(cfg.param_dtype),
+            grad_accum=int(cfg.grad_accum),
+            gpu_bytes=gpu,
+            gpu_source=source,
+        )
+
+    return estimate_for, gpu, source
 
 
 def _world_size(cfg: Any, given: int | None) -> int:
