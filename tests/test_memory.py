@@ -227,14 +227,25 @@ def test_auto_checkpointing_estimate_is_for_the_setting_auto_picks_on_this_gpu(t
     assert f"note: {auto.notes[-1]}" in auto.render()
 
 
-def test_auto_checkpointing_without_a_gpu_reports_off_and_what_would_turn_it_on(
+def test_auto_checkpointing_without_a_gpu_reports_its_choice_on_each_common_card(
     tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """No GPU here (a docker build, a login node): the report is for auto's choice on the largest common card,
+    and says which it makes on each."""
     monkeypatch.setattr(memory, "_visible_gpu", lambda: (None, "no GPU"))
+    off = memory.estimate(_cfg(tiny, block_size=256, activation_checkpointing=False), world_size=1)
     on = memory.estimate(_cfg(tiny, block_size=256, activation_checkpointing=True), world_size=1)
     auto = memory.estimate(_cfg(tiny, block_size=256), world_size=1)
-    assert auto.activation_checkpointing is False and auto.fits is None
+    assert auto.activation_checkpointing is False and auto.fits is None and auto.peak_bytes == off.peak_bytes
     assert auto.notes[-1] == (
-        "--activation-checkpointing auto decides on the job's GPU: off where the peak above fits "
-        f"(80 GB (H100/A100): off, 141 GB (H200): off); with it the estimated peak is {on.peak_bytes / 2**30:.2f} GiB"
+        "--activation-checkpointing auto decides on the job's GPU (80 GB (H100/A100): off, 141 GB (H200): off): "
+        f"off where the peak without it ({off.peak_bytes / 2**30:.2f} GiB) fits, else on "
+        f"({on.peak_bytes / 2**30:.2f} GiB)"
     )
+    # A model whose activations fit no common card without checkpointing: the report is the checkpointed one.
+    monkeypatch.setattr(
+        memory, "COMMON_GPUS", (("tiny card", off.peak_bytes * 0.9), ("bigger card", off.peak_bytes))
+    )
+    auto = memory.estimate(_cfg(tiny, block_size=256), world_size=1)
+    assert auto.activation_checkpointing is True and auto.peak_bytes == on.peak_bytes
+    assert "(tiny card: on, bigger card: on)" in auto.notes[-1]

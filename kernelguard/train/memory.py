@@ -22,6 +22,10 @@ What `kernelguard train` holds per rank (FSDP2, ``MixedPrecisionPolicy(param_dty
   (``log_softmax(dtype=float32)`` upcasts a bf16 input first) and the fp32 log-softmax; ``--loss logits``
   keeps the fp32 log-softmax of every token and holds the logits and their fp32 copy through the loss.
 
+``--activation-checkpointing auto`` (the default) uses this estimate at the start of a GPU run:
+checkpointing off when the peak without it fits the card (keeping the 8% below free), on otherwise
+(:func:`choose_checkpointing`; kernelguard.train.build logs the choice with both figures).
+
 The peak is the larger of two moments: the loss's forward (all saved activations + the loss buffers) and the
 backward (with checkpointing: gradients + the layer being recomputed). CUDA context, NCCL buffers and
 allocator slack are not in torch's ``max_memory_allocated``; "fits" keeps 8% of the card free for them.
@@ -133,19 +137,20 @@ def estimate(
     ``world_size``: default ``cfg.world_size`` if set, else ``$WORLD_SIZE``, else 1. ``gpu_bytes``: default the
     visible GPU's memory; with no GPU the verdict is given for 80 GB and 141 GB cards. With
     ``activation_checkpointing=None`` (auto) the estimate is for the setting :func:`choose_checkpointing` picks
-    on that GPU, with its reason in the notes; with no GPU, for checkpointing off, and the notes say when auto
-    would turn it on."""
+    on that GPU, with its reason in the notes; with no GPU, for the setting it picks on the largest of
+    ``COMMON_GPUS``, and the notes give its choice on each."""
     estimate_for, gpu, source = _estimator(cfg, world_size=world_size, gpu_bytes=gpu_bytes)
     if cfg.activation_checkpointing is not None:
         return estimate_for(bool(cfg.activation_checkpointing))
-    if gpu is None:
+    if gpu is None:  # the job's GPU decides; shown: what auto picks on the largest common card
         without, with_ac = estimate_for(False), estimate_for(True)
         cards = ", ".join(f"{name}: {'off' if without.fits_on(size) else 'on'}" for name, size in COMMON_GPUS)
         note = (
-            f"--activation-checkpointing auto decides on the job's GPU: off where the peak above fits ({cards}); "
-            f"with it the estimated peak is {_gib(with_ac.peak_bytes)}"
+            f"--activation-checkpointing auto decides on the job's GPU ({cards}): off where the peak without it "
+            f"({_gib(without.peak_bytes)}) fits, else on ({_gib(with_ac.peak_bytes)})"
         )
-        return replace(without, notes=(*without.notes, note))
+        shown = without if without.fits_on(max(size for _, size in COMMON_GPUS)) else with_ac
+        return replace(shown, notes=(*shown.notes, note))
     choice = _choose(estimate_for, gpu, source)
     note = f"--activation-checkpointing auto: {'on' if choice.enabled else 'off'}, {choice.reason}"
     return replace(choice.estimate, notes=(*choice.estimate.notes, note))
