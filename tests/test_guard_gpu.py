@@ -100,11 +100,21 @@ PLUGIN_TEST = textwrap.dedent(
 )
 
 
+def _plugin_args() -> list[str]:
+    """The plugin loads through its pytest11 entry point when kernelguard is installed; from a plain checkout on
+    PYTHONPATH (the GPU machine) there is no distribution metadata, so name the module."""
+    from importlib.metadata import entry_points
+
+    installed = any(ep.value == "kernelguard.pytest_plugin" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "kernelguard.pytest_plugin"]
+
+
 def _run_plugin(tmp_path: Path, hide_fla: bool) -> subprocess.CompletedProcess[str]:
     (tmp_path / "conftest.py").write_text(PLUGIN_CONFTEST.format(hide=hide_fla, tests=str(REPO / "tests")))
     (tmp_path / "test_cuda_forward.py").write_text(PLUGIN_TEST)
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--kernelguard", str(tmp_path)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *_plugin_args(), "--kernelguard",
+         str(tmp_path)],
         capture_output=True, text=True, timeout=600, check=False, cwd=tmp_path,
     )
     print(result.stdout[-6000:], result.stderr[-3000:], sep="\n")
