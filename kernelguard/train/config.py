@@ -89,7 +89,9 @@ class TrainConfig:
     param_dtype: str = "bf16"
     attention: str = "auto"
     activation_checkpointing: bool | None = None  # None: auto (off when the run fits the GPU without it)
-    compile: bool = False  # regional torch.compile of each decoder layer (kernelguard.train.compile)
+    # Regional torch.compile of each decoder layer (kernelguard.train.compile). Off by default until measured
+    # beyond one model on one H200: compile pauses and recompiles on new shapes are a cost every run would pay.
+    compile: bool = False
     loss: str = "chunked"
     reshard_after_forward: bool = True
     save_every: int = 0
@@ -618,7 +620,7 @@ def _add_model_runtime_flags(g: Any) -> None:
         dest="activation_checkpointing",
         action=_CheckpointingSwitch,
         default=None,
-        help="recompute each layer's forward in the backward: same results, less memory, ~25%% slower "
+        help="recompute each layer's forward in the backward: same results, less memory; off is ~24%% faster "
         "(bench/RESULTS.md). auto (default): off when --dry-run's memory estimate fits the GPU without it "
         "(keeping 8%% free), else on; on for CPU runs. The flag alone means on",
     )
