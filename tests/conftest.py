@@ -25,9 +25,21 @@ def _is_purged(name: str) -> bool:
     return any(name == p or name.startswith(p if p.endswith(".") else p + ".") for p in _PURGED_PREFIXES)
 
 
+def _reset_auto_mappings() -> None:
+    """transformers' Auto* classes keep the modeling modules they resolved (``_LazyAutoMapping._modules``); a
+    class already handed out (``from transformers import AutoModelForCausalLM``) would keep returning models
+    built with the old kernel choice. Emptying the caches makes them import the current modules again."""
+    auto = sys.modules.get("transformers.models.auto.modeling_auto")
+    for value in vars(auto).values() if auto is not None else ():
+        cache = getattr(value, "_modules", None)
+        if type(value).__name__ == "_LazyAutoMapping" and isinstance(cache, dict):
+            cache.clear()
+
+
 def _purge_modules() -> dict[str, ModuleType]:
     """Drop fla*/causal_conv1d*/transformers.models.* so the next import re-runs transformers'
     import-time kernel choice (its decorator tries `import fla...` exactly once, at module import)."""
+    _reset_auto_mappings()
     removed = {name: mod for name, mod in sys.modules.items() if _is_purged(name)}
     for name in removed:
         del sys.modules[name]
@@ -37,6 +49,7 @@ def _purge_modules() -> dict[str, ModuleType]:
 def _restore_modules(saved: dict[str, ModuleType]) -> None:
     _purge_modules()
     sys.modules.update(saved)
+    _reset_auto_mappings()
     # `from pkg import sub` reads the parent's attribute first: point parents back at the saved children.
     for name, mod in saved.items():
         parent_name, _, child = name.rpartition(".")
