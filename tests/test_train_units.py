@@ -403,6 +403,19 @@ def test_saved_config_keeps_auto_and_compile_and_a_config_file_sets_them(tmp_pat
     assert cfg.activation_checkpointing is False  # the command line wins
 
 
+def test_checkpointing_switch_reads_auto_on_off_from_a_config_file_value() -> None:
+    from kernelguard.train.config import _CheckpointingSwitch
+
+    read = _CheckpointingSwitch.from_file
+    assert [read(v, where="f.yaml: x") for v in (None, True, False, "auto", "on", "off")] == [
+        None, True, False, None, True, False,
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match="f.yaml: x is 1 \\(int\\); expected auto, on, off, true or false"):
+        read(1, where="f.yaml: x")
+    with pytest.raises(ConfigError, match="f.yaml: x is 'never'; expected auto, on or off"):
+        read("never", where="f.yaml: x")
+
+
 def test_run_identity_ignores_activation_checkpointing_and_compile(tmp_path: Path) -> None:
     """Neither changes the results, so a run may resume with either switched."""
     import train_helpers as h

@@ -409,6 +409,19 @@ class _CheckpointingSwitch(argparse.BooleanOptionalAction):
         flag = option_string or "--activation-checkpointing"
         setattr(namespace, self.dest, True if values is None else checkpointing_value(values, source=flag))
 
+    @staticmethod
+    def from_file(value: Any, *, where: str) -> bool | None:
+        """A --config file's value: true, false, null (auto) or the strings auto/on/off (for config_file's
+        ``_file_value``, which today accepts only the booleans and null of any switch)."""
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            return checkpointing_value(value, source=where)
+        raise ConfigError(
+            f"{where} is {value!r} ({type(value).__name__}); expected auto, on, off, true or false.",
+            fix="activation_checkpointing: auto",
+        )
+
 
 class _HelpFormatter(argparse.HelpFormatter):
     """Every flag's help line states its default (booleans only when the flag has a --no- twin)."""
