@@ -344,3 +344,23 @@ def test_dry_run_prints_the_estimate_and_trains_nothing(
     # With the launcher flags, the estimate is for the ranks they would start; nothing is launched.
     assert main([*_base(tmp_path), "--dry-run", "--nproc-per-node", "4", "--nnodes", "2:3"]) == 0
     assert seen[1][1] == 8 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("text", "expected"), [('"off"', False), ('"on"', True), ('"auto"', None), ("null", None),
+                                                ("true", True), ("false", False)])
+def test_activation_checkpointing_in_a_config_file(tmp_path: Path, text: str, expected: bool | None) -> None:
+    from kernelguard.train.config import parse_args as parse
+
+    config = tmp_path / "run.yaml"
+    config.write_text(f"activation_checkpointing: {text}\n")
+    cfg = parse(["--config", str(config), "--model", "m", "--data", "d", "--output-dir", str(tmp_path / "o")])
+    assert cfg.activation_checkpointing is expected
+
+
+def test_activation_checkpointing_typo_in_a_config_file(tmp_path: Path) -> None:
+    from kernelguard.train.config import parse_args as parse
+
+    config = tmp_path / "run.yaml"
+    config.write_text('activation_checkpointing: "maybe"\n')
+    with pytest.raises(ConfigError, match="activation_checkpointing is 'maybe'; expected auto, on or off"):
+        parse(["--config", str(config), "--model", "m", "--data", "d", "--output-dir", str(tmp_path / "o")])

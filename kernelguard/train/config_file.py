@@ -109,6 +109,9 @@ def _file_value(action: argparse.Action, key: str, value: Any, path: Path) -> An
 
     if value is None and action.default is None:  # null/~ for an optional flag: left unset
         return None
+    from_file = getattr(action, "from_file", None)  # a flag with its own file spelling (auto/on/off)
+    if from_file is not None:
+        return from_file(value, where=f"--config {path}: {key}")
     if isinstance(
         action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)
     ):
