@@ -12,7 +12,8 @@ check (``kernelguard check`` for this model: known-bad stacks, extensions that c
 child) -> build the model on the meta device -> ``guard(model, mode="training", packed=True, allow=...)``
 (refuses with exit 3 before any data is read) -> load, validate and tokenize the data (and the eval set) ->
 best-fit-decreasing packing into 1D blocks -> claim the output folder (run.json, train_config.json) ->
-activation checkpointing + FSDP2 -> weights from rank 0 -> resume -> train (eval every --eval-every steps) ->
+regional torch.compile (``--compile``) + activation checkpointing (``auto``: off when the memory
+estimate fits) + FSDP2 -> weights from rank 0 -> resume -> train (eval every --eval-every steps) ->
 atomic, checksummed DCP checkpoints -> safetensors export (``OUTPUT/final``) -> ``metrics.jsonl`` +
 ``metrics.png``.
 
@@ -24,7 +25,7 @@ Modules: config (TrainConfig, argv, the saved train_config.json), config_file (-
 --nproc-per-node launcher), preflight (checks before any expensive work, output claim), identity (run
 identity, run.json), gate (the one gate), data / rows / chat_templates (rows -> examples, training chat
 templates), packing (bin packing, block tensors), build (model, FSDP2, optimizer), step (the optimizer step,
-data plan, LR schedule), evaluate (held-out loss), parallel (process group, meta model, AC, FSDP2),
+data plan, LR schedule), compile (regional torch.compile), evaluate (held-out loss), parallel (process group, meta model, AC, FSDP2),
 checkpoint (verified DCP save/resume, retention, export), memory (--dry-run estimate), metrics (FLOPs, MFU,
 JSONL, trackers, plot), loop (the run), __main__ (entry point).
 """
