@@ -13,7 +13,6 @@ from .errors import (
     DataError,
     KernelFallbackError,
     KernelGuardError,
-    NumericsError,
     ResolutionError,
     UnsupportedTransformersError,
 )
@@ -25,7 +24,6 @@ __all__ = [
     "DataError",
     "KernelFallbackError",
     "KernelGuardError",
-    "NumericsError",
     "ResolutionError",
     "UnsupportedTransformersError",
     "__version__",

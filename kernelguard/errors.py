@@ -89,10 +89,6 @@ class KernelFallbackError(KernelGuardError):
         return {**super()._state(), "layer": self.layer, "kernel": self.kernel, "reason": self.reason}
 
 
-class NumericsError(KernelGuardError):
-    """A fast kernel disagrees with the torch reference beyond the documented tolerance."""
-
-
 class DataError(KernelGuardError):
     """Malformed training data: names the file, row and field."""
 

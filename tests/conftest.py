@@ -95,3 +95,16 @@ def tiny() -> object:
 
 
 # --------------------------------------------------------------------------- end of runtime-guard block ---
+
+
+@pytest.fixture
+def cpu_varlen() -> Iterator[None]:
+    """torch's varlen_attn is CUDA-only: run kernelguard_varlen on the exact per-segment SDPA reference."""
+    from kernelguard import attention
+
+    saved = attention._VARLEN_IMPL
+    attention.set_varlen_impl(attention.reference_varlen_attn)
+    try:
+        yield
+    finally:
+        attention.set_varlen_impl(saved)

@@ -3,7 +3,6 @@ per-segment reference with torch's varlen_attn signature, and the refusals for i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,16 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from kernelguard import attention
-
-
-@pytest.fixture
-def reference_impl() -> Iterator[None]:
-    saved = attention._VARLEN_IMPL
-    attention.set_varlen_impl(attention.reference_varlen_attn)
-    try:
-        yield
-    finally:
-        attention.set_varlen_impl(saved)
 
 
 def _qkv(total: int, heads: int = 4, kv_heads: int = 2, dim: int = 8, seed: int = 0) -> tuple[Any, Any, Any]:
@@ -50,7 +39,7 @@ def test_boundaries_from_position_ids() -> None:
     assert attention.boundaries_from_position_ids(None) is None
 
 
-def test_packed_row_matches_each_example_alone(reference_impl: None) -> None:
+def test_packed_row_matches_each_example_alone(cpu_varlen: None) -> None:
     lengths = [3, 5, 4]
     q, k, v = _qkv(sum(lengths))
     cu = torch.tensor([0, 3, 8, 12], dtype=torch.int32)
@@ -61,7 +50,7 @@ def test_packed_row_matches_each_example_alone(reference_impl: None) -> None:
     torch.testing.assert_close(out, _separately(q, k, v, lengths))
 
 
-def test_position_ids_alone_keep_examples_apart(reference_impl: None) -> None:
+def test_position_ids_alone_keep_examples_apart(cpu_varlen: None) -> None:
     """A flattening collator without cu_seq_lens (position ids only) must not attend across examples."""
     lengths = [3, 5, 4]
     q, k, v = _qkv(sum(lengths), seed=1)
@@ -73,7 +62,7 @@ def test_position_ids_alone_keep_examples_apart(reference_impl: None) -> None:
     assert not torch.allclose(whole, out)
 
 
-def test_unpacked_batch_is_one_sequence_per_row(reference_impl: None) -> None:
+def test_unpacked_batch_is_one_sequence_per_row(cpu_varlen: None) -> None:
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(3, 4, 6, 8, generator=g) for _ in range(3))
     out, _ = attention.varlen_attention_forward(None, q, k, v, None, scaling=0.5)
@@ -91,7 +80,7 @@ def test_reference_full_window_is_bidirectional() -> None:
         attention.reference_varlen_attn(q, k, v, cu, cu, 4, 4, window_size=(4, 0))
 
 
-def test_refuses_what_it_does_not_implement(reference_impl: None) -> None:
+def test_refuses_what_it_does_not_implement(cpu_varlen: None) -> None:
     q, k, v = _qkv(4)
     mask = torch.tensor([[1, 1, 1, 0]], dtype=torch.bool)
     with pytest.raises(ValueError, match="takes packed 1D batches"):

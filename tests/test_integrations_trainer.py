@@ -257,20 +257,6 @@ def test_single_process_verdict_needs_no_process_group() -> None:
     assert failing_ranks(False, object()) == []
 
 
-@pytest.fixture
-def cpu_varlen() -> Any:
-    """kernelguard_varlen on CPU: torch's varlen_attn is CUDA-only, so use the exact per-segment reference."""
-    from kernelguard import attention
-
-    saved = attention._VARLEN_IMPL
-    attention.set_varlen_impl(attention.reference_varlen_attn)
-    try:
-        yield
-    finally:
-        attention.set_varlen_impl(saved)
-
-
-
 # ---------------------------------------------------------------------------------------- stack check ---
 def test_stack_check_resolves_the_models_own_config(
     fake_providers: Path, tiny: Any, monkeypatch: pytest.MonkeyPatch

@@ -4,7 +4,6 @@ batches through ``kernelguard_varlen`` give the loss of the same examples unpack
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +32,6 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from train_helpers import write_tokenizer
 
     return write_tokenizer(tmp_path_factory.mktemp("tok"))
-
-
-@pytest.fixture
-def cpu_varlen() -> Iterator[None]:
-    """torch's varlen_attn is CUDA-only: run kernelguard_varlen on the exact per-segment SDPA reference."""
-    from kernelguard import attention
-
-    saved = attention._VARLEN_IMPL
-    attention.set_varlen_impl(attention.reference_varlen_attn)
-    try:
-        yield
-    finally:
-        attention.set_varlen_impl(saved)
 
 
 def _model(tiny: Any, attn: str = "sdpa") -> Any:

@@ -89,6 +89,9 @@ def test_launched_run_from_a_config_file_trains_and_reports_to_tensorboard(asset
     assert steps == [1, 2]  # --max-steps 2 on the command line beat max_steps: 5 in the file
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert r.stderr.count("guard passed") == 1  # rank 0 speaks for the job
+    # ... and prints the provider table, not just "passed".
+    assert r.stderr.count("mode training, packed=True: OK") == 1, r.stderr
+    assert "model.layers.0.linear_attn" in r.stderr
 
 
 def test_config_error_exits_2_before_any_rank_starts(

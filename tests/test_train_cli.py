@@ -89,8 +89,16 @@ def test_export_loads_with_from_pretrained(full_run: Path) -> None:
     state = model.state_dict()
     assert saved.keys() <= state.keys()
     assert all(torch.equal(state[k], v) for k, v in saved.items())
-    assert AutoTokenizer.from_pretrained(str(final)).chat_template
+    tokenizer = AutoTokenizer.from_pretrained(str(final))
+    assert tokenizer.chat_template
     assert not list(full_run.glob("*.tmp"))
+    # config.json states the dtype the weights were saved in, and the export generates.
+    saved_dtype = next(iter(saved.values())).dtype
+    assert json.loads((final / "config.json").read_text())["dtype"] == str(saved_dtype).removeprefix("torch.")
+    prompt = tokenizer("ab", return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**prompt, max_new_tokens=3, do_sample=False)
+    assert out.shape[1] == prompt["input_ids"].shape[1] + 3
 
 
 def test_chunked_loss_trains_exactly_like_the_full_logits(assets: dict[str, Path], full_run: Path) -> None:

@@ -310,6 +310,9 @@ def export_final(
     }
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     config.use_cache = True
+    # config.json says what the safetensors hold (bf16 by default), so from_pretrained(dtype="auto") is right.
+    for target in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
+        target.dtype = dtype
     config.save_pretrained(str(tmp))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))

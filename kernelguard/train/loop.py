@@ -65,7 +65,8 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     built = build_model(cfg, info)
     report = run_gate(built.model, policy=policy, stack_refusal=stack_refusal)
     try:
-        log(info, f"guard passed; attention={built.attention}")
+        # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.
+        log(info, f"guard passed; attention={built.attention}\n{report.render()}")
         data = load_training_data(cfg, info)
         saved = on_main(info, lambda: check_resume_plan(cfg, start, data.plan))
         claim(cfg, info, start)
