@@ -514,3 +514,17 @@ def _fields(cfg: TrainConfig) -> dict[str, Any]:
     from dataclasses import fields
 
     return {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+
+
+def test_blocks_left_out_to_even_the_ranks_are_reported() -> None:
+    from kernelguard.train.step import dropped_blocks_note, make_plan
+
+    plan = make_plan([[i] for i in range(11)], world_size=2, grad_accum=2, epochs=1, max_steps=None,
+                     schedule_steps=None, block_size=8)
+    assert dropped_blocks_note(plan, world_size=2, grad_accum=2) == (
+        "3 of 11 packed blocks are left out of each epoch to even the ranks (2 rank(s) x 2 micro-batch(es) x 2 "
+        "steps); the blocks are reshuffled every epoch, so a different set is left out each time"
+    )
+    even = make_plan([[i] for i in range(8)], world_size=2, grad_accum=2, epochs=1, max_steps=None,
+                     schedule_steps=None, block_size=8)
+    assert dropped_blocks_note(even, world_size=2, grad_accum=2) is None

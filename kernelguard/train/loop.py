@@ -31,7 +31,7 @@ from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_fl
 from .packing import build_packed_block, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, claim_output, preflight
-from .step import Plan, StepResult, TrainState, make_plan, optimizer_step, step_block_ids
+from .step import Plan, StepResult, TrainState, dropped_blocks_note, make_plan, optimizer_step, step_block_ids
 
 __all__ = ["GuardRefused", "run"]  # GuardRefused: what __main__ maps to exit 3
 
@@ -105,6 +105,9 @@ def load_training_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
         block_size=cfg.block_size,
         data=cfg.data,
     )
+    note = dropped_blocks_note(plan, world_size=info.world_size, grad_accum=cfg.grad_accum)
+    if note:
+        log(info, note)
     data = TrainData(tokenizer, examples, lengths, plan, pad_token_id(tokenizer))
     if cfg.eval_data or cfg.eval_fraction:
         data.eval_examples, estats = read_examples(cfg, tokenizer, take="eval")

@@ -69,6 +69,19 @@ def make_plan(
     return Plan(blocks, steps_per_epoch, total, stop, schedule_steps or max(total, stop))
 
 
+def dropped_blocks_note(plan: Plan, *, world_size: int, grad_accum: int) -> str | None:
+    """The blocks each epoch leaves out so that every rank and micro-step gets whole blocks, said out loud."""
+    used = plan.steps_per_epoch * grad_accum * world_size
+    dropped = len(plan.blocks) - used
+    if dropped <= 0:
+        return None
+    return (
+        f"{dropped} of {len(plan.blocks)} packed blocks are left out of each epoch to even the ranks "
+        f"({world_size} rank(s) x {grad_accum} micro-batch(es) x {plan.steps_per_epoch} steps); the blocks are "
+        "reshuffled every epoch, so a different set is left out each time"
+    )
+
+
 def step_block_ids(
     plan: Plan, step: int, *, rank: int, world_size: int, seed: int, grad_accum: int
 ) -> list[int]:
