@@ -3,7 +3,6 @@ dropping the boundary kwargs is detected as leakage; the kernelguard_varlen atte
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -93,52 +92,6 @@ def test_dropping_boundary_kwargs_is_detected_as_leakage(packed_case: Any) -> No
     assert torch.allclose(exact[: first - 1], leaky[: first - 1], rtol=1e-5, atol=1e-6)
     later = (exact[first:] - leaky[first:]).abs().max()
     assert later > 1e-3, float(later)
-
-
-@pytest.fixture
-def cpu_varlen() -> Iterator[None]:
-    """Point kernelguard_varlen at a per-segment SDPA reference with torch 2.13's varlen_attn signature."""
-    from kernelguard import attention
-
-    def reference(
-        q,
-        k,
-        v,
-        cu_q,
-        cu_k,
-        max_q,
-        max_k,
-        *,
-        scale=None,
-        window_size=(-1, -1),
-        enable_gqa=False,
-        return_aux=None,
-        seqused_k=None,
-        block_table=None,
-        num_splits=None,
-    ):
-        assert window_size == (-1, 0)
-        outs = []
-        for i in range(len(cu_q) - 1):
-            a, b = int(cu_q[i]), int(cu_q[i + 1])
-            c, d = int(cu_k[i]), int(cu_k[i + 1])
-            o = F.scaled_dot_product_attention(
-                q[a:b].transpose(0, 1),
-                k[c:d].transpose(0, 1),
-                v[c:d].transpose(0, 1),
-                is_causal=True,
-                scale=scale,
-                enable_gqa=enable_gqa,
-            )
-            outs.append(o.transpose(0, 1))
-        return torch.cat(outs)
-
-    saved = attention._VARLEN_IMPL
-    attention.set_varlen_impl(reference)
-    try:
-        yield
-    finally:
-        attention.set_varlen_impl(saved)
 
 
 def test_registered_varlen_attention_is_exact_in_the_model(
