@@ -29,8 +29,13 @@ def _reset_auto_mappings() -> None:
     """transformers' Auto* classes keep the modeling modules they resolved (``_LazyAutoMapping._modules``); a
     class already handed out (``from transformers import AutoModelForCausalLM``) would keep returning models
     built with the old kernel choice. Emptying the caches makes them import the current modules again."""
+    mappings = []
     auto = sys.modules.get("transformers.models.auto.modeling_auto")
-    for value in vars(auto).values() if auto is not None else ():
+    mappings += list(vars(auto).values()) if auto is not None else []
+    # An Auto class cached on the top-level package may come from an earlier (purged) modeling_auto.
+    top = sys.modules.get("transformers")
+    mappings += [getattr(v, "_model_mapping", None) for v in (vars(top).values() if top is not None else ())]
+    for value in mappings:
         cache = getattr(value, "_modules", None)
         if type(value).__name__ == "_LazyAutoMapping" and isinstance(cache, dict):
             cache.clear()
