@@ -34,7 +34,8 @@ def _reset_auto_mappings() -> None:
     mappings += list(vars(auto).values()) if auto is not None else []
     # An Auto class cached on the top-level package may come from an earlier (purged) modeling_auto.
     top = sys.modules.get("transformers")
-    mappings += [getattr(v, "_model_mapping", None) for v in (vars(top).values() if top is not None else ())]
+    cached = list(vars(top).values()) if top is not None else []  # a copy: lookups may import and add names
+    mappings += [v.__dict__.get("_model_mapping") for v in cached if isinstance(v, type)]
     for value in mappings:
         cache = getattr(value, "_modules", None)
         if type(value).__name__ == "_LazyAutoMapping" and isinstance(cache, dict):

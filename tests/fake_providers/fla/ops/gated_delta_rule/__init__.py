@@ -20,8 +20,14 @@ def _reference(name: str) -> Callable[..., Any]:
     # Imported at call time: transformers imports *this* module while decorating those very functions.
     from transformers.models.qwen3_5 import modeling_qwen3_5
 
-    # inspect.unwrap: the undecorated torch function, never transformers' (or kernelguard's) wrapper.
-    return inspect.unwrap(getattr(modeling_qwen3_5, name))
+    # The undecorated torch function, never transformers' (or kernelguard's) wrapper. With an in-window
+    # `kernels` (transformers 5.17 + kernels 0.16) the module attribute is a kernels Func module that
+    # dispatches back to *this* fake: read the torch function out of the decorator's closure instead.
+    from kernelguard.transformers_compat import unpack_closure
+
+    obj = getattr(modeling_qwen3_5, name)
+    closure = unpack_closure(obj)
+    return closure.torch_function if closure is not None else inspect.unwrap(obj)
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
