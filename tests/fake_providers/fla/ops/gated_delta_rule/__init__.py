@@ -26,8 +26,11 @@ def _reference(name: str) -> Callable[..., Any]:
     from kernelguard.transformers_compat import unpack_closure
 
     obj = getattr(modeling_qwen3_5, name)
-    closure = unpack_closure(obj)
-    return closure.torch_function if closure is not None else inspect.unwrap(obj)
+    for candidate in (obj, inspect.unwrap(obj)):  # also behind a wrapper of our own (compile's opaque)
+        closure = unpack_closure(candidate)
+        if closure is not None:
+            return closure.torch_function
+    return inspect.unwrap(obj)
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
