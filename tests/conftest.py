@@ -37,8 +37,10 @@ def _reset_auto_mappings() -> None:
     cached = list(vars(top).values()) if top is not None else []  # a copy: lookups may import and add names
     mappings += [v.__dict__.get("_model_mapping") for v in cached if isinstance(v, type)]
     for value in mappings:
+        if type(value).__name__ != "_LazyAutoMapping":  # never getattr on lazy objects: it may import
+            continue
         cache = getattr(value, "_modules", None)
-        if type(value).__name__ == "_LazyAutoMapping" and isinstance(cache, dict):
+        if isinstance(cache, dict):
             cache.clear()
 
 
@@ -46,9 +48,10 @@ def _purge_modules() -> dict[str, ModuleType]:
     """Drop fla*/causal_conv1d*/transformers.models.* so the next import re-runs transformers'
     import-time kernel choice (its decorator tries `import fla...` exactly once, at module import)."""
     _reset_auto_mappings()
-    removed = {name: mod for name, mod in sys.modules.items() if _is_purged(name)}
+    # A copy: another thread (a tokenizer or tracker worker) may import while we look.
+    removed = {name: mod for name, mod in list(sys.modules.items()) if _is_purged(name)}
     for name in removed:
-        del sys.modules[name]
+        sys.modules.pop(name, None)
     return removed
 
 
