@@ -402,9 +402,15 @@ def load_examples(
         if len(pending) >= chunk:
             flush()
     flush()
-    stats.rows += sum(stats.bad_rows[k] for k in ("not_utf8", "invalid_json"))
     stats.format = fmt
     stats.template = chat_template_name(tokenizer) if chats else ""
+    _finish_stats(examples, stats, data=data, column=column, take=take)
+    return examples, stats
+
+
+def _finish_stats(examples: ExampleStore, stats: DataStats, *, data: str, column: str, take: str) -> None:
+    """Count the rows the reader skipped before parsing; refuse when nothing usable is left."""
+    stats.rows += sum(stats.bad_rows[k] for k in ("not_utf8", "invalid_json"))
     if len(examples) == 0:
         what = {"eval": "eval", "all": "usable"}.get(take, "usable training")
         raise DataError(
@@ -412,7 +418,6 @@ def load_examples(
             fix="check the data, --dataset-format, --messages-column, --overlong and --eval-fraction",
             details={"file": data, "row": None, "field": column},
         )
-    return examples, stats
 
 
 def _add_example(
