@@ -8,6 +8,10 @@ Public API (``import kernelguard`` stays cheap and never imports torch):
 
 from __future__ import annotations
 
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ConfigError,
     DataError,
@@ -32,8 +36,32 @@ __all__ = [
     "require",
 ]
 
-# Imported eagerly, in this order, so that each package attribute is the public function and not the submodule
-# of the same name (``kernelguard.guard``, ``kernelguard.check``): importing a submodule binds it on the
-# package, and a later ``from .x import x`` is what rebinds the function. None of these import torch.
-from .api import check, require
-from .guard import guard
+# The public functions load on first use (``import kernelguard`` stays cheap: the pytest plugin imports this package
+# in every pytest session). ``check`` and ``guard`` are also submodule names, and importing a submodule binds it on
+# its package, replacing the function of the same name; the package's module class refuses exactly that binding,
+# so ``kernelguard.check`` is the function however often and in whatever order things are imported or called.
+_LAZY = {"check": "api", "require": "api", "guard": "guard"}
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return  # the import system binding a submodule: kernelguard.<name> stays the public function
+        super().__setattr__(name, value)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'kernelguard' has no attribute {name!r}")
+    from importlib import import_module
+
+    function = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = function  # cached: later lookups never come here
+    return function
+
+
+sys.modules[__name__].__class__ = _Package
+
+if TYPE_CHECKING:
+    from .api import check, require
+    from .guard import guard

@@ -19,7 +19,7 @@ ORDERS = {
 def test_public_functions_stay_callable_in_any_order(order: str) -> None:
     # A fresh interpreter: the bug this guards against depends on which import happens first.
     steps = "\n".join(
-        "import kernelguard.api, kernelguard.guard" if step == "import"
+        "import kernelguard.api, kernelguard.check, kernelguard.guard, kernelguard.cli" if step == "import"
         else f"r = kernelguard.{step}('qwen3_5', mode='training', packed=False, arch='9.0', allow=['chunk_gated_delta_rule', "
         f"'causal_conv1d_fn', 'attention'])\nassert r.ok, r"
         for step in ORDERS[order]
