@@ -156,15 +156,42 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     the report; put ours back (a skip after a fallback still fails) or add it as a section."""
     report = yield
     state = item.stash.get(_state_key, None)
-    if state is None or call.when != "call" or not state.failures:
-        return report
-    failure = _failure(state.failures, "setup or the test call", skipped=report.skipped)
-    if report.skipped or report.passed:
-        report.outcome = "failed"
-        report.longrepr = f"{type(failure).__name__}: {failure}"
-    elif _fallback_error_type().__name__ not in str(report.longrepr):
-        report.sections.append(("kernelguard", str(failure)))
+    if state is not None and call.when == "call" and state.failures:
+        failure = _failure(state.failures, "setup or the test call", skipped=report.skipped)
+        if report.skipped or report.passed:
+            report.outcome = "failed"
+            report.longrepr = _failure_repr(item, failure)
+        elif _fallback_error_type().__name__ not in str(report.longrepr):
+            report.sections.append(("kernelguard", str(failure)))
+    _one_line_summary(report)
     return report
+
+
+def _failure_repr(item: pytest.Item, failure: KernelFallbackError) -> Any:
+    """The failure as pytest's report: the whole message in the failure section, its title as the crash line
+    (junitxml's message, the short summary). A plain string would put all of it in both."""
+    from _pytest._code.code import ReprFileLocation, TerminalRepr
+
+    text = f"{type(failure).__name__}: {failure}"
+
+    class FallbackRepr(TerminalRepr):
+        reprcrash = ReprFileLocation(item.location[0], (item.location[1] or 0) + 1, text.split("\n", 1)[0])
+
+        def toterminal(self, tw: Any) -> None:
+            for line in text.split("\n"):
+                tw.line(line)
+
+    return FallbackRepr()
+
+
+def _one_line_summary(report: pytest.TestReport) -> None:
+    """On CI (the CI or BUILD_NUMBER variable) pytest's short summary prints a failure's whole message, so our
+    twenty-line explanation would appear twice; the summary gets the title line, the failure section the rest."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = getattr(crash, "message", "")
+    title = message.split("\n", 1)[0]
+    if report.failed and "KernelFallbackError: kernelguard:" in title and title != message:
+        crash.message = title
 
 
 @pytest.hookimpl(wrapper=True)

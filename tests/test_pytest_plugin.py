@@ -86,6 +86,11 @@ def test_uses_fixture(warmed):
 """
 
 
+def _failures_section(result: pytest.RunResult) -> str:
+    """The FAILURES section only: the short summary after it repeats each failure's title line."""
+    return result.stdout.str().split("short test summary info", 1)[0]
+
+
 @pytest.fixture(scope="module")
 def _warm_imports() -> None:
     """Load every module a tiny forward pulls in (torch submodules included) before the in-process runs."""
@@ -255,7 +260,7 @@ def test_one_message_names_every_kernel_each_site_once_with_counts(inner: pytest
         "*  chunk_gated_delta_rule: `import fla.ops.gated_delta_rule` failed*",
         "*    model.layers.2.linear_attn -> *torch_chunk_gated_delta_rule (2 calls)",
     ])
-    site_lines = [line.strip() for line in result.outlines if " -> transformers.models." in line]
+    site_lines = [line.strip() for line in _failures_section(result).splitlines() if " -> transformers.models." in line]
     assert len(site_lines) == 6 and len(set(site_lines)) == 6, "each distinct call site exactly once"
     assert not [line for line in result.outlines if "Qwen3_5GatedDeltaNet" in line], "paths, not class names"
 
@@ -313,7 +318,7 @@ def test_a_test_that_skips_after_a_forward_fails_by_contract(inner: pytest.Pytes
         "*test_forward_then_pytest_skip FAILED*",
         "*test_skip_first SKIPPED*",
     ])
-    assert result.stdout.str().count("The test then skipped itself; it fails anyway, by contract") == 2
+    assert _failures_section(result).count("The test then skipped itself; it fails anyway, by contract") == 2
 
 
 def test_unknown_allow_item_is_a_usage_error_listing_valid_ones(inner: pytest.Pytester) -> None:
@@ -355,4 +360,30 @@ def test_generation_names_the_four_kernels_of_transformers_suite_in_one_message(
     text = result.stdout.str()
     decode_site = "model.layers.1.linear_attn -> transformers.models.qwen3_5.modeling_qwen3_5.causal_conv1d_update"
     assert f"{decode_site} (2 calls)" in text
-    assert text.count("KernelFallbackError: kernelguard:") == 1
+    assert _failures_section(result).count("KernelFallbackError: kernelguard:") == 1
+
+
+@pytest.mark.parametrize("ci", ["", "true"], ids=["terminal", "ci"])
+@pytest.mark.parametrize("source", [SWALLOWING_TEST, SKIP_AFTER_FORWARD_TEST], ids=["raised", "skipped"])
+def test_short_summary_and_junit_get_the_title_line_only(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: str, source: str
+) -> None:
+    """pytest prints a failure's whole message in the short summary when CI is set (GitHub Actions, GitLab):
+    the twenty-line explanation would show twice. The summary and junit's message get the title; the
+    FAILURES section and junit's body keep everything."""
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.delenv("BUILD_NUMBER", raising=False)
+    inner.makepyfile(source)
+    result = inner.runpytest("--kernelguard", "-rA", "--junitxml=junit.xml")
+    summary = [line for line in result.stdout.str().split("short test summary info", 1)[1].splitlines()[1:-1] if line]
+    assert all(line.startswith(("FAILED", "SKIPPED", "PASSED")) for line in summary), f"one line per test: {summary}"
+    failed = [line for line in summary if line.startswith("FAILED")]
+    assert failed, summary
+    if ci:  # untruncated there; in a terminal pytest trims the line to the window width
+        assert all(line.endswith(" call(s))") and "the torch reference path of causal_conv1d_fn" in line
+                   for line in failed), failed
+    assert "import causal_conv1d` failed" in _failures_section(result)
+    junit = (inner.path / "junit.xml").read_text()
+    assert 'message="kernelguard.errors.KernelFallbackError: kernelguard: the torch' in junit or (
+        'message="KernelFallbackError: kernelguard: the torch' in junit), junit
+    assert "import causal_conv1d` failed" in junit.split("<failure", 1)[1]
