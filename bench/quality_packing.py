@@ -158,6 +158,9 @@ def train_variant(variant: str, args: argparse.Namespace, config: Any, data: dic
     examples, groups = data["train"], data["groups"]
     curve, evals = [], []
     start = time.perf_counter()
+    # Where the time goes, so a slow run explains itself: the first step pays Triton compile/autotune per new
+    # kernel config; eval runs one unpadded example at a time (each a new length).
+    timing = {"first_step_s": 0.0, "eval_s": 0.0}
     real_tokens = padded_tokens = 0
     for step, group in enumerate(groups):
         batch = packed_batch(examples, group, args.block, device) if variant == "packed" \
@@ -173,19 +176,28 @@ def train_variant(variant: str, args: argparse.Namespace, config: Any, data: dic
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        curve.append(round(float(loss), 5))
+        curve.append(round(float(loss.detach()), 5))  # a host sync per step: both variants pay it alike
+        if step == 0:
+            timing["first_step_s"] = time.perf_counter() - start
         if (step + 1) % args.eval_every == 0 or step + 1 == len(groups):
+            eval_start = time.perf_counter()
             evals.append({"step": step + 1, "eval_loss": round(evaluate(model, data["eval"], device, dtype), 5)})
-            print(json.dumps({"variant": variant, **evals[-1], "train_loss": curve[-1]}), flush=True)
+            timing["eval_s"] += time.perf_counter() - eval_start
+            print(json.dumps({"variant": variant, **evals[-1], "train_loss": curve[-1],
+                              "elapsed_s": round(time.perf_counter() - start, 1),
+                              **{k: round(v, 1) for k, v in timing.items()}}), flush=True)
     if device == "cuda":
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
+    # The steady training time: wall minus the first step (compile/autotune) and the evals.
+    timing["steady_train_s"] = wall - timing["first_step_s"] - timing["eval_s"]
     del model, optimizer
     if device == "cuda":
         torch.cuda.empty_cache()
     return {"train_loss": curve, "eval": evals, "final_eval_loss": evals[-1]["eval_loss"], "wall_s": round(wall, 1),
             "real_tokens": real_tokens, "tensor_tokens": padded_tokens,
-            "padding": round(1 - real_tokens / padded_tokens, 4), "attention": config._attn_implementation}
+            "padding": round(1 - real_tokens / padded_tokens, 4), "attention": config._attn_implementation,
+            **{k: round(v, 1) for k, v in timing.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "relative_difference": round(abs(packed - padded) / padded, 5),
         "within_1_percent": abs(packed - padded) / padded <= 0.01,
         "wall_s": {v: results[v]["wall_s"] for v in results},
+        "time_split_s": {v: {k: results[v][k] for k in ("first_step_s", "eval_s", "steady_train_s")} for v in results},
         "padding": {v: results[v]["padding"] for v in results}, "results": results,
     }
     print(json.dumps({k: v for k, v in summary.items() if k != "results"}), flush=True)
