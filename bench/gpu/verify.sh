@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session-3 verification run on the H200 (one call, < 10 min): the real stack's `kernelguard check`, every
 # GPU-marked test against the machine's own transformers (5.17.0), and the packing-quality evidence of issue 11
-# (bench/quality_packing.py). Wheels: fla-core + flash-linear-attention 0.6.0 and causal-conv1d 1.7.0 in .whl/
+# (bench/quality_packing.py). Tests run before quality: the last run spent its whole budget in quality's first
+# steps (fla compile/autotune), and 4 tests were never reached. Wheels: fla-core + flash-linear-attention 0.6.0 and causal-conv1d 1.7.0 in .whl/
 # (carried). Output: $OUT/verify.log, $OUT/check.json, $OUT/quality/quality_packing.{json,png}.
 set -u
 OUT=${OUT:-/tmp/kg-out}; mkdir -p "$OUT/quality"
@@ -17,11 +18,11 @@ if [ -z "${SKIP_CHECK:-}" ]; then
   python3 -m kernelguard check --model bench/configs/qwen3_5_k128.json --allow fla-640-refusal; echo "exit=$?"
   python3 -m kernelguard check --model bench/configs/qwen3_5_k128.json --allow fla-640-refusal --json > "$OUT/check.json"
 fi
+step "pytest -m gpu (full log: gpu_tests.log)"
+timeout "${TESTS_TIMEOUT:-400}" python3 -m pytest -p no:cacheprovider -v -rA -m gpu tests/test_guard_gpu.py \
+  tests/test_loss_gpu.py tests/test_smoke.py tests/test_train_gpu.py > "$OUT/gpu_tests.log" 2>&1
+echo "pytest exit=$? (124: timed out)"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu_tests.log" | tail -40
 step "quality: packed vs padded, same data/steps/schedule"
 timeout "${QUALITY_TIMEOUT:-300}" python3 bench/quality_packing.py --steps "${QUALITY_STEPS:-400}" --out "$OUT/quality"
 echo "quality exit=$?"
-step "pytest -m gpu (full log: gpu_tests.log)"
-timeout "${TESTS_TIMEOUT:-220}" python3 -m pytest -p no:cacheprovider -v -rA -m gpu tests/test_guard_gpu.py \
-  tests/test_loss_gpu.py tests/test_smoke.py tests/test_train_gpu.py > "$OUT/gpu_tests.log" 2>&1
-echo "pytest exit=$? (124: timed out)"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu_tests.log" | tail -40
 step "done"
