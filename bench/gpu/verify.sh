@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session-3 verification run on the H200 (one call, < 10 min): the real stack's `kernelguard check`, every
 # GPU-marked test against the machine's own transformers (5.17.0), and the packing-quality evidence of issue 11
-# (bench/quality_packing.py). Tests run before quality: the last run spent its whole budget in quality's first
-# steps (fla compile/autotune), and 4 tests were never reached. Wheels: fla-core + flash-linear-attention 0.6.0 and causal-conv1d 1.7.0 in .whl/
-# (carried). Output: $OUT/verify.log, $OUT/check.json, $OUT/quality/quality_packing.{json,png}.
+# (bench/quality_packing.py). Tests run before quality: the last run spent its budget in quality's first steps
+# (fla compile/autotune) and never reached 4 tests. Wheels: fla-core + flash-linear-attention 0.6.0 and
+# causal-conv1d 1.7.0 in .whl/ (carried). Output: $OUT/verify.log, $OUT/check.json, $OUT/quality/quality_packing.{json,png}.
 set -u
 OUT=${OUT:-/tmp/kg-out}; mkdir -p "$OUT/quality"
 exec > >(tee -a "$OUT/verify.log") 2>&1
