@@ -168,20 +168,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _failure_repr(item: pytest.Item, failure: KernelFallbackError) -> Any:
-    """The failure as pytest's report: the whole message in the failure section, its title as the crash line
-    (junitxml's message, the short summary). A plain string would put all of it in both."""
-    from _pytest._code.code import ReprFileLocation, TerminalRepr
+    """The failure as pytest's own report type: the whole message in the failure section, its title as the
+    crash line (the short summary, junit's message). A plain string would put all of it in both, and
+    pytest-xdist sends this type between processes intact (anything else travels as a string)."""
+    from _pytest._code.code import ExceptionChainRepr, ReprEntryNative, ReprFileLocation, ReprTraceback
 
     text = f"{type(failure).__name__}: {failure}"
-
-    class FallbackRepr(TerminalRepr):
-        reprcrash = ReprFileLocation(item.location[0], (item.location[1] or 0) + 1, text.split("\n", 1)[0])
-
-        def toterminal(self, tw: Any) -> None:
-            for line in text.split("\n"):
-                tw.line(line)
-
-    return FallbackRepr()
+    entry = ReprEntryNative([line + "\n" for line in text.split("\n")])
+    crash = ReprFileLocation(item.location[0], (item.location[1] or 0) + 1, text.split("\n", 1)[0])
+    return ExceptionChainRepr([(ReprTraceback([entry], None, "native"), crash, None)])
 
 
 def _one_line_summary(report: pytest.TestReport) -> None:

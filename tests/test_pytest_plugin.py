@@ -387,3 +387,20 @@ def test_short_summary_and_junit_get_the_title_line_only(
     assert 'message="kernelguard.errors.KernelFallbackError: kernelguard: the torch' in junit or (
         'message="KernelFallbackError: kernelguard: the torch' in junit), junit
     assert "import causal_conv1d` failed" in junit.split("<failure", 1)[1]
+
+
+def test_xdist_workers_send_the_one_line_summary_and_the_whole_explanation(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pytest-xdist ships each report from its worker; pytest's own report types travel intact, anything else
+    as a string, which would put the whole explanation back into the summary line."""
+    pytest.importorskip("xdist")
+    monkeypatch.setenv("CI", "true")
+    inner.makepyfile(test_raised=SWALLOWING_TEST, test_skipped=SKIP_AFTER_FORWARD_TEST)
+    result = inner.runpytest("--kernelguard", "-n", "2", "-rA")
+    result.assert_outcomes(failed=3, skipped=1)
+    summary = [line for line in result.stdout.str().split("short test summary info", 1)[1].splitlines()[1:-1] if line]
+    assert len(summary) == 4 and all(line.startswith(("FAILED", "SKIPPED")) for line in summary), summary
+    failures = _failures_section(result)
+    assert failures.count("import causal_conv1d` failed") == 3
+    assert failures.count("The test then skipped itself; it fails anyway, by contract") == 2
