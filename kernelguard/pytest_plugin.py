@@ -175,17 +175,19 @@ def _failure_repr(item: pytest.Item, failure: KernelFallbackError) -> Any:
 
     text = f"{type(failure).__name__}: {failure}"
     entry = ReprEntryNative([line + "\n" for line in text.split("\n")])
-    crash = ReprFileLocation(item.location[0], (item.location[1] or 0) + 1, text.split("\n", 1)[0])
+    crash = ReprFileLocation(item.location[0], (item.location[1] or 0) + 1, text)  # trimmed by _one_line_summary
     return ExceptionChainRepr([(ReprTraceback([entry], None, "native"), crash, None)])
 
 
 def _one_line_summary(report: pytest.TestReport) -> None:
     """On CI (the CI or BUILD_NUMBER variable) pytest's short summary prints a failure's whole message, so our
     twenty-line explanation would appear twice; the summary gets the title line, the failure section the rest."""
+    if not report.failed:  # every report of every test passes here, plugin enabled or not
+        return
     crash = getattr(report.longrepr, "reprcrash", None)
     message = getattr(crash, "message", "")
     title = message.split("\n", 1)[0]
-    if report.failed and "KernelFallbackError: kernelguard:" in title and title != message:
+    if "KernelFallbackError: kernelguard:" in title and title != message:
         crash.message = title
 
 

@@ -91,6 +91,11 @@ def _failures_section(result: pytest.RunResult) -> str:
     return result.stdout.str().split("short test summary info", 1)[0]
 
 
+def _summary_lines(result: pytest.RunResult) -> list[str]:
+    """The short test summary's lines, without its header and the final counts."""
+    return [line for line in result.stdout.str().split("short test summary info", 1)[1].splitlines()[1:-1] if line]
+
+
 @pytest.fixture(scope="module")
 def _warm_imports() -> None:
     """Load every module a tiny forward pulls in (torch submodules included) before the in-process runs."""
@@ -375,7 +380,7 @@ def test_short_summary_and_junit_get_the_title_line_only(
     monkeypatch.delenv("BUILD_NUMBER", raising=False)
     inner.makepyfile(source)
     result = inner.runpytest("--kernelguard", "-rA", "--junitxml=junit.xml")
-    summary = [line for line in result.stdout.str().split("short test summary info", 1)[1].splitlines()[1:-1] if line]
+    summary = _summary_lines(result)
     assert all(line.startswith(("FAILED", "SKIPPED", "PASSED")) for line in summary), f"one line per test: {summary}"
     failed = [line for line in summary if line.startswith("FAILED")]
     assert failed, summary
@@ -399,7 +404,7 @@ def test_xdist_workers_send_the_one_line_summary_and_the_whole_explanation(
     inner.makepyfile(test_raised=SWALLOWING_TEST, test_skipped=SKIP_AFTER_FORWARD_TEST)
     result = inner.runpytest("--kernelguard", "-n", "2", "-rA")
     result.assert_outcomes(failed=3, skipped=1)
-    summary = [line for line in result.stdout.str().split("short test summary info", 1)[1].splitlines()[1:-1] if line]
+    summary = _summary_lines(result)
     assert len(summary) == 4 and all(line.startswith(("FAILED", "SKIPPED")) for line in summary), summary
     failures = _failures_section(result)
     assert failures.count("import causal_conv1d` failed") == 3

@@ -18,13 +18,7 @@ STEPS, KILL_AT = 6, 3
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("train")
-    return {
-        "root": root,
-        "tok": h.write_tokenizer(root / "tok"),
-        "model": h.write_model_config(root / "model"),
-        "data": h.write_jsonl(root / "data.jsonl", h.copy_task_rows(400)),
-    }
+    return h.write_train_assets(tmp_path_factory.mktemp("train"))
 
 
 def _args(assets: dict[str, Path], output: Path, *extra: str) -> list[str]:

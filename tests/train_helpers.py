@@ -82,6 +82,16 @@ def write_jsonl(path: Path, rows: list[Any]) -> Path:
     return path
 
 
+def write_train_assets(root: Path, rows: int = 400) -> dict[str, Path]:
+    """The byte-level tokenizer, a tiny model config and ``rows`` copy-task rows under ``root``."""
+    return {
+        "root": root,
+        "tok": write_tokenizer(root / "tok"),
+        "model": write_model_config(root / "model"),
+        "data": write_jsonl(root / "data.jsonl", copy_task_rows(rows)),
+    }
+
+
 def run_train(
     args: list[str], *, fakes: bool = True, nproc: int = 2, timeout: int = 240, cuda: bool = False
 ) -> subprocess.CompletedProcess[str]:
