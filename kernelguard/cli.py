@@ -1,6 +1,7 @@
 """``kernelguard`` command line. Handlers only parse arguments and call the library.
 
-Exit codes: 0 every required kernel is served well; 1 a requirement fails; 2 usage or configuration error.
+Exit codes (the table in kernelguard.errors): 0 every required kernel is served well; 1 a requirement fails;
+2 usage or configuration error.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .errors import ConfigError, KernelGuardError
+from .errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE, ConfigError, KernelGuardError
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+__all__ = ["main"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -383,10 +383,6 @@ def import_failure(closure: FallbackClosure) -> ImportFailure:
     )
 
 
-def why_not_imported(closure: FallbackClosure) -> str:
-    return import_failure(closure).reason
-
-
 def pip_fix(package: str) -> str:
     """The install command for a provider: the catalog's one table, else the import name as a pip name."""
     spec = PACKAGES.get(package)

@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                 "fla_refusal", "fla_autotune", "transformers_compat"}),
     ("decisions", {"policy", "resolver"}),
     ("compose", {"check", "report", "smoke", "attention", "tripwires"}),
-    ("runtime", {"api", "guard", "pytest_plugin", "integrations", "integrations.transformers",
+    ("runtime", {"api", "guard", "gate", "pytest_plugin", "integrations", "integrations.transformers",
                  "integrations.trl", "train"}),
     ("entry", {"cli", "__main__", "__init__"}),
 ]

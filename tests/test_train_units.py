@@ -105,7 +105,7 @@ def test_accepted_fla_640_rows_lift_the_refusal_and_others_do_not(monkeypatch: p
     import sys
     import types
 
-    from kernelguard.train.gate import lift_accepted_fla_refusal
+    from kernelguard.gate import lift_accepted_fla_refusal
 
     # An fla laid out like 0.6.0: the flag imported by value into the consumer module.
     names = ("fla", "fla.ops", "fla.ops.common", "fla.ops.common.chunk_o", "fla.utils")
@@ -128,7 +128,7 @@ def test_lifting_with_an_fla_that_has_no_refusal_is_a_no_op(monkeypatch: pytest.
     import sys
     import types
 
-    from kernelguard.train.gate import lift_accepted_fla_refusal
+    from kernelguard.gate import lift_accepted_fla_refusal
 
     monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))  # a package without fla.ops.common
     for name in [n for n in sys.modules if n.startswith("fla.")]:
@@ -255,8 +255,7 @@ def test_step_normalises_by_the_global_label_count_for_any_batch_shape(
 def test_guard_refusal_is_a_picklable_kernel_fallback_error() -> None:
     import pickle
 
-    from kernelguard.errors import KernelFallbackError
-    from kernelguard.train.gate import GuardRefused
+    from kernelguard.errors import GuardRefused, KernelFallbackError
 
     err = pickle.loads(pickle.dumps(GuardRefused("layer table\n\nchunk_gated_delta_rule is slow")))
     assert isinstance(err, KernelFallbackError)

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from kernelguard.errors import CheckpointError
+from kernelguard.gate import check_stack, run_gate
 from kernelguard.policy import AllowPolicy
 
 from . import checkpoint as ckpt
@@ -26,14 +27,13 @@ from .build import BuiltModel, build_model, prepare_training
 from .config import TrainConfig
 from .data import chat_template_name, load_examples, load_tokenizer, pad_token_id, template_choice
 from .evaluate import evaluate, pack_eval_blocks
-from .gate import GuardRefused, check_stack, run_gate
 from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_flops
 from .packing import build_packed_block, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, claim_output, preflight
 from .step import Plan, StepResult, TrainState, dropped_blocks_note, make_plan, optimizer_step, step_block_ids
 
-__all__ = ["GuardRefused", "run"]  # GuardRefused: what __main__ maps to exit 3
+__all__ = ["run"]
 
 
 def log(info: DistInfo, message: str) -> None:
@@ -61,9 +61,9 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     start = on_main(info, lambda: preflight(cfg, world_size=info.world_size))
     for warning in start.warnings:
         log(info, warning)
-    stack_refusal = check_stack(model_ref=str(cfg.model), policy=policy, device=info.device)
+    stack = check_stack(str(cfg.model), allow=policy, packed=True, device=info.device)
     built = build_model(cfg, info)
-    report = run_gate(built.model, policy=policy, stack_refusal=stack_refusal)
+    report = run_gate(built.model, policy=policy, packed=True, stack=stack)
     try:
         # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.
         log(info, f"guard passed; attention={built.attention}\n{report.render()}")
