@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("probes", {"env", "discovery", "providers", "providers.installed", "providers.hub", "providers.cuda_arch",
                 "fla_refusal", "fla_autotune", "transformers_compat"}),
     ("decisions", {"policy", "resolver"}),
-    ("compose", {"check", "report", "smoke", "attention", "tripwires"}),
+    ("compose", {"check", "report", "smoke", "registry", "attention", "layer_guard", "tripwires", "import_hook"}),
     ("runtime", {"api", "guard", "pytest_plugin", "integrations", "integrations.transformers",
                  "integrations.trl", "train"}),
     ("entry", {"cli", "__main__", "__init__"}),
