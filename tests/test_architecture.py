@@ -16,7 +16,8 @@ PACKAGE = Path(kernelguard.__file__).parent
 # Lowest first. A module may import modules of its own layer or below.
 LAYERS: list[tuple[str, set[str]]] = [
     ("data", {"errors", "capability", "known_issues", "catalog", "decisions", "facts", "install"}),
-    ("probes", {"env", "discovery", "providers", "providers.installed", "providers.hub", "providers.fatbin",
+    ("probes", {"env", "discovery", "providers", "providers.installed", "providers.hub",
+                "providers.kernels_release", "providers.fatbin",
                 "fla_refusal", "fla_autotune", "transformers_compat"}),
     ("decisions", {"policy", "resolver"}),
     ("compose", {"check", "report", "smoke", "registry", "attention", "layer_guard", "tripwires", "import_hook"}),
