@@ -287,8 +287,6 @@ def _arch_problems(found: PackageFacts, target: Target, unchecked: list[str], la
         unchecked.append(f"{label}: GPU archs compiled into its extensions were read ({_describe_targets(found)}) "
                          "but not compared with a target (pass --arch, e.g. --arch 9.0)")
         return None
-    from .providers.cuda_arch import arch_runs  # pure function; lives beside the reader it interprets
-
     for extension in found.extensions:
         if extension.arch_error:
             if "no embedded CUDA code" in extension.arch_error:
@@ -296,14 +294,14 @@ def _arch_problems(found: PackageFacts, target: Target, unchecked: list[str], la
             unchecked.append(f"{label}: could not read the GPU code of {extension.path}: {extension.arch_error}")
             continue
         for arch in target.archs:
-            ok, sentence = arch_runs(_as_targets(extension), str(arch))
+            ok, sentence = _as_targets(extension).runs_on(arch)
             if not ok:
                 return f"{extension.path.rsplit('/', 1)[-1]} cannot run on compute capability {arch}: {sentence}"
     return None
 
 
 def _as_targets(extension: Any) -> Any:
-    from .providers.cuda_arch import CudaTargets
+    from .providers.fatbin import CudaTargets
 
     return CudaTargets(
         path=extension.path,

@@ -420,3 +420,9 @@ def kernels_hub_status() -> str | None:
         return None
     window = f" [{low}, {high})" if low and high else ""
     return f"Kernel Hub off: kernels {installed} is outside transformers' accepted range{window}"
+
+
+def clear_caches() -> None:
+    """Forget the decorator probe and forward-name tables (kernelguard.registry.reset() calls this)."""
+    _probe_decorator.cache_clear()
+    _forward_names.cache_clear()

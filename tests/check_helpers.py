@@ -1,7 +1,7 @@
 """Builders shared by the `kernelguard check` tests (resolver, installed provider, CLI).
 
 Made-up facts (``make_env``, ``make_pkg``, ``make_ext``), a synthetic CUDA ELF writer (fatbin layout as in
-``kernelguard/providers/cuda_arch.py``; same bytes as tests/test_cuda_arch.py builds), and fake installed
+``kernelguard/providers/fatbin.py``; same bytes as tests/test_fatbin.py builds), and fake installed
 distributions written into a temporary site dir (``*.dist-info`` with METADATA and RECORD).
 """
 

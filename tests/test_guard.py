@@ -13,20 +13,22 @@ from typing import Any
 import pytest
 import torch
 
+from kernelguard import registry
 from kernelguard import transformers_compat as compat
 from kernelguard.catalog import PACKAGES
 from kernelguard.errors import ConfigError, KernelFallbackError, UnsupportedTransformersError
 from kernelguard.guard import (
     CallSite,
     GuardReport,
-    _classify_closure,
     arm_tripwires,
     clear_fallback_events,
     fallback_events,
     guard,
 )
+from kernelguard.import_hook import IMPORT_WATCHER
+from kernelguard.layer_guard import classify_closure
 from kernelguard.policy import AllowPolicy
-from kernelguard.tripwires import IMPORT_WATCHER, REGISTRY
+from kernelguard.registry import REGISTRY
 
 # These tests enter fallbacks on purpose; the pytest plugin must not fail them.
 pytestmark = pytest.mark.kernelguard(False)
@@ -341,12 +343,12 @@ def test_decorator_with_unknown_closure_layout_is_refused(
 
     model = tiny.tiny_model("qwen3_5")
     monkeypatch.setattr(hub_kernels, compat.DECORATOR_NAME, lambda name, package: (lambda fn: fn))
-    compat._probe_decorator.cache_clear()
+    registry.reset()  # the decorator probe is memoised per transformers version
     try:
         with pytest.raises(UnsupportedTransformersError, match="no longer returns a closure"):
             guard(model)
     finally:
-        compat._probe_decorator.cache_clear()
+        registry.reset()
 
 
 def _old_torch_chunk(*args: Any, **kwargs: Any) -> Any:
@@ -407,7 +409,7 @@ def test_kernelized_func_module_is_reported_as_hub_kernel(
 
     monkeypatch.setitem(kernels_layer._CACHED_LAYER, Repo(), HubChunk)
     func.forward = MethodType(HubChunk.forward, func)
-    site = _classify_closure("model.layers.0.linear_attn", closure, "cuda", required=True, policy=AllowPolicy())
+    site = classify_closure("model.layers.0.linear_attn", closure, "cuda", required=True, policy=AllowPolicy())
     assert (site.kind, site.implementation, site.fast) == ("hub", "kernels-community/gated-delta@v1", True)
     assert (site.decision.layer, site.decision.status) == ("model.layers.0.linear_attn", "selected")
 
@@ -665,3 +667,55 @@ def test_allowed_slow_paths_are_logged_by_rank_0_only(
     with guard(model, allow=["chunk_gated_delta_rule", "causal_conv1d_fn"]):
         pass
     assert [r for r in caplog.records if "allowed slow path" in r.getMessage()]
+
+
+# Memoised pure functions of files shipped inside kernelguard: no process fact, nothing for reset() to forget.
+_PURE_MEMOS = {"kernelguard.train.chat_templates.read", "kernelguard.train.chat_templates._known_fingerprints"}
+
+
+def _kernelguard_memos() -> dict[str, Any]:
+    """Every functools cache on a loaded kernelguard module, by qualified name."""
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if name == "kernelguard" or name.startswith("kernelguard."):
+            for attr, value in list(vars(module).items()):
+                if callable(getattr(value, "cache_info", None)) and getattr(value, "__module__", None) == name:
+                    found[f"{name}.{attr}"] = value
+    return found
+
+
+def test_reset_returns_every_piece_of_process_state_to_its_initial_value(
+    fresh_transformers_models: None, tiny: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from kernelguard import attention, discovery
+
+    model = tiny.tiny_model("qwen3_5")
+    module = sys.modules[MODELING["qwen3_5"]]
+    originals = {name: vars(module)[name] for name in FALLBACK_GLOBALS}
+    discovery.gated_delta_families()
+    discovery.kernels_version_window()
+    attention.set_varlen_impl(attention.reference_varlen_attn)
+    report = guard(model, strict=False, allow=["*"])
+    tripwires = arm_tripwires(allow=["*"], on_fallback="record")
+    model(_ids())
+    layer = model.model.layers[0].linear_attn
+    memos = {name: fn for name, fn in _kernelguard_memos().items() if name not in _PURE_MEMOS}
+    # Everything below must be populated first, or the test would prove nothing.
+    assert REGISTRY.armed_sites() and IMPORT_WATCHER in sys.meta_path and fallback_events()
+    assert REGISTRY.logged_once and registry.layer_path(layer) == "model.layers.0.linear_attn"
+    assert not REGISTRY.scan.empty and attention.varlen_impl() is attention.reference_varlen_attn
+    assert {"kernelguard.discovery._families", "kernelguard.transformers_compat._probe_decorator",
+            "kernelguard.transformers_compat._forward_names"} <= set(memos)
+    assert all(fn.cache_info().currsize for fn in memos.values()), {n: f.cache_info() for n, f in memos.items()}
+
+    registry.reset()
+
+    assert all(vars(module)[n] is originals[n] for n in FALLBACK_GLOBALS), "originals are back in place"
+    assert not report.tripwires.armed and not tripwires.armed
+    assert registry.armed_sites() == [] and IMPORT_WATCHER not in sys.meta_path
+    assert (REGISTRY.patches, REGISTRY.retired, REGISTRY.watchers) == ({}, {}, [])
+    assert fallback_events() == [] and REGISTRY.logged_once == set()
+    assert registry.layer_path(layer) is None and len(REGISTRY.layer_paths) == 0
+    assert REGISTRY.scan.empty
+    assert attention.varlen_impl() is None
+    assert {n: f.cache_info().currsize for n, f in memos.items()} == dict.fromkeys(memos, 0)

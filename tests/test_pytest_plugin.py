@@ -190,7 +190,7 @@ def test_plugin_import_is_cheap() -> None:
 SCAN_COUNTING_TEST = """
 import pytest
 from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: F401
-from kernelguard.tripwires import REGISTRY
+from kernelguard.registry import REGISTRY
 
 SCANS = []
 
@@ -237,7 +237,7 @@ class PlainTest(unittest.TestCase):
 
 
 def test_scan_cache_scans_each_module_once_across_50_tests(inner: pytest.Pytester) -> None:
-    from kernelguard.tripwires import REGISTRY
+    from kernelguard.registry import REGISTRY
 
     REGISTRY.reset()  # a cold cache, as in a fresh pytest process
     inner.makepyfile(SCAN_COUNTING_TEST)

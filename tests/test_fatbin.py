@@ -1,4 +1,4 @@
-"""kernelguard.providers.cuda_arch: reading GPU targets out of CUDA extensions without a GPU.
+"""kernelguard.providers.fatbin (+ capability rules): reading GPU targets out of CUDA extensions without a GPU.
 
 CI has no nvcc, so most tests build synthetic ELF files holding hand-made fatbin containers (layout documented in
 the module). One test compiles a real extension when nvcc is on PATH; one reads the causal-conv1d wheel from the
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelguard.providers.cuda_arch import CudaTargets, arch_runs, read_cuda_targets
+from kernelguard.errors import ConfigError
+from kernelguard.providers.fatbin import CudaTargets, read_cuda_targets
 
 FATBIN_MAGIC = 0xBA55ED50
 WRAPPER_MAGIC = 0x466243B1
@@ -113,15 +114,15 @@ def test_sm80_sm86_only_rejects_9_0_with_exact_sentence(tmp_path: Path) -> None:
         ptx=frozenset(),
         method="elf-fatbin",
     )
-    assert arch_runs(targets, "9.0") == (
+    assert targets.runs_on("9.0") == (
         False,
         "built for sm_80, sm_86 (SASS) and no PTX; needs sm_90 SASS or PTX <= compute_90",
     )
-    assert arch_runs(targets, "8.6") == (
+    assert targets.runs_on("8.6") == (
         True,
         "built for sm_80, sm_86 (SASS) and no PTX; sm_86 SASS runs on 8.6 GPUs",
     )
-    assert arch_runs(targets, "8.9") == (
+    assert targets.runs_on("8.9") == (
         True,
         "built for sm_80, sm_86 (SASS) and no PTX; sm_86 SASS runs on 8.9 GPUs",
     )
@@ -129,11 +130,11 @@ def test_sm80_sm86_only_rejects_9_0_with_exact_sentence(tmp_path: Path) -> None:
 
 def test_sm86_does_not_run_on_lower_minor(tmp_path: Path) -> None:
     targets = read(so_with_fatbin(tmp_path, fatbin_container(sm(86))))
-    assert arch_runs(targets, "8.0") == (
+    assert targets.runs_on("8.0") == (
         False,
         "built for sm_86 (SASS) and no PTX; needs sm_80 SASS or PTX <= compute_80",
     )
-    assert arch_runs(targets, "8.7") == (
+    assert targets.runs_on("8.7") == (
         True,
         "built for sm_86 (SASS) and no PTX; sm_86 SASS runs on 8.7 GPUs",
     )
@@ -142,11 +143,11 @@ def test_sm86_does_not_run_on_lower_minor(tmp_path: Path) -> None:
 def test_sm90_runs_on_9_0_not_on_10_0(tmp_path: Path) -> None:
     targets = read(so_with_fatbin(tmp_path, fatbin_container(sm(90))))
     assert (targets.sass, targets.ptx, targets.error) == (frozenset({"sm_90"}), frozenset(), None)
-    assert arch_runs(targets, "9.0") == (
+    assert targets.runs_on("9.0") == (
         True,
         "built for sm_90 (SASS) and no PTX; sm_90 SASS runs on 9.0 GPUs",
     )
-    assert arch_runs(targets, "10.0") == (
+    assert targets.runs_on("10.0") == (
         False,
         "built for sm_90 (SASS) and no PTX; needs sm_100 SASS or PTX <= compute_100",
     )
@@ -155,8 +156,8 @@ def test_sm90_runs_on_9_0_not_on_10_0(tmp_path: Path) -> None:
 def test_ptx_only_is_jit_compiled_on_newer_arch(tmp_path: Path) -> None:
     targets = read(so_with_fatbin(tmp_path, fatbin_container(ptx(80))))
     assert (targets.sass, targets.ptx) == (frozenset(), frozenset({"compute_80"}))
-    assert arch_runs(targets, "9.0") == (True, "only PTX compute_80, JIT-compiled at first load on 9.0 GPUs")
-    assert arch_runs(targets, "7.5") == (
+    assert targets.runs_on("9.0") == (True, "only PTX compute_80, JIT-compiled at first load on 9.0 GPUs")
+    assert targets.runs_on("7.5") == (
         False,
         "built for no SASS and PTX compute_80; needs sm_70..sm_75 SASS or PTX <= compute_75",
     )
@@ -164,14 +165,14 @@ def test_ptx_only_is_jit_compiled_on_newer_arch(tmp_path: Path) -> None:
 
 def test_ptx_fallback_next_to_sass_names_the_jit(tmp_path: Path) -> None:
     targets = read(so_with_fatbin(tmp_path, fatbin_container(sm(80), sm(90), ptx(90))))
-    assert arch_runs(targets, "12.0") == (
+    assert targets.runs_on("12.0") == (
         True,
         (
             "built for sm_80, sm_90 (SASS) and PTX compute_90; no SASS runs on 12.0 GPUs, "
             "so PTX compute_90 is JIT-compiled at first load"
         ),
     )
-    assert arch_runs(targets, "9.0") == (
+    assert targets.runs_on("9.0") == (
         True,
         "built for sm_80, sm_90 (SASS) and PTX compute_90; sm_90 SASS runs on 9.0 GPUs",
     )
@@ -180,12 +181,12 @@ def test_ptx_fallback_next_to_sass_names_the_jit(tmp_path: Path) -> None:
 def test_arch_specific_sm90a_runs_only_on_exactly_9_0(tmp_path: Path) -> None:
     targets = read(so_with_fatbin(tmp_path, fatbin_container(sm(90, FLAGS_64BIT_LINUX | FLAG_ARCH_SPECIFIC))))
     assert targets.sass == frozenset({"sm_90a"})
-    assert arch_runs(targets, "9.0") == (
+    assert targets.runs_on("9.0") == (
         True,
         "built for sm_90a (SASS) and no PTX; sm_90a SASS runs on 9.0 GPUs",
     )
-    assert arch_runs(targets, "9.0a") == arch_runs(targets, "9.0")
-    assert arch_runs(targets, "10.0") == (
+    assert targets.runs_on("9.0a") == targets.runs_on("9.0")
+    assert targets.runs_on("10.0") == (
         False,
         "built for sm_90a (SASS) and no PTX; needs sm_100 SASS or PTX <= compute_100",
     )
@@ -196,8 +197,8 @@ def test_arch_specific_ptx_is_not_forward_compatible(tmp_path: Path) -> None:
         so_with_fatbin(tmp_path, fatbin_container(ptx(90, FLAGS_64BIT_LINUX | FLAG_ARCH_SPECIFIC)))
     )
     assert targets.ptx == frozenset({"compute_90a"})
-    assert arch_runs(targets, "9.0") == (True, "only PTX compute_90a, JIT-compiled at first load on 9.0 GPUs")
-    assert arch_runs(targets, "10.0")[0] is False
+    assert targets.runs_on("9.0") == (True, "only PTX compute_90a, JIT-compiled at first load on 9.0 GPUs")
+    assert targets.runs_on("10.0")[0] is False
 
 
 def test_family_specific_sm100f_runs_within_the_family(tmp_path: Path) -> None:
@@ -205,11 +206,11 @@ def test_family_specific_sm100f_runs_within_the_family(tmp_path: Path) -> None:
     entry = sm(100, FLAGS_64BIT_LINUX | FLAG_FAMILY_SPECIFIC, header_size=112)
     targets = read(so_with_fatbin(tmp_path, fatbin_container(entry)))
     assert targets.sass == frozenset({"sm_100f"})
-    assert arch_runs(targets, "10.3") == (
+    assert targets.runs_on("10.3") == (
         True,
         "built for sm_100f (SASS) and no PTX; sm_100f SASS runs on 10.3 GPUs",
     )
-    assert arch_runs(targets, "12.0")[0] is False
+    assert targets.runs_on("12.0")[0] is False
 
 
 def test_walks_all_containers_with_padding_compression_and_long_headers(tmp_path: Path) -> None:
@@ -258,7 +259,7 @@ def test_not_an_elf_sets_error_without_raising(tmp_path: Path) -> None:
     assert targets == CudaTargets(
         path=str(path), sass=frozenset(), ptx=frozenset(), method="elf-fatbin", error="not an ELF file"
     )
-    assert arch_runs(targets, "9.0") == (
+    assert targets.runs_on("9.0") == (
         False,
         f"cannot tell whether {path} runs on 9.0 GPUs: not an ELF file",
     )
@@ -302,11 +303,11 @@ def test_container_larger_than_its_section_is_truncated_fatbin(tmp_path: Path) -
     )
 
 
-def test_bad_arch_string_raises_value_error() -> None:
+def test_bad_arch_string_is_a_config_error() -> None:
     targets = CudaTargets(path="x.so", sass=frozenset({"sm_90"}), ptx=frozenset(), method="elf-fatbin")
-    with pytest.raises(ValueError, match="not a compute capability"):
-        arch_runs(targets, "hopper")
-    assert arch_runs(targets, "sm_90")[0] is True
+    with pytest.raises(ConfigError, match="not a compute capability"):
+        targets.runs_on("hopper")
+    assert targets.runs_on("sm_90")[0] is True
 
 
 # ------------------------------------------------------------------------------------------- cuobjdump
@@ -393,8 +394,8 @@ def test_causal_conv1d_wheel_is_sm90(tmp_path: Path) -> None:
         library = Path(wheel.extract(member, tmp_path))
     targets = read(library)
     assert (targets.sass, targets.ptx, targets.error) == (frozenset({"sm_90"}), frozenset(), None)
-    assert arch_runs(targets, "9.0") == (
+    assert targets.runs_on("9.0") == (
         True,
         "built for sm_90 (SASS) and no PTX; sm_90 SASS runs on 9.0 GPUs",
     )
-    assert arch_runs(targets, "10.0")[0] is False
+    assert targets.runs_on("10.0")[0] is False

@@ -1,4 +1,6 @@
-"""Which GPU architectures a CUDA extension (.so) carries code for -- read from the file, no GPU needed.
+"""Which GPU code a CUDA extension (.so) carries -- SASS and PTX targets read from the file, no GPU needed.
+
+Whether that code serves a given GPU is decided by :mod:`kernelguard.capability` (:meth:`CudaTargets.runs_on`).
 
 Docker builds have no GPU, so we cannot ask the driver whether ``causal_conv1d_cuda*.so`` loads on the target
 card. Instead we read the fat binaries that nvcc embeds in the ELF file:
@@ -38,7 +40,9 @@ import subprocess
 from dataclasses import dataclass
 from typing import BinaryIO
 
-__all__ = ["CudaTargets", "arch_runs", "read_cuda_targets"]
+from ..capability import PTX, SASS, CodeTarget, ComputeCapability, code_runs_on
+
+__all__ = ["CudaTargets", "read_cuda_targets"]
 
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_WRAPPER_MAGIC = 0x466243B1  # __fatBinC_Wrapper_t.magic in .nvFatBinSegment
@@ -77,6 +81,14 @@ class CudaTargets:
     ptx: frozenset[str]  # virtual ISA the driver can JIT-compile, e.g. {"compute_90"}
     method: str  # "elf-fatbin" or "cuobjdump"
     error: str | None = None
+
+    def runs_on(self, arch: ComputeCapability | str) -> tuple[bool, str]:
+        """(ok, sentence) for a GPU of compute capability ``arch`` ("9.0", "8.6", "9.0a": the 'a'/'f' of a
+        build target is ignored, the GPU itself is just 9.0). Raises ConfigError for a non-capability."""
+        device = ComputeCapability.parse(arch, source="arch").base
+        if self.error is not None:
+            return False, f"cannot tell whether {self.path} runs on {device} GPUs: {self.error}"
+        return code_runs_on(self.sass, self.ptx, device)
 
 
 class _Unreadable(Exception):
@@ -278,11 +290,11 @@ def _read_entry(file: BinaryIO, start: int, container_end: int, sass: set[str], 
         raise _Unreadable(f"truncated fatbin: entry at offset {start} runs past its container")
     (arch_number,) = struct.unpack_from("<I", header, _ENTRY_ARCH_OFFSET)
     (flags,) = struct.unpack_from("<Q", header, _ENTRY_FLAGS_OFFSET)
-    suffix = _arch_suffix(flags)
+    capability = ComputeCapability(arch_number // 10, arch_number % 10, _arch_suffix(flags))
     if kind == ENTRY_KIND_CUBIN:
-        sass.add(f"sm_{arch_number}{suffix}")
+        sass.add(CodeTarget(capability, SASS).name)
     elif kind == ENTRY_KIND_PTX:
-        ptx.add(f"compute_{arch_number}{suffix}")
+        ptx.add(CodeTarget(capability, PTX).name)
     # Other kinds (LTO IR for -dlto, ...) cannot be loaded by the runtime as they are, so they do not count.
     next_entry: int = start + header_size + payload_size
     return next_entry
@@ -340,7 +352,7 @@ def _section_holding(sections: list[_Section], address: int) -> _Section | None:
 
 # ------------------------------------------------------------------------------------------- cuobjdump
 
-_CUOBJDUMP_LINE = re.compile(r"^\s*(ELF|PTX) file\s+\d+:\s*.*?\.(?:sm|compute)_(\d+[af]?)\.(?:cubin|ptx)\s*$")
+_CUOBJDUMP_LINE = re.compile(r"^\s*(ELF|PTX) file\s+\d+:\s*.*?\.((?:sm|compute)_\w+)\.(?:cubin|ptx)\s*$")
 
 
 def _read_with_cuobjdump(path: str) -> CudaTargets | None:
@@ -371,111 +383,10 @@ def _parse_cuobjdump_listing(listing: str) -> tuple[set[str], set[str]]:
         match = _CUOBJDUMP_LINE.match(line)
         if match is None:
             continue
-        kind, arch = match.groups()
+        kind, file_target = match.groups()
+        code = CodeTarget.parse(file_target)
+        if code is None:
+            continue
         # cuobjdump names PTX files after the sm number too; the PTX itself targets compute_<same>.
-        (sass if kind == "ELF" else ptx).add(f"{'sm' if kind == 'ELF' else 'compute'}_{arch}")
+        (sass if kind == "ELF" else ptx).add(CodeTarget(code.capability, SASS if kind == "ELF" else PTX).name)
     return sass, ptx
-
-
-# ------------------------------------------------------------------------------------------ compatibility
-
-_TARGET_ARCH = re.compile(r"^(?:(?:sm|compute)_)?(?:(\d+)\.(\d)|(\d+))([af]?)$")
-_CODE_NAME = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class _Code:
-    """``sm_90a`` -> number 90, suffix "a". Ordered by number then suffix, the order nvcc users expect."""
-
-    number: int
-    suffix: str
-    name: str
-
-    @property
-    def major(self) -> int:
-        return self.number // 10
-
-    @property
-    def minor(self) -> int:
-        return self.number % 10
-
-
-def arch_runs(targets: CudaTargets, arch: str) -> tuple[bool, str]:
-    """arch like "9.0", "8.6", "10.0", "9.0a". Returns (ok, sentence). SASS rules: sm_XY runs on same-major
-    minor >= Y (sm_80 runs on 8.6, not on 9.0); arch-specific sm_90a only on exactly 9.0; PTX compute_XY can be
-    JIT-compiled on any arch >= XY (say so in the sentence: 'only PTX compute_80, JIT-compiled at first load').
-    The sentence states expected vs found, e.g. 'built for sm_80, sm_86 (SASS) and no PTX; needs sm_90 SASS or
-    PTX <= compute_90'.
-
-    A trailing "a"/"f" on ``arch`` is accepted and ignored: it names a build target, while the GPU itself is
-    just compute capability 9.0. Raises ValueError for an arch string that is not a compute capability.
-    """
-    device = _parse_device(arch)
-    label = f"{device[0]}.{device[1]}"
-    if targets.error is not None:
-        return False, f"cannot tell whether {targets.path} runs on {label} GPUs: {targets.error}"
-    sass = _sorted_codes(targets.sass)
-    ptx = _sorted_codes(targets.ptx)
-    found = _describe_found(sass, ptx)
-    native = [code for code in sass if _sass_runs_on(code, device)]
-    if native:
-        return True, f"{found}; {native[-1].name} SASS runs on {label} GPUs"
-    jit = [code for code in ptx if _ptx_jits_on(code, device)]
-    if jit:
-        return True, _jit_sentence(found, sass, ptx, jit[-1], label)
-    return False, f"{found}; needs {_needed_sass(device)} SASS or PTX <= compute_{device[0]}{device[1]}"
-
-
-def _parse_device(arch: str) -> tuple[int, int]:
-    match = _TARGET_ARCH.match(arch.strip())
-    if match is None:
-        raise ValueError(f"arch {arch!r} is not a compute capability like '9.0', '8.6' or '9.0a'")
-    major, minor, number, _ = match.groups()
-    if number is not None:
-        return int(number) // 10, int(number) % 10
-    return int(major), int(minor)
-
-
-def _sorted_codes(names: frozenset[str]) -> list[_Code]:
-    codes = []
-    for name in names:
-        match = _CODE_NAME.match(name)
-        if match is not None:  # an unparsable name cannot be judged, so it is left out
-            codes.append(_Code(number=int(match.group(2)), suffix=match.group(3), name=name))
-    return sorted(codes)
-
-
-def _sass_runs_on(code: _Code, device: tuple[int, int]) -> bool:
-    if code.suffix == "a":  # arch-specific instructions (wgmma, tcgen05...) exist only on that exact chip
-        return (code.major, code.minor) == device
-    # Plain and family-specific ("f") SASS run on later minors of the same major, never across majors.
-    return code.major == device[0] and code.minor <= device[1]
-
-
-def _ptx_jits_on(code: _Code, device: tuple[int, int]) -> bool:
-    if code.suffix == "a":
-        return (code.major, code.minor) == device
-    if code.suffix == "f":
-        return code.major == device[0] and code.minor <= device[1]
-    return (code.major, code.minor) <= device  # plain PTX is forward compatible with every newer GPU
-
-
-def _describe_found(sass: list[_Code], ptx: list[_Code]) -> str:
-    sass_text = f"{_names(sass)} (SASS)" if sass else "no SASS"
-    ptx_text = f"PTX {_names(ptx)}" if ptx else "no PTX"
-    return f"built for {sass_text} and {ptx_text}"
-
-
-def _jit_sentence(found: str, sass: list[_Code], ptx: list[_Code], chosen: _Code, label: str) -> str:
-    if not sass and len(ptx) == 1:
-        return f"only PTX {chosen.name}, JIT-compiled at first load on {label} GPUs"
-    return f"{found}; no SASS runs on {label} GPUs, so PTX {chosen.name} is JIT-compiled at first load"
-
-
-def _needed_sass(device: tuple[int, int]) -> str:
-    major, minor = device
-    return f"sm_{major}{minor}" if minor == 0 else f"sm_{major}0..sm_{major}{minor}"
-
-
-def _names(codes: list[_Code]) -> str:
-    return ", ".join(code.name for code in codes)
