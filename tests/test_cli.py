@@ -102,8 +102,19 @@ def kernels_note() -> str | None:
     return (
         f"known issue kernels-version: kernels {KERNELS} is outside [{window[0]}, {window[1]}), the range this "
         f"transformers accepts, so is_kernels_available() is False and Kernel Hub kernels are silently disabled; "
-        f"fix: pip install "
-        f"'kernels>={window[0]},<{window[1]}'"
+        f"fix: {kernels_fix(window)}"
+    )
+
+
+def kernels_fix(window: tuple[str, str]) -> str:
+    """transformers 5.17's window holds kernels 0.16.x; 5.23/5.24's [0.18.2, 0.19) holds no release yet."""
+    if window[0].startswith("0.16"):
+        return f"pip install 'kernels>={window[0]},<{window[1]}'"
+    return (
+        f"no kernels release is inside [{window[0]}, {window[1]}) yet (newest known: 0.17.2), so Hub kernels stay "
+        "off with this transformers; use transformers 5.17 with kernels 0.16.x: pip install "
+        "'transformers==5.17.0' 'kernels>=0.16,<0.17'  (or use the pip packages fla / causal-conv1d instead: "
+        "`kernelguard check` without --hub gives their commands)"
     )
 
 
@@ -517,7 +528,8 @@ def test_fake_providers_serve_the_kernels_until_fla_640_applies(tmp_path: Path) 
     )
     fla = candidate(wrong, "chunk_gated_delta_rule", "package")
     assert (fla["status"], fla["known_issues"]) == ("rejected", ["fla-640-wrong-grads"])
-    assert fla["fix"].startswith("pip install 'triton>=3.7.1'")
+    # This torch (2.13) requires triton==3.7.1 (its metadata, or kernelguard's table for a CPU build).
+    assert fla["fix"].startswith(f"pip install 'triton==3.7.1'  (the Triton torch {TORCH} requires; ")
 
 
 # ------------------------------------------------------------------------------------------ broken torch

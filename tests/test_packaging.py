@@ -165,7 +165,10 @@ def test_fla_and_kernels_commands() -> None:
         "build of torch to run."),
     )
     window = install_command("kernels", torch_version=None, cuda_version=None, kernels_window=("0.16", "0.17"))
-    assert window.command == "pip install 'kernels>=0.16,<0.17'"
+    assert window.fix_line() == "pip install 'kernels>=0.16,<0.17'"
+    empty = install_command("kernels", torch_version=None, cuda_version=None, kernels_window=("0.18.2", "0.19"))
+    assert empty.commands == ("pip install 'transformers==5.17.0' 'kernels>=0.16,<0.17'",)
+    assert empty.fix_line().startswith("no kernels release is inside [0.18.2, 0.19) yet (newest known: 0.17.2)")
     assert install_command("hub", torch_version=None, cuda_version=None).command == "pip install 'kernelguard[hub]'"
 
 
@@ -178,8 +181,8 @@ def test_generic_compiled_packages_build_against_the_installed_torch() -> None:
 
 
 def test_bad_inputs() -> None:
-    with pytest.raises(ValueError, match="install_command knows causal-conv1d, .* not 'triton'"):
-        install_command("triton", torch_version=None, cuda_version=None)
+    with pytest.raises(ValueError, match="install_command knows causal-conv1d, .*, triton .* not 'numpy'"):
+        install_command("numpy", torch_version=None, cuda_version=None)
     with pytest.raises(ConfigError):
         install_command("causal-conv1d", torch_version="2.13.0", cuda_version="12.8", archs=["9.5"])
 
