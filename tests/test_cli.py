@@ -463,6 +463,40 @@ def test_issues_lists_every_known_issue_and_policy_allow(tmp_path: Path) -> None
     assert any(line.startswith("  untrusted-hub-repo: ") for line in lines)
 
 
+def test_version_flag_prints_the_installed_release(capsys: pytest.CaptureFixture[str]) -> None:
+    from kernelguard.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"kernelguard {metadata.version('kernelguard')}\n"
+
+
+def test_top_level_help_lists_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    from kernelguard.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the epilog to the terminal width
+    assert (
+        "exit codes: 0 every required kernel is served well; 1 a requirement fails; 2 usage or configuration "
+        "error; 3 kernelguard train refused to start (the guard found a slow fallback)"
+    ) in text
+
+
+def test_issues_json_has_every_known_issue_and_allow_item(capsys: pytest.CaptureFixture[str]) -> None:
+    from kernelguard.cli import main
+    from kernelguard.policy import POLICY_ITEMS
+
+    assert main(["issues", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["schema_version"] == 1 and data["allow_items"] == POLICY_ITEMS
+    assert [row["id"] for row in data["known_issues"]] == [issue.id for issue in KNOWN_ISSUES]
+    fla = data["known_issues"][0]
+    assert (fla["provider"], fla["archs"], fla["triton"]) == ("fla", ["9.0"], ">=3.4,<3.7.1")
+    assert fla["fix"] == KNOWN_ISSUES[0].fix and fla["source"] == KNOWN_ISSUES[0].source
+
+
 # ------------------------------------------------------------------------------------- fake providers
 
 

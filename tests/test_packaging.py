@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +16,11 @@ from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from kernelguard.errors import ConfigError
-from kernelguard.install import InstallAdvice, install_command
+from kernelguard.install import FLA_SAFE_TRITON, TORCH_TRITON, InstallAdvice, install_command
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEEL_BASE = "https://github.com/Dao-AILab/causal-conv1d/releases/download/v1.7.0/causal_conv1d-1.7.0"
@@ -235,3 +237,15 @@ def test_check_without_kernels_reports_the_hub_extra(tmp_path: Path) -> None:
         assert candidate["status"] == "rejected"
         assert "not installed" in candidate["reason"]
         assert candidate["fix"] == "pip install 'kernelguard[hub]'"
+
+
+def test_the_docker_image_takes_the_triton_its_own_torch_requires() -> None:
+    # torch pins Triton exactly: installing another Triton next to it breaks torch; the image's torch must bring
+    # a Triton that fla #640 accepts on Hopper.
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    torch = re.search(r"^ARG TORCH_VERSION=(\S+)$", dockerfile, re.MULTILINE)
+    assert torch is not None
+    pin = SpecifierSet(TORCH_TRITON[".".join(torch.group(1).split(".")[:2])])
+    assert Version(FLA_SAFE_TRITON) in pin, (torch.group(1), str(pin))
+    installs = [line for line in dockerfile.splitlines() if "pip install" in line]
+    assert not [line for line in installs if "triton" in line.lower()], installs
