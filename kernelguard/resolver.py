@@ -162,7 +162,7 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
         return rejected("the kernels package is not installed.", _install_fix("kernels", facts, target))
     outside = _kernels_outside_window(facts)
     if outside:
-        return rejected(f"{outside}.", _kernels_window_fix(facts))
+        return rejected(f"{outside}.", _install_fix("kernels", facts, Target()))
     probe = facts.hub.get(req.hub.repo_id)
     if probe is None:
         return rejected("the Hub repository was not probed.")
@@ -423,15 +423,11 @@ def _kernels_outside_window(facts: Facts) -> str | None:
     )
 
 
-def _kernels_window_fix(facts: Facts) -> str:
-    return _install_fix("kernels", facts, Target())
-
-
 def _global_notes(facts: Facts, target: Target, requirements: Requirements) -> list[str]:
     notes = []
     outside = _kernels_outside_window(facts)
     if outside:
-        notes.append(f"known issue kernels-version: {outside}; fix: {_kernels_window_fix(facts)}")
+        notes.append(f"known issue kernels-version: {outside}; fix: {_install_fix('kernels', facts, Target())}")
     if facts.env.torch_error:
         notes.append(f"torch could not be imported: {facts.env.torch_error}")
     for issue in KNOWN_ISSUES:
