@@ -28,7 +28,7 @@ class PackageSpec:
     import_name: str
     distributions: tuple[str, ...]  # pip names that ship the import name, most specific first
     availability_function: str | None  # transformers' is_*_available() that holds its minimum version
-    install: str
+    # (how to install it is kernelguard.install's, built from the facts: no command string lives here)
     compiled: bool  # ships CUDA extensions (.so) whose archs and torch ABI must match
     default_devices: tuple[str, ...] = ("cuda",)
 
@@ -40,7 +40,6 @@ PACKAGES: dict[str, PackageSpec] = {
             "fla",
             ("fla-core", "flash-linear-attention"),
             "is_flash_linear_attention_available",
-            "pip install flash-linear-attention",
             compiled=False,
             default_devices=("cuda", "xpu"),
         ),
@@ -48,21 +47,18 @@ PACKAGES: dict[str, PackageSpec] = {
             "causal_conv1d",
             ("causal-conv1d",),
             "is_causal_conv1d_available",
-            "pip install --no-build-isolation --no-cache-dir causal-conv1d  # builds against the installed torch",
             compiled=True,
         ),
         PackageSpec(
             "mamba_ssm",
             ("mamba-ssm",),
             "is_mamba_2_ssm_available",
-            "pip install mamba-ssm --no-build-isolation  # compiles with nvcc",
             compiled=True,
         ),
         PackageSpec(
             "flash_attn",
             ("flash-attn",),
             "is_flash_attn_2_available",
-            "pip install flash-attn --no-build-isolation  # or a prebuilt wheel matching torch/CUDA/ABI",
             compiled=True,
         ),
     )

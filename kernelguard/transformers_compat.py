@@ -384,9 +384,23 @@ def import_failure(closure: FallbackClosure) -> ImportFailure:
 
 
 def pip_fix(package: str) -> str:
-    """The install command for a provider: the catalog's one table, else the import name as a pip name."""
-    spec = PACKAGES.get(package)
-    return spec.install if spec else f"pip install {package.replace('_', '-')}"
+    """The install command for a provider, built by kernelguard.install from the running torch (the same
+    command `kernelguard check` prints); a package install does not know: its import name as a pip name."""
+    import platform
+
+    from kernelguard.install import install_command
+
+    torch = sys.modules.get("torch")
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    abi = getattr(torch, "compiled_with_cxx11_abi", None)
+    try:
+        return install_command(
+            package, torch_version=getattr(torch, "__version__", None), cuda_version=cuda,
+            cxx11_abi=abi() if callable(abi) else None, python_version=platform.python_version(),
+            machine=platform.machine(),
+        ).fix_line()
+    except ValueError:
+        return f"pip install {package.replace('_', '-')}"
 
 
 def provider_devices(implementation: Any) -> tuple[str, ...]:

@@ -368,6 +368,7 @@ def finish(cfg: TrainConfig, info: DistInfo, state: TrainState, built: BuiltMode
             tokenizer=data.tokenizer,
             dtype=DTYPES[cfg.param_dtype],
             is_main=info.is_main,
+            source=cfg.model,
         )
     if info.is_main and cfg.plot and (cfg.output / "metrics.jsonl").exists():
         try:
