@@ -1,5 +1,5 @@
 """kernelguard.smoke: kernel numerics vs the fp32 torch reference, exercised on CPU with correct and broken
-stand-in providers; the real-kernel run is a `gpu` test. Also runs bench/train_throughput.py in its tiny CPU
+stand-in providers; the real-kernel run is a `gpu` test. Also runs bench/gpu/train_throughput.py in its tiny CPU
 mode (fake providers) to keep the benchmark's logic and JSON schema honest."""
 
 from __future__ import annotations
@@ -412,7 +412,7 @@ def test_train_throughput_tiny_cpu_times_the_product_step(variant: str, tmp_path
     env["TRANSFORMERS_VERBOSITY"] = "error"
     cmd = [
         sys.executable,
-        str(ROOT / "bench" / "train_throughput.py"),
+        str(ROOT / "bench" / "gpu" / "train_throughput.py"),
         *("--variant", variant, "--device", "cpu", "--tiny", "--steps", "2", "--warmup", "0"),
         *("--profile-steps", "1", "--out", str(out)),
     ]

@@ -294,7 +294,7 @@ print("OK", losses)
 
 
 def test_setup_training_gives_the_benchmark_the_products_fsdp2_step(tmp_path: Path) -> None:
-    """bench/train_throughput.py's entry point: model + AC + chunked head + FSDP2 + AdamW from a TrainConfig,
+    """bench/gpu/train_throughput.py's entry point: model + AC + chunked head + FSDP2 + AdamW from a TrainConfig,
     then optimizer_step on already-built blocks (no data files, no output folder). In a fresh interpreter:
     transformers' auto classes remember modeling modules imported by earlier in-process tests."""
     import os

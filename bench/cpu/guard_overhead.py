@@ -1,6 +1,6 @@
 """Per-forward cost of an armed guard vs none, on a mid-size hybrid model on CPU (no timing asserts).
 
-    python -m pytest bench/bench_guard_overhead.py -q --benchmark-columns=mean,stddev,rounds
+    python -m pytest bench/cpu/guard_overhead.py -q --benchmark-columns=mean,stddev,rounds
 
 Two situations:
 * ``fast``: the (fake) fast providers were importable, so nothing is wrapped; the armed guard must cost 0.
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-TESTS = Path(__file__).resolve().parents[1] / "tests"
+TESTS = Path(__file__).resolve().parents[2] / "tests"
 sys.path.insert(0, str(TESTS))
 
 import tiny_models

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Bar chart of bench/train_throughput.py output: real tokens/s and MFU per variant.
+"""Bar chart of bench/gpu/train_throughput.py output: real tokens/s and MFU per variant.
 
-python bench/plot_results.py combined.json out.png              # --all output
-python bench/plot_results.py out.png tp_c.json tp_d.json ...     # single-variant files of ONE run
+python bench/lib/plot_throughput.py combined.json out.png              # --all output
+python bench/lib/plot_throughput.py out.png tp_c.json tp_d.json ...     # single-variant files of ONE run
 
 Variants that appear at several --tokens-per-batch values are labelled with the block size.
 """

@@ -1,7 +1,8 @@
 """Packing speed and fill on 200,000 chat-length examples (goal: < 10 s on 2 cores).
 
-Run: `pytest bench/bench_packing.py --benchmark-only` (pytest-benchmark), or `python bench/bench_packing.py`
-for a one-shot JSON line. Lengths: lognormal, median ~1,100 tokens (as in DEVICE.md's reference runs),
+Run: `pytest bench/cpu/packing_speed.py --benchmark-only` (pytest-benchmark), or `python bench/cpu/packing_speed.py
+[ROUNDS]` for one JSON line: 1 warm-up + ROUNDS (default 10) timed rounds per packer through bench/lib/step_stats.py
+(median/min/max, outliers excluded, every round's time in the JSON). Lengths: lognormal, median ~1,100 tokens (as in DEVICE.md's reference runs),
 clipped to [16, 8192]; block size 8192.
 """
 
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from kernelguard.train.packing import (
@@ -52,21 +55,26 @@ def test_bench_build_packed_block(benchmark: Any) -> None:
     benchmark(build_packed_block, [examples[i] for i in block], BLOCK, 0)
 
 
-def main() -> None:
+def main(rounds: int = 10) -> None:
+    sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "lib"))
+    from step_stats import steady_stats
+
     lengths = chat_lengths()
     out: dict[str, Any] = {"examples": N_EXAMPLES, "block_size": BLOCK, "tokens": sum(lengths)}
     for name, fn in (
         ("bfd", lambda: pack_best_fit_decreasing(lengths, BLOCK, seed=0)),
         ("greedy", lambda: pack_sequential_greedy(lengths, BLOCK)),
     ):
-        t0 = time.perf_counter()
-        blocks = fn()
-        out[name] = {
-            "seconds": round(time.perf_counter() - t0, 3),
-            **packing_stats(blocks, lengths, BLOCK).to_dict(),
-        }
+        times = []
+        for _ in range(1 + rounds):
+            t0 = time.perf_counter()
+            blocks = fn()
+            times.append(time.perf_counter() - t0)
+        stats = steady_stats(times, warmup=1)
+        out[name] = {"seconds": round(stats.median_s, 3), "step_stats": stats.to_dict(),
+                     **packing_stats(blocks, lengths, BLOCK).to_dict()}
     print(json.dumps(out))
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 10)

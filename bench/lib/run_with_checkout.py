@@ -1,4 +1,4 @@
-"""`python bench/run_with_checkout.py DIR PYTEST_ARGS...`: run pytest with `kernelguard` imported from DIR/kernelguard
+"""`python bench/lib/run_with_checkout.py DIR PYTEST_ARGS...`: run pytest with `kernelguard` imported from DIR/kernelguard
 (the editable install's finder is removed first), e.g. an older revision unpacked with `git archive REV kernelguard`."""
 import sys
 

@@ -11,7 +11,7 @@ calling the public API) and is classified:
 
 Prints one JSON object with the counts and one row per case; ``--out FILE`` also writes it. Training cases use
 the CPU test doubles in tests/fake_providers (so the gate passes and the case reaches its own check) and tiny
-assets from tests/train_helpers.py. Run from the repository root: ``python bench/bad_inputs_sweep.py``.
+assets from tests/train_helpers.py. Run from the repository root: ``python bench/cpu/bad_inputs_sweep.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import train_helpers as h

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Write an offline fixture for a real `kernelguard train` run: tokenizer, Qwen3.5-shaped proxy config, chat data.
 
-    python bench/make_train_fixture.py DIR [--examples 3000] [--hidden 2048 --layers 8]
+    python bench/lib/make_train_fixture.py DIR [--examples 3000] [--hidden 2048 --layers 8]
 
 DIR/tokenizer (byte-level, ChatML template), DIR/model/config.json (random init), DIR/chat.jsonl whose
-example lengths follow a lognormal (median ~1,100 tokens), the distribution of bench/train_throughput.py.
+example lengths follow a lognormal (median ~1,100 tokens), the distribution of bench/gpu/train_throughput.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import random
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(1, str(ROOT / "tests"))
 
 

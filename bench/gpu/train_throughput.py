@@ -23,9 +23,13 @@ product_path: true; the others are bench-side patches of the product's build/ste
 not run (product_path: false): ``liger`` (Liger-Kernel's fused linear cross-entropy instead of the chunked loss),
 ``sac2`` (activation checkpointing on every 2nd layer).
 
-  python bench/train_throughput.py --variant product --out product.json
-  python bench/train_throughput.py --all --variants fallback,stock_best,product --out combined.json
-  python bench/train_throughput.py --variant product --device cpu --tiny --steps 2 --out /tmp/p.json  # logic
+  python bench/gpu/train_throughput.py --variant product --out product.json
+  python bench/gpu/train_throughput.py --all --variants fallback,stock_best,product --out combined.json
+  python bench/gpu/train_throughput.py --variant product --device cpu --tiny --out /tmp/p.json  # logic, CPU
+
+Step times go through bench/lib/step_stats.py: the first --warmup steps are dropped, any step > 3x the median
+of the rest (an autotune or recompile) is listed in step_stats.outliers and excluded, and tokens/s and MFU are
+over the steady steps only (>= 10 wanted; the defaults give 12). Every step time is in the JSON.
 
 On Hopper with Triton 3.4-3.7.0, fla 0.6.0 refuses its gated backward (fla issue 640); at key head dim >= 128
 (measured correct on the H200, bench/RESULTS.md) the refusal is lifted in the process and the JSON says
@@ -41,7 +45,6 @@ import math
 import os
 import platform
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,9 +55,11 @@ from pathlib import Path
 from typing import Any
 
 HIDE_ENV = "KERNELGUARD_BENCH_HIDE"  # comma-separated top-level packages to make unimportable
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(1, str(ROOT))  # run from a checkout without installing kernelguard
+sys.path.insert(1, str(ROOT / "bench" / "lib"))
+from step_stats import steady_rate, steady_stats  # noqa: E402
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,9 +539,16 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         prof = profile_counts(one_step, schedule[args.warmup + args.steps :], device)
     except Exception as exc:  # noqa: BLE001 - keep the throughput figures even if profiling fails
         prof = {"profiler_error": f"{type(exc).__name__}: {exc}"}
-    real = sum(sum(b["_seq_lens"]) for b in measured)
-    flops = sum(step_flops(built.config, b["_seq_lens"]) for b in measured)
-    total = sum(times)
+    # Warm-up and measured steps together through the one statistic: outliers (autotune, recompile) are listed
+    # and excluded, and every figure below is over the steady steps only.
+    stats = steady_stats(warm + times, warmup=len(warm))
+    timed = schedule[: len(warm)] + measured
+    real_per_step = [sum(b["_seq_lens"]) for b in timed]
+    flops_per_step = [step_flops(built.config, b["_seq_lens"]) for b in timed]
+    real = sum(real_per_step[i] for i in stats.steady)
+    total = sum(stats.step_times_s[i] for i in stats.steady)
+    tokens_per_s = steady_rate(stats, real_per_step)
+    flops_per_s = steady_rate(stats, flops_per_step)
     mm = measure_matmul_tflops(
         device, 256 if args.tiny or device.type != "cuda" else 8192, 5 if device.type != "cuda" else 20
     )
@@ -568,15 +580,17 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
             "warmup_steps": args.warmup,
             "warmup_s": round(sum(warm), 2),
             "measured_steps": len(times),
-            "step_time_s": round(total / len(times), 4) if times else None,
-            "step_time_s_median": round(statistics.median(times), 4) if times else None,
+            "steady_steps": len(stats.steady),
+            "step_time_s": round(stats.mean_s, 4),
+            "step_time_s_median": round(stats.median_s, 4),
             "step_times_s": [round(t, 4) for t in times],
+            "step_stats": stats.to_dict(),
             "real_tokens_measured": real,
-            "tokens_per_s": round(real / total, 1) if total else 0.0,
-            "achieved_tflops": round(flops / total / 1e12, 3) if total else 0.0,
-            "mfu_datasheet": round(flops / total / peak, 4) if peak and total else None,
+            "tokens_per_s": round(tokens_per_s, 1),
+            "achieved_tflops": round(flops_per_s / 1e12, 3),
+            "mfu_datasheet": round(flops_per_s / peak, 4) if peak and total else None,
             "matmul_bf16": {"n": 256 if args.tiny else 8192, "tflops": round(mm, 1)},
-            "mfu_vs_measured_matmul": round(flops / total / (mm * 1e12), 4) if mm and total else None,
+            "mfu_vs_measured_matmul": round(flops_per_s / (mm * 1e12), 4) if mm and total else None,
             "flops_source": "kernelguard.train.metrics.step_flops (3 x forward, real tokens only; AC recompute not counted)",
             "peak_memory_bytes": int(peak_mem),
             "losses": [round(x, 4) for x in losses],
@@ -590,6 +604,10 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         result["gpu_busy_fraction"] = round(result["gpu_kernel_s_per_step"] / result["step_time_s"], 3)
     if variant.layout == "packed" and device.type == "cuda" and args.memory_estimate:
         result["memory"] = memory_estimate(cfg, int(peak_mem), device)
+    for o in stats.outliers:
+        result["notes"].append(f"step {o['step']} took {o['s']} s ({o['x_median']}x the median): outlier, excluded")
+    if not stats.enough:
+        result["notes"].append(f"only {len(stats.steady)} steady steps (< {stats.min_steady}): not a figure to quote")
     if lifted:
         result["notes"].append("timing obtained with fla's Hopper refusal lifted (Triton path)")
     del state, built
@@ -683,8 +701,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="tiny model/data for a CPU logic check")
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=12, help="timed steps after warm-up (>= 10 steady steps wanted)")
+    p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--profile-steps", type=int, default=2)
     p.add_argument("--tokens-per-batch", type=int, default=None)
     p.add_argument("--examples", type=int, default=None, help="synthetic epoch size (layout statistics)")

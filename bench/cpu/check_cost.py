@@ -1,6 +1,6 @@
 """What `kernelguard check` costs, and how much of it is kernelguard's own work rather than importing torch.
 
-    /work/venv/bin/python -m pytest bench/bench_check.py --benchmark-only -q -p no:kernelguard
+    /work/venv/bin/python -m pytest bench/cpu/check_cost.py --benchmark-only -q -p no:kernelguard
 
 Measured: the whole CLI (`python -m kernelguard check --json`, a fresh process), `python -c "import torch"`
 (the floor: check imports torch once to read its facts), bare interpreter start-up, and `run_check` in-process

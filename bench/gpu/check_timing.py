@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """`kernelguard check --run` timed in this process, optionally recording fla's autotune choices as pins.
 
-    python bench/check_timing.py --out check.json [--record pins.json] [--no-pins] -- --model qwen3_5 \
+    python bench/gpu/check_timing.py --out check.json [--record pins.json] [--no-pins] -- --model qwen3_5 \
         --mode training --allow fla-640-refusal
 
 Runs ``kernelguard.cli.main(["check", ..., "--run", "--json"])`` in-process (what the console script does), so
@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(1, str(ROOT))
 

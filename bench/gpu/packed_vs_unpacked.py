@@ -6,10 +6,10 @@ boundary kwargs (cu_seq_lens, max_length, seq_idx, per-example position_ids) thr
 the kernelguard_varlen attention; (3) the same block WITHOUT the boundary kwargs shows what leakage looks
 like. Prints JSON: relative error of the summed loss and of the gradient norm-wise, per variant.
 
-    python bench/packed_vs_unpacked.py --out packed_vs_unpacked.json [--dtype bf16|fp32]
+    python bench/gpu/packed_vs_unpacked.py --out packed_vs_unpacked.json [--dtype bf16|fp32]
 
 On Hopper with Triton < 3.7.1, fla 0.6.0 refuses its gated backward (fla #640); this script lifts the
-refusal because the proxy's key head dim is 128 (measured correct, bench/gpu_numerics.py) and says so.
+refusal because the proxy's key head dim is 128 (measured correct, bench/gpu/kernel_numerics.py) and says so.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(1, str(ROOT))
 

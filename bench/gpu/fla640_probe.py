@@ -19,7 +19,7 @@ Every case goes through ``kernelguard.smoke``'s comparator and threshold (relati
 reference, 2%), so a failure here is exactly what ``kernelguard check --run`` would report. One JSON line per
 case is appended to ``--out`` as soon as it is measured (a device time limit keeps the finished ones).
 
-Run on the GPU machine: ``python3 bench/fla640_probe.py --out $OUT/fla640_probe.jsonl``.
+Run on the GPU machine: ``python3 bench/gpu/fla640_probe.py --out $OUT/fla640_probe.jsonl``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-test cost of the kernelguard pytest plugin on a suite that loads many transformers modeling modules.
 
-    python -m pytest bench/bench_plugin.py -q -p no:randomly --benchmark-disable-gc \
+    python -m pytest bench/cpu/plugin_cost.py -q -p no:randomly --benchmark-disable-gc \
         --benchmark-timer=time.process_time --benchmark-columns=mean,stddev,min,median,rounds
 
 The situation of issue 14: transformers' own qwen3_next / qwen3_5 / qwen3_5_moe test files, where ~200

@@ -14,7 +14,7 @@ Steps, each isolated so one failure never hides the others:
                   seconds is the warm cost; K64 dk/dg failures expected on the bad stack.
 
   export PYTHONPATH=/tmp/site:$PWD
-  python bench/gpu_numerics.py --out gpu_numerics.json
+  python bench/gpu/kernel_numerics.py --out gpu_numerics.json
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(1, str(ROOT))
 

@@ -3,7 +3,7 @@
 Writes a fake causal-conv1d distribution (one .so listed in RECORD plus its package code) into a temporary
 site dir, then times ``probe_package`` in fresh interpreters with KERNELGUARD_IMPORT_PROBE=off|fork|spawn.
 Packages without .so files (fla) and absent packages never start a child: on the CPU CI machine the probe
-costs nothing. Usage: ``python bench/bench_import_probe.py [repeats]``.
+costs nothing. Usage: ``python bench/cpu/import_probe_cost.py [repeats]``.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ Same init (seed), same optimizer and LR schedule, same per-token normalisation. 
 example at a time (no packing, no padding), so eval is layout-independent. Goal (issue 11): final eval loss of
 packed within 1% of padded. Prints one JSON object; ``--out DIR`` also writes it and a PNG of both curves.
 
-CPU smoke: ``python bench/quality_packing.py --tiny --steps 4`` (torch reference kernels, sdpa for both).
-GPU: ``python bench/quality_packing.py --steps 500 --out $OUT/quality`` (fla + causal-conv1d, refusal lifted at
+CPU smoke: ``python bench/gpu/quality_packing.py --tiny --steps 12`` (torch reference kernels, sdpa for both).
+Step times (training only) go through bench/lib/step_stats.py: step 0 is warm-up, outliers are excluded.
+GPU: ``python bench/gpu/quality_packing.py --steps 500 --out $OUT/quality`` (fla + causal-conv1d, refusal lifted at
 key head dim 128 where fla 0.6.0 refuses on Hopper with Triton < 3.7.1; stated in the JSON).
 """
 
@@ -26,11 +27,15 @@ import argparse
 import json
 import math
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "lib"))
+from step_stats import steady_rate, steady_stats  # noqa: E402
 
 from kernelguard.train.loss import linear_cross_entropy
 from kernelguard.train.packing import (
@@ -162,7 +167,9 @@ def train_variant(variant: str, args: argparse.Namespace, config: Any, data: dic
     # kernel config; eval runs one unpadded example at a time (each a new length).
     timing = {"first_step_s": 0.0, "eval_s": 0.0}
     real_tokens = padded_tokens = 0
+    step_times, step_tokens = [], []  # training only (no eval): what bench/lib/step_stats.py summarises
     for step, group in enumerate(groups):
+        step_start = time.perf_counter()
         batch = packed_batch(examples, group, args.block, device) if variant == "packed" \
             else padded_batch(examples, group, device)
         real_tokens += sum(len(examples[i][0]) for i in group)
@@ -177,6 +184,8 @@ def train_variant(variant: str, args: argparse.Namespace, config: Any, data: dic
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         curve.append(round(float(loss.detach()), 5))  # a host sync per step: both variants pay it alike
+        step_times.append(time.perf_counter() - step_start)
+        step_tokens.append(sum(len(examples[i][0]) for i in group))
         if step == 0:
             timing["first_step_s"] = time.perf_counter() - start
         if (step + 1) % args.eval_every == 0 or step + 1 == len(groups):
@@ -194,7 +203,9 @@ def train_variant(variant: str, args: argparse.Namespace, config: Any, data: dic
     del model, optimizer
     if device == "cuda":
         torch.cuda.empty_cache()
-    return {"train_loss": curve, "eval": evals, "final_eval_loss": evals[-1]["eval_loss"], "wall_s": round(wall, 1),
+    stats = steady_stats(step_times, warmup=1)  # step 0 pays Triton compile/autotune
+    return {"step_stats": stats.to_dict(), "tokens_per_s": round(steady_rate(stats, step_tokens), 1),
+            "train_loss": curve, "eval": evals, "final_eval_loss": evals[-1]["eval_loss"], "wall_s": round(wall, 1),
             "real_tokens": real_tokens, "tensor_tokens": padded_tokens,
             "padding": round(1 - real_tokens / padded_tokens, 4), "attention": config._attn_implementation,
             **{k: round(v, 1) for k, v in timing.items()}}
@@ -233,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "relative_difference": round(abs(packed - padded) / padded, 5),
         "within_1_percent": abs(packed - padded) / padded <= 0.01,
         "wall_s": {v: results[v]["wall_s"] for v in results},
+        "tokens_per_s": {v: results[v]["tokens_per_s"] for v in results},
         "time_split_s": {v: {k: results[v][k] for k in ("first_step_s", "eval_s", "steady_train_s")} for v in results},
         "padding": {v: results[v]["padding"] for v in results}, "results": results,
     }
