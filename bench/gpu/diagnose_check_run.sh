@@ -3,7 +3,7 @@
 # same pins is fast? One call on the GPU machine, each run in a fresh process with its own empty Triton cache and
 # TRITON_PRINT_AUTOTUNING=1 (Triton prints one line per autotune search: a pinned key prints none):
 #   1. the console script of a pip-installed kernelguard (what a user types), cold, then warm;
-#   2. the in-process bench (bench/check_timing.py), cold.
+#   2. the in-process bench (bench/gpu/check_timing.py), cold.
 # Output: $OUT/diagnose.log, $OUT/*.json. Wheels: fla-core + flash-linear-attention + causal-conv1d in .whl/.
 set -u
 OUT=${OUT:-/tmp/kg-out}; mkdir -p "$OUT"
@@ -32,7 +32,7 @@ try:
     data = json.load(open(sys.argv[1]))
 except ValueError:
     print("no JSON"); raise SystemExit
-if "numerics_s" in data:  # bench/check_timing.py's summary line
+if "numerics_s" in data:  # bench/gpu/check_timing.py's summary line
     num = {"seconds": data["numerics_s"], "ok": data["numerics_ok"], "cases": [None] * data["cases"], "notes": data["notes"]}
 else:
     num = data.get("check", data).get("numerics") or {}
@@ -48,5 +48,5 @@ if [ -x /tmp/site/bin/kernelguard ]; then
 else
   run module_cold /tmp/tc-console env PYTHONPATH=/tmp/site:$PWD python3 -m kernelguard check $ARGS
 fi
-run bench_cold /tmp/tc-bench env PYTHONPATH=/tmp/site:$PWD python3 bench/check_timing.py --out "$OUT/bench_cold_full.json" -- --model qwen3_5 --mode training --allow fla-640-refusal
+run bench_cold /tmp/tc-bench env PYTHONPATH=/tmp/site:$PWD python3 bench/gpu/check_timing.py --out "$OUT/bench_cold_full.json" -- --model qwen3_5 --mode training --allow fla-640-refusal
 step "done"
