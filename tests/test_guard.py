@@ -349,39 +349,15 @@ def test_decorator_with_unknown_closure_layout_is_refused(
         compat._probe_decorator.cache_clear()
 
 
-def _old_torch_chunk(*args: Any, **kwargs: Any) -> Any:
-    raise AssertionError("the tripwire must fire before the reference runs")
-
-
-_old_torch_chunk.__module__ = "transformers.models.olden.modeling_olden"
-
-
-class _OldStyleGatedDeltaNet(torch.nn.Module):
-    """transformers <= 5.14: the kernel is chosen at construction and stored on the instance."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.chunk_gated_delta_rule = _old_torch_chunk
-        self.proj = torch.nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> Any:
-        return self.chunk_gated_delta_rule(self.proj(x))
-
-
-def test_instance_attribute_pattern_of_older_releases(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_transformers_without_the_decorator_is_refused(tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every supported transformers (>= 5.17) selects kernels through the decorator; without it kernelguard
+    cannot tell what a layer runs and refuses rather than guess."""
     from transformers.integrations import hub_kernels
 
+    model = tiny.tiny_model("qwen3_5")
     monkeypatch.delattr(hub_kernels, compat.DECORATOR_NAME)
-    model = torch.nn.Sequential(_OldStyleGatedDeltaNet())
-    with pytest.raises(KernelFallbackError) as info:
+    with pytest.raises(UnsupportedTransformersError, match=f"has no `{compat.DECORATOR_NAME}`"):
         guard(model)
-    assert info.value.layer == "0" and info.value.kernel == "chunk_gated_delta_rule"
-    layer = model[0]
-    with guard(model, strict=False) as report:
-        assert report.mechanism == "instance-attribute"
-        with pytest.raises(KernelFallbackError, match="entered the torch reference path"):
-            model(torch.ones(1, 4))
-    assert layer.chunk_gated_delta_rule is _old_torch_chunk
 
 
 # ------------------------------------------------------------------------------------ Kernel Hub ---
