@@ -323,14 +323,17 @@ def test_old_transformers_version_is_refused(
         arm_tripwires()
 
 
-def test_release_without_decorator_or_instance_pattern_is_refused(
+def test_release_without_the_decorator_is_refused(
     fresh_transformers_models: None, tiny: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from transformers.integrations import hub_kernels
 
     model = tiny.tiny_model("qwen3_5")
     monkeypatch.delattr(hub_kernels, compat.DECORATOR_NAME)
-    with pytest.raises(UnsupportedTransformersError, match="unsupported transformers version .*no instance-attr"):
+    # Every supported transformers (>= 5.17) selects kernels through the decorator: without it kernelguard
+    # cannot tell what a layer runs, and refuses rather than guess.
+    refused = f"unsupported transformers version .*has no `{compat.DECORATOR_NAME}`"
+    with pytest.raises(UnsupportedTransformersError, match=refused):
         guard(model)
 
 
@@ -347,17 +350,6 @@ def test_decorator_with_unknown_closure_layout_is_refused(
             guard(model)
     finally:
         compat._probe_decorator.cache_clear()
-
-
-def test_transformers_without_the_decorator_is_refused(tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every supported transformers (>= 5.17) selects kernels through the decorator; without it kernelguard
-    cannot tell what a layer runs and refuses rather than guess."""
-    from transformers.integrations import hub_kernels
-
-    model = tiny.tiny_model("qwen3_5")
-    monkeypatch.delattr(hub_kernels, compat.DECORATOR_NAME)
-    with pytest.raises(UnsupportedTransformersError, match=f"has no `{compat.DECORATOR_NAME}`"):
-        guard(model)
 
 
 # ------------------------------------------------------------------------------------ Kernel Hub ---
