@@ -51,9 +51,9 @@ __all__ = [
     "lift_fla_hopper_refusal",
     "modeling_module_name",
     "plan_shapes",
-    "torch_references",
     "run_numerics",
     "shapes_for_model",
     "slow_run_note",
+    "torch_references",
     "undecorated",
 ]
