@@ -12,6 +12,22 @@ import re
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .geometry import key_head_dim
+
+__all__ = [
+    "MODES",
+    "PACKAGES",
+    "PACKED_REFERENCE",
+    "VARLEN_ATTENTION",
+    "Family",
+    "HubRepo",
+    "KernelRequirement",
+    "ModelSpec",
+    "PackageSpec",
+    "Requirements",
+    "is_decode_only",
+    "requirements",
+]
 
 MODES = ("training", "inference")
 
@@ -128,9 +144,9 @@ def requirements(spec: ModelSpec, mode: str, *, packed: bool, transformers_versi
     kernels = tuple(
         k for k in spec.family.kernels if mode == "inference" or not is_decode_only(k.kernel)
     )
-    key_dim: int | None
-    if spec.config and spec.config.get("linear_key_head_dim"):
-        key_dim, key_source = int(spec.config["linear_key_head_dim"]), f"linear_key_head_dim in {spec.origin}"
+    key_dim = key_head_dim(spec.config) if spec.config else None
+    if key_dim is not None:
+        key_source = f"linear_key_head_dim in {spec.origin}"
     else:
         key_dim = spec.family.default_key_head_dim
         key_source = f"default of {spec.family.name}'s config class" if key_dim else "unknown"

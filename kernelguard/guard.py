@@ -236,10 +236,6 @@ def guard(
     version = compat.transformers_version()
     device = _model_device(model)
     found = collect_call_sites(model, mechanism, mode=mode, packed=packed, policy=policy, device=device)
-    if mechanism == "instance-attribute" and not found.kernel_layers:
-        raise compat.unsupported(
-            version, f"no `{compat.DECORATOR_NAME}` decorator and no instance-attribute kernel pattern found"
-        )
     if strict and not found.entries:
         raise _nothing_to_guard(model)
     tripwires = Tripwires(policy, source=ALLOW_SOURCE)

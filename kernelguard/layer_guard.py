@@ -25,7 +25,6 @@ __all__ = [
     "Collected",
     "attention_site",
     "classify_closure",
-    "classify_instance",
     "collect_call_sites",
 ]
 
@@ -120,24 +119,6 @@ def classify_closure(
                  compat.pip_fix(closure.package), failure.issues, required=required)
 
 
-def classify_instance(
-    layer: str, site: compat.InstanceSite, device: str, *, required: bool, policy: AllowPolicy
-) -> CallSite:
-    kernel = site.attr
-    if not site.is_torch_reference and site.value is not None:
-        devices = compat.provider_devices(site.value)
-        if device == "meta" or device in devices:
-            return _site(layer, kernel, _qualname(site.value), PACKAGE, SELECTED, "chosen at layer construction",
-                         required=required)
-        reason = f"`{site.package}` is installed, but it does not run on device {device}"
-        return _site(layer, kernel, _qualname(site.value), PACKAGE, _slow(policy, kernel, (), REJECTED), reason,
-                     f"move the model to {devices[0]}", required=required)
-    impl = "inline torch code" if site.value is None else _qualname(site.value)
-    reason = f"the layer chose the torch path at construction (`self.{site.attr}`); `{site.package}` missing"
-    return _site(layer, kernel, impl, REFERENCE, _slow(policy, kernel, (), FALLBACK), reason,
-                 compat.pip_fix(site.package), required=required)
-
-
 def attention_site(layer: str, module: Any, model: Any, *, packed: bool, policy: AllowPolicy) -> CallSite:
     config = getattr(module, "config", None) or getattr(model, "config", None)
     impl = str(getattr(config, "_attn_implementation", None) or "eager")
@@ -196,26 +177,15 @@ def _collect_decorator_sites(found: Collected, path: str, module: Any, device: s
         found.kernel_layers += 1
 
 
-def _collect_instance_sites(found: Collected, path: str, module: Any, device: str, mode: str,
-                            policy: AllowPolicy, packed: bool = False) -> None:
-    for isite in compat.instance_attribute_sites(module):
-        required = mode == "inference" or not is_decode_only(isite.attr)
-        found.entries.append(classify_instance(path, isite, device, required=required, policy=policy))
-        if isite.is_torch_reference and isite.value is not None:
-            found.to_arm.append((module, isite.attr, isite.attr, f"{path}.{isite.attr}", None))
-        found.layer_paths.append((module, path))
-        found.kernel_layers += 1
-
-
 def collect_call_sites(
     model: Any, mechanism: str, *, mode: str, packed: bool, policy: AllowPolicy, device: str
 ) -> Collected:
-    """Every call site of every layer of ``model`` (``mechanism``: :func:`compat.selection_mechanism`)."""
+    """Every call site of every layer of ``model`` (``mechanism``: :func:`compat.selection_mechanism`, always
+    "decorator" on the supported transformers releases)."""
     found = Collected([], [], [])
-    collect = _collect_decorator_sites if mechanism == "decorator" else _collect_instance_sites
     for path, module in model.named_modules():
         path = path or type(model).__name__
-        collect(found, path, module, device, mode, policy, packed)
+        _collect_decorator_sites(found, path, module, device, mode, policy, packed)
         names, _ = compat.forward_code_names(type(module))
         if _ATTENTION_FORWARD_NAMES.intersection(names):
             found.entries.append(attention_site(path, module, model, packed=packed, policy=policy))

@@ -1,7 +1,7 @@
 """Tripwires on transformers' torch reference paths: the wrappers, and arming them.
 
-A tripwire replaces the module-level name a layer's forward looks up at call time (or a layer's instance
-attribute) with a wrapper that, on entry into the torch reference, either raises
+A tripwire replaces the module-level name a layer's forward looks up at call time with a wrapper that, on
+entry into the torch reference, either raises
 :class:`KernelFallbackError` (``on_fallback="raise"``: :func:`kernelguard.guard`) or records the entry and lets
 it run (``"record"``: the pytest plugin, which then fails the test with one message naming every kernel). A
 call goes through when any active arming allows it (:class:`kernelguard.policy.AllowPolicy`).

@@ -326,14 +326,17 @@ def test_old_transformers_version_is_refused(
         arm_tripwires()
 
 
-def test_release_without_decorator_or_instance_pattern_is_refused(
+def test_release_without_the_decorator_is_refused(
     fresh_transformers_models: None, tiny: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from transformers.integrations import hub_kernels
 
     model = tiny.tiny_model("qwen3_5")
     monkeypatch.delattr(hub_kernels, compat.DECORATOR_NAME)
-    with pytest.raises(UnsupportedTransformersError, match="unsupported transformers version .*no instance-attr"):
+    # Every supported transformers (>= 5.17) selects kernels through the decorator: without it kernelguard
+    # cannot tell what a layer runs, and refuses rather than guess.
+    refused = f"unsupported transformers version .*has no `{compat.DECORATOR_NAME}`"
+    with pytest.raises(UnsupportedTransformersError, match=refused):
         guard(model)
 
 
@@ -350,41 +353,6 @@ def test_decorator_with_unknown_closure_layout_is_refused(
             guard(model)
     finally:
         registry.reset()
-
-
-def _old_torch_chunk(*args: Any, **kwargs: Any) -> Any:
-    raise AssertionError("the tripwire must fire before the reference runs")
-
-
-_old_torch_chunk.__module__ = "transformers.models.olden.modeling_olden"
-
-
-class _OldStyleGatedDeltaNet(torch.nn.Module):
-    """transformers <= 5.14: the kernel is chosen at construction and stored on the instance."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.chunk_gated_delta_rule = _old_torch_chunk
-        self.proj = torch.nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> Any:
-        return self.chunk_gated_delta_rule(self.proj(x))
-
-
-def test_instance_attribute_pattern_of_older_releases(monkeypatch: pytest.MonkeyPatch) -> None:
-    from transformers.integrations import hub_kernels
-
-    monkeypatch.delattr(hub_kernels, compat.DECORATOR_NAME)
-    model = torch.nn.Sequential(_OldStyleGatedDeltaNet())
-    with pytest.raises(KernelFallbackError) as info:
-        guard(model)
-    assert info.value.layer == "0" and info.value.kernel == "chunk_gated_delta_rule"
-    layer = model[0]
-    with guard(model, strict=False) as report:
-        assert report.mechanism == "instance-attribute"
-        with pytest.raises(KernelFallbackError, match="entered the torch reference path"):
-            model(torch.ones(1, 4))
-    assert layer.chunk_gated_delta_rule is _old_torch_chunk
 
 
 # ------------------------------------------------------------------------------------ Kernel Hub ---

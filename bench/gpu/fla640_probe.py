@@ -6,7 +6,7 @@ Upstream bisected the miscompile to the key-dim tile of that kernel: ``CONST_TIL
 with Hopper-sized shared memory, so on an H100/H200 the tile is 64 only for key head dims 33-64, where it is
 also the whole key dim (one K block).
 
-This probe lifts the refusal (``smoke.lift_fla_hopper_refusal``) and compares fla in bf16 against
+This probe lifts the refusal (``numerics.lift_fla_hopper_refusal``) and compares fla in bf16 against
 transformers' fp32 torch reference for:
 
 * the stock tiling at key head dim 64 and 128;
@@ -15,7 +15,7 @@ transformers' fp32 torch reference for:
 * the input recipe of fla's own test in the issue (``torch.rand`` q/k/v, l2-normalised outside the kernel,
   ``logsigmoid(rand) / 10`` decay, an fp32 initial state, B2 T1500 - not a multiple of the 64-token chunk).
 
-Every case goes through ``kernelguard.smoke``'s comparator and threshold (relative L2 error vs the fp32
+Every case goes through ``kernelguard.numerics``'s comparator and threshold (relative L2 error vs the fp32
 reference, 2%), so a failure here is exactly what ``kernelguard check --run`` would report. One JSON line per
 case is appended to ``--out`` as soon as it is measured (a device time limit keeps the finished ones).
 
@@ -67,10 +67,10 @@ def issue_recipe_case(name: str, kd: int, vd: int, dtype_name: str, tol: float) 
     import torch.nn.functional as F
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    from kernelguard import smoke
+    from kernelguard import numerics
 
-    refs, _ = smoke._references()
-    ref = refs[smoke.CHUNK]
+    refs, _ = numerics.torch_references()
+    ref = refs[numerics.CHUNK]
     dtype = getattr(torch, dtype_name)
     gen = torch.Generator().manual_seed(42)
     b, t, h = BATCH, SEQ, HEADS
@@ -113,23 +113,23 @@ def issue_recipe_case(name: str, kd: int, vd: int, dtype_name: str, tol: float) 
     try:
         o, ht, kgrads = run(chunk_gated_delta_rule, kin, lambda x: x.to(dtype), do, dht)
     except Exception as exc:  # noqa: BLE001 - the refusal or a crash is a result too
-        return [smoke._error_case(smoke.CHUNK, label, exc)]
+        return [numerics.error_case(numerics.CHUNK, label, exc)]
     ro, rht, rgrads = run(ref, rin, lambda x: x, do.float(), dht)
-    cases = [smoke._compare(smoke.CHUNK, label, "o", o, ro, tol), smoke._compare(smoke.CHUNK, label, "ht", ht, rht, tol)]
-    cases += [smoke._compare(smoke.CHUNK, label, "d" + n, kg, rg, tol) for n, kg, rg in zip(names, kgrads, rgrads)]
+    cases = [numerics.compare(numerics.CHUNK, label, "o", o, ro, tol), numerics.compare(numerics.CHUNK, label, "ht", ht, rht, tol)]
+    cases += [numerics.compare(numerics.CHUNK, label, "d" + n, kg, rg, tol) for n, kg, rg in zip(names, kgrads, rgrads)]
     return cases
 
 
 def kernelguard_case(kd: int, vd: int) -> list[Any]:
     """The same check `kernelguard check --run` does (randn inputs, varlen and padded rows)."""
-    from kernelguard import smoke
-    from kernelguard.smoke import GdnShape
+    from kernelguard import numerics
+    from kernelguard.numerics import GdnShape
 
     shapes = [
         GdnShape(num_k_heads=HEADS, num_v_heads=HEADS, key_dim=kd, value_dim=vd, batch=BATCH, seq_len=SEQ),
         GdnShape(num_k_heads=HEADS, num_v_heads=HEADS, key_dim=kd, value_dim=vd, seq_len=1024, segments=(300, 500, 224)),
     ]
-    report = smoke.run_numerics([smoke.CHUNK], shapes=shapes, device="cuda", lift_fla_hopper_refusal=True)
+    report = numerics.run_numerics([numerics.CHUNK], shapes=shapes, device="cuda", lift_fla_hopper_refusal=True)
     print(report.render(), flush=True)
     return list(report.cases)
 
@@ -149,12 +149,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from kernelguard import smoke
+    from kernelguard import numerics
 
     if not torch.cuda.is_available():
         print("fla640_probe: needs a CUDA GPU", file=sys.stderr)
         return 2
-    smoke.lift_fla_hopper_refusal()
+    numerics.lift_fla_hopper_refusal()
     import triton
 
     env = {
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         force_tiling(tiling)
         t0 = time.perf_counter()
         if recipe == "issue":
-            cases = issue_recipe_case(name, kd, vd, dtype_name, smoke.REL_TOL)
+            cases = issue_recipe_case(name, kd, vd, dtype_name, numerics.REL_TOL)
         else:
             cases = kernelguard_case(kd, vd)
         torch.cuda.synchronize()

@@ -4,7 +4,7 @@
 Steps, each isolated so one failure never hides the others:
   1. refusal      chunk_gated_delta_rule with fla as shipped (no lifting): captures fla's own refusal
                   message on Hopper + Triton 3.4-3.7.0 (or shows it passes elsewhere).
-  2. lift         sets TRITON_ABOVE_3_7_1=True in fla's modules for this process (kernelguard.smoke).
+  2. lift         sets TRITON_ABOVE_3_7_1=True in fla's modules for this process (kernelguard.numerics).
   3. k64          chunk_gated_delta_rule at key head dim 64 (BK = 64): expect dk/dg FAIL on the bad stack.
   4. k128         chunk_gated_delta_rule at key head dim 128: Qwen3.5's geometry (16 key / 32 value heads) +
                   a 4-head case: expect PASS (~0.5% rel error).
@@ -111,18 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from transformers.models.qwen3_5 import Qwen3_5TextConfig
 
-        from kernelguard import smoke
-        from kernelguard.smoke import GdnShape, run_numerics, shapes_for_model
+        from kernelguard import numerics
+        from kernelguard.numerics import GdnShape, run_numerics, shapes_for_model
 
         results["environment"] = environment()
         results["tolerance"] = {
-            "rel_error": smoke.REL_TOL,
+            "rel_error": numerics.REL_TOL,
             "definition": "||kernel - ref||_2 / ||ref||_2, fp32; "
             "kernel in bf16, reference = transformers' torch function in fp32 on the same inputs",
         }
         cfg = Qwen3_5TextConfig()
         qwen = shapes_for_model(cfg, generic=False)
-        generic = smoke.generic_shapes()
+        generic = numerics.generic_shapes()
         k64 = [s for s in generic if s.key_dim == 64]
         k128 = qwen + [s for s in generic if s.key_dim == 128]
         chunk = ["chunk_gated_delta_rule"]
@@ -130,17 +130,17 @@ def main(argv: list[str] | None = None) -> int:
         dev = args.device
 
         _step(results, "refusal", lambda: _summary(run_numerics(chunk, shapes=first, device=dev)))
-        _step(results, "lift", lambda: {"changed_modules": smoke.lift_fla_hopper_refusal()})
+        _step(results, "lift", lambda: {"changed_modules": numerics.lift_fla_hopper_refusal()})
         _step(results, "k64", lambda: _summary(run_numerics(chunk, shapes=k64, device=dev)))
         _step(results, "k128", lambda: _summary(run_numerics(chunk, shapes=k128, device=dev)))
-        _step(results, "all_kernels", lambda: _summary(run_numerics(smoke.KERNELS, shapes=k128, device=dev)))
+        _step(results, "all_kernels", lambda: _summary(run_numerics(numerics.KERNELS, shapes=k128, device=dev)))
         if not args.no_warm_rerun:
             # What `check --run` does for a Qwen3.5 config (model shapes + generic K64/K128), now warm: its
             # seconds is the warm cost; its K64 dk/dg failures are expected on the bad stack.
             _step(
                 results,
                 "default_check_warm",
-                lambda: _summary(run_numerics(smoke.KERNELS, config=cfg, device=dev)),
+                lambda: _summary(run_numerics(numerics.KERNELS, config=cfg, device=dev)),
             )
         results["verdict"] = {
             name: results.get(name, {}).get("summary", results.get(name, {}).get("error"))

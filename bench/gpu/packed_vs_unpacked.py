@@ -37,7 +37,7 @@ def main() -> int:
 
     from kernelguard.attention import register_varlen_attention
     from kernelguard.guard import guard
-    from kernelguard.smoke import lift_fla_hopper_refusal
+    from kernelguard.numerics import lift_fla_hopper_refusal
     from kernelguard.train.packing import MODEL_INPUT_KEYS, build_packed_block
 
     lifted = lift_fla_hopper_refusal()

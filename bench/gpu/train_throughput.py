@@ -303,7 +303,8 @@ def which_implementations() -> dict[str, str]:
     """Which callable transformers' decorated GDN/conv functions will call (closure ``implementation``)."""
     import importlib
 
-    from kernelguard.smoke import hub_wrapper, kernel_sources
+    from kernelguard.numerics import kernel_sources
+    from kernelguard.transformers_compat import hub_wrapper
 
     out = {}
     for kernel in ("chunk_gated_delta_rule", "causal_conv1d_fn"):

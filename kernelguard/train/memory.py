@@ -43,7 +43,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from kernelguard.catalog import is_decode_only
 from kernelguard.errors import ConfigError
+from kernelguard.geometry import text_config
 
 GIB = 2**30
 HEADROOM = 0.92  # share of the card torch may allocate before "does not fit"
@@ -286,7 +288,7 @@ def measure_activations(hf_config: Any, *, tokens: int, param_dtype: str = "bf16
         model.to(dtype)
         with _kernel_stand_ins(model) as notes:
             per_layer, root = _saved_by_layer(model, layers, tokens)
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    text = text_config(hf_config)
     return ActivationProbe(
         tokens=tokens,
         hidden_size=int(text.hidden_size),
@@ -450,20 +452,17 @@ def _register_probe_attention() -> None:
 @contextmanager
 def _kernel_stand_ins(model: Any) -> Iterator[list[str]]:
     """Point the modeling module's kernel call sites (from the catalog) at the stand-ins, then restore them."""
-    from kernelguard import discovery
+    from kernelguard.transformers_compat import call_sites
 
     module = sys.modules[type(model).__module__]
     notes: list[str] = []
     saved: dict[str, Any] = {}
-    for family in discovery.families().values():
-        if not family.source.endswith(f"{module.__name__.rsplit('.', 1)[-1]}.py"):
-            continue
-        for req in family.kernels:
-            if req.kernel in _STAND_INS and hasattr(module, req.call_site):
-                saved.setdefault(req.call_site, getattr(module, req.call_site))
-                setattr(module, req.call_site, _STAND_INS[req.kernel])
-            elif not req.kernel.startswith("fused_recurrent") and not req.kernel.endswith("_update"):
-                notes.append(f"{req.kernel}: no stand-in; measured with transformers' torch reference (high)")
+    for req in call_sites(module):
+        if req.kernel in _STAND_INS and hasattr(module, req.call_site):
+            saved.setdefault(req.call_site, getattr(module, req.call_site))
+            setattr(module, req.call_site, _STAND_INS[req.kernel])
+        elif not is_decode_only(req.kernel):
+            notes.append(f"{req.kernel}: no stand-in; measured with transformers' torch reference (high)")
     try:
         yield notes
     finally:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import CheckpointError, ConfigError
+from kernelguard.geometry import estimated_params
 
 from . import checkpoint as ckpt
 from .config import CONFIG_FILENAME, TrainConfig, save_config
@@ -199,7 +200,7 @@ def claim_output(cfg: TrainConfig, plan: StartPlan) -> list[str]:
 def checkpoint_bytes_estimate(config: Any, weights: Path | None) -> int:
     """Bytes of one checkpoint: parameters (from the weight files' headers, else the config) x 12."""
     params = _params_from_weights(weights) if weights is not None else None
-    return CHECKPOINT_BYTES_PER_PARAM * (params or _params_from_config(config))
+    return CHECKPOINT_BYTES_PER_PARAM * (params or estimated_params(config))
 
 
 def _params_from_weights(folder: Path) -> int | None:
@@ -234,19 +235,3 @@ def _safetensors_params(path: Path) -> int | None:
                 n *= int(dim)
             total += n
     return total
-
-
-def _params_from_config(config: Any) -> int:
-    """A lower-bound estimate: embeddings (and an untied head), MLP (all experts), 4 x hidden^2 mixing."""
-    get = getattr(config, "get_text_config", None)
-    text = get() if callable(get) else config
-    hidden, vocab = int(text.hidden_size), int(text.vocab_size)
-    layers = int(getattr(text, "num_hidden_layers", 0) or 0)
-    experts = int(getattr(text, "num_experts", 0) or 0)
-    if experts:
-        mlp_width = experts * int(getattr(text, "moe_intermediate_size", 0) or 0)
-        mlp_width += int(getattr(text, "shared_expert_intermediate_size", 0) or 0)
-    else:
-        mlp_width = int(getattr(text, "intermediate_size", 0) or 0)
-    heads = 1 if getattr(text, "tie_word_embeddings", False) else 2
-    return heads * vocab * hidden + layers * (3 * hidden * mlp_width + 4 * hidden * hidden)

@@ -1,4 +1,4 @@
-"""kernelguard.smoke: kernel numerics vs the fp32 torch reference, exercised on CPU with correct and broken
+"""kernelguard.numerics: kernel numerics vs the fp32 torch reference, exercised on CPU with correct and broken
 stand-in providers; the real-kernel run is a `gpu` test. Also runs bench/gpu/train_throughput.py in its tiny CPU
 mode (fake providers) to keep the benchmark's logic and JSON schema honest."""
 
@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard import smoke
-from kernelguard.smoke import GdnShape, run_numerics, shapes_for_model
+from kernelguard import numerics
+from kernelguard.fla_refusal import _FLA_REFUSAL_FLAG
+from kernelguard.numerics import GdnShape, references, run_numerics, shapes_for_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,8 +32,8 @@ SHAPES = [
 
 def _layer_passes_key_heads() -> bool:
     # transformers <= 5.17 repeats q/k to the value heads in the layer; newer releases pass key heads.
-    refs, _ = smoke._references()
-    return smoke._kernel_gets_key_heads(refs["chunk_gated_delta_rule"])
+    refs, _ = numerics.torch_references()
+    return numerics.kernel_gets_key_heads(refs["chunk_gated_delta_rule"])
 
 
 def _label(shape: GdnShape) -> str:
@@ -56,8 +57,8 @@ def fakes(fake_providers: Path) -> dict[str, Any]:
 
 
 def _run(
-    providers: dict[str, Any], kernels: Any = smoke.KERNELS, shapes: Any = SHAPES
-) -> smoke.NumericsReport:
+    providers: dict[str, Any], kernels: Any = numerics.KERNELS, shapes: Any = SHAPES
+) -> numerics.NumericsReport:
     return run_numerics(kernels, providers=providers, device="cpu", shapes=shapes)
 
 
@@ -87,7 +88,7 @@ def test_correct_providers_pass_every_tensor(fakes: dict[str, Any]) -> None:
     assert ("causal_conv1d_update", "conv_state") in tensors
     assert any(c.shape == VARLEN_LABEL for c in report.cases)
     assert any("seq_idx[3,67,100,30]" in c.shape for c in report.cases)  # a segment shorter than the conv
-    assert all(c.tolerance == smoke.REL_TOL for c in report.cases)
+    assert all(c.tolerance == numerics.REL_TOL for c in report.cases)
     # bf16 vs fp32 of a correct kernel is well inside the threshold (DEVICE.md measured 0.50-0.58% on fla).
     assert max(c.rel_error for c in report.cases) < 0.01
     json.dumps(report.to_dict(), allow_nan=False)
@@ -180,7 +181,7 @@ def test_layer_that_repeats_qk_feeds_value_heads(
         seen.append(q.shape[2])
         return good(q, *args, **kwargs)
 
-    monkeypatch.setattr(smoke, "_kernel_gets_key_heads", lambda ref: False)
+    monkeypatch.setattr(references, "kernel_gets_key_heads", lambda ref: False)
     report = _run({"chunk_gated_delta_rule": spy}, kernels=["chunk_gated_delta_rule"], shapes=SHAPES[:1])
     assert report.ok, report.render()
     assert seen == [4]
@@ -188,15 +189,15 @@ def test_layer_that_repeats_qk_feeds_value_heads(
 
 
 def test_unimportable_provider_fails_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = smoke.kernel_sources
+    real = references.kernel_sources
 
-    def elsewhere(kernel: str, **kw: Any) -> list[smoke.KernelSource]:
+    def elsewhere(kernel: str, **kw: Any) -> list[numerics.KernelSource]:
         return [
-            smoke.KernelSource(s.kernel, "kernelguard_no_such_pkg", s.reference_name, s.reference_module)
+            numerics.KernelSource(s.kernel, "kernelguard_no_such_pkg", s.reference_name, s.reference_module)
             for s in real(kernel, **kw)
         ]
 
-    monkeypatch.setattr(smoke, "kernel_sources", elsewhere)
+    monkeypatch.setattr(references, "kernel_sources", elsewhere)
     report = run_numerics(["causal_conv1d_fn"], device="cpu", shapes=SHAPES)
     assert not report.ok
     assert "cannot import kernelguard_no_such_pkg.causal_conv1d_fn: ModuleNotFoundError" in report.skipped[0]
@@ -204,28 +205,28 @@ def test_unimportable_provider_fails_the_report(monkeypatch: pytest.MonkeyPatch)
 
 # ------------------------------------------------------------------------------------------- kernel table
 def test_kernel_table_comes_from_the_catalog() -> None:
-    """Provider module, reference name and reference module of every kernel smoke drives are the catalog's."""
-    chunk = smoke.kernel_sources("chunk_gated_delta_rule")
-    assert chunk[0] == smoke.KernelSource(
+    """Provider module, reference name and reference module of every kernel numerics drives are the catalog's."""
+    chunk = numerics.kernel_sources("chunk_gated_delta_rule")
+    assert chunk[0] == numerics.KernelSource(
         "chunk_gated_delta_rule",
         "fla.ops.gated_delta_rule",
         "torch_chunk_gated_delta_rule",
         "transformers.models.qwen3_5.modeling_qwen3_5",
     )
     assert chunk[1].reference_module == "transformers.models.qwen3_next.modeling_qwen3_next"
-    conv = smoke.kernel_sources("causal_conv1d_fn", family="qwen3_next")[0]
+    conv = numerics.kernel_sources("causal_conv1d_fn", family="qwen3_next")[0]
     assert (conv.provider_module, conv.reference_name) == ("causal_conv1d", "causal_conv1d_fn")
     assert conv.reference_module == "transformers.models.qwen3_next.modeling_qwen3_next"
-    assert smoke.kernel_sources("no_such_kernel") == []
-    for kernel in smoke.KERNELS:
-        assert smoke.kernel_sources(kernel), kernel
+    assert numerics.kernel_sources("no_such_kernel") == []
+    for kernel in numerics.KERNELS:
+        assert numerics.kernel_sources(kernel), kernel
 
 
 def test_modeling_module_name_from_the_family_source_path() -> None:
     path = "/x/site-packages/transformers/models/qwen3_5/modeling_qwen3_5.py"
-    assert smoke.modeling_module_name(path) == "transformers.models.qwen3_5.modeling_qwen3_5"
+    assert numerics.modeling_module_name(path) == "transformers.models.qwen3_5.modeling_qwen3_5"
     with pytest.raises(ValueError, match="not inside a transformers package"):
-        smoke.modeling_module_name("/tmp/modeling_x.py")
+        numerics.modeling_module_name("/tmp/modeling_x.py")
 
 
 def test_references_come_from_the_models_own_family_when_given(fakes: dict[str, Any]) -> None:
@@ -267,9 +268,9 @@ def test_reference_is_found_behind_a_kernels_func_module() -> None:
 
         return Func()
 
-    assert smoke.undecorated(wrapped) is torch_ref
-    assert smoke.undecorated(make_func_module(wrapped)) is torch_ref
-    assert smoke.undecorated(object()) is None
+    assert numerics.undecorated(wrapped) is torch_ref
+    assert numerics.undecorated(make_func_module(wrapped)) is torch_ref
+    assert numerics.undecorated(object()) is None
 
 
 # ------------------------------------------------------------------------------------------- shapes
@@ -304,7 +305,7 @@ def test_plan_shapes_drops_generic_shapes_the_model_covers() -> None:
 
     shapes = shapes_for_model(Qwen3_5TextConfig())
     notes: list[str] = []
-    planned = smoke.plan_shapes(shapes, notes)
+    planned = numerics.plan_shapes(shapes, notes)
     generic = [s for s in planned if s.origin == "generic"]
     assert [s.key_dim for s in generic] == [64, 64]  # the #640 tile stays covered
     assert len(planned) == len(shapes) - 1
@@ -312,14 +313,14 @@ def test_plan_shapes_drops_generic_shapes_the_model_covers() -> None:
     assert notes == [covered + "B1 T1024 H16 HV32 K128 V128 varlen[300,500,224]"]
     # Without grouped value heads in the model, the generic GVA case is kept.
     plain = [
-        GdnShape(num_k_heads=4, num_v_heads=4, key_dim=64, value_dim=128, origin="m", **smoke.PACKED_LAYOUT)
+        GdnShape(num_k_heads=4, num_v_heads=4, key_dim=64, value_dim=128, origin="m", **numerics.PACKED_LAYOUT)
     ]
-    assert len(smoke.plan_shapes(plain + smoke.generic_shapes())) == 4
-    assert smoke.plan_shapes(smoke.generic_shapes()) == smoke.generic_shapes()
+    assert len(numerics.plan_shapes(plain + numerics.generic_shapes())) == 4
+    assert numerics.plan_shapes(numerics.generic_shapes()) == numerics.generic_shapes()
 
 
 def test_shapes_without_config_are_generic_and_reject_non_gdn_configs() -> None:
-    assert shapes_for_model(None) == smoke.generic_shapes()
+    assert shapes_for_model(None) == numerics.generic_shapes()
     with pytest.raises(ValueError, match="gated-delta-net"):
         shapes_for_model(types.SimpleNamespace(hidden_size=8))
     with pytest.raises(ValueError, match="multiple"):
@@ -338,10 +339,10 @@ def test_lift_fla_hopper_refusal_sets_the_flag_everywhere_it_was_copied(
         modules[n].TRITON_ABOVE_3_7_1 = False  # type: ignore[attr-defined]
     for n, m in modules.items():
         monkeypatch.setitem(sys.modules, n, m)
-    changed = smoke.lift_fla_hopper_refusal()
+    changed = numerics.lift_fla_hopper_refusal()
     assert sorted(changed) == ["fla.ops.common.chunk_o", "fla.utils", "fla.utils.env"]
     assert modules["fla.ops.common.chunk_o"].TRITON_ABOVE_3_7_1 is True  # type: ignore[attr-defined]
-    assert smoke.lift_fla_hopper_refusal() == []  # idempotent
+    assert numerics.lift_fla_hopper_refusal() == []  # idempotent
 
 
 def test_fla_refusal_flag_name_matches_fla_source() -> None:
@@ -353,7 +354,7 @@ def test_fla_refusal_flag_name_matches_fla_source() -> None:
         pytest.skip("no fla_core wheel in .whl/")
     with zipfile.ZipFile(wheels[-1]) as zf:
         source = zf.read("fla/ops/common/chunk_o.py").decode()
-    assert f"not {smoke._FLA_REFUSAL_FLAG}" in source
+    assert f"not {_FLA_REFUSAL_FLAG}" in source
 
 
 # ------------------------------------------------------------------------------------------- GPU
@@ -369,8 +370,8 @@ def fla_refusal_lifted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
         for n in ("IS_NVIDIA_HOPPER", "TRITON_ABOVE_3_4_0", "TRITON_ABOVE_3_7_1")
     ]
     for name, module in list(sys.modules.items()):
-        if name.split(".")[0] == "fla" and getattr(module, smoke._FLA_REFUSAL_FLAG, None) is False:
-            monkeypatch.setattr(module, smoke._FLA_REFUSAL_FLAG, True)
+        if name.split(".")[0] == "fla" and getattr(module, _FLA_REFUSAL_FLAG, None) is False:
+            monkeypatch.setattr(module, _FLA_REFUSAL_FLAG, True)
     return flags
 
 
@@ -382,7 +383,7 @@ def test_real_kernels_on_gpu_qwen3_5_shapes(fla_refusal_lifted: list[bool]) -> N
     pytest.importorskip("causal_conv1d")
     from transformers.models.qwen3_5 import Qwen3_5TextConfig
 
-    report = run_numerics(smoke.KERNELS, shapes=shapes_for_model(Qwen3_5TextConfig(), generic=False))
+    report = run_numerics(numerics.KERNELS, shapes=shapes_for_model(Qwen3_5TextConfig(), generic=False))
     assert report.ok, report.render()
 
 
@@ -393,7 +394,7 @@ def test_fla_issue_640_is_caught_by_numbers_at_key_dim_64(fla_refusal_lifted: li
     dim 64 must FAIL, key head dim 128 must PASS."""
     if fla_refusal_lifted != [True, True, False]:
         pytest.skip(f"not the fla issue 640 stack (Hopper, Triton 3.4-3.7.0): {fla_refusal_lifted}")
-    shapes = smoke.generic_shapes()
+    shapes = numerics.generic_shapes()
     k64 = run_numerics(["chunk_gated_delta_rule"], shapes=[s for s in shapes if s.key_dim == 64])
     k128 = run_numerics(["chunk_gated_delta_rule"], shapes=[s for s in shapes if s.key_dim == 128])
     assert {c.tensor for c in k64.failures} & {"dk", "dg"}, k64.render()
@@ -460,7 +461,7 @@ def test_train_throughput_tiny_cpu_times_the_product_step(variant: str, tmp_path
 
 
 def test_slow_run_note_explains_fla_autotuning_only_when_it_applies() -> None:
-    from kernelguard.smoke import CHUNK, CONV, slow_run_note
+    from kernelguard.numerics import CHUNK, CONV, slow_run_note
 
     assert slow_run_note(12.0, [CHUNK, CONV]) is None  # fast: nothing to explain
     assert slow_run_note(300.0, [CONV]) is None  # no fla kernel: autotuning is not the reason
