@@ -77,6 +77,10 @@ def run_numerics(
             run.cases += exercise(kernel, provs[kernel], refs[kernel], plan, key_heads=key_heads, device=device,
                                   gen=gen, dtype=run.dtype, tol=run.tolerance)
             _sync(device)
+    if pin_autotune and device.startswith("cuda") and any(k in FLA_KERNELS for k in provs):
+        missed = _search_note()
+        if missed:
+            run.notes.append(missed)
     return run.finish([k for k in wanted if k in provs], import_failures)
 
 
@@ -161,16 +165,26 @@ def _providers_for(
 SLOW_RUN_S = 30.0
 
 
+def _search_note() -> str | None:
+    from kernelguard.fla_autotune import search_note
+
+    try:
+        return search_note()
+    except Exception:  # noqa: BLE001 - a diagnostic only: never fail the check over it
+        return None
+
+
 def slow_run_note(seconds: float, kernels: Sequence[str]) -> str | None:
     """Why a run was slow, when fla's Triton kernels were among those exercised and it took > 30 s."""
     if seconds <= SLOW_RUN_S or not any(k in (CHUNK, RECURRENT) for k in kernels):
         return None
     return (
-        f"this run took {seconds:.0f} s: fla autotunes its Triton kernels the first time each shape is seen on "
-        "a machine (minutes) unless kernelguard ships pinned choices for this GPU arch, Triton and fla "
-        "(kernelguard/fla_autotune_pins.json: 43 s cold on an H200); the results are cached on disk "
-        "(TRITON_CACHE_DIR, default ~/.triton/cache), so the next run in a fresh process takes seconds (19 s on "
-        "an H200, bench/RESULTS.md). Keep that cache in the image or a volume to make --run cheap on every node."
+        f"this run took {seconds:.0f} s: fla autotunes each Triton kernel the first time a process sees its shape "
+        "(every candidate config is compiled and timed) unless kernelguard ships a pinned choice for this GPU "
+        "arch, Triton, fla and call layout (kernelguard/fla_autotune_pins.json; a note above names the kernels "
+        "that were searched). Compiled kernels are cached on disk (TRITON_CACHE_DIR, default ~/.triton/cache), "
+        "autotune choices are not: keep that cache in the image or a volume, and expect unpinned shapes to be "
+        "searched again in each new process."
     )
 
 
