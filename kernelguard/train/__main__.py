@@ -13,7 +13,7 @@ import sys
 
 from kernelguard.errors import ConfigError, DataError
 
-from .config import LaunchOptions
+from .config_cli import LaunchOptions
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -44,7 +44,7 @@ def _fail(code: int, message: str, *, report: str | None = None, is_main: bool |
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .config import parse_command
+    from .config_cli import parse_command
     from .launch import launch, launched_by_kernelguard
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -82,7 +82,9 @@ def _train(cfg: object) -> int:
         return _fail(EXIT_GUARD, line, report=e.report, is_main=info.is_main)
     except (ConfigError, DataError) as e:
         return _fail(EXIT_USAGE, f"kernelguard train: error: {e}", is_main=info.is_main)
-    except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line from rank 0 (or the launcher), no tracebacks
+    except (
+        KeyboardInterrupt
+    ):  # Ctrl-C reaches every rank: one line from rank 0 (or the launcher), no tracebacks
         if info.is_main and not launched_by_kernelguard():
             print("kernelguard train: interrupted.", file=sys.stderr, flush=True)
         return 130

@@ -66,8 +66,8 @@ def choose_attention(choice: str, device: torch.device) -> str:
 
 def build_model(cfg: TrainConfig, info: DistInfo) -> BuiltModel:
     """The model on the meta device (no memory, no weights read): what the guard inspects."""
-    config, weights = model_source(cfg.model)
-    attention = choose_attention(cfg.attention, info.device)
+    config, weights = model_source(cfg.model.model)
+    attention = choose_attention(cfg.runtime.attention, info.device)
     return BuiltModel(build_meta_model(config, attn_implementation=attention), config, weights, attention)
 
 
@@ -80,10 +80,15 @@ def make_optimizer(
     for name, p in model.named_parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=device.type == "cuda")
+    groups = [
+        {"params": decay, "weight_decay": cfg.optimizer.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(
+        groups, lr=cfg.optimizer.learning_rate, betas=cfg.optimizer.adam_betas, fused=device.type == "cuda"
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lr_lambda(cfg.warmup_steps, schedule_steps, cfg.min_lr_ratio)
+        opt, lr_lambda(cfg.optimizer.warmup_steps, schedule_steps, cfg.optimizer.min_lr_ratio)
     )
     return opt, sched
 
@@ -93,8 +98,8 @@ def resolve_activation_checkpointing(cfg: TrainConfig, info: DistInfo) -> tuple[
     peak without it fits the card (keeping its 8% reserve), else on; rank 0 decides for every rank. auto on CPU:
     on, as before auto existed (CPU runs are tests; there is no GPU memory to budget and the suite keeps
     covering the checkpointed path)."""
-    if cfg.activation_checkpointing is not None:
-        on = bool(cfg.activation_checkpointing)
+    if cfg.runtime.activation_checkpointing is not None:
+        on = bool(cfg.runtime.activation_checkpointing)
         flag = "--activation-checkpointing" if on else "--no-activation-checkpointing"
         return on, f"activation checkpointing: {'on' if on else 'off'} ({flag})"
     if info.device.type != "cuda":
@@ -129,7 +134,7 @@ def prepare_training(
     # Compile before fully_shard (torchtitan's order) and before AC: dynamo cannot trace a checkpoint region
     # with graph breaks in it (the opaque kernels), so a compiled checkpoint wrapper would run all eager; a
     # checkpoint of the compiled layer recomputes the compiled forward instead.
-    if cfg.compile:
+    if cfg.runtime.compile:
         from .compile import compile_layers
 
         built.compiled = compile_layers(model)
@@ -139,7 +144,7 @@ def prepare_training(
     if built.activation_checkpointing:
         apply_activation_checkpointing(model)
     # Before sharding: the head keeps its parameters and names, only its forward changes.
-    head = return_hidden_states_from_head(model) if cfg.loss == "chunked" else None
+    head = return_hidden_states_from_head(model) if cfg.runtime.loss == "chunked" else None
     if head is not None:
         # The model's output is then a slice of the hidden states (a view); FSDP2 warns that an in-place op
         # on it would skip its pre-backward hook. The loss only reads it.
@@ -147,13 +152,13 @@ def prepare_training(
     apply_fsdp(
         model,
         mesh=mesh,
-        mp_policy=mixed_precision(cfg.param_dtype),
-        reshard_after_forward=cfg.reshard_after_forward,
+        mp_policy=mixed_precision(cfg.runtime.param_dtype),
+        reshard_after_forward=cfg.runtime.reshard_after_forward,
     )
-    materialize(model, info=info, config=built.config, weights=built.weights, seed=cfg.seed)
+    materialize(model, info=info, config=built.config, weights=built.weights, seed=cfg.training.seed)
     model.train()
     optimizer, scheduler = make_optimizer(model, cfg, info.device, schedule_steps=schedule_steps)
-    return TrainState(model, optimizer, scheduler, info, head=head, grad_clip=cfg.grad_clip)
+    return TrainState(model, optimizer, scheduler, info, head=head, grad_clip=cfg.optimizer.max_grad_norm)
 
 
 def _log(info: DistInfo, message: str) -> None:
@@ -163,6 +168,6 @@ def _log(info: DistInfo, message: str) -> None:
 
 def setup_training(cfg: TrainConfig, info: DistInfo, *, schedule_steps: int) -> tuple[BuiltModel, TrainState]:
     """:func:`build_model` + :func:`prepare_training` without the guard (the benchmark's entry point)."""
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.training.seed)
     built = build_model(cfg, info)
     return built, prepare_training(built, cfg, info, schedule_steps=schedule_steps)

@@ -26,7 +26,7 @@ from typing import Any
 
 from kernelguard.errors import ConfigError
 
-from .config import LaunchOptions
+from .config_cli import LaunchOptions
 
 LAUNCH_DIR_ENV = "KERNELGUARD_LAUNCH_DIR"  # set for the ranks: where each writes its error record
 _QUIET_LOGGERS = ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher")
