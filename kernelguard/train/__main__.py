@@ -82,9 +82,7 @@ def _train(cfg: object) -> int:
         return _fail(EXIT_GUARD, line, report=e.report, is_main=info.is_main)
     except (ConfigError, DataError) as e:
         return _fail(EXIT_USAGE, f"kernelguard train: error: {e}", is_main=info.is_main)
-    except (
-        KeyboardInterrupt
-    ):  # Ctrl-C reaches every rank: one line from rank 0 (or the launcher), no tracebacks
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line from rank 0 (or the launcher), no tracebacks
         if info.is_main and not launched_by_kernelguard():
             print("kernelguard train: interrupted.", file=sys.stderr, flush=True)
         return 130

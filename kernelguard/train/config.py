@@ -58,8 +58,8 @@ __all__ = [
     "config_dict",
     "field_kinds",
     "save_config",
-    "validate",
     "setting",
+    "validate",
 ]
 
 CONFIG_FILENAME = "train_config.json"  # the resolved configuration, written to the output folder at start
@@ -79,7 +79,7 @@ RENAMED = {
 }
 
 
-def setting(default: Any = MISSING, help: str = "", **cli: Any) -> Any:  # noqa: A002 - argparse's word
+def setting(default: Any = MISSING, help: str = "", **cli: Any) -> Any:
     """A field with its ``--help`` text and how its flag is spelled (kernelguard.train.config_cli reads
     ``cli``: metavar, aliases, ...). A list default becomes a tuple field with an empty default."""
     meta = {"help": help, **cli}
@@ -335,7 +335,7 @@ class RuntimeSection:
 class CheckpointSection:
     """The run folder: checkpoints, retention, resume, the final export."""
 
-    output_dir: Path = setting(help="run folder (required)", metavar="DIR", required="DIR")
+    output_dir: Path = setting(help="run folder (required)", metavar="DIR", required="DIR")  # noqa: RUF009
     save_steps: int = setting(0, "checkpoint every N steps (0: only at the end)", metavar="N")
     save_total_limit: int | None = setting(None, "keep only the newest N checkpoints", metavar="N")
     resume: bool = setting(False, "continue from the newest complete checkpoint")
