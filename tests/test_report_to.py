@@ -16,10 +16,10 @@ from kernelguard.train.config import TrainConfig, config_dict
 from kernelguard.train.metrics import MetricsLog, open_metrics, plot_metrics
 
 RECORDS: list[dict[str, Any]] = [
-    {"step": 1, "loss": 2.5, "lr": 1e-4, "tokens_per_s": 100.0, "mfu": None},
-    {"step": 2, "loss": 2.0, "lr": 2e-4, "tokens_per_s": 110.0, "mfu": None},
+    {"step": 1, "loss": 2.5, "learning_rate": 1e-4, "tokens_per_s": 100.0, "mfu": None},
+    {"step": 2, "loss": 2.0, "learning_rate": 2e-4, "tokens_per_s": 110.0, "mfu": None},
     {"step": 2, "eval_loss": 2.2, "eval_tokens": 64},
-    {"step": 3, "loss": 1.5, "lr": 2e-4, "tokens_per_s": 120.0, "mfu": None},
+    {"step": 3, "loss": 1.5, "learning_rate": 2e-4, "tokens_per_s": 120.0, "mfu": None},
 ]
 
 
@@ -33,7 +33,7 @@ def _scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
 
 def test_tensorboard_writes_event_files(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
-    cfg = TrainConfig(model="m", data="d", output=tmp_path, report_to=("tensorboard",))
+    cfg = TrainConfig.from_flags(model="m", data="d", output=tmp_path, report_to=("tensorboard",))
     log = open_metrics(cfg, resume_step=None)
     for rec in RECORDS:
         log.write(rec)
@@ -67,7 +67,7 @@ def test_missing_library_is_a_config_error_with_the_pip_command(
 ) -> None:
     monkeypatch.setitem(sys.modules, name, None)  # importlib.util.find_spec -> None, as when not installed
     with pytest.raises(ConfigError) as info:
-        TrainConfig(model="m", data="d", output=tmp_path, report_to=(name,))
+        TrainConfig.from_flags(model="m", data="d", output=tmp_path, report_to=(name,))
     assert info.value.message == f"--report-to {name}: the {name} package is not installed."
     assert (
         info.value.fix
@@ -104,9 +104,9 @@ def test_missing_wandb_through_the_cli_exits_2_before_any_work(
 def test_report_to_none_and_comma_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "wandb", _fake_wandb([]))
     pytest.importorskip("tensorboard")
-    cfg = TrainConfig(model="m", data="d", output=tmp_path, report_to=["tensorboard,wandb", "wandb"])  # type: ignore[arg-type]
-    assert cfg.report_to == ("tensorboard", "wandb")
-    assert TrainConfig(model="m", data="d", output=tmp_path, report_to=("none",)).report_to == ()
+    cfg = TrainConfig.from_flags(model="m", data="d", output=tmp_path, report_to=["tensorboard,wandb", "wandb"])  # type: ignore[arg-type]
+    assert cfg.metrics.report_to == ("tensorboard", "wandb")
+    assert TrainConfig.from_flags(model="m", data="d", output=tmp_path, report_to=("none",)).report_to == ()
 
 
 class _FakeRun:
@@ -138,7 +138,7 @@ def test_wandb_gets_the_config_and_every_record(tmp_path: Path, monkeypatch: pyt
     calls: list[tuple[str, Any]] = []
     monkeypatch.setitem(sys.modules, "wandb", _fake_wandb(calls))
     monkeypatch.setenv("WANDB_PROJECT", "proj")
-    cfg = TrainConfig(model="m", data="d", output=tmp_path / "run1", report_to=("wandb",), lr=3e-4)
+    cfg = TrainConfig.from_flags(model="m", data="d", output=tmp_path / "run1", report_to=("wandb",), lr=3e-4)
     log = open_metrics(cfg, resume_step=None)
     for rec in RECORDS[:3]:
         log.write(rec)
@@ -172,12 +172,12 @@ def test_trackio_gets_every_record(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     mod.__spec__ = types.SimpleNamespace(name="trackio")  # type: ignore[assignment]
     monkeypatch.setitem(sys.modules, "trackio", mod)
     log = MetricsLog(
-        tmp_path / "metrics.jsonl", resume_step=None, report_to=("trackio",), run_config={"lr": 1}
+        tmp_path / "metrics.jsonl", resume_step=None, report_to=("trackio",), run_config={"learning_rate": 1}
     )
     log.write(RECORDS[0])
     log.close()
     assert calls == [
-        ("init", {"project": "kernelguard", "name": tmp_path.name, "config": {"lr": 1}}),
+        ("init", {"project": "kernelguard", "name": tmp_path.name, "config": {"learning_rate": 1}}),
         ("log", (1, {"train/loss": 2.5, "train/lr": 1e-4, "train/tokens_per_s": 100.0})),
         ("finish", None),
     ]

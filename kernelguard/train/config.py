@@ -117,7 +117,7 @@ _KINDS: dict[Any, tuple[str, Callable[[Any], bool], Callable[[Any], Any]]] = {
     float: ("a number", _is_number, float),
     bool: ("true or false", lambda v: isinstance(v, bool), bool),
     str: ("a string", _is_pathlike, os.fspath),
-    Path: ("a path", _is_pathlike, Path),
+    Path: ("a path", _is_pathlike, lambda v: Path(v) if str(v).strip() else v),  # "" stays "": empty
     tuple[str, ...]: (
         "a string or a list of strings",
         _is_strings,
