@@ -15,11 +15,17 @@ from kernelguard.errors import ConfigError
 from kernelguard.train.config import TrainConfig, config_dict
 from kernelguard.train.metrics import MetricsLog, open_metrics, plot_metrics
 
+
+def _open(cfg: TrainConfig) -> MetricsLog:
+    """What the training loop opens for cfg: OUTPUT/metrics.jsonl and its trackers, given the saved config."""
+    output, report_to = cfg.checkpoint.output_dir, cfg.metrics.report_to
+    return open_metrics(output, report_to=report_to, run_config=config_dict(cfg), resume_step=None)
+
 RECORDS: list[dict[str, Any]] = [
-    {"step": 1, "loss": 2.5, "learning_rate": 1e-4, "tokens_per_s": 100.0, "mfu": None},
-    {"step": 2, "loss": 2.0, "learning_rate": 2e-4, "tokens_per_s": 110.0, "mfu": None},
+    {"step": 1, "loss": 2.5, "lr": 1e-4, "tokens_per_s": 100.0, "mfu": None},
+    {"step": 2, "loss": 2.0, "lr": 2e-4, "tokens_per_s": 110.0, "mfu": None},
     {"step": 2, "eval_loss": 2.2, "eval_tokens": 64},
-    {"step": 3, "loss": 1.5, "learning_rate": 2e-4, "tokens_per_s": 120.0, "mfu": None},
+    {"step": 3, "loss": 1.5, "lr": 2e-4, "tokens_per_s": 120.0, "mfu": None},
 ]
 
 
@@ -34,7 +40,7 @@ def _scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
 def test_tensorboard_writes_event_files(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     cfg = TrainConfig.from_flags(model="m", data="d", output=tmp_path, report_to=("tensorboard",))
-    log = open_metrics(cfg, resume_step=None)
+    log = _open(cfg)
     for rec in RECORDS:
         log.write(rec)
     log.close()
@@ -139,7 +145,7 @@ def test_wandb_gets_the_config_and_every_record(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setitem(sys.modules, "wandb", _fake_wandb(calls))
     monkeypatch.setenv("WANDB_PROJECT", "proj")
     cfg = TrainConfig.from_flags(model="m", data="d", output=tmp_path / "run1", report_to=("wandb",), lr=3e-4)
-    log = open_metrics(cfg, resume_step=None)
+    log = _open(cfg)
     for rec in RECORDS[:3]:
         log.write(rec)
     log.close()
@@ -172,12 +178,12 @@ def test_trackio_gets_every_record(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     mod.__spec__ = types.SimpleNamespace(name="trackio")  # type: ignore[assignment]
     monkeypatch.setitem(sys.modules, "trackio", mod)
     log = MetricsLog(
-        tmp_path / "metrics.jsonl", resume_step=None, report_to=("trackio",), run_config={"learning_rate": 1}
+        tmp_path / "metrics.jsonl", resume_step=None, report_to=("trackio",), run_config={"lr": 1}
     )
     log.write(RECORDS[0])
     log.close()
     assert calls == [
-        ("init", {"project": "kernelguard", "name": tmp_path.name, "config": {"learning_rate": 1}}),
+        ("init", {"project": "kernelguard", "name": tmp_path.name, "config": {"lr": 1}}),
         ("log", (1, {"train/loss": 2.5, "train/lr": 1e-4, "train/tokens_per_s": 100.0})),
         ("finish", None),
     ]

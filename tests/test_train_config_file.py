@@ -249,13 +249,13 @@ def test_new_fields_are_validated(tmp_path: Path, extra: dict[str, Any], text: s
 @pytest.mark.parametrize(
     ("field", "value", "expected"),
     [
-        ("lr", "1e-4", "learning_rate is '1e-4' (str); expected a number."),
-        ("block_size", 2.0, "max_length is 2.0 (float); expected an integer."),
+        ("learning_rate", "1e-4", "learning_rate is '1e-4' (str); expected a number."),
+        ("max_length", 2.0, "max_length is 2.0 (float); expected an integer."),
         ("max_steps", True, "max_steps is True (bool); expected an integer."),
         ("resume", "yes", "resume is 'yes' (str); expected true or false."),
         ("allow", [1], "allow is [1] (list); expected a string or a list of strings."),
-        ("betas", (0.9,), "adam_betas is (0.9,) (tuple); expected two numbers."),
-        ("output", 3, "output_dir is 3 (int); expected a path."),
+        ("adam_betas", (0.9,), "adam_betas is (0.9,) (tuple); expected two numbers."),
+        ("output_dir", 3, "output_dir is 3 (int); expected a path."),
     ],
 )
 def test_api_callers_get_the_same_type_errors(tmp_path: Path, field: str, value: Any, expected: str) -> None:
@@ -293,7 +293,8 @@ def test_saved_config_is_a_config_file_that_repeats_the_run(tmp_path: Path) -> N
     written = save_config(cfg, tmp_path)
     assert written == tmp_path / CONFIG_FILENAME and not list(tmp_path.glob("*.tmp"))
     data = json.loads(written.read_text())
-    assert data["lr"] == 0.002 and data["betas"] == [0.8, 0.9] and data["output"] == str(tmp_path / "out")
+    assert data["learning_rate"] == 0.002 and data["adam_betas"] == [0.8, 0.9]
+    assert data["output_dir"] == str(tmp_path / "out") and "lr" not in data and "betas" not in data
     assert not set(INVOCATION_FIELDS) & data.keys()
     again = parse_command(["--config", str(written)]).config
     assert config_dict(again) == config_dict(cfg) and again.checkpoint.resume is False
@@ -332,7 +333,7 @@ def test_dry_run_prints_the_estimate_and_trains_nothing(
     monkeypatch.setitem(sys.modules, "kernelguard.train.memory", types.SimpleNamespace(estimate=estimate))
     assert main([*_base(tmp_path), "--dry-run", "--max-length", "128"]) == 0
     assert capsys.readouterr().out == "peak per GPU: 12.3 GiB\n"
-    assert seen[0][0].block_size == 128 and seen[0][1] is None and not (tmp_path / "out").exists()
+    assert seen[0][0].packing.max_length == 128 and seen[0][1] is None and not (tmp_path / "out").exists()
     # With the launcher flags, the estimate is for the ranks they would start; nothing is launched.
     assert main([*_base(tmp_path), "--dry-run", "--nproc-per-node", "4", "--nnodes", "2:3"]) == 0
     assert seen[1][1] == 8 and not (tmp_path / "out").exists()
@@ -356,3 +357,21 @@ def test_activation_checkpointing_typo_in_a_config_file(tmp_path: Path) -> None:
     config.write_text('activation_checkpointing: "maybe"\n')
     with pytest.raises(ConfigError, match="activation_checkpointing is 'maybe'; expected auto, on or off"):
         parse(["--config", str(config), "--model", "m", "--data", "d", "--output-dir", str(tmp_path / "o")])
+
+
+def test_a_saved_config_with_the_old_setting_names_still_loads(tmp_path: Path) -> None:
+    """train_config.json files written before the settings were named like their flags."""
+    old = {"model": "m", "data": "d", "output": str(tmp_path / "o"), "lr": 0.002, "betas": [0.8, 0.9],
+           "block_size": 64, "grad_accum": 2, "epochs": 3, "grad_clip": 0.5, "save_every": 7}  # fmt: skip
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    new = config_dict(parse_command(["--config", str(path)]).config)
+    assert (new["learning_rate"], new["adam_betas"], new["max_length"], new["output_dir"]) == (
+        0.002, [0.8, 0.9], 64, str(tmp_path / "o")
+    )
+    assert (new["gradient_accumulation_steps"], new["num_train_epochs"], new["max_grad_norm"], new["save_steps"]) == (
+        2, 3, 0.5, 7
+    )
+    path.write_text(json.dumps({**old, "learning_rate": 0.1}))
+    with pytest.raises(ConfigError, match="set the same option"):
+        parse_command(["--config", str(path)])

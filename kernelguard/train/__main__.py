@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if not launched_by_kernelguard():
         for warning in cmd.warnings:
             print_rank0(f"kernelguard train: warning: {warning}")
-    if cmd.config.dry_run:
+    if cmd.config.checkpoint.dry_run:
         return _dry_run(cmd.config, world_size=_launch_world_size(cmd.launch))
     if cmd.launch is not None and not launched_by_kernelguard():
         try:

@@ -25,21 +25,23 @@ from kernelguard.errors import ConfigError, DataError
 
 from . import chat_templates
 from .chat_templates import TemplateChoice
+from .encode import encode_items
 from .packing import IGNORE_INDEX
-from .rows import (  # noqa: F401 - re-exported: the names callers used from data before the split
-    FORMATS,
-    ROLES,
-    ChatItem,
-    Item,
-    Row,
-    TextItem,
-    assistant_spans,
-    data_error,
-    detect_format,
-    encode_items,
-    row_item,
-    validate_messages,
-)
+from .rows import FORMATS, ChatItem, Item, Row, data_error, detect_format, row_item
+
+__all__ = [
+    "DataStats",
+    "ExampleStore",
+    "chat_template_name",
+    "in_eval_split",
+    "iter_rows",
+    "load_examples",
+    "load_tokenizer",
+    "pad_token_id",
+    "resolve_files",
+    "set_chat_template",
+    "template_choice",
+]
 
 JSON_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
@@ -370,16 +372,8 @@ def load_examples(
     eos = getattr(tokenizer, "eos_token", None)
     chats = False  # whether any row was a conversation (then the stats name the chat template)
 
-    def keep(index: int) -> bool:
-        is_eval = in_eval_split(index, seed=seed, fraction=eval_fraction)
-        kept = take == "all" or is_eval == (take == "eval")
-        stats.held_out += not kept
-        return kept
-
-    def bad(e: DataError) -> None:
-        if not skip_bad_rows:
-            raise e
-        stats.bad_rows[_bad_row_key(e)] += 1
+    keep = _split_keeper(stats, take=take, seed=seed, fraction=eval_fraction)
+    bad = _bad_row_handler(stats, skip=skip_bad_rows)
 
     def flush() -> None:
         encoded = encode_items(
@@ -406,6 +400,29 @@ def load_examples(
     stats.template = chat_template_name(tokenizer) if chats else ""
     _finish_stats(examples, stats, data=data, column=column, take=take)
     return examples, stats
+
+
+def _split_keeper(stats: DataStats, *, take: str, seed: int, fraction: float) -> Callable[[int], bool]:
+    """Whether row ``index`` belongs to the ``take`` split; counts the rows held out for the other one."""
+
+    def keep(index: int) -> bool:
+        is_eval = in_eval_split(index, seed=seed, fraction=fraction)
+        kept = take == "all" or is_eval == (take == "eval")
+        stats.held_out += not kept
+        return kept
+
+    return keep
+
+
+def _bad_row_handler(stats: DataStats, *, skip: bool) -> Callable[[DataError], None]:
+    """Raise a bad row's DataError, or (``--skip-bad-rows``) count it by reason."""
+
+    def bad(e: DataError) -> None:
+        if not skip:
+            raise e
+        stats.bad_rows[_bad_row_key(e)] += 1
+
+    return bad
 
 
 def _finish_stats(examples: ExampleStore, stats: DataStats, *, data: str, column: str, take: str) -> None:
