@@ -245,7 +245,7 @@ def test_step_normalises_by_the_global_label_count_for_any_batch_shape(
     expected, tokens = _hand_loss(model, batches)
     twin = copy.deepcopy(model)
     cfg = TrainConfig.from_flags(model="m", data="d", output_dir=Path("o"), learning_rate=1e-3, max_grad_norm=0.0)
-    opt, sched = make_optimizer(twin, cfg, one_rank.device, schedule_steps=4)
+    opt, sched = make_optimizer(twin, optimizer=cfg.optimizer, device=one_rank.device, schedule_steps=4)
     result = optimizer_step(TrainState(twin, opt, sched, one_rank, grad_clip=0.0), batches)
     assert result.loss_tokens == tokens and result.loss == pytest.approx(expected, rel=1e-5)
     assert result.lr == pytest.approx(1e-3) and result.grad_norm > 0

@@ -1,7 +1,7 @@
 """Build what a run trains: the model (meta first, for the guard), then AC + compile + FSDP2 + weights, then
 AdamW.
 
-    model = build_model(cfg, info)                       # meta device, cheap; the guard inspects this
+    model = build_model(model=cfg.model, runtime=cfg.runtime, info=info)  # meta device: the guard inspects it
     state = prepare_training(model, cfg, info, schedule_steps=N)   # AC, compile, FSDP2, weights, optimizer
     result = optimizer_step(state, blocks)               # kernelguard.train.step
 
@@ -20,7 +20,7 @@ import torch
 
 from kernelguard.errors import ConfigError
 
-from .config import TrainConfig
+from .config import ModelSection, OptimizerSection, RuntimeSection, TrainConfig
 from .loss import return_hidden_states_from_head
 from .parallel import (
     DistInfo,
@@ -33,6 +33,16 @@ from .parallel import (
     on_main,
 )
 from .step import TrainState, lr_lambda
+
+__all__ = [
+    "BuiltModel",
+    "build_model",
+    "choose_attention",
+    "make_optimizer",
+    "prepare_training",
+    "resolve_activation_checkpointing",
+    "setup_training",
+]
 
 
 @dataclass(slots=True)
@@ -64,15 +74,15 @@ def choose_attention(choice: str, device: torch.device) -> str:
     return choice
 
 
-def build_model(cfg: TrainConfig, info: DistInfo) -> BuiltModel:
+def build_model(*, model: ModelSection, runtime: RuntimeSection, info: DistInfo) -> BuiltModel:
     """The model on the meta device (no memory, no weights read): what the guard inspects."""
-    config, weights = model_source(cfg.model.model)
-    attention = choose_attention(cfg.runtime.attention, info.device)
+    config, weights = model_source(model.model)
+    attention = choose_attention(runtime.attention, info.device)
     return BuiltModel(build_meta_model(config, attn_implementation=attention), config, weights, attention)
 
 
 def make_optimizer(
-    model: torch.nn.Module, cfg: TrainConfig, device: torch.device, *, schedule_steps: int
+    model: torch.nn.Module, *, optimizer: OptimizerSection, device: torch.device, schedule_steps: int
 ) -> tuple[Any, Any]:
     """AdamW (no decay on norms and biases) and the warmup + cosine LambdaLR over ``schedule_steps``."""
     decay: list[torch.nn.Parameter] = []
@@ -81,14 +91,14 @@ def make_optimizer(
         if p.requires_grad:
             (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
     groups = [
-        {"params": decay, "weight_decay": cfg.optimizer.weight_decay},
+        {"params": decay, "weight_decay": optimizer.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
     opt = torch.optim.AdamW(
-        groups, lr=cfg.optimizer.learning_rate, betas=cfg.optimizer.adam_betas, fused=device.type == "cuda"
+        groups, lr=optimizer.learning_rate, betas=optimizer.adam_betas, fused=device.type == "cuda"
     )
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lr_lambda(cfg.optimizer.warmup_steps, schedule_steps, cfg.optimizer.min_lr_ratio)
+        opt, lr_lambda(optimizer.warmup_steps, schedule_steps, optimizer.min_lr_ratio)
     )
     return opt, sched
 
@@ -157,7 +167,9 @@ def prepare_training(
     )
     materialize(model, info=info, config=built.config, weights=built.weights, seed=cfg.training.seed)
     model.train()
-    optimizer, scheduler = make_optimizer(model, cfg, info.device, schedule_steps=schedule_steps)
+    optimizer, scheduler = make_optimizer(
+        model, optimizer=cfg.optimizer, device=info.device, schedule_steps=schedule_steps
+    )
     return TrainState(model, optimizer, scheduler, info, head=head, grad_clip=cfg.optimizer.max_grad_norm)
 
 
@@ -169,5 +181,5 @@ def _log(info: DistInfo, message: str) -> None:
 def setup_training(cfg: TrainConfig, info: DistInfo, *, schedule_steps: int) -> tuple[BuiltModel, TrainState]:
     """:func:`build_model` + :func:`prepare_training` without the guard (the benchmark's entry point)."""
     torch.manual_seed(cfg.training.seed)
-    built = build_model(cfg, info)
+    built = build_model(model=cfg.model, runtime=cfg.runtime, info=info)
     return built, prepare_training(built, cfg, info, schedule_steps=schedule_steps)

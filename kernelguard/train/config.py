@@ -10,12 +10,7 @@ config_file reads ``--config`` files through that parser.
 from __future__ import annotations
 
 import json
-import math
-import os
-import typing
-from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +23,8 @@ from .config_rules import (
     OVERLONG_POLICIES,
     PARAM_DTYPES,
     REPORT_TO_CHOICES,
-    RULES,
-    Rule,
-    checkpointing_value,
     normalize_report_to,
+    validate,
 )
 
 __all__ = [
@@ -56,10 +49,8 @@ __all__ = [
     "TrainConfig",
     "TrainingSection",
     "config_dict",
-    "field_kinds",
     "save_config",
     "setting",
-    "validate",
 ]
 
 CONFIG_FILENAME = "train_config.json"  # the resolved configuration, written to the output folder at start
@@ -88,101 +79,6 @@ def setting(default: Any = MISSING, help: str = "", **cli: Any) -> Any:
     if default is MISSING:
         return field(metadata=meta)
     return field(default=default, metadata=meta)
-
-
-# ------------------------------------------------------------------------------------------- checking ---
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _is_strings(v: Any) -> bool:
-    return isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v))
-
-
-def _is_pair(v: Any) -> bool:
-    return isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_number(x) for x in v)
-
-
-def _is_pathlike(v: Any) -> bool:
-    return isinstance(v, (str, os.PathLike))
-
-
-# annotation (without "| None") -> (what to say, check, normalise)
-_KINDS: dict[Any, tuple[str, Callable[[Any], bool], Callable[[Any], Any]]] = {
-    int: ("an integer", _is_int, int),
-    float: ("a number", _is_number, float),
-    bool: ("true or false", lambda v: isinstance(v, bool), bool),
-    str: ("a string", _is_pathlike, os.fspath),
-    Path: ("a path", _is_pathlike, lambda v: Path(v) if str(v).strip() else v),  # "" stays "": empty
-    tuple[str, ...]: (
-        "a string or a list of strings",
-        _is_strings,
-        lambda v: (v,) if isinstance(v, str) else tuple(v),
-    ),
-    tuple[float, float]: ("two numbers", _is_pair, lambda v: tuple(float(x) for x in v)),
-}
-# Values a field may be given besides its type, turned into it first (the spellings its flag accepts).
-_SPELLINGS: dict[str, Callable[[Any], Any]] = {
-    "activation_checkpointing": lambda v: (
-        checkpointing_value(v, source="activation_checkpointing") if isinstance(v, str) else v
-    ),
-}
-
-
-@cache
-def field_kinds(cls: type) -> dict[str, tuple[Any, bool]]:
-    """Field name -> (its type without None, whether None is allowed)."""
-    out = {}
-    for name, hint in typing.get_type_hints(cls).items():
-        args = typing.get_args(hint)
-        optional = type(None) in args and typing.get_origin(hint) is not tuple
-        base = next(a for a in args if a is not type(None)) if optional else hint
-        out[name] = (base, optional)
-    return out
-
-
-def _typed(name: str, value: Any, base: Any) -> Any:
-    expected, ok, normalise = _KINDS[base]
-    if not ok(value):
-        raise ConfigError(
-            f"{name} is {value!r} ({type(value).__name__}); expected {expected}.",
-            fix=f"give {name} {expected}",
-        )
-    value = normalise(value)
-    numbers = value if isinstance(value, tuple) else (value,)
-    if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
-        raise ConfigError(
-            f"{name} is {value!r}; it must be a finite number.", fix=f"give {name} a real value"
-        )
-    return value
-
-
-def _check_rule(rule: Rule, section: Any) -> None:
-    values = [getattr(section, n) for n in rule.names]
-    if len(values) == 1 and values[0] is None:  # an optional setting left unset
-        return
-    if not rule.ok(*values):
-        named = dict(zip(rule.names, values))
-        raise ConfigError(rule.says.format(name=rule.names[0], value=values[0], **named), fix=rule.fix)
-
-
-def validate(section: Any) -> None:
-    """Types (with each flag's spellings and old API forms normalised), then the section's rows of RULES."""
-    names = set()
-    for f in fields(section):
-        names.add(f.name)
-        value = _SPELLINGS.get(f.name, lambda v: v)(getattr(section, f.name))
-        base, optional = field_kinds(type(section))[f.name]
-        if not (value is None and optional):
-            value = _typed(f.name, value, base)
-        object.__setattr__(section, f.name, value)
-    for rule in RULES:
-        if set(rule.names) <= names:
-            _check_rule(rule, section)
 
 
 # ------------------------------------------------------------------------------------------- sections ---

@@ -12,9 +12,9 @@ from typing import Any
 
 from kernelguard.errors import ConfigError
 
-from .config import CONFIG_FILENAME, SECTIONS, TrainConfig, field_kinds, setting
+from .config import CONFIG_FILENAME, SECTIONS, TrainConfig, setting
 from .config_file import file_defaults, load_config_file
-from .config_rules import checkpointing_value, choices_of
+from .config_rules import checkpointing_value, choices_of, field_kinds
 
 __all__ = [
     "DEPRECATED_FLAGS",

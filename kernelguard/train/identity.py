@@ -18,6 +18,19 @@ from kernelguard.errors import CheckpointError, ConfigError
 
 from .config import RENAMED, TrainConfig
 
+__all__ = [
+    "IDENTITY_VERSION",
+    "RUN_FILE",
+    "chat_template_fingerprint",
+    "config_fingerprint",
+    "data_fingerprint",
+    "differences",
+    "read_identity",
+    "run_identity",
+    "tokenizer_fingerprint",
+    "write_identity",
+]
+
 RUN_FILE = "run.json"
 IDENTITY_VERSION = 1
 

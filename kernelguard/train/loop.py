@@ -62,7 +62,7 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     for warning in start.warnings:
         log(info, warning)
     stack_refusal = check_stack(model_ref=str(cfg.model.model), policy=policy, device=info.device)
-    built = build_model(cfg, info)
+    built = build_model(model=cfg.model, runtime=cfg.runtime, info=info)
     report = run_gate(built.model, policy=policy, stack_refusal=stack_refusal)
     try:
         # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.

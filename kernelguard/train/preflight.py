@@ -25,6 +25,20 @@ from .config import CONFIG_FILENAME, TrainConfig, save_config
 from .identity import RUN_FILE, differences, read_identity, run_identity, write_identity
 from .parallel import model_source
 
+__all__ = [
+    "RUN_ARTIFACTS",
+    "StartPlan",
+    "check_flags",
+    "check_inputs",
+    "check_output",
+    "checkpoint_bytes_estimate",
+    "claim_output",
+    "plan_resume",
+    "preflight",
+    "refuse_existing_run",
+    "run_artifacts",
+]
+
 # What a run writes into its output folder; --overwrite removes exactly these.
 RUN_ARTIFACTS = (
     RUN_FILE,
