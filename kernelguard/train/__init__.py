@@ -31,3 +31,5 @@ data plan, LR schedule), compile (regional torch.compile), evaluate (held-out lo
 checkpoint (verified DCP save/resume, retention, export), memory (--dry-run estimate), metrics (FLOPs, MFU,
 JSONL, trackers, plot), loop (the run), __main__ (entry point).
 """
+
+__all__: list[str] = []

@@ -3,8 +3,8 @@
 Sources: a local ``.jsonl``/``.json``/``.parquet`` file, a folder of them, or a dataset name (``datasets``,
 only where a hub is reachable). JSON files are read with the standard library, line by line, in strict
 UTF-8, because Arrow's JSON reader can neither say which line broke nor survive a row whose field has the
-wrong type; Parquet files and dataset names go through ``datasets.load_dataset``. Row formats, validation and
-assistant-only labels are in ``rows``; the chat templates in ``chat_templates``.
+wrong type; Parquet files and dataset names go through ``datasets.load_dataset`` (``sources``). Row formats and
+validation are in ``rows``, assistant-only labels in ``encode``; the chat templates in ``chat_templates``.
 
 Eval split: with ``eval_fraction`` F, a row is an eval row iff a hash of (seed, row index) falls below F: the
 same split on every rank and every run, whatever the world size. Rows of the other split are not parsed.
@@ -13,7 +13,6 @@ same split on every rank and every run, whatever the world size. Rows of the oth
 from __future__ import annotations
 
 import hashlib
-import json
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -27,24 +26,21 @@ from . import chat_templates
 from .chat_templates import TemplateChoice
 from .encode import encode_items
 from .packing import IGNORE_INDEX
-from .rows import FORMATS, ChatItem, Item, Row, data_error, detect_format, row_item
+from .rows import FORMATS, ChatItem, Item, detect_format, row_item
+from .sources import iter_rows
 
 __all__ = [
     "DataStats",
     "ExampleStore",
     "chat_template_name",
     "in_eval_split",
-    "iter_rows",
     "load_examples",
     "load_tokenizer",
     "pad_token_id",
-    "resolve_files",
     "set_chat_template",
     "template_choice",
 ]
 
-JSON_SUFFIXES = (".jsonl", ".json")
-PARQUET_SUFFIXES = (".parquet",)
 TAKES = ("train", "eval", "all")
 
 
@@ -133,131 +129,6 @@ class ExampleStore:
 
 
 # ----------------------------------------------------------------------------------------------- sources ---
-def resolve_files(data: str) -> list[Path] | None:
-    """Local files to read, or None when ``data`` is not a local path (then it is a dataset name)."""
-    path = Path(data)
-    if path.is_file():
-        if path.suffix not in JSON_SUFFIXES + PARQUET_SUFFIXES:
-            raise ConfigError(
-                f"data file {path} has suffix {path.suffix!r}; expected .jsonl, .json or .parquet.",
-                fix="convert it to JSON lines or Parquet",
-            )
-        return [path]
-    if path.is_dir():
-        files = sorted(
-            p for p in path.rglob("*") if p.is_file() and p.suffix in JSON_SUFFIXES + PARQUET_SUFFIXES
-        )
-        if not files:
-            raise ConfigError(
-                f"data folder {path} holds no .jsonl, .json or .parquet files.", fix="check --data"
-            )
-        return files
-    if path.suffix in JSON_SUFFIXES + PARQUET_SUFFIXES or data.startswith((".", "/")):
-        raise ConfigError(f"data path {data} does not exist.", fix="check --data")
-    return None
-
-
-Keep = Callable[[int], bool]
-
-
-class _Counter:
-    """Row indices across files; ``keep`` decides (before any parsing) whether a row belongs to this split."""
-
-    def __init__(self, keep: Keep | None) -> None:
-        self.next = 0
-        self.keep = keep
-
-    def take(self) -> tuple[int, bool]:
-        index, self.next = self.next, self.next + 1
-        return index, self.keep is None or self.keep(index)
-
-
-def _iter_json_file(path: Path, skipped: Counter[str], skip_bad: bool, counter: _Counter) -> Iterator[Row]:
-    name = str(path)
-    raw = path.read_bytes()
-    if raw.lstrip()[:1] == b"[":
-        try:
-            items = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise data_error(
-                name, 0, "<file>", f"not valid UTF-8 at byte {e.start}", "re-encode the file as UTF-8"
-            )
-        except json.JSONDecodeError as e:
-            raise data_error(name, 0, "<file>", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}")
-        for i, item in enumerate(items):
-            index, keep = counter.take()
-            if keep:
-                yield Row(name, i, item, index)
-        return
-    for lineno, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        index, keep = counter.take()
-        if not keep:
-            continue
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            err = data_error(name, lineno, "<line>", f"not valid UTF-8 at byte {e.start} of the line")
-            if not skip_bad:
-                raise err from None
-            skipped["not_utf8"] += 1
-            continue
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as e:
-            if not skip_bad:
-                raise data_error(
-                    name, lineno, "<line>", f"invalid JSON at column {e.colno}: {e.msg}"
-                ) from None
-            skipped["invalid_json"] += 1
-            continue
-        yield Row(name, lineno, value, index)
-
-
-def _iter_dataset(ds: Any, name: str, counter: _Counter) -> Iterator[Row]:
-    for i, item in enumerate(ds):
-        index, keep = counter.take()
-        if keep:
-            yield Row(name, i, item, index)
-
-
-def iter_rows(
-    data: str, *, split: str = "train", skipped: Counter[str], skip_bad: bool, keep: Keep | None = None
-) -> Iterator[Row]:
-    """Every row of ``data`` whose index ``keep`` accepts (all rows without ``keep``)."""
-    counter = _Counter(keep)
-    files = resolve_files(data)
-    if files is None:
-        try:
-            import datasets
-        except ImportError as e:
-            raise ConfigError(
-                "reading a dataset by name needs `datasets`.", fix="pip install 'kernelguard[train]'"
-            ) from e
-        try:
-            ds = datasets.load_dataset(data, split=split)
-        except Exception as e:
-            raise ConfigError(
-                f"could not load dataset {data!r} (split {split!r}): {e}", fix="check --data"
-            ) from e
-        yield from _iter_dataset(ds, data, counter)
-        return
-    for path in files:
-        if path.suffix in JSON_SUFFIXES:
-            yield from _iter_json_file(path, skipped, skip_bad, counter)
-        else:
-            import datasets
-
-            try:
-                ds = datasets.load_dataset("parquet", data_files=[str(path)], split="train")
-            except Exception as e:
-                raise data_error(
-                    str(path), 0, "<file>", f"unreadable Parquet: {e}", "rewrite the file"
-                ) from e
-            yield from _iter_dataset(ds, str(path), counter)
-
-
 def in_eval_split(index: int, *, seed: int, fraction: float) -> bool:
     """Whether row ``index`` is an eval row: a hash of (seed, index), uniform in [0, 1), below ``fraction``."""
     if fraction <= 0:

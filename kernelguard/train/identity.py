@@ -113,7 +113,7 @@ def chat_template_fingerprint(chat_template: str | None) -> str | None:
 
 def data_fingerprint(data: str, split: str) -> str:
     """sha256 over the content of the local data files; a dataset name is identified by name and split."""
-    from .data import resolve_files
+    from .sources import resolve_files
 
     files = resolve_files(data)
     if files is None:

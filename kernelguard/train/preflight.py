@@ -87,7 +87,7 @@ def check_flags(cfg: TrainConfig) -> None:
 
 def check_inputs(cfg: TrainConfig) -> None:
     """Tokenizer folder, chat template file, training and eval data exist (no downloads are made)."""
-    from .data import resolve_files
+    from .sources import resolve_files
 
     tokenizer = Path(str(cfg.model.tokenizer))
     if not tokenizer.is_dir():
