@@ -112,7 +112,7 @@ def test_report_to_none_and_comma_lists(tmp_path: Path, monkeypatch: pytest.Monk
     pytest.importorskip("tensorboard")
     cfg = TrainConfig.from_flags(model="m", data="d", output=tmp_path, report_to=["tensorboard,wandb", "wandb"])  # type: ignore[arg-type]
     assert cfg.metrics.report_to == ("tensorboard", "wandb")
-    assert TrainConfig.from_flags(model="m", data="d", output=tmp_path, report_to=("none",)).report_to == ()
+    assert TrainConfig.from_flags(model="m", data="d", output=tmp_path, report_to=("none",)).metrics.report_to == ()
 
 
 class _FakeRun:
