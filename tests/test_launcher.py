@@ -102,7 +102,7 @@ def test_config_error_exits_2_before_any_rank_starts(
     args = [*_args(assets, assets["root"] / "x"), "--nproc-per-node", "2", "--max-length", "0"]
     assert main(args) == 2 and not started
     assert capsys.readouterr().err == (
-        "kernelguard train: error: block_size is 0; it must be a positive integer.\nFix: --max-length 8192\n"
+        "kernelguard train: error: max_length is 0; it must be a positive integer.\nFix: --max-length 8192\n"
     )
 
 
