@@ -71,14 +71,12 @@ RENAMED = {
 
 
 def setting(default: Any = MISSING, help: str = "", **cli: Any) -> Any:
-    """A field with its ``--help`` text and how its flag is spelled (kernelguard.train.config_cli reads
-    ``cli``: metavar, aliases, ...). A list default becomes a tuple field with an empty default."""
+    """A field with its ``--help`` text and how its flag is spelled, read by kernelguard.train.config_cli:
+    ``metavar``, ``aliases`` (more flag names), ``required`` (the metavar of a required flag's usage line),
+    ``negatable`` (a False switch with a --no- twin), ``negated`` (an extra store-false flag and its help),
+    ``append`` (a repeatable flag, one value each). No default: a required setting."""
     meta = {"help": help, **cli}
-    if isinstance(default, tuple):
-        return field(default=default, metadata=meta)
-    if default is MISSING:
-        return field(metadata=meta)
-    return field(default=default, metadata=meta)
+    return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
 
 
 # ------------------------------------------------------------------------------------------- sections ---
