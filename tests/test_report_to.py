@@ -144,7 +144,7 @@ def test_wandb_gets_the_config_and_every_record(tmp_path: Path, monkeypatch: pyt
     calls: list[tuple[str, Any]] = []
     monkeypatch.setitem(sys.modules, "wandb", _fake_wandb(calls))
     monkeypatch.setenv("WANDB_PROJECT", "proj")
-    cfg = TrainConfig.from_flags(model="m", data="d", output=tmp_path / "run1", report_to=("wandb",), lr=3e-4)
+    cfg = TrainConfig.from_flags(model="m", data="d", output_dir=tmp_path / "run1", report_to=("wandb",), learning_rate=3e-4)
     log = _open(cfg)
     for rec in RECORDS[:3]:
         log.write(rec)
@@ -152,7 +152,7 @@ def test_wandb_gets_the_config_and_every_record(tmp_path: Path, monkeypatch: pyt
     kind, init = calls[0]
     assert kind == "init" and init["project"] == "proj" and init["name"] == "run1"
     assert init["dir"] == str(tmp_path / "run1") and init["config"] == config_dict(cfg)
-    assert init["config"]["lr"] == 3e-4
+    assert init["config"]["learning_rate"] == 3e-4
     assert calls[1] == ("log", (1, {"train/loss": 2.5, "train/lr": 1e-4, "train/tokens_per_s": 100.0}))
     assert calls[3] == ("log", (2, {"eval/loss": 2.2, "eval/tokens": 64.0}))
     assert calls[-1] == ("finish", None) and len(calls) == 5
