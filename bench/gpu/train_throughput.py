@@ -451,7 +451,7 @@ def memory_estimate(cfg: Any, measured: int, device: Any) -> dict[str, Any] | No
 def train_config(args: argparse.Namespace, variant: Variant, model_path: Path, out_dir: Path) -> Any:
     from kernelguard.train.config import TrainConfig
 
-    return TrainConfig(
+    return TrainConfig.from_flags(
         model=str(model_path),
         data="unused",
         output=out_dir,
@@ -501,7 +501,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     config = model_config(args)
     (tmp / "config.json").write_text(json.dumps(config))
     cfg = train_config(args, variant, tmp / "config.json", tmp / "out")
-    cfg.compile = "compile" in levers
+    cfg.runtime.compile = "compile" in levers
     lifted, note = (
         (False, "fla hidden")
         if "fla" in variant.hide
@@ -565,10 +565,10 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
             else platform.processor() or "cpu",
             "fla_hopper_refusal_lifted": lifted,
             "flags": {
-                "attention": cfg.attention,
-                "activation_checkpointing": cfg.activation_checkpointing,
-                "loss": cfg.loss,
-                "param_dtype": cfg.param_dtype,
+                "attention": cfg.runtime.attention,
+                "activation_checkpointing": cfg.runtime.activation_checkpointing,
+                "loss": cfg.runtime.loss,
+                "param_dtype": cfg.runtime.param_dtype,
                 "layout": variant.layout,
                 "levers": levers,
             },

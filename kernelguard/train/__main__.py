@@ -22,7 +22,7 @@ from kernelguard.errors import (
     GuardRefused,
 )
 
-from .config import LaunchOptions
+from .config_cli import LaunchOptions
 
 __all__ = ["is_rank0", "main", "print_rank0"]
 
@@ -51,7 +51,7 @@ def _fail(code: int, message: str, *, report: str | None = None, is_main: bool |
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .config import parse_command
+    from .config_cli import parse_command
     from .launch import launch, launched_by_kernelguard
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if not launched_by_kernelguard():
         for warning in cmd.warnings:
             print_rank0(f"kernelguard train: warning: {warning}")
-    if cmd.config.dry_run:
+    if cmd.config.checkpoint.dry_run:
         return _dry_run(cmd.config, world_size=_launch_world_size(cmd.launch))
     if cmd.launch is not None and not launched_by_kernelguard():
         try:

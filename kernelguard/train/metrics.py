@@ -279,15 +279,12 @@ class MetricsLog:
         self._trackers = {}
 
 
-def open_metrics(cfg: Any, *, resume_step: int | None) -> MetricsLog:
-    """``OUTPUT/metrics.jsonl`` plus cfg.report_to's trackers, each given the run's resolved configuration."""
-    from .config import config_dict
-
+def open_metrics(
+    output_dir: Path, *, report_to: Sequence[str], run_config: dict[str, Any], resume_step: int | None
+) -> MetricsLog:
+    """``OUTPUT/metrics.jsonl`` plus the --report-to trackers, each given the run's resolved configuration."""
     return MetricsLog(
-        cfg.output / "metrics.jsonl",
-        resume_step=resume_step,
-        report_to=cfg.report_to,
-        run_config=config_dict(cfg),
+        output_dir / "metrics.jsonl", resume_step=resume_step, report_to=report_to, run_config=run_config
     )
 
 
