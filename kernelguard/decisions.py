@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["SELECTED", "ACCEPTED", "REJECTED", "SKIPPED", "FALLBACK", "ALLOWED", "Decision"]
+
 # Status of one candidate.
 SELECTED = "selected"  # accepted and first in order: this serves the kernel
 ACCEPTED = "accepted"  # would work, but an earlier candidate wins

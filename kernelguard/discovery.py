@@ -19,6 +19,17 @@ from pathlib import Path
 from .catalog import PACKAGES, Family, HubRepo, KernelRequirement, ModelSpec
 from .errors import ConfigError
 
+__all__ = [
+    "TransformersSource",
+    "transformers_source",
+    "families",
+    "gated_delta_families",
+    "resolve_model",
+    "transformers_min_version",
+    "kernels_version_window",
+    "clear_caches",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class TransformersSource:

@@ -17,6 +17,8 @@ from typing import Any
 from .capability import ComputeCapability
 from .facts import Environment, Fact, Gpu
 
+__all__ = ["WATCHED_DISTRIBUTIONS", "distribution_version", "probe"]
+
 # Distributions whose versions matter to kernel selection. Keys are distribution names as pip knows them.
 WATCHED_DISTRIBUTIONS: tuple[str, ...] = (
     "torch",

@@ -13,6 +13,18 @@ from typing import Any
 
 from .capability import ComputeCapability
 
+__all__ = [
+    "Fact",
+    "Gpu",
+    "Environment",
+    "ExtensionFacts",
+    "PackageFacts",
+    "HubTarget",
+    "VariantVerdict",
+    "HubKernelProbe",
+    "Facts",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class Fact:

@@ -24,6 +24,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "PINS_FILE",
+    "Stack",
+    "current_stack",
+    "fla_autotuners",
+    "config_to_dict",
+    "config_from_dict",
+    "record",
+    "merge_entry",
+    "load_pins",
+    "entry_for",
+    "apply",
+    "searched_after_pinning",
+    "search_note",
+    "pin_for_this_gpu",
+]
+
 PINS_FILE = Path(__file__).with_name("fla_autotune_pins.json")
 _CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 
+__all__ = ["lift_fla_hopper_refusal", "lift_for_accepted_issues"]
+
 _FLA_REFUSAL_FLAG = "TRITON_ABOVE_3_7_1"
 
 

@@ -28,6 +28,22 @@ from pathlib import Path
 
 from kernelguard.errors import ConfigError
 
+__all__ = [
+    "KNOWN",
+    "GENERATION",
+    "PREFIX",
+    "NO_TEMPLATE",
+    "TemplateChoice",
+    "shipped_names",
+    "read",
+    "normalize",
+    "fingerprint",
+    "identify",
+    "has_generation_tags",
+    "suggest",
+    "choose",
+]
+
 # original template -> (training template, the models that ship the original)
 KNOWN: dict[str, tuple[str, str]] = {
     "qwen3": ("qwen3_training", "Qwen3 (hybrid thinking)"),
