@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SELECTED", "ACCEPTED", "REJECTED", "SKIPPED", "FALLBACK", "ALLOWED", "Decision"]
+__all__ = ["ACCEPTED", "ALLOWED", "FALLBACK", "REJECTED", "SELECTED", "SKIPPED", "Decision"]
 
 # Status of one candidate.
 SELECTED = "selected"  # accepted and first in order: this serves the kernel

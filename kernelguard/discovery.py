@@ -21,13 +21,13 @@ from .errors import ConfigError
 
 __all__ = [
     "TransformersSource",
-    "transformers_source",
+    "clear_caches",
     "families",
     "gated_delta_families",
+    "kernels_version_window",
     "resolve_model",
     "transformers_min_version",
-    "kernels_version_window",
-    "clear_caches",
+    "transformers_source",
 ]
 
 

@@ -14,15 +14,15 @@ from typing import Any
 from .capability import ComputeCapability
 
 __all__ = [
-    "Fact",
-    "Gpu",
     "Environment",
     "ExtensionFacts",
-    "PackageFacts",
-    "HubTarget",
-    "VariantVerdict",
-    "HubKernelProbe",
+    "Fact",
     "Facts",
+    "Gpu",
+    "HubKernelProbe",
+    "HubTarget",
+    "PackageFacts",
+    "VariantVerdict",
 ]
 
 

@@ -27,18 +27,18 @@ from typing import Any
 __all__ = [
     "PINS_FILE",
     "Stack",
-    "current_stack",
-    "fla_autotuners",
-    "config_to_dict",
-    "config_from_dict",
-    "record",
-    "merge_entry",
-    "load_pins",
-    "entry_for",
     "apply",
-    "searched_after_pinning",
-    "search_note",
+    "config_from_dict",
+    "config_to_dict",
+    "current_stack",
+    "entry_for",
+    "fla_autotuners",
+    "load_pins",
+    "merge_entry",
     "pin_for_this_gpu",
+    "record",
+    "search_note",
+    "searched_after_pinning",
 ]
 
 PINS_FILE = Path(__file__).with_name("fla_autotune_pins.json")

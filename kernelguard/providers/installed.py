@@ -31,7 +31,7 @@ from ..catalog import PackageSpec
 from ..errors import ConfigError
 from ..facts import ExtensionFacts, PackageFacts
 
-__all__ = ["IMPORT_PROBE_TIMEOUT_S", "CRASH_PREFIX", "probe_package"]
+__all__ = ["CRASH_PREFIX", "IMPORT_PROBE_TIMEOUT_S", "probe_package"]
 
 
 def _installed_distribution(spec: PackageSpec) -> tuple[str | None, str | None]:

@@ -29,19 +29,19 @@ from pathlib import Path
 from kernelguard.errors import ConfigError
 
 __all__ = [
-    "KNOWN",
     "GENERATION",
-    "PREFIX",
+    "KNOWN",
     "NO_TEMPLATE",
+    "PREFIX",
     "TemplateChoice",
-    "shipped_names",
-    "read",
-    "normalize",
-    "fingerprint",
-    "identify",
-    "has_generation_tags",
-    "suggest",
     "choose",
+    "fingerprint",
+    "has_generation_tags",
+    "identify",
+    "normalize",
+    "read",
+    "shipped_names",
+    "suggest",
 ]
 
 # original template -> (training template, the models that ship the original)
