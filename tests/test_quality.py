@@ -16,8 +16,8 @@ import train_helpers as h
 QUALITY = h.REPO / "bench" / "quality"
 sys.path.insert(0, str(QUALITY))
 
-import chitchat_to_jsonl  # noqa: E402
-import compare  # noqa: E402
+import chitchat_to_jsonl
+import compare
 
 
 def _run(sender: str, *texts: str) -> list[dict[str, str]]:
@@ -87,7 +87,16 @@ def test_compare_writes_gaps_verdicts_and_plot(tmp_path: Path) -> None:
     unigram = tmp_path / "unigram.json"
     unigram.write_text(json.dumps({"eval_cross_entropy": 7.0}))
     out_json, out_png = tmp_path / "c.json", tmp_path / "c.png"
-    args = ["--packed", str(packed), "--padded", str(padded), "--leaky", str(leaky), "--unigram", str(unigram)]
+    args = [
+        "--packed",
+        str(packed),
+        "--padded",
+        str(padded),
+        "--leaky",
+        str(leaky),
+        "--unigram",
+        str(unigram),
+    ]
     assert compare.main([*args, "--out-json", str(out_json), "--out-png", str(out_png)]) == 0
     result = json.loads(out_json.read_text())
     assert result["runs"]["packed"]["final_eval_loss"] == 6.0
@@ -157,7 +166,9 @@ def test_packed_equals_padded_per_step(quality_runs: dict[str, Any]) -> None:
     for key in ("loss", "eval_loss"):
         worst = max(_step_gaps(packed, padded, key))
         assert worst <= 1e-5, (key, _losses(packed, key), _losses(padded, key))
-    assert [r["loss_tokens"] for r in packed if "loss" in r] == [r["loss_tokens"] for r in padded if "loss" in r]
+    assert [r["loss_tokens"] for r in packed if "loss" in r] == [
+        r["loss_tokens"] for r in padded if "loss" in r
+    ]
     assert all(math.isfinite(x) for x in _losses(packed, "grad_norm"))
 
 
@@ -188,8 +199,12 @@ def test_padded_runs_an_allowed_torch_reference_that_packed_refuses(tmp_path: Pa
     refused = h.run_train([*base, "--output-dir", str(tmp_path / "packed")], fakes=False, nproc=0)
     assert refused.returncode == 3, refused.stderr
     assert "packed" in refused.stderr
-    padded = h.run_train([*base, "--output-dir", str(tmp_path / "none"), "--packing", "none"], fakes=False, nproc=0)
+    padded = h.run_train(
+        [*base, "--output-dir", str(tmp_path / "none"), "--packing", "none"], fakes=False, nproc=0
+    )
     assert padded.returncode == 0, padded.stderr
     assert "attention=sdpa" in padded.stderr
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "none" / "metrics.jsonl").read_text().splitlines()]
+    losses = [
+        json.loads(line)["loss"] for line in (tmp_path / "none" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)

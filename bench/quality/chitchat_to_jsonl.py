@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-__all__ = ["convert", "conversation_messages", "dataset_path", "main"]
+__all__ = ["conversation_messages", "convert", "dataset_path", "main"]
 
 
 def dataset_path() -> Path:
@@ -37,7 +37,9 @@ def dataset_path() -> Path:
 
     spec = find_spec("chitchat_dataset")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("chitchat-dataset is not installed: pip install chitchat-dataset (or pass --dataset)")
+        raise SystemExit(
+            "chitchat-dataset is not installed: pip install chitchat-dataset (or pass --dataset)"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "dataset.json"
 
 
@@ -91,9 +93,13 @@ def convert(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
-    p.add_argument("--dataset", type=Path, default=None, help="dataset.json (default: the installed package's)")
+    p.add_argument(
+        "--dataset", type=Path, default=None, help="dataset.json (default: the installed package's)"
+    )
     p.add_argument("--limit", type=int, default=None, help="write only the first N usable conversations")
-    p.add_argument("--max-turns", type=int, default=None, help="keep only the first N turns of each conversation")
+    p.add_argument(
+        "--max-turns", type=int, default=None, help="keep only the first N turns of each conversation"
+    )
     args = p.parse_args(argv)
     data = json.loads((args.dataset or dataset_path()).read_text(encoding="utf-8"))
     args.out.parent.mkdir(parents=True, exist_ok=True)

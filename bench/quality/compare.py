@@ -91,7 +91,9 @@ def compare(runs: dict[str, Any], unigram: dict[str, Any] | None) -> dict[str, A
     return result
 
 
-def _verdicts(summaries: dict[str, Any], gaps: dict[str, Any], unigram: dict[str, Any] | None) -> dict[str, Any]:
+def _verdicts(
+    summaries: dict[str, Any], gaps: dict[str, Any], unigram: dict[str, Any] | None
+) -> dict[str, Any]:
     packed = summaries["packed"]
     out: dict[str, Any] = {}
     padded = gaps.get("padded", {}).get("final_eval_loss_rel")
@@ -121,10 +123,14 @@ def plot(runs: dict[str, Any], png: Path, unigram: float | None = None) -> Path:
     ref_eval = {r["step"]: r["eval_loss"] for r in runs["packed"]["eval"]}
     for (name, run), color in zip(runs.items(), ("C0", "C1", "C3")):
         steps = [r["step"] for r in run["train"]]
-        top.plot(steps, [r["loss"] for r in run["train"]], color=color, alpha=0.5, lw=0.8, label=f"{name} train")
+        top.plot(
+            steps, [r["loss"] for r in run["train"]], color=color, alpha=0.5, lw=0.8, label=f"{name} train"
+        )
         if run["eval"]:
             ev = run["eval"]
-            top.plot([r["step"] for r in ev], [r["eval_loss"] for r in ev], "o-", color=color, label=f"{name} eval")
+            top.plot(
+                [r["step"] for r in ev], [r["eval_loss"] for r in ev], "o-", color=color, label=f"{name} eval"
+            )
         if name == "packed":
             continue
         common = [r for r in run["train"] if r["step"] in ref_train]

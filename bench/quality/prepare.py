@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import chitchat_to_jsonl  # noqa: E402
+import chitchat_to_jsonl
 
 __all__ = ["SIZES", "main", "unigram_baseline", "write_model_config", "write_tokenizer"]
 
@@ -167,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         data=str(jsonl), tokenizer=tok, block_size=args.block_size, eval_fraction=args.eval_fraction,
         seed=args.seed,
     )  # fmt: skip
-    baseline.update(rows=counts["rows"], block_size=args.block_size, eval_fraction=args.eval_fraction, seed=args.seed)
+    baseline.update(
+        rows=counts["rows"], block_size=args.block_size, eval_fraction=args.eval_fraction, seed=args.seed
+    )
     (args.out / "unigram.json").write_text(json.dumps(baseline, indent=1) + "\n")
     print(
         f"prepare: {counts['rows']} conversations, unigram eval cross-entropy {baseline['eval_cross_entropy']:.4f} "
