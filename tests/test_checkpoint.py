@@ -191,3 +191,26 @@ def test_retention_that_cannot_delete_warns_and_keeps_training(
     assert [p.name for p in ckpt.prune_checkpoints(tmp_path, keep=1, newest=3)] == ["step_2"]
     err = capsys.readouterr().err
     assert f"could not delete old checkpoint {ckpt.checkpoint_root(tmp_path) / 'step_1'}: [Errno 13]" in err
+
+
+@pytest.mark.parametrize("has_generation_config", [True, False])
+def test_export_keeps_the_source_folders_generation_config(
+    tmp_path: Path, one_rank: Any, has_generation_config: bool
+) -> None:
+    import tiny_models
+    import torch
+
+    source = tmp_path / "source"
+    source.mkdir()
+    generation = {"eos_token_id": [3, 7], "temperature": 0.6, "do_sample": True}
+    if has_generation_config:
+        (source / "generation_config.json").write_text(json.dumps(generation))
+    model = tiny_models.tiny_model("qwen3_5")
+    final = ckpt.export_final(
+        tmp_path / "out", model=model, config=model.config, tokenizer=None, dtype=torch.float32, is_main=True,
+        source=source,
+    )
+    assert final is not None and (final / "model.safetensors").is_file() and (final / "config.json").is_file()
+    kept = final / "generation_config.json"
+    # Its stop tokens and sampling defaults are what generate() uses with the exported model.
+    assert (json.loads(kept.read_text()) if kept.exists() else None) == (generation if has_generation_config else None)

@@ -288,9 +288,11 @@ def load_checkpoint(path: Path, *, model: Any, optimizer: Any) -> dict[str, Any]
 
 
 def export_final(
-    output: Path, *, model: Any, config: Any, tokenizer: Any, dtype: torch.dtype, is_main: bool
+    output: Path, *, model: Any, config: Any, tokenizer: Any, dtype: torch.dtype, is_main: bool,
+    source: str | Path | None = None,
 ) -> Path | None:
-    """Gather the full state dict on rank 0 and write ``final/`` (safetensors + config + tokenizer)."""
+    """Gather the full state dict on rank 0 and write ``final/`` (safetensors + config + tokenizer, and the
+    source model folder's generation_config.json, which carries its sampling defaults and stop tokens)."""
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -316,6 +318,9 @@ def export_final(
     config.save_pretrained(str(tmp))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
+    generation = Path(source or "") / "generation_config.json"  # a folder --model; a config.json has none
+    if source is not None and generation.is_file():
+        shutil.copy2(generation, tmp / "generation_config.json")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     dist.barrier()
