@@ -22,6 +22,7 @@ __all__ = [
     "BOUNDARY_KEYS",
     "IGNORE_INDEX",
     "LEAKY",
+    "LEAKY_WARNING",
     "MODEL_INPUT_KEYS",
     "PACKED",
     "PACKING_MODES",
@@ -45,6 +46,11 @@ IGNORE_INDEX = -100
 # negative control that shows a quality comparison can fail.
 PACKED, PADDED, LEAKY = "packed", "none", "leaky"
 PACKING_MODES = (PACKED, PADDED, LEAKY)
+LEAKY_WARNING = (
+    "WARNING: --packing leaky is a deliberate bug for quality checks: example boundaries are withheld from the "
+    "GDN layers and attention (position ids only), so GDN state and conv inputs leak across examples; never "
+    "train a model you keep this way"
+)
 BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
