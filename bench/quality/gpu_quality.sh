@@ -33,14 +33,14 @@ if [ $TINY = 1 ]; then
   export PYTHONPATH=$PYTHONPATH:$PWD/tests/fake_providers CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
   # The suite's configuration (tests/test_quality.py): a smoke of the pipeline and of packed == padded, not
   # of learning (its wide init starts above the uniform loss).
-  STEPS=${STEPS:-6}; BLOCK=256; PREP="--size tiny --limit 32 --max-turns 4"
+  STEPS=${STEPS:-6}; BLOCK=256; EVAL=0.15; PREP="--size tiny --limit 32 --max-turns 4"
   TRAIN="--param-dtype fp32 --learning-rate 3e-3 --warmup-steps 1 --eval-every 3 --allow attention"
 else
-  STEPS=${STEPS:-500}; BLOCK=8192; PREP="--size gpu"
+  STEPS=${STEPS:-500}; BLOCK=8192; EVAL=0.05; PREP="--size gpu"
   # fla 0.6.0 refuses its Hopper backward on Triton < 3.7.1 (fla #640); at key head dim 128 it is correct.
   TRAIN="--param-dtype bf16 --learning-rate 1e-3 --warmup-steps 50 --eval-every 50 --allow fla-640-refusal"
 fi
-SEED=0; EVAL=0.05
+SEED=0
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
 
 step "prepare: data, Qwen3.5 tokenizer, model config, unigram baseline"
