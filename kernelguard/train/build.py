@@ -57,11 +57,19 @@ class BuiltModel:
     compiled: Any = None  # kernelguard.train.compile.RegionalCompile with --compile, once prepared
 
 
-def choose_attention(choice: str, device: torch.device) -> str:
-    """``auto``: torch's varlen attention when this device has it, else sdpa; ``varlen`` insists on it."""
+def choose_attention(choice: str, device: torch.device, *, padded: bool = False) -> str:
+    """``auto``: torch's varlen attention when this device has it, else sdpa; ``varlen`` insists on it.
+    Padded batches (``--packing none``) carry an attention mask, which the varlen path does not take: sdpa."""
     from kernelguard.attention import VARLEN_NAME, register_varlen_attention
 
     name = register_varlen_attention(device_type=device.type)
+    if padded and choice in ("auto", "varlen"):
+        if choice == "varlen":
+            raise ConfigError(
+                "--attention varlen takes packed rows (cu_seq_lens), not the padded batches of --packing none.",
+                fix="use --attention auto (sdpa for padded batches), or drop --packing none",
+            )
+        return "sdpa"
     if choice == "auto":
         return name
     if choice == "varlen":
@@ -74,10 +82,12 @@ def choose_attention(choice: str, device: torch.device) -> str:
     return choice
 
 
-def build_model(*, model: ModelSection, runtime: RuntimeSection, info: DistInfo) -> BuiltModel:
+def build_model(
+    *, model: ModelSection, runtime: RuntimeSection, info: DistInfo, padded: bool = False
+) -> BuiltModel:
     """The model on the meta device (no memory, no weights read): what the guard inspects."""
     config, weights = model_source(model.model)
-    attention = choose_attention(runtime.attention, info.device)
+    attention = choose_attention(runtime.attention, info.device, padded=padded)
     return BuiltModel(build_meta_model(config, attn_implementation=attention), config, weights, attention)
 
 

@@ -146,6 +146,15 @@ class PackingSection:
         aliases=("--block-size",),
     )
     overlong: str = setting("truncate", "examples longer than a block")
+    packing: str = setting(
+        "packed",
+        "how a step's examples reach the model. packed: whole examples in blocks with their boundaries "
+        "(cu_seq_lens, seq_idx) for the GDN layers and attention. none: the same examples of each block as one "
+        "right-padded batch with an attention mask (no packing; lets an --allow'ed torch GDN reference run). "
+        "leaky: a deliberate bug, for quality checks only - packed blocks with the boundaries withheld "
+        "(position ids only, as a stock flattening collator sends by default), so GDN state leaks across "
+        "examples",
+    )
 
     def __post_init__(self) -> None:
         validate(self)

@@ -16,12 +16,15 @@ from typing import Any
 
 from kernelguard.errors import ConfigError
 
+from .packing import PACKING_MODES
+
 __all__ = [
     "ATTENTION_CHOICES",
     "CHECKPOINTING_VALUES",
     "DATASET_FORMATS",
     "LOSS_CHOICES",
     "OVERLONG_POLICIES",
+    "PACKING_MODES",
     "PARAM_DTYPES",
     "REPORT_TO_CHOICES",
     "RULES",
@@ -101,6 +104,7 @@ RULES: tuple[Rule, ...] = (
     ),
     _positive("max_length", "--max-length 8192"),
     _one_of("overlong", OVERLONG_POLICIES, "--overlong truncate"),
+    _one_of("packing", PACKING_MODES, "--packing packed"),
     _positive("max_steps", "--max-steps 100, or leave it out to train for --num-train-epochs"),
     _positive("schedule_steps", "leave --schedule-steps out to use the epoch length"),
     _positive("num_train_epochs", "--num-train-epochs 1"),

@@ -1,4 +1,5 @@
-"""Held-out loss: the eval set packed like the training data, the same token-sum / global-count loss.
+"""Held-out loss: the eval set packed like the training data and laid out as training lays out its blocks
+(``--packing``), the same token-sum / global-count loss.
 
 Every rank runs the same number of forwards (FSDP2 all-gathers need all ranks): eval block ``i`` goes to rank
 ``i % world_size``, and a rank short of blocks re-runs one with its loss discarded. The result is the loss
@@ -12,8 +13,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .packing import build_packed_block, pack_best_fit_decreasing
+from .packing import PACKED, build_batch, pack_best_fit_decreasing
 from .step import TrainState, label_count, token_loss_sum
+
+__all__ = ["evaluate", "pack_eval_blocks", "rank_eval_blocks"]
 
 
 def pack_eval_blocks(examples: Any, block_size: int, *, seed: int) -> list[list[int]]:
@@ -29,7 +32,13 @@ def rank_eval_blocks(num_blocks: int, *, rank: int, world_size: int) -> list[int
 
 @torch.no_grad()
 def evaluate(
-    state: TrainState, examples: Any, blocks: list[list[int]], *, block_size: int, pad_id: int
+    state: TrainState,
+    examples: Any,
+    blocks: list[list[int]],
+    *,
+    block_size: int,
+    pad_id: int,
+    packing: str = PACKED,
 ) -> tuple[float, int]:
     """(token-mean eval loss, number of eval label tokens) over every eval block, on every rank."""
     info = state.info
@@ -39,8 +48,8 @@ def evaluate(
     totals = torch.zeros(2, dtype=torch.float64, device=info.device)
     try:
         for b in rank_eval_blocks(len(blocks), rank=info.rank, world_size=info.world_size):
-            batch = build_packed_block(
-                [examples[i] for i in blocks[b if b is not None else 0]], block_size, pad_id
+            batch = build_batch(
+                [examples[i] for i in blocks[b if b is not None else 0]], block_size, pad_id, packing=packing
             )
             loss = token_loss_sum(model, batch, device=info.device, head=state.head)
             if b is not None:

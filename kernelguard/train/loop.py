@@ -28,7 +28,7 @@ from .config import TrainConfig, config_dict
 from .data import chat_template_name, load_examples, load_tokenizer, pad_token_id, template_choice
 from .evaluate import evaluate, pack_eval_blocks
 from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_flops
-from .packing import build_packed_block, pack_best_fit_decreasing, packing_stats
+from .packing import LEAKY, LEAKY_WARNING, PADDED, build_batch, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, claim_output, preflight
 from .step import Plan, StepResult, TrainState, dropped_blocks_note, make_plan, optimizer_step, step_block_ids
@@ -61,9 +61,12 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     start = on_main(info, lambda: preflight(cfg, world_size=info.world_size))
     for warning in start.warnings:
         log(info, warning)
-    stack = check_stack(str(cfg.model.model), allow=policy, packed=True, device=info.device)
-    built = build_model(model=cfg.model, runtime=cfg.runtime, info=info)
-    report = run_gate(built.model, policy=policy, packed=True, stack=stack)
+    if cfg.packing.packing == LEAKY:
+        log(info, LEAKY_WARNING)
+    packed = cfg.packing.packing != PADDED  # padded batches carry no boundaries a torch reference could drop
+    stack = check_stack(str(cfg.model.model), allow=policy, packed=packed, device=info.device)
+    built = build_model(model=cfg.model, runtime=cfg.runtime, info=info, padded=not packed)
+    report = run_gate(built.model, policy=policy, packed=packed, stack=stack)
     try:
         # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.
         log(info, f"guard passed; attention={built.attention}\n{report.render()}")
@@ -143,7 +146,8 @@ def read_examples(cfg: TrainConfig, tokenizer: Any, *, take: str) -> tuple[Any, 
 
 
 def step_batches(cfg: TrainConfig, info: DistInfo, data: TrainData, step: int) -> tuple[list[Any], list[int]]:
-    """This rank's packed blocks for 0-based ``step`` and the lengths of the examples in them."""
+    """This rank's blocks for 0-based ``step`` (laid out as ``--packing`` says) and the lengths of the examples
+    in them."""
     plan = data.plan
     ids = step_block_ids(
         plan,
@@ -154,7 +158,12 @@ def step_batches(cfg: TrainConfig, info: DistInfo, data: TrainData, step: int) -
         grad_accum=cfg.training.gradient_accumulation_steps,
     )
     micro = [
-        build_packed_block([data.examples[i] for i in plan.blocks[b]], cfg.packing.max_length, data.pad_id)
+        build_batch(
+            [data.examples[i] for i in plan.blocks[b]],
+            cfg.packing.max_length,
+            data.pad_id,
+            packing=cfg.packing.packing,
+        )
         for b in ids
     ]
     return micro, [data.lengths[i] for b in ids for i in plan.blocks[b]]
@@ -224,7 +233,12 @@ def train(
         for step in range(start, plan.stop_step):
             micro, seq_lens = step_batches(cfg, info, data, step)
             result, seconds = timed_step(state, micro)
-            out.write(step_record(cfg, info, step + 1, result, seconds, seq_lens, built.config, peak))
+            computed = sum(int(mb["input_ids"].numel()) for mb in micro)
+            out.write(
+                step_record(
+                    info, step + 1, result, seconds, seq_lens, built.config, peak, computed_tokens=computed
+                )
+            )
             done = step + 1
             if data.eval_examples is not None and _due(cfg.evaluation.eval_every, done, plan.stop_step):
                 loss, tokens = evaluate(
@@ -233,6 +247,7 @@ def train(
                     data.eval_blocks,
                     block_size=cfg.packing.max_length,
                     pad_id=data.pad_id,
+                    packing=cfg.packing.packing,
                 )
                 out.write({"step": done, "eval_loss": loss, "eval_tokens": tokens})
             if _due(cfg.checkpoint.save_steps, done, plan.stop_step):
@@ -315,7 +330,6 @@ def timed_step(state: TrainState, micro: list[Any]) -> tuple[StepResult, float]:
 
 
 def step_record(
-    cfg: TrainConfig,
     info: DistInfo,
     step: int,
     result: StepResult,
@@ -323,14 +337,18 @@ def step_record(
     seq_lens: list[int],
     hf_config: Any,
     peak: float,
+    *,
+    computed_tokens: int,
 ) -> dict[str, Any]:
-    """The metrics.jsonl record of one step; throughput counts real (non-pad) tokens of all ranks."""
+    """The metrics.jsonl record of one step; throughput counts real (non-pad) tokens of all ranks, padding
+    is the share of the ``computed_tokens`` (this rank's micro-batches, padding included) that were not real."""
     totals = torch.tensor(
-        [float(sum(seq_lens)), step_flops(hf_config, seq_lens)], dtype=torch.float64, device=info.device
+        [float(sum(seq_lens)), step_flops(hf_config, seq_lens), float(computed_tokens)],
+        dtype=torch.float64,
+        device=info.device,
     )
     dist.all_reduce(totals)
-    real_tokens, flops = float(totals[0]), float(totals[1])
-    capacity = info.world_size * cfg.training.gradient_accumulation_steps * cfg.packing.max_length
+    real_tokens, flops, capacity = float(totals[0]), float(totals[1]), float(totals[2])
     return {
         "step": step,
         "loss": result.loss,

