@@ -34,6 +34,16 @@ from .parallel import (
 from .step import TrainState, lr_lambda
 from .weights import load_weights, plan_weights
 
+__all__ = [
+    "BuiltModel",
+    "build_model",
+    "choose_attention",
+    "make_optimizer",
+    "prepare_training",
+    "resolve_activation_checkpointing",
+    "setup_training",
+]
+
 
 @dataclass(slots=True)
 class BuiltModel:

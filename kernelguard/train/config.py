@@ -97,6 +97,7 @@ class TrainConfig:
     save_every: int = 0
     peak_tflops: float | None = None
     export: bool = True
+    max_shard_size: str = "5GB"  # largest safetensors file of the export (kernelguard.train.export)
     plot: bool = True
     progress: bool = True
     chat_template: str | None = None
@@ -120,6 +121,9 @@ class TrainConfig:
         self.output = Path(self.output)
         self.allow = (self.allow,) if isinstance(self.allow, str) else tuple(self.allow)
         self.report_to = normalize_report_to(self.report_to)
+        from .export import parse_size
+
+        parse_size(self.max_shard_size, source="--max-shard-size")  # refused now, not after training
         self._validate_new_fields()
         # A missing tracker library is refused now, not after the model build.
         from .metrics import check_trackers
@@ -699,6 +703,8 @@ def _add_output_flags(g: Any) -> None:
     g.add_argument(
         "--export", action=argparse.BooleanOptionalAction, default=True, help="safetensors at the end"
     )
+    g.add_argument("--max-shard-size", metavar="SIZE", default="5GB", help="largest safetensors file of the export: "
+                   "5GB (default), 500MB, or bytes")
     g.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True, help="write metrics.png")
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
     g.add_argument(

@@ -26,6 +26,7 @@ from .build import BuiltModel, build_model, prepare_training
 from .config import TrainConfig
 from .data import chat_template_name, load_examples, load_tokenizer, pad_token_id, template_choice
 from .evaluate import evaluate, pack_eval_blocks
+from .export import export_run
 from .gate import GuardRefused, check_stack, run_gate
 from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_flops
 from .packing import build_packed_block, pack_best_fit_decreasing, packing_stats
@@ -361,13 +362,14 @@ def save(
 def finish(cfg: TrainConfig, info: DistInfo, state: TrainState, built: BuiltModel, data: TrainData) -> None:
     """Export ``final/`` (safetensors + config + tokenizer) and plot the metrics."""
     if cfg.export:
-        ckpt.export_final(
+        export_run(
             cfg.output,
             model=state.model,
-            config=built.config,
+            built=built,
             tokenizer=data.tokenizer,
             dtype=DTYPES[cfg.param_dtype],
-            is_main=info.is_main,
+            info=info,
+            max_shard_size=cfg.max_shard_size,
         )
     if info.is_main and cfg.plot and (cfg.output / "metrics.jsonl").exists():
         try:
