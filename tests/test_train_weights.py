@@ -131,6 +131,25 @@ def test_streamed_safetensors_round_trip(tmp_path: Path) -> None:
         assert f.metadata() == {"format": "pt"}
 
 
+def test_dry_run_host_memory_is_per_rank_for_the_sharded_load(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from kernelguard.train.host_memory import host_memory
+
+    model = _text_model()
+    largest = max(p.numel() for p in model.parameters())
+    total = sum(p.numel() for p in model.parameters())
+    src = _save(model, tmp_path / "src")
+    cfg = SimpleNamespace(model=str(src), param_dtype="bf16")
+    one, four = host_memory(cfg, world_size=1), host_memory(cfg, world_size=4)
+    assert one.sharded and one.load_bytes == 2 * largest and four.load_bytes == 2 * -(-largest // 4)
+    assert one.rank0_path_bytes == four.rank0_path_bytes == 4 * total
+    assert four.export_bytes == 6 * largest  # one full tensor in fp32 plus its bf16 copy
+    text = four.render()
+    assert text.startswith("host memory per rank over 4 rank(s)") and "load (sharded from safetensors)" in text
+    assert f"the rank-0 load path would hold {4 * total / 2**30:.2f} GiB on rank 0" in text
+
+
 # ------------------------------------------------------------------------------- multi-process (gloo) ---
 @pytest.mark.slow
 @pytest.mark.parametrize(("nproc", "tied"), [(1, False), (2, True)], ids=["1rank-untied", "2ranks-tied"])
