@@ -21,6 +21,8 @@ from .check import CheckOptions, CheckResult, run_check
 from .errors import ResolutionError
 from .policy import AllowPolicy
 
+__all__ = ["check", "require", "resolution_error"]
+
 
 def check(
     model: str = "qwen3_5",
@@ -67,15 +69,21 @@ def require(
     hub: bool = False,
 ) -> CheckResult:
     """Raise ``ResolutionError`` (with the full ``kernelguard check`` trace) unless every kernel is served."""
-    from .report import render, verdict_line
-
     result = check(model, mode=mode, arch=arch, allow=allow, packed=packed, hub=hub)
     if not result.ok:
-        failing = [v.kernel for v in result.resolution.verdicts if not v.ok]
-        raise ResolutionError(
-            f"kernelguard.require({model!r}, mode={mode!r}): {verdict_line(result).removeprefix('verdict: ')}",
-            fix="see the fix line under each rejected provider below, or accept a fallback with allow=[...]",
-            details={"failing": failing},
-            report=render(result),
-        )
+        raise resolution_error(result)
     return result
+
+
+def resolution_error(result: CheckResult) -> ResolutionError:
+    """The error ``require()`` raises for a failed ``result``: its verdict line, the failing kernels, the trace."""
+    from .report import render, verdict_line
+
+    model, mode = result.options.model, result.options.mode
+    failing = [v.kernel for v in result.resolution.verdicts if not v.ok]
+    return ResolutionError(
+        f"kernelguard.require({model!r}, mode={mode!r}): {verdict_line(result).removeprefix('verdict: ')}",
+        fix="see the fix line under each rejected provider below, or accept a fallback with allow=[...]",
+        details={"failing": failing},
+        report=render(result),
+    )

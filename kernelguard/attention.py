@@ -16,15 +16,23 @@ signature: the CPU stand-in for tests and debugging (``set_varlen_impl(reference
 from __future__ import annotations
 
 import importlib.util
-import inspect
 from collections.abc import Callable
 from typing import Any
 
-VARLEN_NAME = "kernelguard_varlen"
+from kernelguard.registry import REGISTRY, VarlenBinding
 
-# Filled on registration; tests may point it at a CPU reference with the same signature.
-_VARLEN_IMPL: Callable[..., Any] | None = None
-_VARLEN_PARAMS: frozenset[str] = frozenset()
+__all__ = [
+    "VARLEN_NAME",
+    "boundaries_from_position_ids",
+    "reference_varlen_attn",
+    "register_varlen_attention",
+    "set_varlen_impl",
+    "torch_varlen_attn",
+    "varlen_attention_forward",
+    "varlen_impl",
+]
+
+VARLEN_NAME = "kernelguard_varlen"
 
 
 def torch_varlen_attn() -> Callable[..., Any] | None:
@@ -37,10 +45,14 @@ def torch_varlen_attn() -> Callable[..., Any] | None:
 
 
 def set_varlen_impl(fn: Callable[..., Any] | None) -> None:
-    """Point ``kernelguard_varlen`` at ``fn`` (``varlen_attn``'s signature); ``None`` until registration."""
-    global _VARLEN_IMPL, _VARLEN_PARAMS
-    _VARLEN_IMPL = fn
-    _VARLEN_PARAMS = frozenset(inspect.signature(fn).parameters) if fn is not None else frozenset()
+    """Point ``kernelguard_varlen`` at ``fn`` (``varlen_attn``'s signature); ``None`` until registration.
+    Tests point it at :func:`reference_varlen_attn`; :func:`kernelguard.registry.reset` unbinds it."""
+    REGISTRY.varlen = VarlenBinding.of(fn)
+
+
+def varlen_impl() -> Callable[..., Any] | None:
+    """The function ``kernelguard_varlen`` calls now (None before registration)."""
+    return REGISTRY.varlen.impl
 
 
 def reference_varlen_attn(
@@ -133,7 +145,8 @@ def varlen_attention_forward(
     """transformers attention-interface function. query/key/value are [B, H, T, D]; returns [B, T, H, D]."""
     import torch
 
-    if _VARLEN_IMPL is None:
+    binding = REGISTRY.varlen  # read once: a concurrent set_varlen_impl cannot mix two bindings
+    if binding.impl is None:
         raise RuntimeError(
             "kernelguard_varlen was called before register_varlen_attention() found varlen_attn"
         )
@@ -151,20 +164,20 @@ def varlen_attention_forward(
     v = value.transpose(1, 2).reshape(bsz * k_len, kv_heads, value.shape[-1])
     extra: dict[str, Any] = {}
     if kv_heads != heads:
-        if "enable_gqa" in _VARLEN_PARAMS:
+        if "enable_gqa" in binding.params:
             extra["enable_gqa"] = True
         else:
             k = k.repeat_interleave(heads // kv_heads, dim=1)
             v = v.repeat_interleave(heads // kv_heads, dim=1)
     causal = True if is_causal is None else bool(is_causal)
-    if "is_causal" in _VARLEN_PARAMS:  # torch 2.10/2.11 spelling
+    if "is_causal" in binding.params:  # torch 2.10/2.11 spelling
         extra["is_causal"] = causal
     elif causal:  # torch 2.13: causal is window (-1, 0); the default (-1, -1) is bidirectional
         extra["window_size"] = (-1, 0)
-    if scaling is not None and "scale" in _VARLEN_PARAMS:
+    if scaling is not None and "scale" in binding.params:
         extra["scale"] = scaling
-    q, k, v, back_to = _flash_dtype(q, k, v)
-    out = _VARLEN_IMPL(
+    q, k, v, back_to = _flash_dtype(q, k, v, exact=binding.impl is reference_varlen_attn)
+    out = binding.impl(
         q, k, v, cu_q.to(q.device, torch.int32), cu_k.to(q.device, torch.int32), max_q, max_k, **extra
     )
     if isinstance(out, tuple):
@@ -172,14 +185,13 @@ def varlen_attention_forward(
     return out.to(back_to).reshape(bsz, q_len, heads, -1), None
 
 
-def _flash_dtype(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any, Any]:
+def _flash_dtype(q: Any, k: Any, v: Any, *, exact: bool) -> tuple[Any, Any, Any, Any]:
     """varlen_attn is a flash kernel: fp16/bf16 only. Under autocast with fp32 master weights (Trainer's
     ``bf16=True``, a plain ``torch.autocast`` loop) the q/k norms hand it fp32 tensors: run it in the autocast
     dtype (what SDPA would do) and return the caller's dtype. Outside autocast, fp32 is a clear error."""
     import torch
 
-    dtype = q.dtype
-    exact = _VARLEN_IMPL is reference_varlen_attn  # the CPU stand-in takes any dtype
+    dtype = q.dtype  # ``exact``: the CPU stand-in, which takes any dtype
     if exact or (dtype in (torch.float16, torch.bfloat16) and k.dtype == dtype and v.dtype == dtype):
         return q, k, v, dtype
     if torch.is_autocast_enabled(q.device.type):
@@ -207,7 +219,7 @@ def register_varlen_attention(*, device_type: str | None = None) -> str:
     if impl is not None:
         from transformers import AttentionInterface
 
-        if _VARLEN_IMPL is None:
+        if REGISTRY.varlen.impl is None:
             set_varlen_impl(impl)
         AttentionInterface.register(VARLEN_NAME, varlen_attention_forward)
         if device_type == "cuda":

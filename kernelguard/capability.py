@@ -1,14 +1,28 @@
 """One value type for a CUDA compute capability, parsed once at the boundary (CLI, config, probe).
 
-Every other module compares ``ComputeCapability`` values; nobody re-parses "9.0a" or "sm_90" strings.
+Every other module compares ``ComputeCapability`` values; nobody re-parses "9.0a" or "sm_90" strings. The code
+a CUDA binary carries (SASS ``sm_90a``, PTX ``compute_80``, read by :mod:`kernelguard.providers.fatbin`) is a
+:class:`CodeTarget`, and :func:`code_runs_on` holds the rules for which GPUs it serves.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import ConfigError
+
+__all__ = [
+    "EXAMPLES",
+    "KNOWN_CAPABILITIES",
+    "PTX",
+    "SASS",
+    "CodeTarget",
+    "ComputeCapability",
+    "code_runs_on",
+    "parse_all",
+]
 
 # Compute capabilities NVIDIA has shipped GPUs (or Jetson/Tegra parts) for. A value outside this set is a typo
 # ("--arch 9.5", "--arch 90.0"), and silently checking against it would give a meaningless verdict.
@@ -19,7 +33,8 @@ KNOWN_CAPABILITIES: frozenset[tuple[int, int]] = frozenset({
 # "a": arch-specific features (sm_90a, sm_100a, sm_120a); "f": family-portable (sm_100f, CUDA 12.9+).
 _SUFFIX_FROM = {"a": 9, "f": 10}
 
-_PATTERN = re.compile(r"^(?:sm_?|compute_?)?(?P<major>\d{1,2})(?:\.?(?P<minor>\d))(?P<suffix>[af]?)$")
+_PATTERN = re.compile(r"^(?:(?P<kind>sm|compute)_?)?(?P<major>\d{1,2})(?:\.?(?P<minor>\d))(?P<suffix>[af]?)$")
+SASS, PTX = "sm", "compute"  # CodeTarget kinds: machine code for one chip family / virtual ISA the driver JITs
 
 EXAMPLES = "9.0 (H100/H200), 8.0 (A100), 8.9 (L4/L40), 10.0 (B200), 12.0 (RTX 50xx)"
 
@@ -83,3 +98,69 @@ def parse_all(values: object, *, source: str = "--arch") -> tuple[ComputeCapabil
     if not isinstance(items, (list, tuple)):
         raise _bad(values, source, "a compute capability or a list of them")
     return tuple(dict.fromkeys(ComputeCapability.parse(v, source=source) for v in items))
+
+
+# ------------------------------------------------------------------------------------ code in a binary ---
+@dataclass(frozen=True, slots=True, order=True)
+class CodeTarget:
+    """One code object of a CUDA binary: SASS (``sm_90a``, machine code) or PTX (``compute_80``, JIT-compiled).
+
+    Ordered by capability then kind, the order nvcc users expect (sm_80 < sm_90 < sm_90a < sm_100).
+    """
+
+    capability: ComputeCapability
+    kind: str  # SASS or PTX
+
+    @classmethod
+    def parse(cls, name: str) -> CodeTarget | None:
+        """``sm_90a`` / ``compute_80``, or None for anything else. Not checked against the known GPUs: a
+        binary may carry code for chips this table does not list yet."""
+        match = _PATTERN.match(name)
+        if match is None or match["kind"] is None or "." in name or f"{match['kind']}_" not in name:
+            return None
+        return cls(ComputeCapability(int(match["major"]), int(match["minor"]), match["suffix"]), match["kind"])
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}_{self.capability.major}{self.capability.minor}{self.capability.suffix}"
+
+    def runs_on(self, device: ComputeCapability) -> bool:
+        """Whether a GPU of capability ``device`` (its 'a'/'f' suffix ignored) can run this code."""
+        code, gpu = self.capability, device.base
+        if code.suffix == "a":  # arch-specific instructions (wgmma, tcgen05...) exist only on that exact chip
+            return code.base == gpu
+        if self.kind == SASS or code.suffix == "f":
+            # SASS and family-specific PTX run on later minors of the same major, never across majors.
+            return code.major == gpu.major and code.minor <= gpu.minor
+        return code.as_tuple() <= gpu.as_tuple()  # plain PTX is forward compatible with every newer GPU
+
+
+def code_runs_on(sass: Iterable[str], ptx: Iterable[str], device: ComputeCapability) -> tuple[bool, str]:
+    """(ok, sentence) for a binary carrying ``sass`` and ``ptx`` targets on a ``device`` GPU.
+
+    SASS sm_XY runs on same-major minor >= Y (sm_80 runs on 8.6, not on 9.0); arch-specific sm_90a only on
+    exactly 9.0; PTX compute_XY is JIT-compiled on any arch >= XY. The sentence states expected vs found, e.g.
+    'built for sm_80, sm_86 (SASS) and no PTX; needs sm_90 SASS or PTX <= compute_90'. Unparsable names
+    cannot be judged and are left out.
+    """
+    gpu = device.base
+    codes = sorted(c for c in map(CodeTarget.parse, [*sass, *ptx]) if c is not None)
+    sass_codes = [c for c in codes if c.kind == SASS]
+    ptx_codes = [c for c in codes if c.kind == PTX]
+    found = _describe_found(sass_codes, ptx_codes)
+    native = [c for c in sass_codes if c.runs_on(gpu)]
+    if native:
+        return True, f"{found}; {native[-1].name} SASS runs on {gpu} GPUs"
+    jit = [c for c in ptx_codes if c.runs_on(gpu)]
+    if jit and not sass_codes and len(ptx_codes) == 1:
+        return True, f"only PTX {jit[-1].name}, JIT-compiled at first load on {gpu} GPUs"
+    if jit:
+        return True, f"{found}; no SASS runs on {gpu} GPUs, so PTX {jit[-1].name} is JIT-compiled at first load"
+    needed = f"sm_{gpu.major}{gpu.minor}" if gpu.minor == 0 else f"sm_{gpu.major}0..sm_{gpu.major}{gpu.minor}"
+    return False, f"{found}; needs {needed} SASS or PTX <= compute_{gpu.major}{gpu.minor}"
+
+
+def _describe_found(sass: list[CodeTarget], ptx: list[CodeTarget]) -> str:
+    sass_text = f"{', '.join(c.name for c in sass)} (SASS)" if sass else "no SASS"
+    ptx_text = f"PTX {', '.join(c.name for c in ptx)}" if ptx else "no PTX"
+    return f"built for {sass_text} and {ptx_text}"

@@ -12,6 +12,22 @@ import re
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .geometry import key_head_dim
+
+__all__ = [
+    "MODES",
+    "PACKAGES",
+    "PACKED_REFERENCE",
+    "VARLEN_ATTENTION",
+    "Family",
+    "HubRepo",
+    "KernelRequirement",
+    "ModelSpec",
+    "PackageSpec",
+    "Requirements",
+    "is_decode_only",
+    "requirements",
+]
 
 MODES = ("training", "inference")
 
@@ -28,7 +44,7 @@ class PackageSpec:
     import_name: str
     distributions: tuple[str, ...]  # pip names that ship the import name, most specific first
     availability_function: str | None  # transformers' is_*_available() that holds its minimum version
-    install: str
+    # (how to install it is kernelguard.install's, built from the facts: no command string lives here)
     compiled: bool  # ships CUDA extensions (.so) whose archs and torch ABI must match
     default_devices: tuple[str, ...] = ("cuda",)
 
@@ -40,7 +56,6 @@ PACKAGES: dict[str, PackageSpec] = {
             "fla",
             ("fla-core", "flash-linear-attention"),
             "is_flash_linear_attention_available",
-            "pip install flash-linear-attention",
             compiled=False,
             default_devices=("cuda", "xpu"),
         ),
@@ -48,21 +63,18 @@ PACKAGES: dict[str, PackageSpec] = {
             "causal_conv1d",
             ("causal-conv1d",),
             "is_causal_conv1d_available",
-            "pip install --no-build-isolation --no-cache-dir causal-conv1d  # builds against the installed torch",
             compiled=True,
         ),
         PackageSpec(
             "mamba_ssm",
             ("mamba-ssm",),
             "is_mamba_2_ssm_available",
-            "pip install mamba-ssm --no-build-isolation  # compiles with nvcc",
             compiled=True,
         ),
         PackageSpec(
             "flash_attn",
             ("flash-attn",),
             "is_flash_attn_2_available",
-            "pip install flash-attn --no-build-isolation  # or a prebuilt wheel matching torch/CUDA/ABI",
             compiled=True,
         ),
     )
@@ -132,9 +144,9 @@ def requirements(spec: ModelSpec, mode: str, *, packed: bool, transformers_versi
     kernels = tuple(
         k for k in spec.family.kernels if mode == "inference" or not is_decode_only(k.kernel)
     )
-    key_dim: int | None
-    if spec.config and spec.config.get("linear_key_head_dim"):
-        key_dim, key_source = int(spec.config["linear_key_head_dim"]), f"linear_key_head_dim in {spec.origin}"
+    key_dim = key_head_dim(spec.config) if spec.config else None
+    if key_dim is not None:
+        key_source = f"linear_key_head_dim in {spec.origin}"
     else:
         key_dim = spec.family.default_key_head_dim
         key_source = f"default of {spec.family.name}'s config class" if key_dim else "unknown"

@@ -17,6 +17,8 @@ from .policy import AllowPolicy
 from .providers.installed import PackageFacts, probe_package
 from .resolver import Resolution, Target, resolve
 
+__all__ = ["CONFIG_KEYS", "CheckOptions", "CheckResult", "load_pyproject_defaults", "run_check"]
+
 CONFIG_KEYS = {"model", "mode", "arch", "allow", "packed", "hub"}
 
 
@@ -37,7 +39,7 @@ class CheckResult:
     env: Environment
     resolution: Resolution
     model_origin: str
-    numerics: Any | None = None  # smoke.NumericsReport
+    numerics: Any | None = None  # numerics.NumericsReport
     extra_notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -226,7 +228,7 @@ def _run_numerics(resolution: Resolution, spec: catalog.ModelSpec, env: Environm
             "--run executes the kernels on a GPU, and no CUDA GPU is visible here.",
             fix="run `kernelguard check --run` on a GPU node, or drop --run",
         )
-    from . import smoke
+    from . import numerics
 
     kernels = [
         v.kernel for v in resolution.verdicts if v.selected is not None and v.selected.kind == "package"
@@ -235,10 +237,10 @@ def _run_numerics(resolution: Resolution, spec: catalog.ModelSpec, env: Environm
     # The verdict is about this model: its own geometry, plus generic layouts at its key head dim (a stack
     # that is wrong only at other head dims is the known-issue table's business, not this job's).
     key_dim = resolution.requirements.key_head_dim
-    shapes = smoke.shapes_for_model(config, generic=False) if config is not None else []
-    shapes += [s for s in smoke.generic_shapes() if key_dim is None or s.key_dim == key_dim]
+    shapes = numerics.shapes_for_model(config, generic=False) if config is not None else []
+    shapes += [s for s in numerics.generic_shapes() if key_dim is None or s.key_dim == key_dim]
     lift = target.allow.lifts_fla_refusal
-    return smoke.run_numerics(kernels, config=config, device="cuda", shapes=shapes, lift_fla_hopper_refusal=lift)
+    return numerics.run_numerics(kernels, config=config, device="cuda", shapes=shapes, lift_fla_hopper_refusal=lift)
 
 
 def _numerics_config(spec: catalog.ModelSpec) -> Any:

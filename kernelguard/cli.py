@@ -1,6 +1,7 @@
 """``kernelguard`` command line. Handlers only parse arguments and call the library.
 
-Exit codes: 0 every required kernel is served well; 1 a requirement fails; 2 usage or configuration error.
+Exit codes (the table in kernelguard.errors): 0 every required kernel is served well; 1 a requirement fails;
+2 usage or configuration error; 3 `kernelguard train` refused to start (a slow fallback would run).
 """
 
 from __future__ import annotations
@@ -9,16 +10,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .errors import ConfigError, KernelGuardError
+from . import __version__
+from .errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE, ConfigError, KernelGuardError
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-
-__all__ = [
-    "EXIT_FAIL",
-    "EXIT_OK",
-    "EXIT_USAGE",
-    "main",
-]
+__all__ = ["main"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,8 +27,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kernelguard",
         description="Stop hybrid (gated-delta-net) model fine-tuning from silently running slow fallback kernels.",
-        epilog="exit codes: 0 every required kernel is served well; 1 a requirement fails; 2 usage or configuration error",
+        epilog="exit codes: 0 every required kernel is served well; 1 a requirement fails; 2 usage or configuration "
+        "error; 3 kernelguard train refused to start (the guard found a slow fallback)",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     check = sub.add_parser(
@@ -59,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--run", action="store_true", help="on a GPU: run each fast kernel fwd+bwd vs the torch reference")
     check.add_argument("--json", action="store_true", help="machine-readable output (schema in kernelguard/report.py)")
 
-    sub.add_parser("issues", help="list the known-bad stacks kernelguard checks")
+    issues = sub.add_parser("issues", help="list the known-bad stacks kernelguard checks")
+    issues.add_argument("--json", action="store_true", help="machine-readable: one object per known issue")
 
     # Listed for --help only: main() hands everything after "train" to kernelguard.train untouched.
     sub.add_parser("train", help="packed FSDP2 fine-tuning that starts only once the guard passes "
@@ -99,10 +97,21 @@ def _print(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _issues() -> int:
+def _issues(as_json: bool = False) -> int:
     from .known_issues import KNOWN_ISSUES
     from .policy import POLICY_ITEMS
 
+    if as_json:
+        import json
+
+        fields = ("id", "title", "effect", "evidence", "fix", "source", "kernels", "provider", "archs", "modes", "triton")
+        data = {
+            "schema_version": 1,
+            "known_issues": [{name: getattr(issue, name) for name in fields} for issue in KNOWN_ISSUES],
+            "allow_items": dict(POLICY_ITEMS),
+        }
+        _print(json.dumps(data, indent=2))
+        return EXIT_OK
     for issue in KNOWN_ISSUES:
         measured = f"  measured: {issue.evidence}\n" if issue.evidence else ""
         print(
@@ -130,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "check":
             return _check(args)
-        return _issues()
+        return _issues(args.json)
     except ConfigError as exc:
         print(f"kernelguard: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

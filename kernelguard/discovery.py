@@ -293,3 +293,9 @@ def kernels_version_window(source: TransformersSource | None = None) -> tuple[st
     low = re.search(r'^KERNELS_MIN_VERSION\s*=\s*"([^"]+)"', text, re.MULTILINE)
     high = re.search(r'^KERNELS_MAX_VERSION\s*=\s*"([^"]+)"', text, re.MULTILINE)
     return (low.group(1), high.group(1)) if low and high else None
+
+
+def clear_caches() -> None:
+    """Forget the tables read from transformers' source (kernelguard.registry.reset() calls this)."""
+    for cached in (_hub_mapping, _internal_paths, _families, _import_utils_text):
+        cached.cache_clear()

@@ -1,12 +1,44 @@
-"""One exception hierarchy for everything kernelguard raises.
+"""One exception hierarchy for everything kernelguard raises, and the one table of exit codes it maps to.
 
 Every error is built from structured fields and stays picklable (``__reduce__`` rebuilds it from those
 fields), so it survives pytest-xdist workers, torchrun children and multiprocessing pools intact.
+
+Exit codes of ``kernelguard`` and ``kernelguard train`` (both read them from here):
+
+=====================  ====  =============================================================================
+``EXIT_OK``            0     every required kernel is served well; the run finished
+``EXIT_FAIL``          1     a requirement fails (:class:`ResolutionError`, any other ``KernelGuardError``)
+``EXIT_USAGE``         2     usage or configuration error (:class:`ConfigError`, :class:`DataError`)
+``EXIT_GUARD``         3     ``kernelguard train``: the gate refused to start (:class:`GuardRefused`)
+``EXIT_INTERRUPTED``   130   ``kernelguard train``: Ctrl-C (128 + SIGINT, as a shell reports it)
+=====================  ====  =============================================================================
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+__all__ = [
+    "EXIT_FAIL",
+    "EXIT_GUARD",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "CheckpointError",
+    "ConfigError",
+    "DataError",
+    "GuardRefused",
+    "KernelFallbackError",
+    "KernelGuardError",
+    "ResolutionError",
+    "UnsupportedTransformersError",
+]
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+EXIT_GUARD = 3
+EXIT_INTERRUPTED = 130
 
 
 class KernelGuardError(Exception):
@@ -87,6 +119,15 @@ class KernelFallbackError(KernelGuardError):
 
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "layer": self.layer, "kernel": self.kernel, "reason": self.reason}
+
+
+class GuardRefused(KernelFallbackError):
+    """``kernelguard train``'s gate refused to start: a slow path or known-bad stack that was not allowed.
+    ``report`` is the whole text to print (the stack check's and the guard's parts); exit code 3."""
+
+    def __init__(self, report: str, **fields: Any) -> None:
+        self.report = report
+        super().__init__(report, **fields)
 
 
 class DataError(KernelGuardError):

@@ -178,6 +178,38 @@ def apply(entry: Mapping[str, Any]) -> int:
     return pinned
 
 
+def searched_after_pinning(entry: Mapping[str, Any] | None) -> list[str]:
+    """Autotuned kernels whose key ``entry`` did not pin: each one cost a full search of its configs.
+
+    Read after a run, so a slow cold ``check --run`` names the kernels and keys that missed their pins instead
+    of leaving the user to guess between autotuning and compilation."""
+    pinned = {
+        name: {tuple(row["key"]) for row in rows} for name, rows in ((entry or {}).get("kernels") or {}).items()
+    }
+    missed = []
+    for name, tuner in fla_autotuners():
+        if len(getattr(tuner, "configs", ())) <= 1:
+            continue
+        for key in getattr(tuner, "cache", {}):
+            if tuple(key) not in pinned.get(name, set()):
+                missed.append(f"{name.rsplit('.', 1)[-1]}{list(key)}")
+    return missed
+
+
+def search_note(path: Path = PINS_FILE) -> str | None:
+    """One sentence naming the autotune searches a run made despite the pins, or None when there were none."""
+    stack = current_stack()
+    if stack is None:
+        return None
+    missed = searched_after_pinning(entry_for(stack, load_pins(path)))
+    if not missed:
+        return None
+    return (
+        f"fla autotuned {len(missed)} kernel shape(s) with no pin for sm {stack.capability}, Triton {stack.triton}, "
+        f"fla {stack.fla} (each searched all its configs): {'; '.join(missed)}"
+    )
+
+
 def pin_for_this_gpu(path: Path = PINS_FILE) -> str:
     """Apply the pins recorded for this stack, if any; returns one sentence for the report."""
     stack = current_stack()

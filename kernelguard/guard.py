@@ -24,27 +24,21 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from kernelguard import registry
 from kernelguard import transformers_compat as compat
-from kernelguard.attention import VARLEN_NAME
-from kernelguard.catalog import MODES, PACKED_REFERENCE, is_decode_only
-from kernelguard.decisions import ALLOWED, FALLBACK, HUB, PACKAGE, REFERENCE, REJECTED, SELECTED, Decision
+from kernelguard.catalog import MODES, PACKED_REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError
+from kernelguard.layer_guard import VARLEN_ATTENTION_IMPLEMENTATIONS, CallSite, collect_call_sites
 from kernelguard.policy import AllowPolicy
+from kernelguard.registry import FallbackEvent, clear_fallback_events, fallback_events
 from kernelguard.report import render_call_sites
-from kernelguard.tripwires import (
-    REGISTRY,
-    FallbackEvent,
-    Tripwires,
-    arm_tripwires,
-    clear_fallback_events,
-    fallback_events,
-)
+from kernelguard.tripwires import Tripwires, arm_tripwires
 
 __all__ = [
+    "VARLEN_ATTENTION_IMPLEMENTATIONS",
     "CallSite",
     "FallbackEvent",
     "GuardReport",
@@ -57,152 +51,14 @@ __all__ = [
 
 ALLOW_SOURCE = "allow= of kernelguard.guard()"
 ATTENTION_POLICIES = ("error", "warn", "ignore")
-# Attention implementation names (config._attn_implementation) that take cu_seqlens directly, so packed rows
-# need no O(T^2) mask. Not to be confused with catalog.VARLEN_ATTENTION, the *kernel* name `check` resolves.
-VARLEN_ATTENTION_IMPLEMENTATIONS = frozenset(
-    {"flash_attention_2", "flash_attention_3", "flash_attention_4", VARLEN_NAME}
-)
-_ATTENTION_FORWARD_NAMES = frozenset({"ALL_ATTENTION_FUNCTIONS", "eager_attention_forward"})
 NO_SITES = "no gated-delta call sites found"
 
 
-# ------------------------------------------------------------------------------------------- records ---
-@dataclass(frozen=True, slots=True)
-class CallSite:
-    """One kernel call site of one layer, as it will run: a :class:`Decision` with ``layer`` set."""
-
-    decision: Decision
-    required: bool = True  # False for decode-only kernels in training mode
-
-    layer = property(lambda self: self.decision.layer)  # module path, e.g. "model.layers.3.linear_attn"
-    kernel = property(lambda self: self.decision.kernel)  # e.g. "chunk_gated_delta_rule", or "attention"
-    implementation = property(lambda self: self.decision.provider)  # "fla.ops....chunk_gated_delta_rule 0.6.0"
-    kind = property(lambda self: self.decision.kind)  # "package" | "hub" | "reference"
-    provider_kind = kind  # the name 0.1 used
-    status = property(lambda self: self.decision.status)
-    reason = property(lambda self: self.decision.reason)
-    fix = property(lambda self: self.decision.fix or "")
-    issues = property(lambda self: self.decision.issues)
-
-    @property
-    def fast(self) -> bool:
-        return self.decision.status == SELECTED
-
-    @property
-    def allowed(self) -> bool:
-        """A slow site the AllowPolicy accepts."""
-        return self.decision.status == ALLOWED
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.layer, "kernel": self.kernel, "implementation": self.implementation,
-                **self.decision.to_dict(), "fast": self.fast, "allowed": self.allowed, "required": self.required}
-
-
-def _site(layer: str, kernel: str, impl: str, kind: str, status: str, reason: str, fix: str = "",
-          issues: tuple[str, ...] = (), *, required: bool = True) -> CallSite:
-    return CallSite(Decision(kernel, impl, kind, status, reason, fix or None, issues, layer), required)
-
-
-def _slow(policy: AllowPolicy, kernel: str, issues: tuple[str, ...], status: str) -> str:
-    return ALLOWED if policy.allows_site(kernel, issues) else status
-
-
-# -------------------------------------------------------------------------------------- classification ---
 def _model_device(model: Any) -> str:
     for param in model.parameters():
         return str(param.device.type)
     return "cpu"
 
-
-def _qualname(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', getattr(fn, '__name__', '?'))}"
-
-
-def _version_of(fn: Any) -> str:
-    top = sys.modules.get(str(getattr(fn, "__module__", "") or "").split(".")[0])
-    version = getattr(top, "__version__", None)
-    return f" {version}" if version else ""
-
-
-def _classify_closure(
-    layer: str, closure: compat.FallbackClosure, device: str, *, required: bool, policy: AllowPolicy,
-    packed_training: bool = False,
-) -> CallSite:
-    kernel = closure.kernel
-    hub = compat.hub_kernel(closure)
-    if hub is not None:
-        return _site(layer, kernel, hub, HUB, SELECTED, "kernelize() selected a Kernel Hub kernel", required=required)
-    impl = closure.implementation
-    if not closure.is_torch_reference:
-        devices = compat.provider_devices(impl)
-        name = _qualname(impl) + _version_of(impl)
-        if device == "meta" or device in devices:
-            reason = f"`{closure.package}` was importable when transformers chose"
-            return _site(layer, kernel, name, PACKAGE, SELECTED, reason, required=required)
-        reason = (
-            f"`{closure.package}`{_version_of(impl)} is installed, but it does not run on device {device} "
-            f"(runs on: {', '.join(devices)}; declare others with `{compat.DEVICES_ATTR}`)"
-        )
-        return _site(layer, kernel, name, PACKAGE, _slow(policy, kernel, (), REJECTED), reason,
-                     f"move the model to {devices[0]} before training", required=required)
-    failure = compat.import_failure(closure)
-    hub_off = compat.kernels_hub_status()
-    reason = f"{failure.reason}; {hub_off}" if hub_off else failure.reason
-    status = _slow(policy, kernel, failure.issues, FALLBACK)
-    if packed_training and required and status == ALLOWED:
-        status, reason = FALLBACK, f"{reason}; allowed, but {PACKED_REFERENCE}"
-    return _site(layer, kernel, _qualname(closure.torch_function), REFERENCE, status, reason,
-                 compat.pip_fix(closure.package), failure.issues, required=required)
-
-
-def _classify_instance(
-    layer: str, site: compat.InstanceSite, device: str, *, required: bool, policy: AllowPolicy
-) -> CallSite:
-    kernel = site.attr
-    if not site.is_torch_reference and site.value is not None:
-        devices = compat.provider_devices(site.value)
-        if device == "meta" or device in devices:
-            return _site(layer, kernel, _qualname(site.value), PACKAGE, SELECTED, "chosen at layer construction",
-                         required=required)
-        reason = f"`{site.package}` is installed, but it does not run on device {device}"
-        return _site(layer, kernel, _qualname(site.value), PACKAGE, _slow(policy, kernel, (), REJECTED), reason,
-                     f"move the model to {devices[0]}", required=required)
-    impl = "inline torch code" if site.value is None else _qualname(site.value)
-    reason = f"the layer chose the torch path at construction (`self.{site.attr}`); `{site.package}` missing"
-    return _site(layer, kernel, impl, REFERENCE, _slow(policy, kernel, (), FALLBACK), reason,
-                 compat.pip_fix(site.package), required=required)
-
-
-def _attention_site(layer: str, module: Any, model: Any, *, packed: bool, policy: AllowPolicy) -> CallSite:
-    config = getattr(module, "config", None) or getattr(model, "config", None)
-    impl = str(getattr(config, "_attn_implementation", None) or "eager")
-    kind = HUB if "/" in impl else (REFERENCE if impl == "eager" else PACKAGE)
-    varlen = impl in VARLEN_ATTENTION_IMPLEMENTATIONS or "/" in impl
-    slow = ALLOWED if policy.allows_attention() else FALLBACK
-    if impl == VARLEN_NAME and not _attention_registered(impl):
-        reason = f"`{VARLEN_NAME}` is configured but not registered in transformers' AttentionInterface"
-        return _site(layer, "attention", impl, PACKAGE, ALLOWED if policy.allows_attention() else REJECTED,
-                     reason, f"AttentionInterface.register('{VARLEN_NAME}', fn) before building the model")
-    if not packed or varlen:
-        why = "varlen attention takes cu_seqlens directly" if varlen else "not in packed mode"
-        return _site(layer, "attention", impl, kind, SELECTED, why)
-    reason = (
-        f"{impl} with packed position ids materialises an O(T^2) block mask over the whole packed row "
-        "(slow, quadratic memory)"
-    )
-    fix = f"attn_implementation='flash_attention_2' (flash-attn) or register a varlen attention as '{VARLEN_NAME}'"
-    return _site(layer, "attention", impl, kind, slow, reason, fix)
-
-
-def _attention_registered(name: str) -> bool:
-    try:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    except ImportError:
-        return False
-    try:
-        return name in ALL_ATTENTION_FUNCTIONS
-    except TypeError:  # a mapping type that refuses `in` on some releases
-        return False
 
 
 # ------------------------------------------------------------------------------------------- report ---
@@ -324,53 +180,6 @@ def _offending_error(offending: list[CallSite]) -> KernelFallbackError:
     )
 
 
-# ------------------------------------------------------------------------------------------ collection ---
-@dataclass(slots=True)
-class _Collected:
-    entries: list[CallSite]
-    to_arm: list[tuple[Any, str, str, str, compat.FallbackClosure | None]]
-    layer_paths: list[tuple[Any, str]]
-    kernel_layers: int = 0
-
-
-def _collect_decorator_sites(found: _Collected, path: str, module: Any, device: str, mode: str,
-                             policy: AllowPolicy, packed: bool = False) -> None:
-    for gsite in compat.layer_global_sites(module):
-        closure = gsite.closure
-        required = mode == "inference" or not is_decode_only(closure.kernel)
-        found.entries.append(_classify_closure(path, closure, device, required=required, policy=policy,
-                                               packed_training=packed and mode == "training"))
-        if closure.is_torch_reference and compat.hub_kernel(closure) is None:
-            owner = sys.modules.get(gsite.module)
-            if owner is not None:
-                found.to_arm.append((owner, gsite.name, closure.kernel, f"{gsite.module}.{gsite.name}", closure))
-        found.layer_paths.append((module, path))
-        found.kernel_layers += 1
-
-
-def _collect_instance_sites(found: _Collected, path: str, module: Any, device: str, mode: str,
-                            policy: AllowPolicy, packed: bool = False) -> None:
-    for isite in compat.instance_attribute_sites(module):
-        required = mode == "inference" or not is_decode_only(isite.attr)
-        found.entries.append(_classify_instance(path, isite, device, required=required, policy=policy))
-        if isite.is_torch_reference and isite.value is not None:
-            found.to_arm.append((module, isite.attr, isite.attr, f"{path}.{isite.attr}", None))
-        found.layer_paths.append((module, path))
-        found.kernel_layers += 1
-
-
-def _collect(model: Any, mechanism: str, *, mode: str, packed: bool, policy: AllowPolicy, device: str) -> _Collected:
-    found = _Collected([], [], [])
-    collect = _collect_decorator_sites if mechanism == "decorator" else _collect_instance_sites
-    for path, module in model.named_modules():
-        path = path or type(model).__name__
-        collect(found, path, module, device, mode, policy, packed)
-        names, _ = compat.forward_code_names(type(module))
-        if _ATTENTION_FORWARD_NAMES.intersection(names):
-            found.entries.append(_attention_site(path, module, model, packed=packed, policy=policy))
-    return found
-
-
 # -------------------------------------------------------------------------------------------- guard ---
 def _require_module(model: Any) -> None:
     torch = sys.modules.get("torch")
@@ -426,11 +235,7 @@ def guard(
     mechanism = compat.selection_mechanism()
     version = compat.transformers_version()
     device = _model_device(model)
-    found = _collect(model, mechanism, mode=mode, packed=packed, policy=policy, device=device)
-    if mechanism == "instance-attribute" and not found.kernel_layers:
-        raise compat.unsupported(
-            version, f"no `{compat.DECORATOR_NAME}` decorator and no instance-attribute kernel pattern found"
-        )
+    found = collect_call_sites(model, mechanism, mode=mode, packed=packed, policy=policy, device=device)
     if strict and not found.entries:
         raise _nothing_to_guard(model)
     tripwires = Tripwires(policy, source=ALLOW_SOURCE)
@@ -440,11 +245,7 @@ def guard(
     offending = report.offending()
     if strict and offending:
         raise _offending_error(offending)
-    for module, path in found.layer_paths:
-        try:
-            REGISTRY.layer_paths[module] = path
-        except TypeError:  # an unhashable module subclass: errors fall back to the root-module lookup
-            pass
+    registry.remember_layer_paths(found.layer_paths)
     for owner, name, kernel, site, closure in found.to_arm:
         tripwires.arm(owner, name, kernel, site, closure)
     return report
@@ -455,8 +256,8 @@ def _log_allowed_and_warned(report: GuardReport) -> None:
         if e.fast:
             continue
         if e.allowed:
-            REGISTRY.log_once(("allowed", e.kernel, e.reason),
-                              f"kernelguard: allowed slow path `{e.kernel}` -> {e.implementation} ({e.reason})")
+            registry.log_once(("allowed", e.kernel, e.reason),
+                               f"kernelguard: allowed slow path `{e.kernel}` -> {e.implementation} ({e.reason})")
         elif e.kernel == "attention" and report.attention == "warn":
-            REGISTRY.log_once(("attention", e.implementation),
-                              f"kernelguard: slow attention: {e.reason}. Fix: {e.fix}")
+            registry.log_once(("attention", e.implementation),
+                               f"kernelguard: slow attention: {e.reason}. Fix: {e.fix}")

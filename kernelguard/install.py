@@ -1,4 +1,10 @@
-"""The exact command that installs a provider package for the detected torch / CUDA / archs. Pure: no I/O.
+"""Every install fix kernelguard prints, built from the facts: the one home of ``pip install`` lines.
+
+``install_command`` answers for a provider package (the build command for this torch / CUDA / archs), for
+``triton`` (fla #640 needs Triton >= 3.7.1, but torch pins its Triton exactly, so the fix may be a newer torch
+or tilelang) and for ``kernels`` (a window of transformers with no release in it says so and offers what
+exists). Pure except for :func:`torch_triton_requirement`, which reads the installed torch's own metadata;
+nothing here reaches the network: which releases exist comes from the dated tables below.
 
 Why a function and not a fixed string: causal-conv1d (like flash-attn and mamba-ssm) ships only an sdist on
 PyPI whose build-system requires an *unpinned* torch. A plain ``pip install causal-conv1d`` builds it in an
@@ -20,12 +26,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import metadata
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .capability import ComputeCapability
 
+__all__ = [
+    "BUILD_TOOLS", "FLA_REQUIREMENT", "FLA_SAFE_TRITON", "KERNELS_RELEASES", "PACKAGES", "TORCH_TRITON",
+    "TRANSFORMERS_KERNELS_WINDOWS", "InstallAdvice", "install_command", "torch_triton_requirement",
+    "upgrade_command",
+]
+
 BUILD_TOOLS = "setuptools wheel ninja packaging"  # what these setup.py files import with build isolation off
+
+# Known releases, as PyPI listed them in 2026-12 (`pip index versions`); kernelguard never asks the network at
+# run time, so a newer release is unknown here until this table is updated.
+KERNELS_RELEASES = ("0.16.0", "0.16.1", "0.16.2", "0.17.0", "0.17.1", "0.17.2")
+# transformers release -> the kernels window it accepts (its KERNELS_MIN_VERSION / KERNELS_MAX_VERSION), 2026-12.
+TRANSFORMERS_KERNELS_WINDOWS = {"5.17.0": ("0.16", "0.17"), "5.23.0": ("0.18.2", "0.19"), "5.24.0": ("0.18.2", "0.19")}
+# torch pins its Triton exactly (Requires-Dist of each Linux wheel, 2026-12); used when the torch in question is
+# not the installed one, whose own metadata is read instead.
+TORCH_TRITON = {"2.11": "==3.6.0", "2.12": "==3.7.0", "2.13": "==3.7.1", "2.14": "~=3.8.0"}
+FLA_SAFE_TRITON = "3.7.1"  # fla #640: the gated backward on Hopper is refused / wrong below this Triton
+_TILELANG = "pip install tilelang z3-solver"  # fla then runs its TileLang backward, whatever the Triton
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +62,24 @@ class InstallAdvice:
     notes: tuple[str, ...] = ()  # full sentences: what the command assumes, what it cannot give
     prebuilt_wheel: str | None = None  # the URL the package's setup.py tries before compiling
     offline_command: str | None = None  # the same without network access (compiles; never downloads)
+    preface: str = ""  # a sentence the command follows, when the command alone would mislead
+    alternatives: tuple[tuple[str, str], ...] = ()  # (another command that fixes it, what it does)
 
     def text(self) -> str:
         """The command, then its notes: what a fix line in a report shows."""
         return " ".join([self.command, *self.notes])
+
+    @property
+    def commands(self) -> tuple[str, ...]:
+        """Every shell line this advice offers (CI resolves each with pip --dry-run)."""
+        return (self.command, *(command for command, _ in self.alternatives))
+
+    def fix_line(self) -> str:
+        """The one format of a fix in check, guard, the callback and the trainer."""
+        line = f"{self.preface} {self.command}" if self.preface else self.command
+        if self.notes:
+            line += f"  ({' '.join(self.notes)})"
+        return line + "".join(f"; or {command} ({why})" for command, why in self.alternatives)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +136,13 @@ def install_command(
     kernels_window: tuple[str, str] | None = None,
     reinstall: bool = False,
 ) -> InstallAdvice:
-    """How to install ``package`` (pip or import name) into an environment with these facts.
+    """How to install ``package`` (pip or import name, or "triton") into an environment with these facts.
 
     ``torch_version`` as torch reports it ("2.13.0+cu128"; None: torch missing), ``cuda_version`` torch's
     CUDA ("12.8"; None: a CPU/ROCm build), ``archs`` the target GPUs ("9.0", "sm_90a"), ``cxx11_abi``
     torch.compiled_with_cxx11_abi(), ``python_version`` "3.11", ``kernels_window`` the [min, max) of kernels
     this transformers accepts. ``reinstall`` replaces a broken build without touching its dependencies.
+    "triton" means a Triton fla #640 accepts, next to this torch's own pin.
     """
     name = _ALIASES.get(package, package)
     capabilities = tuple(ComputeCapability.parse(a, source="install_command(archs=...)") for a in archs)
@@ -113,10 +154,90 @@ def install_command(
     if name == "flash-linear-attention":
         return _fla_advice(torch_version, cuda_version, reinstall)
     if name == "kernels":
-        spec = f"kernels>={kernels_window[0]},<{kernels_window[1]}" if kernels_window else None
-        command = f"pip install '{spec}'" if spec else "pip install 'kernelguard[hub]'"
-        return InstallAdvice("kernels", spec or "kernels>=0.16,<0.19", command)
-    raise ValueError(f"install_command knows {', '.join(PACKAGES)} (or their import names), not {package!r}")
+        return _kernels_advice(kernels_window)
+    if name == "triton":
+        return _triton_advice(torch_version)
+    raise ValueError(f"install_command knows {', '.join(PACKAGES)}, triton (or their import names), not {package!r}")
+
+
+def upgrade_command(distribution: str, minimum: str) -> str:
+    """Raise an installed distribution to the minimum something else requires."""
+    return f"pip install -U '{distribution}>={minimum}'"
+
+
+def _window_releases(window: tuple[str, str]) -> list[str]:
+    spec = SpecifierSet(f">={window[0]},<{window[1]}")
+    return [release for release in KERNELS_RELEASES if Version(release) in spec]
+
+
+def _kernels_advice(window: tuple[str, str] | None) -> InstallAdvice:
+    if window is None:
+        return InstallAdvice("kernels", "kernels>=0.16,<0.19", "pip install 'kernelguard[hub]'")
+    spec = f"kernels>={window[0]},<{window[1]}"
+    if _window_releases(window):
+        return InstallAdvice("kernels", spec, f"pip install '{spec}'")
+    # Offer the newest transformers whose window holds a release: the pair that does turn Hub kernels on.
+    paired = [(t, w) for t, w in TRANSFORMERS_KERNELS_WINDOWS.items() if _window_releases(w)]
+    transformers, (low, high) = max(paired, key=lambda pair: Version(pair[0]))
+    working = f"kernels>={low},<{high}"
+    series = ".".join(transformers.split(".")[:2])
+    preface = (
+        f"no kernels release is inside [{window[0]}, {window[1]}) yet (newest known: {KERNELS_RELEASES[-1]}), so "
+        f"Hub kernels stay off with this transformers; use transformers {series} with kernels {low}.x:"
+    )
+    instead = "or use the pip packages fla / causal-conv1d instead: `kernelguard check` without --hub gives their commands"
+    command = f"pip install 'transformers=={transformers}' '{working}'"
+    return InstallAdvice("kernels", working, command, (instead,), preface=preface)
+
+
+def torch_triton_requirement(torch_version: str | None) -> str | None:
+    """The Triton specifier this torch requires ("==3.6.0"): the installed torch's own metadata when it is that
+    torch (CUDA builds declare it), else the dated table; None when neither knows."""
+    base = _base(torch_version)
+    if base is None:
+        return None
+    try:
+        same = _base(metadata.version("torch")) == base
+        requires = (metadata.requires("torch") or []) if same else []
+    except metadata.PackageNotFoundError:
+        requires = []
+    for line in requires:
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if requirement.name in ("triton", "pytorch-triton") and str(requirement.specifier):
+            return str(requirement.specifier)
+    return TORCH_TRITON.get(_release(torch_version) or "")
+
+
+def _allows_safe_triton(pin: str) -> str | None:
+    """The lowest Triton >= 3.7.1 this torch pin admits, as a requirement, or None."""
+    try:
+        spec = SpecifierSet(pin)
+    except InvalidSpecifier:
+        return None
+    floors = [Version(s.version.replace(".*", "")) for s in spec if s.operator in ("==", "~=", ">=", "===")]
+    if any(floor >= Version(FLA_SAFE_TRITON) and floor in spec for floor in floors):
+        return f"triton{pin}"
+    return f"triton{pin},>={FLA_SAFE_TRITON}" if Version(FLA_SAFE_TRITON) in spec else None
+
+
+def _triton_advice(torch_version: str | None) -> InstallAdvice:
+    pin = torch_triton_requirement(torch_version)
+    tilelang = (_TILELANG, "fla then uses its TileLang backward")
+    safe = _allows_safe_triton(pin) if pin else None
+    if safe is not None:
+        note = f"the Triton torch {torch_version} requires; fla needs >= {FLA_SAFE_TRITON} on Hopper"
+        return InstallAdvice("triton", safe, f"pip install '{safe}'", (note,), alternatives=(tilelang,))
+    newer = min((r for r, p in TORCH_TRITON.items() if _allows_safe_triton(p)), key=Version)
+    requires = f"torch {torch_version} requires triton{pin}" if pin else f"torch {torch_version} pins its own Triton"
+    note = (
+        f"fla needs Triton >= {FLA_SAFE_TRITON} on Hopper and {requires}, so installing Triton alone breaks torch; "
+        f"torch {newer} requires triton{TORCH_TRITON[newer]}: install it from the index of your CUDA build, then "
+        "rebuild causal-conv1d against it"
+    )
+    return InstallAdvice("torch", f"torch>={newer}", f"pip install 'torch>={newer}'", (note,), alternatives=(tilelang,))
 
 
 def _pip(requirement: str, reinstall: bool, *extra: str) -> str:
@@ -171,6 +292,13 @@ def _compiled_advice(
         # Offline, setup.py's download raises instead of falling back to compiling.
         offline = command.replace(" && pip install", f" && {spec.force_build}=TRUE pip install", 1)
     return InstallAdvice(spec.distribution, requirement, command, tuple(notes), wheel, offline)
+
+
+def _base(version: str | None) -> str | None:
+    try:
+        return Version(version).base_version if version else None
+    except InvalidVersion:
+        return None
 
 
 def _release(version: str | None) -> str | None:

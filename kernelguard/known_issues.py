@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = ["FLA_640", "KNOWN_ISSUES", "KnownIssue", "by_id"]
+
 
 @dataclass(frozen=True, slots=True)
 class KnownIssue:
@@ -17,7 +19,7 @@ class KnownIssue:
     title: str
     source: str
     effect: str  # what goes wrong, one sentence
-    fix: str
+    fix: str  # the general fix (`kernelguard issues`); a check on real facts may print a more exact one
     kernels: tuple[str, ...] = ()  # empty: any kernel served by `provider`
     provider: str | None = None  # import name ("fla") or None for "any"
     archs: tuple[str, ...] = ()  # target compute capabilities this applies to
@@ -38,9 +40,19 @@ class KnownIssue:
     # Allowing this row also lifts fla's own RuntimeError for the stack (kernelguard's trainer and
     # `check --run` set fla's Triton-version flag in-process), so the accepted path actually runs.
     lifts_fla_refusal: bool = False
+    # When set, a check's fix is kernelguard.install's command for this package built from the facts (torch's
+    # own Triton pin decides between a Triton and a newer torch), then "; or " + ``accept``.
+    fix_install: str | None = None
+    accept: str = ""
 
 
 FLA_640 = "https://github.com/fla-org/flash-linear-attention/issues/640"
+# torch pins its Triton exactly, so `pip install triton` next to torch <= 2.12 breaks torch's own requirement.
+_TRITON_FIX = (
+    "Triton >= 3.7.1 through a torch that requires it (torch pins Triton exactly: 2.11 -> 3.6.0, 2.12 -> 3.7.0, "
+    "2.13 -> 3.7.1; so pip install 'torch>=2.13'), or pip install tilelang z3-solver (fla then uses its TileLang "
+    "backward); kernelguard check prints the command for the installed torch"
+)
 
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
@@ -61,10 +73,14 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
             "incl. varlen and GVA), and at key head dim 128 forcing the tile to 64 gave errors identical to the "
             "stock tile 128 to three digits"
         ),
-        fix=(
-            "pip install 'triton>=3.7.1' (or install tilelang + z3-solver so fla uses its TileLang backend); "
-            "or run `kernelguard check --run --allow fla-640-wrong-grads` on this machine and, if every "
+        fix=_TRITON_FIX + (
+            "; or run `kernelguard check --run --allow fla-640-wrong-grads` on this machine and, if every "
             "tensor passes, train with --allow fla-640-wrong-grads"
+        ),
+        fix_install="triton",
+        accept=(
+            "run `kernelguard check --run --allow fla-640-wrong-grads` on this machine and, if every tensor "
+            "passes, train with --allow fla-640-wrong-grads"
         ),
         kernels=("chunk_gated_delta_rule", "chunk_kda"),
         provider="fla",
@@ -89,10 +105,11 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
             "correct on an H200 with Triton 3.6.0 + fla 0.6.0 at key head dim 128: o, dq, dk, dv, dg, dbeta "
             "within 0.36-0.45% of the fp32 reference in bf16 (model shapes, varlen, GVA)"
         ),
-        fix=(
-            "pip install 'triton>=3.7.1', or accept with --allow fla-640-refusal "
-            "(safe at this key head dim; verify with kernelguard check --run)"
+        fix=_TRITON_FIX + (
+            "; or accept with --allow fla-640-refusal (safe at key head dim >= 128; verify with kernelguard check --run)"
         ),
+        fix_install="triton",
+        accept="accept with --allow fla-640-refusal (safe at this key head dim; verify with kernelguard check --run)",
         kernels=("chunk_gated_delta_rule", "chunk_kda"),
         provider="fla",
         archs=("9.0",),
@@ -120,7 +137,10 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         source="https://github.com/Dao-AILab/causal-conv1d/issues (undefined symbol at import, e.g. _ZN3c10...)",
         effect="the extension fails to load with 'undefined symbol', transformers swallows the ImportError "
         "and runs the torch reference path",
-        fix="rebuild against the installed torch: pip install --no-build-isolation --no-cache-dir --force-reinstall PKG",
+        fix=(
+            "rebuild against the installed torch: pip install setuptools wheel ninja packaging && pip install "
+            "--no-build-isolation --no-cache-dir --force-reinstall --no-deps PKG (kernelguard check prints it for PKG)"
+        ),
         detector="undefined-symbol",
     ),
     KnownIssue(
@@ -128,7 +148,11 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         title="kernels package outside the version window transformers accepts",
         source="transformers/utils/import_utils.py KERNELS_MIN_VERSION / KERNELS_MAX_VERSION, is_kernels_available()",
         effect="is_kernels_available() is False, so transformers silently never uses Kernel Hub kernels",
-        fix="pip install 'kernels>=MIN,<MAX' (the window of the installed transformers)",
+        fix=(
+            "pip install 'kernels>=MIN,<MAX' (the window of the installed transformers) when a release is inside it; "
+            "when none is yet (transformers 5.23/5.24: [0.18.2, 0.19)), transformers 5.17 with kernels 0.16.x, or "
+            "the pip packages fla / causal-conv1d (kernelguard check says which)"
+        ),
         detector="kernels-window",
     ),
 )

@@ -17,7 +17,6 @@ imported unless the plugin is enabled.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import sys
 from collections.abc import Generator
@@ -38,6 +37,8 @@ class Settings:
     enabled: bool
     policy: Any  # kernelguard.policy.AllowPolicy (imported lazily: the plugin loads in every pytest run)
     transformers: bool  # transformers is importable: without it there is no reference path to fall back to
+    # Parsed @pytest.mark.kernelguard(allow=...) lists: per session, so no process-wide cache outlives it.
+    marker_policies: dict[tuple[str, ...], Any] = field(default_factory=dict, compare=False)
 
     @property
     def allow(self) -> tuple[str, ...]:
@@ -90,11 +91,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[settings_key] = Settings(enabled, policy, importlib.util.find_spec("transformers") is not None)
 
 
-@functools.lru_cache(maxsize=256)
-def _marker_policy(values: tuple[str, ...]) -> Any:
-    from kernelguard.policy import AllowPolicy
+def _marker_policy(settings: Settings, values: tuple[str, ...]) -> Any:
+    policy = settings.marker_policies.get(values)
+    if policy is None:
+        from kernelguard.policy import AllowPolicy
 
-    return AllowPolicy.parse(values, source="@pytest.mark.kernelguard(allow=...)")
+        policy = AllowPolicy.parse(values, source="@pytest.mark.kernelguard(allow=...)")
+        settings.marker_policies[values] = policy
+    return policy
 
 
 def _item_settings(item: pytest.Item) -> tuple[bool, Any]:
@@ -106,7 +110,8 @@ def _item_settings(item: pytest.Item) -> tuple[bool, Any]:
     extra = marker.kwargs.get("allow", ())
     if not extra:
         return enabled, base.policy
-    return enabled, base.policy.merge(_marker_policy((extra,) if isinstance(extra, str) else tuple(extra)))
+    values = (extra,) if isinstance(extra, str) else tuple(extra)
+    return enabled, base.policy.merge(_marker_policy(base, values))
 
 
 @pytest.hookimpl(tryfirst=True)  # before fixtures are set up: a fallback in a fixture counts too
@@ -116,7 +121,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     enabled, policy = _item_settings(item)
     if not enabled:
         return
-    from kernelguard.tripwires import REGISTRY, arm_tripwires
+    from kernelguard.registry import REGISTRY
+    from kernelguard.tripwires import arm_tripwires
 
     index = REGISTRY.open_window()
     tripwires = arm_tripwires(allow=policy, on_fallback="record")
@@ -124,7 +130,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def _new_failures(state: _TestState) -> list[Any]:
-    from kernelguard.tripwires import REGISTRY
+    from kernelguard.registry import REGISTRY
 
     events = REGISTRY.events_since(state.reported)
     state.reported += len(events)

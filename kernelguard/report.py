@@ -12,7 +12,7 @@ JSON schema (``schema_version`` 1; additive changes keep the version, renames/re
   "kernels": [{"kernel", "ok", "selected": str|null,
                "candidates": [{"provider", "kind", "status", "reason", "fix", "known_issues": [str]}]}],
   "notes": [str], "unchecked": [str],
-  "numerics": null | {... smoke.NumericsReport.to_dict()},
+  "numerics": null | {... numerics.NumericsReport.to_dict()},
   "environment": {... env.Environment.to_dict(): every fact with its source}
 }
 ``status`` is one of selected / accepted / rejected / skipped / fallback.
@@ -28,6 +28,8 @@ from .decisions import ACCEPTED, ALLOWED, FALLBACK, REJECTED, SELECTED, SKIPPED,
 
 if TYPE_CHECKING:  # report formats what check produced; it must not depend on check at run time
     from .check import CheckResult
+
+__all__ = ["SCHEMA_VERSION", "render", "render_call_sites", "to_dict", "to_json", "verdict_line"]
 
 SCHEMA_VERSION = 1
 

@@ -17,9 +17,11 @@ from .capability import ComputeCapability, parse_all
 from .catalog import PACKED_REFERENCE, VARLEN_ATTENTION, KernelRequirement, Requirements
 from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
 from .facts import Facts, PackageFacts
-from .install import install_command
+from .install import install_command, upgrade_command
 from .known_issues import KNOWN_ISSUES, KnownIssue
 from .policy import AllowPolicy
+
+__all__ = ["KernelVerdict", "Resolution", "Target", "resolve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,10 +159,10 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
             status=SKIPPED,
         )
     if facts.env.version_of("kernels") is None:
-        return rejected("the kernels package is not installed.", "pip install 'kernelguard[hub]'")
+        return rejected("the kernels package is not installed.", _install_fix("kernels", facts, target))
     outside = _kernels_outside_window(facts)
     if outside:
-        return rejected(f"{outside}.", _kernels_window_fix(facts))
+        return rejected(f"{outside}.", _install_fix("kernels", facts, Target()))
     probe = facts.hub.get(req.hub.repo_id)
     if probe is None:
         return rejected("the Hub repository was not probed.")
@@ -203,7 +205,7 @@ def _package_decision(
     if minimum and not _version_in(_base_version(found.version), f">={minimum}"):
         return rejected(
             f"{found.distribution} {found.version} is older than {minimum}, the minimum transformers requires.",
-            f"pip install -U '{found.distribution}>={minimum}'",
+            upgrade_command(str(found.distribution), minimum),
         )
     broken = _broken_import(req, found, facts, target)
     if broken is not None:
@@ -224,7 +226,7 @@ def _package_decision(
             continue
         matched.append(issue.id)
         if not target.allow.allows_issue(issue.id):
-            return rejected(_issue_sentence(issue, allowed=False), issue.fix, tuple(matched))
+            return rejected(_issue_sentence(issue, allowed=False), _issue_fix(issue, facts, target), tuple(matched))
     reason = f"{found.distribution or spec.import_name} {found.version or '(no version)'} imports {req.module}.{req.kernel}"
     if spec.compiled and found.extensions:
         reason += f"; extensions load and contain {_describe_targets(found)}"
@@ -270,7 +272,14 @@ def _install_fix(package: str, facts: Facts, target: Target, *, reinstall: bool 
         cxx11_abi=abi if isinstance(abi, bool) else None, python_version=str(env.python.value or "3.11"),
         machine=str(env.machine.value or "x86_64"), kernels_window=facts.kernels_window, reinstall=reinstall,
     )
-    return advice.command + (f"  ({' '.join(advice.notes)})" if advice.notes else "")
+    return advice.fix_line()
+
+
+def _issue_fix(issue: KnownIssue, facts: Facts, target: Target) -> str:
+    """A known issue's fix for these facts: the install built for this torch, then the allow way out."""
+    if issue.fix_install is None:
+        return issue.fix
+    return f"{_install_fix(issue.fix_install, facts, target)}; or {issue.accept}"
 
 
 def _describe_targets(found: PackageFacts) -> str:
@@ -287,8 +296,6 @@ def _arch_problems(found: PackageFacts, target: Target, unchecked: list[str], la
         unchecked.append(f"{label}: GPU archs compiled into its extensions were read ({_describe_targets(found)}) "
                          "but not compared with a target (pass --arch, e.g. --arch 9.0)")
         return None
-    from .providers.cuda_arch import arch_runs  # pure function; lives beside the reader it interprets
-
     for extension in found.extensions:
         if extension.arch_error:
             if "no embedded CUDA code" in extension.arch_error:
@@ -296,14 +303,14 @@ def _arch_problems(found: PackageFacts, target: Target, unchecked: list[str], la
             unchecked.append(f"{label}: could not read the GPU code of {extension.path}: {extension.arch_error}")
             continue
         for arch in target.archs:
-            ok, sentence = arch_runs(_as_targets(extension), str(arch))
+            ok, sentence = _as_targets(extension).runs_on(arch)
             if not ok:
                 return f"{extension.path.rsplit('/', 1)[-1]} cannot run on compute capability {arch}: {sentence}"
     return None
 
 
 def _as_targets(extension: Any) -> Any:
-    from .providers.cuda_arch import CudaTargets
+    from .providers.fatbin import CudaTargets
 
     return CudaTargets(
         path=extension.path,
@@ -385,7 +392,7 @@ def _resolve_attention(facts: Facts, target: Target, unchecked: list[str]) -> Ke
     elif not facts.torch_varlen_attention:
         candidates.append(Decision(VARLEN_ATTENTION, varlen, "torch", REJECTED,
                                    f"torch {facts.env.torch_version.value} has no torch.nn.attention.varlen.varlen_attn.",
-                                   "pip install 'torch>=2.10'"))
+                                   upgrade_command("torch", "2.10")))
     elif target.archs and any(a.base < ComputeCapability(8, 0) for a in target.archs):
         candidates.append(Decision(VARLEN_ATTENTION, varlen, "torch", REJECTED,
                                    "varlen_attn needs compute capability >= 8.0 (flash backend); target is "
@@ -414,16 +421,11 @@ def _kernels_outside_window(facts: Facts) -> str | None:
     )
 
 
-def _kernels_window_fix(facts: Facts) -> str:
-    low, high = facts.kernels_window or ("?", "?")
-    return f"pip install 'kernels>={low},<{high}'"
-
-
 def _global_notes(facts: Facts, target: Target, requirements: Requirements) -> list[str]:
     notes = []
     outside = _kernels_outside_window(facts)
     if outside:
-        notes.append(f"known issue kernels-version: {outside}; fix: {_kernels_window_fix(facts)}")
+        notes.append(f"known issue kernels-version: {outside}; fix: {_install_fix('kernels', facts, Target())}")
     if facts.env.torch_error:
         notes.append(f"torch could not be imported: {facts.env.torch_error}")
     for issue in KNOWN_ISSUES:

@@ -7,11 +7,10 @@ tries ``import package`` once, at module import, and returns a closure ``wrapped
 ``kernels`` package active, ``wrapped`` is further turned into a kernels ``Func`` module instance that
 ``kernelize()`` may point at a Hub kernel. Layers look the module-level name up at call time.
 
-Releases up to ~5.14 chose at layer construction instead (``self.chunk_gated_delta_rule = ... or
-torch_chunk_gated_delta_rule``); :func:`instance_attribute_sites` reads that pattern.
-
 No model class is named here: a layer is any module whose class ``forward`` references (``co_names``) a module
-global that unpacks to such a closure. Only the standard library is imported at module import time.
+global that unpacks to such a closure. This module is the one reader of those closures (:func:`closure_cells`)
+and of a family's call sites (:func:`call_sites` for a loaded modeling module, :func:`family_of_model_type` for
+a config). Only the standard library is imported at module import time.
 """
 
 from __future__ import annotations
@@ -24,12 +23,44 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import FunctionType, ModuleType
 from typing import Any
 
-from kernelguard.catalog import PACKAGES
+from kernelguard.catalog import PACKAGES, KernelRequirement
 from kernelguard.errors import UnsupportedTransformersError
 from kernelguard.known_issues import KNOWN_ISSUES, KnownIssue
+
+__all__ = [
+    "DECORATOR_NAME",
+    "DEFAULT_DEVICES",
+    "DEVICES_ATTR",
+    "MIN_TRANSFORMERS",
+    "TRIPWIRE_ATTR",
+    "FallbackClosure",
+    "GlobalSite",
+    "ImportFailure",
+    "call_sites",
+    "closure_cells",
+    "family_of_model_type",
+    "forward_code_names",
+    "hub_kernel",
+    "hub_wrapper",
+    "import_failure",
+    "internal_path",
+    "iter_modeling_modules",
+    "kernels_hub_status",
+    "known_issue_ids",
+    "layer_global_sites",
+    "loaded_sites",
+    "module_sites",
+    "pip_fix",
+    "provider_devices",
+    "selection_mechanism",
+    "transformers_version",
+    "unpack_closure",
+    "unsupported",
+]
 
 MIN_TRANSFORMERS = (5, 0)
 DECORATOR_NAME = "use_kernel_func_from_hub_with_fallback"
@@ -45,8 +76,6 @@ _DEFAULT_INTERNAL_PATHS = {
     "chunk_kda": "ops.kda",
     "fused_recurrent_kda": "ops.kda",
 }
-# Instance-attribute pattern of transformers <= 5.14: the attribute names a layer stores its kernel under.
-_INSTANCE_KERNEL_ATTR = re.compile(r"(gated_delta_rule|causal_conv1d|kda|selective_scan|ssd|mamba)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +155,7 @@ def _probe_decorator(version: str) -> str | None:
 
 
 def selection_mechanism() -> str:
-    """``"decorator"`` (>= 5.15) or ``"instance-attribute"`` (<= 5.14); refuses anything else."""
+    """``"decorator"``: the one mechanism of the transformers releases kernelguard supports; refuses others."""
     version = transformers_version()
     if _version_tuple(version) < MIN_TRANSFORMERS:
         raise UnsupportedTransformersError(
@@ -134,12 +163,12 @@ def selection_mechanism() -> str:
             fix="pip install -U 'transformers>=5.17,<6'",
         )
     hub = _hub_kernels_module()
-    if hub is not None and hasattr(hub, DECORATOR_NAME):
-        problem = _probe_decorator(version)
-        if problem is not None:
-            raise unsupported(version, problem)
-        return "decorator"
-    return "instance-attribute"
+    if hub is None or not hasattr(hub, DECORATOR_NAME):
+        raise unsupported(version, f"transformers.integrations.hub_kernels has no `{DECORATOR_NAME}`")
+    problem = _probe_decorator(version)
+    if problem is not None:
+        raise unsupported(version, problem)
+    return "decorator"
 
 
 def unsupported(version: str, why: str) -> UnsupportedTransformersError:
@@ -155,7 +184,7 @@ def closure_cells(fn: Any) -> dict[str, Any]:
     """A function's closure variables by name (empty cells and non-closures give ``{}``).
 
     The one place that reads closures: transformers' ``wrapped`` (``implementation``, ``torch_function``, ...)
-    and the kernels ``Func`` module's class forward (``func``). smoke and the guard both go through here.
+    and the kernels ``Func`` module's class forward (``func``). numerics and the guard both go through here.
     """
     code = getattr(fn, "__code__", None)
     closure = getattr(fn, "__closure__", None)
@@ -297,44 +326,32 @@ def layer_global_sites(layer: Any) -> list[GlobalSite]:
     return sites
 
 
-@dataclass(frozen=True, slots=True)
-class InstanceSite:
-    """transformers <= 5.14: ``layer.<attr>`` chosen at construction (None = inline torch code)."""
+# ------------------------------------------------------------------------------------- call sites ---
+def call_sites(module: ModuleType) -> tuple[KernelRequirement, ...]:
+    """The kernels a loaded modeling module's layers call, each with its module-level name (``call_site``):
+    the requirements of the catalog family whose modeling file is this module's file; () for any other."""
+    from kernelguard import discovery
 
-    attr: str
-    value: Callable[..., Any] | None
-
-    @property
-    def is_torch_reference(self) -> bool:
-        if self.value is None:
-            return True
-        return str(getattr(self.value, "__module__", "")).startswith("transformers.")
-
-    @property
-    def package(self) -> str:
-        if self.value is None or self.is_torch_reference:
-            return _package_for_attr(self.attr)
-        return str(getattr(self.value, "__module__", "?")).split(".")[0]
+    file = getattr(module, "__file__", None)
+    if not file:
+        return ()
+    here = Path(file).resolve()
+    for family in discovery.families().values():
+        if Path(family.source).resolve() == here:
+            return family.kernels
+    return ()
 
 
-def _package_for_attr(attr: str) -> str:
-    if "conv1d" in attr:
-        return "causal_conv1d"
-    if "mamba" in attr or "scan" in attr or "ssd" in attr:
-        return "mamba_ssm"
-    return "fla"
+def family_of_model_type(model_type: str | None) -> str | None:
+    """The catalog family a config's ``model_type`` belongs to (``qwen3_5_text`` -> ``qwen3_5``), or None."""
+    if not model_type:
+        return None
+    from kernelguard import discovery
 
-
-def instance_attribute_sites(layer: Any) -> list[InstanceSite]:
-    names, _ = forward_code_names(type(layer))
-    sites = []
-    for attr in names:
-        if attr not in vars(layer) or not _INSTANCE_KERNEL_ATTR.search(attr):
-            continue
-        value = vars(layer)[attr]
-        if value is None or isinstance(value, FunctionType) or callable(value):
-            sites.append(InstanceSite(attr=attr, value=value))
-    return sites
+    for name, family in discovery.families().items():
+        if model_type == name or model_type in family.model_types:
+            return name
+    return None
 
 
 # ------------------------------------------------------------------------------------------ reasons ---
@@ -383,14 +400,24 @@ def import_failure(closure: FallbackClosure) -> ImportFailure:
     )
 
 
-def why_not_imported(closure: FallbackClosure) -> str:
-    return import_failure(closure).reason
-
-
 def pip_fix(package: str) -> str:
-    """The install command for a provider: the catalog's one table, else the import name as a pip name."""
-    spec = PACKAGES.get(package)
-    return spec.install if spec else f"pip install {package.replace('_', '-')}"
+    """The install command for a provider, built by kernelguard.install from the running torch (the same
+    command `kernelguard check` prints); a package install does not know: its import name as a pip name."""
+    import platform
+
+    from kernelguard.install import install_command
+
+    torch = sys.modules.get("torch")
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    abi = getattr(torch, "compiled_with_cxx11_abi", None)
+    try:
+        return install_command(
+            package, torch_version=getattr(torch, "__version__", None), cuda_version=cuda,
+            cxx11_abi=abi() if callable(abi) else None, python_version=platform.python_version(),
+            machine=platform.machine(),
+        ).fix_line()
+    except ValueError:
+        return f"pip install {package.replace('_', '-')}"
 
 
 def provider_devices(implementation: Any) -> tuple[str, ...]:
@@ -424,3 +451,9 @@ def kernels_hub_status() -> str | None:
         return None
     window = f" [{low}, {high})" if low and high else ""
     return f"Kernel Hub off: kernels {installed} is outside transformers' accepted range{window}"
+
+
+def clear_caches() -> None:
+    """Forget the decorator probe and forward-name tables (kernelguard.registry.reset() calls this)."""
+    _probe_decorator.cache_clear()
+    _forward_names.cache_clear()

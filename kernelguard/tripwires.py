@@ -1,47 +1,50 @@
-"""Tripwires on transformers' torch reference paths, and the one registry that holds their state.
+"""Tripwires on transformers' torch reference paths: the wrappers, and arming them.
 
-A tripwire replaces the module-level name a layer's forward looks up at call time (or, for transformers <= 5.14,
-the layer's instance attribute) with a wrapper that, on entry into the torch reference, either raises
+A tripwire replaces the module-level name a layer's forward looks up at call time with a wrapper that, on
+entry into the torch reference, either raises
 :class:`KernelFallbackError` (``on_fallback="raise"``: :func:`kernelguard.guard`) or records the entry and lets
 it run (``"record"``: the pytest plugin, which then fails the test with one message naming every kernel). A
 call goes through when any active arming allows it (:class:`kernelguard.policy.AllowPolicy`).
 
-All state lives in :data:`REGISTRY` (one :class:`GuardRegistry`, ``reset()`` restores everything): the armed
-patches, the fallback events, the log-once keys, the import watchers, layer paths, and the per-module scan
-cache, so a suite of thousands of tests scans each transformers modeling module once.
+Their state (armed and retired patches, events, layer paths, the scan cache) lives in
+:mod:`kernelguard.registry`; modules imported while armed are armed by :mod:`kernelguard.import_hook`.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import logging
-import os
 import sys
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from importlib.machinery import ModuleSpec
 from types import FrameType, ModuleType, TracebackType
 from typing import Any
 
+from kernelguard import import_hook
 from kernelguard import transformers_compat as compat
-from kernelguard.errors import ConfigError, KernelFallbackError
+from kernelguard.errors import ConfigError
 from kernelguard.policy import AllowPolicy
+from kernelguard.registry import (
+    REGISTRY,
+    FallbackEvent,
+    ScannedSite,
+    clear_fallback_events,
+    fallback_events,
+    layer_path,
+    remember_layer_paths,
+    unwrapped,
+)
 
 __all__ = [
-    "REGISTRY",
+    "ON_FALLBACK",
+    "SLOW_PATH_NOTE",
     "FallbackEvent",
-    "GuardRegistry",
     "Tripwires",
     "arm_tripwires",
     "clear_fallback_events",
     "fallback_events",
+    "layer_from_frames",
 ]
-
-logger = logging.getLogger("kernelguard")
 
 ON_FALLBACK = ("raise", "record")
 SLOW_PATH_NOTE = (
@@ -52,203 +55,9 @@ SLOW_PATH_NOTE = (
 _MAX_FRAMES = 200
 
 
-# ------------------------------------------------------------------------------------------- records ---
-@dataclass(slots=True)
-class FallbackEvent:
-    """Entries into one reference path from one layer, recorded even when the exception was swallowed.
-
-    Identical entries (same site, layer and allowance) since the registry's last window are one event with
-    ``count`` incremented, so a long run or a test with many forwards does not grow the list.
-    """
-
-    layer: str
-    kernel: str
-    site: str  # "module.global_name" that was called
-    allowed: bool
-    message: str
-    fix: str  # the install command of the missing provider
-    reason: str
-    time: float
-    issues: tuple[str, ...] = ()  # known-issue IDs that explain the fallback
-    count: int = 1
-
-    def to_error(self) -> KernelFallbackError:
-        fix = f"{self.fix}; or accept the slow path explicitly with allow=['{self.kernel}']"
-        return KernelFallbackError(
-            self.message, fix=fix, layer=self.layer, kernel=self.kernel, reason=self.reason,
-            details={"site": self.site, "known_issues": list(self.issues)},
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ScannedSite:
-    """A decorated kernel global of one module, with the object it held when scanned."""
-
-    name: str
-    value: Any
-    site: compat.GlobalSite
-
-
-class ModuleScanCache:
-    """Kernel globals per transformers modeling module, scanned once per module object.
-
-    ``scans`` counts module scans (the pytest plugin's per-test cost). The loaded-module list is re-read from
-    ``sys.modules`` only when its size changed or a module holding kernel globals was replaced; a module
-    imported while tripwires are armed is scanned by the import hook.
-    """
-
-    def __init__(self) -> None:
-        self.scans = 0
-        self._by_name: dict[str, tuple[ModuleType, tuple[ScannedSite, ...]]] = {}
-        self._loaded: list[tuple[ModuleType, tuple[ScannedSite, ...]]] | None = None
-        self._modules_len = -1
-
-    def clear(self) -> None:
-        self._by_name.clear()
-        self._loaded = None
-        self._modules_len = -1
-
-    def sites(self, module: ModuleType, *, rescan: bool = False) -> tuple[ScannedSite, ...]:
-        cached = self._by_name.get(module.__name__)
-        if cached is not None and cached[0] is module and not rescan:
-            return cached[1]
-        self.scans += 1
-        found = tuple(ScannedSite(s.name, _unwrapped(vars(module).get(s.name)), s) for s in compat.module_sites(module))
-        self._by_name[module.__name__] = (module, found)
-        self._loaded = None
-        return found
-
-    def loaded(self) -> list[tuple[ModuleType, tuple[ScannedSite, ...]]]:
-        """Loaded modeling modules that hold kernel globals, each with its (cached) sites."""
-        if self._loaded is None or len(sys.modules) != self._modules_len or self._replaced(self._loaded):
-            self._refresh()
-            self._loaded = [(module, sites) for module, sites in self._by_name.values() if sites]
-        return self._loaded
-
-    @staticmethod
-    def _replaced(loaded: list[tuple[ModuleType, tuple[ScannedSite, ...]]]) -> bool:
-        modules = sys.modules
-        return any(modules.get(module.__name__) is not module for module, _ in loaded)
-
-    def _refresh(self) -> None:
-        present = set()
-        for module in compat.iter_modeling_modules():
-            present.add(module.__name__)
-            self.sites(module)
-        for name in [n for n in self._by_name if n not in present]:
-            del self._by_name[name]
-        self._modules_len = len(sys.modules)
-
-
-# ---------------------------------------------------------------------------------------- registry ---
-class GuardRegistry:
-    """Every piece of guard state in one place. ``reset()`` disarms everything and forgets it all."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.scan = ModuleScanCache()
-        self.events: list[FallbackEvent] = []
-        self._window: dict[tuple[str, str, bool], FallbackEvent] = {}
-        self.logged_once: set[tuple[str, ...]] = set()
-        self.patches: dict[tuple[int, str], _Patch] = {}
-        # Disarmed patches of module globals, re-installed as they are by the next arming (the plugin re-arms
-        # the same globals for every test: no new wrapper per test).
-        self.retired: dict[tuple[int, str], _Patch] = {}
-        self.watchers: list[Tripwires] = []
-        # Layer module -> path: filled by guard(model), or from the root module when a tripwire fires.
-        self.layer_paths: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-
-    def log_once(self, key: tuple[str, ...], message: str) -> None:
-        """Log ``message`` once per process, and only on rank 0 of a torchrun/accelerate job (``RANK``): every
-        rank takes the same decisions, so N copies of the line would only bury it."""
-        with self.lock:
-            if key in self.logged_once:
-                return
-            self.logged_once.add(key)
-        if os.environ.get("RANK", "0").strip() in ("", "0"):
-            logger.warning(message)
-
-    def record(self, event: FallbackEvent) -> FallbackEvent:
-        """Append ``event``, or count it on the identical event already recorded in this window."""
-        key = (event.site, event.layer, event.allowed)
-        with self.lock:
-            seen = self._window.get(key)
-            if seen is not None:
-                seen.count += 1
-                return seen
-            self._window[key] = event
-            self.events.append(event)
-            return event
-
-    def open_window(self) -> int:
-        """Start counting identical events afresh (the plugin: one window per test); returns the events index."""
-        with self.lock:
-            self._window.clear()
-            return len(self.events)
-
-    def events_since(self, index: int) -> list[FallbackEvent]:
-        with self.lock:
-            return self.events[index:]
-
-    def clear_events(self) -> None:
-        with self.lock:
-            self.events.clear()
-            self._window.clear()
-            self.logged_once.clear()
-
-    def armed_sites(self) -> list[str]:
-        with self.lock:
-            return [p.site for p in self.patches.values()]
-
-    def reset(self) -> None:
-        """Disarm every tripwire (restoring originals still ours), drop events, paths and the scan cache."""
-        with self.lock:
-            holders = {id(h): h for p in self.patches.values() for h in p.holders}
-            holders.update({id(w): w for w in self.watchers})
-        for tripwires in holders.values():
-            tripwires.disarm()
-        with self.lock:
-            self.patches.clear()
-            self.retired.clear()
-            self.watchers.clear()
-            self.layer_paths = weakref.WeakKeyDictionary()
-            self.scan.clear()
-        self.clear_events()
-        _sync_import_watcher()
-
-
-REGISTRY = GuardRegistry()
-
-
-def fallback_events() -> list[FallbackEvent]:
-    """Entries into reference paths since the last :func:`clear_fallback_events` (identical ones counted)."""
-    return REGISTRY.events_since(0)
-
-
-def clear_fallback_events() -> None:
-    """Forget recorded events and the log-once keys (an allowed fallback is logged again afterwards)."""
-    REGISTRY.clear_events()
-
-
 # ------------------------------------------------------------------------------------------ layer paths ---
 def _is_module(obj: Any) -> bool:
     return obj is not None and hasattr(obj, "_modules") and hasattr(obj, "named_modules")
-
-
-def _known_path(module: Any) -> str | None:
-    try:
-        return REGISTRY.layer_paths.get(module)
-    except TypeError:  # an unhashable module subclass
-        return None
-
-
-def _remember_paths(root: Any) -> None:
-    for path, module in root.named_modules():
-        if path:
-            try:
-                REGISTRY.layer_paths[module] = path
-            except TypeError:
-                continue
 
 
 def layer_from_frames(frame: FrameType | None) -> str:
@@ -264,7 +73,7 @@ def layer_from_frames(frame: FrameType | None) -> str:
         if _is_module(candidate):
             if layer is None:
                 layer = candidate
-                path = _known_path(layer)
+                path = layer_path(layer)
                 if path is not None:
                     return path
             root = candidate
@@ -273,8 +82,8 @@ def layer_from_frames(frame: FrameType | None) -> str:
     if layer is None:
         return "<not inside a layer forward>"
     if root is not None and root is not layer:
-        _remember_paths(root)
-        path = _known_path(layer)
+        remember_layer_paths((module, path) for path, module in root.named_modules() if path)
+        path = layer_path(layer)
         if path is not None:
             return path
     idx = getattr(layer, "layer_idx", None)
@@ -433,9 +242,17 @@ class Tripwires:
 
     _arm = arm  # the name older callers used
 
+    def arm_module(self, module: ModuleType, sites: tuple[ScannedSite, ...]) -> None:
+        """Arm the torch-reference globals among ``sites`` of ``module`` (rescanned if re-bound since)."""
+        if any(not _unchanged(module, s) for s in sites):  # someone re-bound a kernel global since the scan
+            sites = REGISTRY.scan.sites(module, rescan=True)
+        for s in sites:
+            if s.site.closure.is_torch_reference:
+                self.arm(module, s.name, s.site.closure.kernel, f"{s.site.module}.{s.name}", s.site.closure)
+
     def disarm(self) -> None:
         """Restore every original this arming installed, by identity, and only where it is still ours."""
-        _unwatch_imports(self)
+        import_hook.unwatch(self)
         with REGISTRY.lock:
             for patch in self._patches:
                 if self in patch.holders:
@@ -475,91 +292,10 @@ def arm_tripwires(
     tripwires = Tripwires(allow, on_fallback=on_fallback, source=source)
     with REGISTRY.lock:
         for module, sites in REGISTRY.scan.loaded():
-            _arm_sites(tripwires, module, sites)
-    _watch_imports(tripwires)
+            tripwires.arm_module(module, sites)
+    import_hook.watch(tripwires)
     return tripwires
 
 
-def _arm_sites(tripwires: Tripwires, module: ModuleType, sites: tuple[ScannedSite, ...]) -> None:
-    if any(not _unchanged(module, s) for s in sites):  # someone re-bound a kernel global since the scan
-        sites = REGISTRY.scan.sites(module, rescan=True)
-    for s in sites:
-        if s.site.closure.is_torch_reference:
-            tripwires.arm(module, s.name, s.site.closure.kernel, f"{s.site.module}.{s.name}", s.site.closure)
-
-
-def _unwrapped(value: Any) -> Any:
-    """What a tripwire wraps (the object itself when it is not one of ours)."""
-    info = getattr(value, compat.TRIPWIRE_ATTR, None) if callable(value) else None
-    return value if info is None else info.original
-
-
 def _unchanged(module: ModuleType, scanned: ScannedSite) -> bool:
-    return _unwrapped(vars(module).get(scanned.name)) is scanned.value
-
-
-# -------------------------------------------------------------------------------------- import hook ---
-def _is_modeling_module(name: str) -> bool:
-    return name.startswith("transformers.models.") and ".modeling_" in name
-
-
-class _ArmingLoader:
-    """Delegates to the real loader; arms the watchers' tripwires once the module has executed."""
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
-
-    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        create = getattr(self._loader, "create_module", None)
-        return create(spec) if create is not None else None
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        with REGISTRY.lock:
-            watchers = list(REGISTRY.watchers)
-            sites = REGISTRY.scan.sites(module) if watchers else ()
-            for tripwires in watchers:
-                _arm_sites(tripwires, module, sites)
-
-
-class _ImportWatcher(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> ModuleSpec | None:
-        if not REGISTRY.watchers or not _is_modeling_module(fullname):
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _ArmingLoader(spec.loader)  # type: ignore[assignment]
-                return spec
-        return None
-
-
-IMPORT_WATCHER = _ImportWatcher()
-
-
-def _sync_import_watcher() -> None:
-    with REGISTRY.lock:
-        installed = IMPORT_WATCHER in sys.meta_path
-        if REGISTRY.watchers and not installed:
-            sys.meta_path.insert(0, IMPORT_WATCHER)
-        elif not REGISTRY.watchers and installed:
-            sys.meta_path.remove(IMPORT_WATCHER)
-
-
-def _watch_imports(tripwires: Tripwires) -> None:
-    with REGISTRY.lock:
-        REGISTRY.watchers.append(tripwires)
-    _sync_import_watcher()
-
-
-def _unwatch_imports(tripwires: Tripwires) -> None:
-    with REGISTRY.lock:
-        if tripwires in REGISTRY.watchers:
-            REGISTRY.watchers.remove(tripwires)
-    _sync_import_watcher()
+    return unwrapped(vars(module).get(scanned.name)) is scanned.value

@@ -1,7 +1,7 @@
 """Builders shared by the `kernelguard check` tests (resolver, installed provider, CLI).
 
 Made-up facts (``make_env``, ``make_pkg``, ``make_ext``), a synthetic CUDA ELF writer (fatbin layout as in
-``kernelguard/providers/cuda_arch.py``; same bytes as tests/test_cuda_arch.py builds), and fake installed
+``kernelguard/providers/fatbin.py``; same bytes as tests/test_fatbin.py builds), and fake installed
 distributions written into a temporary site dir (``*.dist-info`` with METADATA and RECORD).
 """
 
@@ -29,11 +29,13 @@ _CONV_WHEEL = ("https://github.com/Dao-AILab/causal-conv1d/releases/download/v1.
                "causal_conv1d-1.7.0+cu12torch2.13cxx11abiTRUE-cp311-cp311-linux_x86_64.whl")
 _CONV_NOTE = (f"  (It first tries the prebuilt wheel {_CONV_WHEEL}, then compiles against the installed torch "
               "2.13.0+cu128 with nvcc from a CUDA 12.x toolkit (CUDA_HOME), which takes several minutes.)")
-INSTALL = {
+# The commands alone: what guard, the callback and the trainer print too, followed by the notes for their torch.
+COMMANDS = {
     "fla": "pip install 'flash-linear-attention>=0.6.0,<1'",
     "causal_conv1d": "pip install setuptools wheel ninja packaging && pip install --no-build-isolation "
-    "--no-cache-dir 'causal-conv1d==1.7.0'" + _CONV_NOTE,
+    "--no-cache-dir 'causal-conv1d==1.7.0'",
 }
+INSTALL = {"fla": COMMANDS["fla"], "causal_conv1d": COMMANDS["causal_conv1d"] + _CONV_NOTE}
 UNDEFINED_SYMBOL = "ImportError: /x/causal_conv1d_cuda.so: undefined symbol: _ZN3c1017RegisterOperatorsD1Ev"
 EXT_SO = "causal_conv1d_cuda.cpython-311-x86_64-linux-gnu.so"
 

@@ -111,7 +111,7 @@ def cpu_varlen() -> Iterator[None]:
     """torch's varlen_attn is CUDA-only: run kernelguard_varlen on the exact per-segment SDPA reference."""
     from kernelguard import attention
 
-    saved = attention._VARLEN_IMPL
+    saved = attention.varlen_impl()
     attention.set_varlen_impl(attention.reference_varlen_attn)
     try:
         yield

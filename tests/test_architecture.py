@@ -15,14 +15,17 @@ PACKAGE = Path(kernelguard.__file__).parent
 
 # Lowest first. A module may import modules of its own layer or below.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("data", {"errors", "capability", "known_issues", "catalog", "decisions", "facts", "install"}),
-    ("probes", {"env", "discovery", "providers", "providers.installed", "providers.hub", "providers.cuda_arch",
+    ("data", {"errors", "capability", "geometry", "known_issues", "catalog", "decisions", "facts", "install"}),
+    ("probes", {"env", "discovery", "providers", "providers.installed", "providers.hub",
+                "providers.kernels_release", "providers.fatbin",
                 "fla_refusal", "fla_autotune", "transformers_compat"}),
     ("decisions", {"policy", "resolver"}),
-    ("compose", {"check", "report", "smoke", "attention", "tripwires"}),
-    ("runtime", {"api", "guard", "pytest_plugin", "integrations", "integrations.transformers",
+    ("compose", {"check", "report", "numerics", "numerics.shapes", "numerics.references", "numerics.results",
+                 "numerics.cases", "numerics.run", "registry", "attention", "layer_guard", "tripwires",
+                 "import_hook"}),
+    ("runtime", {"api", "guard", "gate", "pytest_plugin", "integrations", "integrations.transformers",
                  "integrations.trl", "train"}),
-    ("entry", {"cli", "__main__", "__init__"}),
+    ("entry", {"cli", "__main__", "__init__", "numerics.__main__"}),
 ]
 
 

@@ -100,6 +100,7 @@ def test_flash_kernel_gets_the_autocast_dtype_and_fp32_outside_autocast_is_a_cle
     import torch
 
     from kernelguard import attention
+    from kernelguard.registry import REGISTRY, VarlenBinding
 
     seen: list[torch.dtype] = []
 
@@ -107,7 +108,7 @@ def test_flash_kernel_gets_the_autocast_dtype_and_fp32_outside_autocast_is_a_cle
         seen.append(q.dtype)
         return attention.reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
 
-    monkeypatch.setattr(attention, "_VARLEN_IMPL", flash_like)
+    monkeypatch.setattr(REGISTRY, "varlen", VarlenBinding.of(flash_like))
     q = torch.randn(1, 2, 6, 8)
     kwargs = {"cu_seq_lens_q": torch.tensor([0, 6], dtype=torch.int32), "cu_seq_lens_k": torch.tensor([0, 6], dtype=torch.int32),
               "max_length_q": 6, "max_length_k": 6}

@@ -191,3 +191,31 @@ def test_retention_that_cannot_delete_warns_and_keeps_training(
     assert [p.name for p in ckpt.prune_checkpoints(tmp_path, keep=1, newest=3)] == ["step_2"]
     err = capsys.readouterr().err
     assert f"could not delete old checkpoint {ckpt.checkpoint_root(tmp_path) / 'step_1'}: [Errno 13]" in err
+
+
+@pytest.mark.parametrize("has_generation_config", [True, False])
+def test_export_keeps_the_source_folders_generation_config(
+    tmp_path: Path, one_rank: Any, has_generation_config: bool
+) -> None:
+    import tiny_models
+    import torch
+
+    source = tmp_path / "source"
+    source.mkdir()
+    generation = {"eos_token_id": [3, 7], "temperature": 0.6, "do_sample": True}
+    if has_generation_config:
+        (source / "generation_config.json").write_text(json.dumps(generation))
+    from kernelguard.train.build import BuiltModel
+    from kernelguard.train.export import export_run
+    from kernelguard.train.parallel import DistInfo
+
+    model = tiny_models.tiny_model("qwen3_5")
+    built = BuiltModel(model, model.config, None, "sdpa")
+    final = export_run(
+        tmp_path / "out", model=model, built=built, tokenizer=None, dtype=torch.float32,
+        info=DistInfo(0, 1, 0, torch.device("cpu")), source=source,
+    )
+    assert (final / "model.safetensors").is_file() and (final / "config.json").is_file()
+    kept = final / "generation_config.json"
+    # Its stop tokens and sampling defaults are what generate() uses with the exported model.
+    assert (json.loads(kept.read_text()) if kept.exists() else None) == (generation if has_generation_config else None)

@@ -102,8 +102,19 @@ def kernels_note() -> str | None:
     return (
         f"known issue kernels-version: kernels {KERNELS} is outside [{window[0]}, {window[1]}), the range this "
         f"transformers accepts, so is_kernels_available() is False and Kernel Hub kernels are silently disabled; "
-        f"fix: pip install "
-        f"'kernels>={window[0]},<{window[1]}'"
+        f"fix: {kernels_fix(window)}"
+    )
+
+
+def kernels_fix(window: tuple[str, str]) -> str:
+    """transformers 5.17's window holds kernels 0.16.x; 5.23/5.24's [0.18.2, 0.19) holds no release yet."""
+    if window[0].startswith("0.16"):
+        return f"pip install 'kernels>={window[0]},<{window[1]}'"
+    return (
+        f"no kernels release is inside [{window[0]}, {window[1]}) yet (newest known: 0.17.2), so Hub kernels stay "
+        "off with this transformers; use transformers 5.17 with kernels 0.16.x: pip install "
+        "'transformers==5.17.0' 'kernels>=0.16,<0.17'  (or use the pip packages fla / causal-conv1d instead: "
+        "`kernelguard check` without --hub gives their commands)"
     )
 
 
@@ -452,6 +463,40 @@ def test_issues_lists_every_known_issue_and_policy_allow(tmp_path: Path) -> None
     assert any(line.startswith("  untrusted-hub-repo: ") for line in lines)
 
 
+def test_version_flag_prints_the_installed_release(capsys: pytest.CaptureFixture[str]) -> None:
+    from kernelguard.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"kernelguard {metadata.version('kernelguard')}\n"
+
+
+def test_top_level_help_lists_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    from kernelguard.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the epilog to the terminal width
+    assert (
+        "exit codes: 0 every required kernel is served well; 1 a requirement fails; 2 usage or configuration "
+        "error; 3 kernelguard train refused to start (the guard found a slow fallback)"
+    ) in text
+
+
+def test_issues_json_has_every_known_issue_and_allow_item(capsys: pytest.CaptureFixture[str]) -> None:
+    from kernelguard.cli import main
+    from kernelguard.policy import POLICY_ITEMS
+
+    assert main(["issues", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["schema_version"] == 1 and data["allow_items"] == POLICY_ITEMS
+    assert [row["id"] for row in data["known_issues"]] == [issue.id for issue in KNOWN_ISSUES]
+    fla = data["known_issues"][0]
+    assert (fla["provider"], fla["archs"], fla["triton"]) == ("fla", ["9.0"], ">=3.4,<3.7.1")
+    assert fla["fix"] == KNOWN_ISSUES[0].fix and fla["source"] == KNOWN_ISSUES[0].source
+
+
 # ------------------------------------------------------------------------------------- fake providers
 
 
@@ -517,7 +562,8 @@ def test_fake_providers_serve_the_kernels_until_fla_640_applies(tmp_path: Path) 
     )
     fla = candidate(wrong, "chunk_gated_delta_rule", "package")
     assert (fla["status"], fla["known_issues"]) == ("rejected", ["fla-640-wrong-grads"])
-    assert fla["fix"].startswith("pip install 'triton>=3.7.1'")
+    # This torch (2.13) requires triton==3.7.1 (its metadata, or kernelguard's table for a CPU build).
+    assert fla["fix"].startswith(f"pip install 'triton==3.7.1'  (the Triton torch {TORCH} requires; ")
 
 
 # ------------------------------------------------------------------------------------------ broken torch

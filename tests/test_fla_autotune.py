@@ -135,3 +135,17 @@ def test_shipped_pins_file_is_well_formed() -> None:
         for rows in entry["kernels"].values():
             for row in rows:
                 assert isinstance(row["key"], list) and "kwargs" in row["config"]
+
+
+def test_searches_that_missed_their_pins_are_named(fake_stack: dict[str, Any]) -> None:
+    fake_stack["fwd"].cache[KEY] = FakeConfig({"BV": 64})
+    entry = fla_autotune.record(STACK)
+    other = KEY[:-1] + ("torch.float32",)
+    fake_stack["fwd"].cache[other] = FakeConfig({"BV": 32})  # a shape the pins did not cover: searched
+    fake_stack["bwd"].cache[KEY] = FakeConfig({"BK": 64})  # a kernel with no pin at all
+    fake_stack["single"].cache[KEY] = FakeConfig({"BV": 32})  # one config: nothing was searched
+    assert fla_autotune.searched_after_pinning(entry) == [
+        f"chunk_bwd_kernel_dqkwg{list(KEY)}",
+        f"chunk_fwd_kernel_o{list(other)}",
+    ]
+    assert fla_autotune.searched_after_pinning(fla_autotune.record(STACK)) == []

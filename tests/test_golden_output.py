@@ -60,6 +60,8 @@ SCENARIOS: dict[str, tuple[Facts, str, bool, tuple[str, ...], tuple[str, ...]]] 
         "training", True, (), (),
     ),
     "fla_640_triton_3_6": (_facts(triton="3.6.0"), "training", True, ("9.0",), ()),
+    # torch 2.11 pins triton==3.6.0: the fix is a newer torch (or tilelang), never a Triton torch does not accept.
+    "fla_640_torch_2_11": (_facts(torch="2.11.0", triton="3.6.0"), "training", True, ("9.0",), ()),
     "fla_640_allowed": (_facts(triton="3.6.0"), "training", True, ("9.0",), ("fla-640-refusal",)),
     "conv_without_sm_90": (_facts(conv=("sm_80",)), "training", True, ("9.0",), ()),
     "conv_undefined_symbol": (
@@ -113,5 +115,6 @@ def test_check_json_is_unchanged(name: str) -> None:
 def test_scenarios_cover_pass_and_fail() -> None:
     verdicts = {name: _result(name).ok for name in SCENARIOS}
     assert verdicts["hopper_all_served"] and verdicts["fla_640_allowed"] and verdicts["inference_fallbacks_allowed"]
-    assert not any(verdicts[n] for n in ("cpu_build_nothing_installed", "fla_640_triton_3_6", "conv_without_sm_90",
+    assert not any(verdicts[n] for n in ("cpu_build_nothing_installed", "fla_640_triton_3_6", "fla_640_torch_2_11",
+                                          "conv_without_sm_90",
                                           "conv_undefined_symbol"))

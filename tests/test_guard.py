@@ -12,21 +12,23 @@ from typing import Any
 
 import pytest
 import torch
+from check_helpers import COMMANDS
 
+from kernelguard import registry
 from kernelguard import transformers_compat as compat
-from kernelguard.catalog import PACKAGES
 from kernelguard.errors import ConfigError, KernelFallbackError, UnsupportedTransformersError
 from kernelguard.guard import (
     CallSite,
     GuardReport,
-    _classify_closure,
     arm_tripwires,
     clear_fallback_events,
     fallback_events,
     guard,
 )
+from kernelguard.import_hook import IMPORT_WATCHER
+from kernelguard.layer_guard import classify_closure
 from kernelguard.policy import AllowPolicy
-from kernelguard.tripwires import IMPORT_WATCHER, REGISTRY
+from kernelguard.registry import REGISTRY
 
 # These tests enter fallbacks on purpose; the pytest plugin must not fail them.
 pytestmark = pytest.mark.kernelguard(False)
@@ -73,8 +75,9 @@ def test_strict_guard_refuses_naming_every_gdn_layer(
         assert layer in err.message
     assert err.layer == "model.layers.0.linear_attn"
     assert "No module named 'fla'" in err.message
-    assert PACKAGES["fla"].install in (err.fix or "")
-    assert PACKAGES["causal_conv1d"].install in (err.fix or "")
+    # The same commands `kernelguard check` prints (build tools and pins included), not a bare package name.
+    assert COMMANDS["fla"] in (err.fix or "")
+    assert COMMANDS["causal_conv1d"] in (err.fix or "")
     assert not REGISTRY.armed_sites(), "a refused strict guard must not arm anything"
 
 
@@ -323,14 +326,17 @@ def test_old_transformers_version_is_refused(
         arm_tripwires()
 
 
-def test_release_without_decorator_or_instance_pattern_is_refused(
+def test_release_without_the_decorator_is_refused(
     fresh_transformers_models: None, tiny: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from transformers.integrations import hub_kernels
 
     model = tiny.tiny_model("qwen3_5")
     monkeypatch.delattr(hub_kernels, compat.DECORATOR_NAME)
-    with pytest.raises(UnsupportedTransformersError, match="unsupported transformers version .*no instance-attr"):
+    # Every supported transformers (>= 5.17) selects kernels through the decorator: without it kernelguard
+    # cannot tell what a layer runs, and refuses rather than guess.
+    refused = f"unsupported transformers version .*has no `{compat.DECORATOR_NAME}`"
+    with pytest.raises(UnsupportedTransformersError, match=refused):
         guard(model)
 
 
@@ -341,47 +347,12 @@ def test_decorator_with_unknown_closure_layout_is_refused(
 
     model = tiny.tiny_model("qwen3_5")
     monkeypatch.setattr(hub_kernels, compat.DECORATOR_NAME, lambda name, package: (lambda fn: fn))
-    compat._probe_decorator.cache_clear()
+    registry.reset()  # the decorator probe is memoised per transformers version
     try:
         with pytest.raises(UnsupportedTransformersError, match="no longer returns a closure"):
             guard(model)
     finally:
-        compat._probe_decorator.cache_clear()
-
-
-def _old_torch_chunk(*args: Any, **kwargs: Any) -> Any:
-    raise AssertionError("the tripwire must fire before the reference runs")
-
-
-_old_torch_chunk.__module__ = "transformers.models.olden.modeling_olden"
-
-
-class _OldStyleGatedDeltaNet(torch.nn.Module):
-    """transformers <= 5.14: the kernel is chosen at construction and stored on the instance."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.chunk_gated_delta_rule = _old_torch_chunk
-        self.proj = torch.nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> Any:
-        return self.chunk_gated_delta_rule(self.proj(x))
-
-
-def test_instance_attribute_pattern_of_older_releases(monkeypatch: pytest.MonkeyPatch) -> None:
-    from transformers.integrations import hub_kernels
-
-    monkeypatch.delattr(hub_kernels, compat.DECORATOR_NAME)
-    model = torch.nn.Sequential(_OldStyleGatedDeltaNet())
-    with pytest.raises(KernelFallbackError) as info:
-        guard(model)
-    assert info.value.layer == "0" and info.value.kernel == "chunk_gated_delta_rule"
-    layer = model[0]
-    with guard(model, strict=False) as report:
-        assert report.mechanism == "instance-attribute"
-        with pytest.raises(KernelFallbackError, match="entered the torch reference path"):
-            model(torch.ones(1, 4))
-    assert layer.chunk_gated_delta_rule is _old_torch_chunk
+        registry.reset()
 
 
 # ------------------------------------------------------------------------------------ Kernel Hub ---
@@ -407,7 +378,7 @@ def test_kernelized_func_module_is_reported_as_hub_kernel(
 
     monkeypatch.setitem(kernels_layer._CACHED_LAYER, Repo(), HubChunk)
     func.forward = MethodType(HubChunk.forward, func)
-    site = _classify_closure("model.layers.0.linear_attn", closure, "cuda", required=True, policy=AllowPolicy())
+    site = classify_closure("model.layers.0.linear_attn", closure, "cuda", required=True, policy=AllowPolicy())
     assert (site.kind, site.implementation, site.fast) == ("hub", "kernels-community/gated-delta@v1", True)
     assert (site.decision.layer, site.decision.status) == ("model.layers.0.linear_attn", "selected")
 
@@ -665,3 +636,55 @@ def test_allowed_slow_paths_are_logged_by_rank_0_only(
     with guard(model, allow=["chunk_gated_delta_rule", "causal_conv1d_fn"]):
         pass
     assert [r for r in caplog.records if "allowed slow path" in r.getMessage()]
+
+
+# Memoised pure functions of files shipped inside kernelguard: no process fact, nothing for reset() to forget.
+_PURE_MEMOS = {"kernelguard.train.chat_templates.read", "kernelguard.train.chat_templates._known_fingerprints"}
+
+
+def _kernelguard_memos() -> dict[str, Any]:
+    """Every functools cache on a loaded kernelguard module, by qualified name."""
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if name == "kernelguard" or name.startswith("kernelguard."):
+            for attr, value in list(vars(module).items()):
+                if callable(getattr(value, "cache_info", None)) and getattr(value, "__module__", None) == name:
+                    found[f"{name}.{attr}"] = value
+    return found
+
+
+def test_reset_returns_every_piece_of_process_state_to_its_initial_value(
+    fresh_transformers_models: None, tiny: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from kernelguard import attention, discovery
+
+    model = tiny.tiny_model("qwen3_5")
+    module = sys.modules[MODELING["qwen3_5"]]
+    originals = {name: vars(module)[name] for name in FALLBACK_GLOBALS}
+    discovery.gated_delta_families()
+    discovery.kernels_version_window()
+    attention.set_varlen_impl(attention.reference_varlen_attn)
+    report = guard(model, strict=False, allow=["*"])
+    tripwires = arm_tripwires(allow=["*"], on_fallback="record")
+    model(_ids())
+    layer = model.model.layers[0].linear_attn
+    memos = {name: fn for name, fn in _kernelguard_memos().items() if name not in _PURE_MEMOS}
+    # Everything below must be populated first, or the test would prove nothing.
+    assert REGISTRY.armed_sites() and IMPORT_WATCHER in sys.meta_path and fallback_events()
+    assert REGISTRY.logged_once and registry.layer_path(layer) == "model.layers.0.linear_attn"
+    assert not REGISTRY.scan.empty and attention.varlen_impl() is attention.reference_varlen_attn
+    assert {"kernelguard.discovery._families", "kernelguard.transformers_compat._probe_decorator",
+            "kernelguard.transformers_compat._forward_names"} <= set(memos)
+    assert all(fn.cache_info().currsize for fn in memos.values()), {n: f.cache_info() for n, f in memos.items()}
+
+    registry.reset()
+
+    assert all(vars(module)[n] is originals[n] for n in FALLBACK_GLOBALS), "originals are back in place"
+    assert not report.tripwires.armed and not tripwires.armed
+    assert registry.armed_sites() == [] and IMPORT_WATCHER not in sys.meta_path
+    assert (REGISTRY.patches, REGISTRY.retired, REGISTRY.watchers) == ({}, {}, [])
+    assert fallback_events() == [] and REGISTRY.logged_once == set()
+    assert registry.layer_path(layer) is None and len(REGISTRY.layer_paths) == 0
+    assert REGISTRY.scan.empty
+    assert attention.varlen_impl() is None
+    assert {n: f.cache_info().currsize for n, f in memos.items()} == dict.fromkeys(memos, 0)

@@ -134,5 +134,5 @@ def test_plugin_on_cuda_without_fla_names_the_layer_and_installs_first(tmp_path:
     assert "model.layers.0.linear_attn -> transformers.models.qwen3_5.modeling_qwen3_5.torch_chunk_gated_delta_rule" in (
         result.stdout)
     assert "Fix: install the fast kernels:" in result.stdout
-    assert "pip install flash-linear-attention" in result.stdout
+    assert "pip install 'flash-linear-attention>=0.6.0,<1'" in result.stdout
     assert "no CUDA device" not in result.stdout

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelguard.providers import hub
+from kernelguard.providers import hub, kernels_release
 from kernelguard.providers.hub import HubKernelProbe, HubTarget, probe_hub_kernel
 
 REPO = "kernels-community/demo"
@@ -344,7 +344,7 @@ def test_resolves_without_any_private_kernels_module(tmp_path: Path, monkeypatch
 
 def test_each_release_uses_its_own_helpers() -> None:
     """Feature detection picks 0.17's kernels.load/validate or 0.16's kernels.utils/minver, never neither."""
-    found = hub._import_kernels()
+    found = kernels_release.import_kernels()
     assert found.version == KERNELS_VERSION
     assert found.parse_local_kernels is not None
     assert found.minver_problem is not None

@@ -263,10 +263,11 @@ def test_stack_check_resolves_the_models_own_config(
 ) -> None:
     """On CUDA the callback runs `kernelguard check` from the trained model's config (its real key head dim),
     packed or not as the run is. CPU here: pretend the model is on CUDA to take that path."""
+    from kernelguard import gate
     from kernelguard.errors import ResolutionError
     from kernelguard.integrations import transformers as integration
 
-    monkeypatch.setattr(integration, "_model_device", lambda model: torch.device("cuda"))
+    monkeypatch.setattr(gate, "model_device", lambda model: torch.device("cuda"))
     model = tiny.tiny_model("qwen3_5")
     result = integration.check_stack(model, allow=(), packed=False)
     assert result.ok

@@ -75,7 +75,7 @@ def test_sft_padding_free_refuses_before_step_one_without_fast_providers(
     assert "packed=True" in text  # detected from SFTConfig.padding_free
     for kernel in ("chunk_gated_delta_rule", "causal_conv1d_fn", "attention"):
         assert f"  {kernel} -> " in text
-    assert "pip install flash-linear-attention" in info.value.fix
+    assert "pip install 'flash-linear-attention>=0.6.0,<1'" in info.value.fix  # check's command, pinned
     assert "kernelguard_varlen" in info.value.fix
     assert trainer.state.global_step == 0
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
@@ -104,7 +104,7 @@ def test_sft_padding_free_cannot_allow_the_torch_references(
         trainer.train()
     assert info.value.message.startswith("kernelguard refused to start training (before step 1).")
     assert "allowed, but the torch reference cannot keep packed examples apart" in info.value.message
-    assert "pip install flash-linear-attention" in info.value.fix
+    assert "pip install 'flash-linear-attention>=0.6.0,<1'" in info.value.fix  # check's command, pinned
     assert "padding_free=False" in info.value.fix
     assert "KernelGuardCallback(allow=" not in info.value.fix  # an allow cannot help here
     assert trainer.state.global_step == 0

@@ -13,7 +13,7 @@ import train_helpers as h
 
 from kernelguard.train import launch as launch_mod
 from kernelguard.train.__main__ import main
-from kernelguard.train.config import LaunchOptions
+from kernelguard.train.config_cli import LaunchOptions
 
 DATA_ERROR = "row 1, field 'messages': the conversation is empty"
 
@@ -102,7 +102,7 @@ def test_config_error_exits_2_before_any_rank_starts(
     args = [*_args(assets, assets["root"] / "x"), "--nproc-per-node", "2", "--max-length", "0"]
     assert main(args) == 2 and not started
     assert capsys.readouterr().err == (
-        "kernelguard train: error: block_size is 0; it must be a positive integer.\nFix: --max-length 8192\n"
+        "kernelguard train: error: max_length is 0; it must be a positive integer.\nFix: --max-length 8192\n"
     )
 
 
@@ -136,7 +136,7 @@ def test_launcher_flags_inside_torchrun_are_refused(
 )
 def test_bad_launcher_values_are_usage_errors(tmp_path: Path, flags: list[str], message: str) -> None:
     from kernelguard.errors import ConfigError
-    from kernelguard.train.config import parse_command
+    from kernelguard.train.config_cli import parse_command
 
     with pytest.raises(ConfigError) as info:
         parse_command(["--model", "m", "--data", "d", "--output-dir", str(tmp_path), *flags])

@@ -65,7 +65,7 @@ def tiny(tmp_path: Path) -> Path:
 
 
 def _cfg(model: Path, **kw: object) -> TrainConfig:
-    return TrainConfig(model=str(model), data="unused", output=model.parent / "out", **kw)  # type: ignore[arg-type]
+    return TrainConfig.from_flags(model=str(model), data="unused", output=model.parent / "out", **kw)  # type: ignore[arg-type]
 
 
 def test_parameters_gradients_and_adamw_state_match_a_hand_count(tiny: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +16,11 @@ from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from kernelguard.errors import ConfigError
-from kernelguard.install import InstallAdvice, install_command
+from kernelguard.install import FLA_SAFE_TRITON, TORCH_TRITON, InstallAdvice, install_command
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEEL_BASE = "https://github.com/Dao-AILab/causal-conv1d/releases/download/v1.7.0/causal_conv1d-1.7.0"
@@ -165,7 +167,10 @@ def test_fla_and_kernels_commands() -> None:
         "build of torch to run."),
     )
     window = install_command("kernels", torch_version=None, cuda_version=None, kernels_window=("0.16", "0.17"))
-    assert window.command == "pip install 'kernels>=0.16,<0.17'"
+    assert window.fix_line() == "pip install 'kernels>=0.16,<0.17'"
+    empty = install_command("kernels", torch_version=None, cuda_version=None, kernels_window=("0.18.2", "0.19"))
+    assert empty.commands == ("pip install 'transformers==5.17.0' 'kernels>=0.16,<0.17'",)
+    assert empty.fix_line().startswith("no kernels release is inside [0.18.2, 0.19) yet (newest known: 0.17.2)")
     assert install_command("hub", torch_version=None, cuda_version=None).command == "pip install 'kernelguard[hub]'"
 
 
@@ -178,8 +183,8 @@ def test_generic_compiled_packages_build_against_the_installed_torch() -> None:
 
 
 def test_bad_inputs() -> None:
-    with pytest.raises(ValueError, match="install_command knows causal-conv1d, .* not 'triton'"):
-        install_command("triton", torch_version=None, cuda_version=None)
+    with pytest.raises(ValueError, match="install_command knows causal-conv1d, .*, triton .* not 'numpy'"):
+        install_command("numpy", torch_version=None, cuda_version=None)
     with pytest.raises(ConfigError):
         install_command("causal-conv1d", torch_version="2.13.0", cuda_version="12.8", archs=["9.5"])
 
@@ -232,3 +237,15 @@ def test_check_without_kernels_reports_the_hub_extra(tmp_path: Path) -> None:
         assert candidate["status"] == "rejected"
         assert "not installed" in candidate["reason"]
         assert candidate["fix"] == "pip install 'kernelguard[hub]'"
+
+
+def test_the_docker_image_takes_the_triton_its_own_torch_requires() -> None:
+    # torch pins Triton exactly: installing another Triton next to it breaks torch; the image's torch must bring
+    # a Triton that fla #640 accepts on Hopper.
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    torch = re.search(r"^ARG TORCH_VERSION=(\S+)$", dockerfile, re.MULTILINE)
+    assert torch is not None
+    pin = SpecifierSet(TORCH_TRITON[".".join(torch.group(1).split(".")[:2])])
+    assert Version(FLA_SAFE_TRITON) in pin, (torch.group(1), str(pin))
+    installs = [line for line in dockerfile.splitlines() if "pip install" in line]
+    assert not [line for line in installs if "triton" in line.lower()], installs

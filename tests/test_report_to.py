@@ -15,6 +15,12 @@ from kernelguard.errors import ConfigError
 from kernelguard.train.config import TrainConfig, config_dict
 from kernelguard.train.metrics import MetricsLog, open_metrics, plot_metrics
 
+
+def _open(cfg: TrainConfig) -> MetricsLog:
+    """What the training loop opens for cfg: OUTPUT/metrics.jsonl and its trackers, given the saved config."""
+    output, report_to = cfg.checkpoint.output_dir, cfg.metrics.report_to
+    return open_metrics(output, report_to=report_to, run_config=config_dict(cfg), resume_step=None)
+
 RECORDS: list[dict[str, Any]] = [
     {"step": 1, "loss": 2.5, "lr": 1e-4, "tokens_per_s": 100.0, "mfu": None},
     {"step": 2, "loss": 2.0, "lr": 2e-4, "tokens_per_s": 110.0, "mfu": None},
@@ -33,8 +39,8 @@ def _scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
 
 def test_tensorboard_writes_event_files(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
-    cfg = TrainConfig(model="m", data="d", output=tmp_path, report_to=("tensorboard",))
-    log = open_metrics(cfg, resume_step=None)
+    cfg = TrainConfig.from_flags(model="m", data="d", output=tmp_path, report_to=("tensorboard",))
+    log = _open(cfg)
     for rec in RECORDS:
         log.write(rec)
     log.close()
@@ -67,7 +73,7 @@ def test_missing_library_is_a_config_error_with_the_pip_command(
 ) -> None:
     monkeypatch.setitem(sys.modules, name, None)  # importlib.util.find_spec -> None, as when not installed
     with pytest.raises(ConfigError) as info:
-        TrainConfig(model="m", data="d", output=tmp_path, report_to=(name,))
+        TrainConfig.from_flags(model="m", data="d", output=tmp_path, report_to=(name,))
     assert info.value.message == f"--report-to {name}: the {name} package is not installed."
     assert (
         info.value.fix
@@ -104,9 +110,9 @@ def test_missing_wandb_through_the_cli_exits_2_before_any_work(
 def test_report_to_none_and_comma_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "wandb", _fake_wandb([]))
     pytest.importorskip("tensorboard")
-    cfg = TrainConfig(model="m", data="d", output=tmp_path, report_to=["tensorboard,wandb", "wandb"])  # type: ignore[arg-type]
-    assert cfg.report_to == ("tensorboard", "wandb")
-    assert TrainConfig(model="m", data="d", output=tmp_path, report_to=("none",)).report_to == ()
+    cfg = TrainConfig.from_flags(model="m", data="d", output=tmp_path, report_to=["tensorboard,wandb", "wandb"])  # type: ignore[arg-type]
+    assert cfg.metrics.report_to == ("tensorboard", "wandb")
+    assert TrainConfig.from_flags(model="m", data="d", output=tmp_path, report_to=("none",)).metrics.report_to == ()
 
 
 class _FakeRun:
@@ -138,15 +144,15 @@ def test_wandb_gets_the_config_and_every_record(tmp_path: Path, monkeypatch: pyt
     calls: list[tuple[str, Any]] = []
     monkeypatch.setitem(sys.modules, "wandb", _fake_wandb(calls))
     monkeypatch.setenv("WANDB_PROJECT", "proj")
-    cfg = TrainConfig(model="m", data="d", output=tmp_path / "run1", report_to=("wandb",), lr=3e-4)
-    log = open_metrics(cfg, resume_step=None)
+    cfg = TrainConfig.from_flags(model="m", data="d", output_dir=tmp_path / "run1", report_to=("wandb",), learning_rate=3e-4)
+    log = _open(cfg)
     for rec in RECORDS[:3]:
         log.write(rec)
     log.close()
     kind, init = calls[0]
     assert kind == "init" and init["project"] == "proj" and init["name"] == "run1"
     assert init["dir"] == str(tmp_path / "run1") and init["config"] == config_dict(cfg)
-    assert init["config"]["lr"] == 3e-4
+    assert init["config"]["learning_rate"] == 3e-4
     assert calls[1] == ("log", (1, {"train/loss": 2.5, "train/lr": 1e-4, "train/tokens_per_s": 100.0}))
     assert calls[3] == ("log", (2, {"eval/loss": 2.2, "eval/tokens": 64.0}))
     assert calls[-1] == ("finish", None) and len(calls) == 5

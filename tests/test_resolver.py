@@ -287,7 +287,8 @@ def test_fla_640_rows(
     if status == REJECTED:
         assert fla.reason.startswith(f"known issue {issues[0]} ({FLA_640}): ")
         assert fla.reason.endswith("; rejected")
-        assert fla.fix.startswith("pip install 'triton>=3.7.1'")
+        # torch 2.13 (make_env's) requires triton==3.7.1: restoring its own pin is the fix.
+        assert fla.fix.startswith("pip install 'triton==3.7.1'  (the Triton torch 2.13.0+cu128 requires; ")
         assert find(res, CHUNK, "reference").status == FALLBACK
         assert not res.ok
     elif issues:
@@ -304,8 +305,27 @@ def test_fla_640_wrong_grads_sentence_and_fix() -> None:
     # The row carries our own measurement, so the user can weigh an --allow.
     assert "(measured: not reproduced on an H200 with Triton 3.6.0 + fla 0.6.0" in fla.reason
     assert fla.reason.endswith("; rejected")
-    assert fla.fix.startswith("pip install 'triton>=3.7.1' (or install tilelang + z3-solver")
-    assert "run `kernelguard check --run --allow fla-640-wrong-grads` on this machine" in fla.fix
+    assert fla.fix == (
+        "pip install 'triton==3.7.1'  (the Triton torch 2.13.0+cu128 requires; fla needs >= 3.7.1 on Hopper); or "
+        "pip install tilelang z3-solver (fla then uses its TileLang backward); or run `kernelguard check --run "
+        "--allow fla-640-wrong-grads` on this machine and, if every tensor passes, train with --allow "
+        "fla-640-wrong-grads"
+    )
+
+
+@pytest.mark.parametrize(("torch", "pin"), [("2.11.0", "3.6.0"), ("2.12.0", "3.7.0")])
+def test_fla_640_fix_next_to_a_torch_that_pins_an_older_triton_is_a_newer_torch(torch: str, pin: str) -> None:
+    # `pip install 'triton>=3.7.1'` would break this torch's exact pin: offer torch >= 2.13 or tilelang instead.
+    facts = replace(BASE, env=make_env(gpus=("9.0",), torch=torch, triton=pin))
+    fla = find(resolve(facts, TRAIN, H200), CHUNK, "package")
+    assert fla.issues == ("fla-640-refusal",)
+    assert fla.fix == (
+        f"pip install 'torch>=2.13'  (fla needs Triton >= 3.7.1 on Hopper and torch {torch}+cu128 requires "
+        f"triton=={pin}, so installing Triton alone breaks torch; torch 2.13 requires triton==3.7.1: install it "
+        "from the index of your CUDA build, then rebuild causal-conv1d against it); or pip install tilelang "
+        "z3-solver (fla then uses its TileLang backward); or accept with --allow fla-640-refusal (safe at this "
+        "key head dim; verify with kernelguard check --run)"
+    )
 
 
 def test_allowing_a_fla_640_row_is_what_lifts_the_refusal() -> None:
@@ -506,12 +526,21 @@ def _probe(
     )
 
 
+# No kernels release exists inside transformers 5.23's window: say so and offer a pair that does exist.
+NO_KERNELS_RELEASE = (
+    "no kernels release is inside [0.18.2, 0.19.0) yet (newest known: 0.17.2), so Hub kernels stay off with this "
+    "transformers; use transformers 5.17 with kernels 0.16.x: pip install 'transformers==5.17.0' "
+    "'kernels>=0.16,<0.17'  (or use the pip packages fla / causal-conv1d instead: `kernelguard check` without "
+    "--hub gives their commands)"
+)
+
+
 def test_kernels_outside_window_is_a_note_and_rejects_hub_candidates() -> None:
     facts = replace(BASE, env=make_env(gpus=("9.0",), kernels="0.17.2"))
     note = (
         "known issue kernels-version: kernels 0.17.2 is outside [0.18.2, 0.19.0), the range this transformers "
         "accepts, so is_kernels_available() is False and "
-        "Kernel Hub kernels are silently disabled; fix: pip install 'kernels>=0.18.2,<0.19.0'"
+        "Kernel Hub kernels are silently disabled; fix: " + NO_KERNELS_RELEASE
     )
     plain = resolve(facts, TRAIN, H200)
     assert plain.notes == (note,)
@@ -529,7 +558,7 @@ def test_kernels_outside_window_is_a_note_and_rejects_hub_candidates() -> None:
     assert decision.reason.startswith(
         "kernels 0.17.2 is outside [0.18.2, 0.19.0), the range this transformers accepts"
     )
-    assert decision.fix == "pip install 'kernels>=0.18.2,<0.19.0'"
+    assert decision.fix == NO_KERNELS_RELEASE
     assert find(hub, CHUNK, "package").status == SELECTED
 
 
@@ -555,10 +584,14 @@ def test_kernels_not_installed_and_hub_not_probed() -> None:
     missing = resolve(
         replace(BASE, env=make_env(gpus=("9.0",), kernels=None)), TRAIN, replace(H200, use_hub=True)
     )
+    # kernelguard[hub] would install kernels 0.17.2, outside this transformers' window: the fix says so instead.
     assert (find(missing, CHUNK, "hub").reason, find(missing, CHUNK, "hub").fix) == (
         "the kernels package is not installed.",
-        "pip install 'kernelguard[hub]'",
+        NO_KERNELS_RELEASE,
     )
+    for window, fix in ((("0.16", "0.17"), "pip install 'kernels>=0.16,<0.17'"), (None, "pip install 'kernelguard[hub]'")):
+        facts = replace(BASE, env=make_env(gpus=("9.0",), kernels=None), kernels_window=window)
+        assert find(resolve(facts, TRAIN, replace(H200, use_hub=True)), CHUNK, "hub").fix == fix
     unprobed = find(resolve(BASE, TRAIN, replace(H200, use_hub=True)), CHUNK, "hub")
     assert (unprobed.status, unprobed.reason) == (REJECTED, "the Hub repository was not probed.")
 
@@ -690,7 +723,7 @@ def test_torch_without_varlen_module() -> None:
     )
     torch_varlen = find(resolve(facts, TRAIN, H200), ATTN, "torch")
     assert torch_varlen.reason == "torch 2.11.0+cu126 has no torch.nn.attention.varlen.varlen_attn."
-    assert torch_varlen.fix == "pip install 'torch>=2.10'"
+    assert torch_varlen.fix == "pip install -U 'torch>=2.10'"
 
 
 def test_varlen_needs_ampere() -> None:

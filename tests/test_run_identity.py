@@ -35,12 +35,12 @@ def _cfg(assets: dict[str, Path], output: Path, **overrides: Any) -> TrainConfig
         "model": str(assets["model"]),
         "tokenizer": str(assets["tok"]),
         "data": str(assets["data"]),
-        "output": output,
-        "block_size": 256,
-        "lr": 3e-3,
+        "output_dir": output,
+        "max_length": 256,
+        "learning_rate": 3e-3,
         "schedule_steps": 8,
     }
-    return TrainConfig(**{**values, **overrides})
+    return TrainConfig.from_flags(**{**values, **overrides})
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -65,8 +65,8 @@ def _seal_run(output: Path, identity: dict[str, Any], step: int = 2) -> Path:
 
 def test_identity_fingerprints_inputs_and_settings(assets: dict[str, Path], tmp_path: Path) -> None:
     a = preflight(_cfg(assets, tmp_path / "a"), world_size=2).identity
-    assert preflight(_cfg(assets, tmp_path / "b", max_steps=3, save_every=1), world_size=2).identity == a
-    assert a["world_size"] == 2 and a["block_size"] == 256 and a["seed"] == 0
+    assert preflight(_cfg(assets, tmp_path / "b", max_steps=3, save_steps=1), world_size=2).identity == a
+    assert a["world_size"] == 2 and a["max_length"] == 256 and a["seed"] == 0
     assert all(len(a[k]) == 64 for k in ("model_config_sha256", "tokenizer_sha256", "data_sha256"))
     other_data = h.write_jsonl(tmp_path / "d2.jsonl", h.copy_task_rows(20, seed=1))
     b = preflight(_cfg(assets, tmp_path / "a", data=str(other_data), seed=3), world_size=1).identity
@@ -83,21 +83,36 @@ def test_resume_refuses_a_different_run_naming_each_difference(
     out = tmp_path / "out"
     folder = _seal_run(out, preflight(_cfg(assets, out), world_size=2).identity)
     before = _snapshot(out)
-    changed = _cfg(assets, out, resume=True, lr=1e-3, block_size=512, grad_accum=2)
+    changed = _cfg(assets, out, resume=True, learning_rate=1e-3, max_length=512, gradient_accumulation_steps=2)
     with pytest.raises(CheckpointError) as info:
         preflight(changed, world_size=1)
     message = info.value.message
     assert message.startswith(f"--resume: {folder} belongs to a different run; what differs:")
-    for line in ("block_size: was 256, now 512", "world_size: was 2, now 1", "grad_accum: was 1, now 2",
-                 "lr: was 0.003, now 0.001"):  # fmt: skip
+    for line in ("max_length: was 256, now 512", "world_size: was 2, now 1",
+                 "gradient_accumulation_steps: was 1, now 2", "learning_rate: was 0.003, now 0.001"):  # fmt: skip
         assert f"\n  {line}" in message, message
     assert "--resume-anyway" in (info.value.fix or "")
     assert _snapshot(out) == before
 
-    anyway = _cfg(assets, out, resume=True, resume_anyway=True, lr=1e-3)
+    anyway = _cfg(assets, out, resume=True, resume_anyway=True, learning_rate=1e-3)
     plan = preflight(anyway, world_size=2)
     assert plan.resume_from == folder
-    assert plan.warnings == (f"--resume-anyway: {folder} differs: lr: was 0.003, now 0.001",)
+    assert plan.warnings == (f"--resume-anyway: {folder} differs: learning_rate: was 0.003, now 0.001",)
+
+
+def test_resume_reads_an_old_run_json_by_the_new_setting_names(assets: dict[str, Path], tmp_path: Path) -> None:
+    """A run.json written when the settings were called lr, block_size... resumes as the same run."""
+    from kernelguard.train.config import RENAMED
+
+    out = tmp_path / "out"
+    identity = preflight(_cfg(assets, out), world_size=2).identity
+    old_names = {new: old for old, new in RENAMED.items()}
+    old = {old_names.get(k, k): v for k, v in identity.items()}
+    assert "lr" in old and "block_size" in old and "learning_rate" not in old
+    folder = _seal_run(out, old)
+    assert preflight(_cfg(assets, out, resume=True), world_size=2).resume_from == folder
+    with pytest.raises(CheckpointError, match="learning_rate: was 0.003, now 0.001"):
+        preflight(_cfg(assets, out, resume=True, learning_rate=1e-3), world_size=2)
 
 
 def test_resume_of_the_same_run_picks_the_verified_checkpoint(
@@ -161,7 +176,7 @@ def _make_file(path: Path) -> Path:
 
 
 PREFLIGHT_FAILURES: list[tuple[str, Callable[[dict[str, Path], Path], dict[str, Any]], str]] = [
-    ("output-under-a-file", lambda a, t: {"output": _make_file(t / "f") / "out"}, "is a file, not a folder"),
+    ("output-under-a-file", lambda a, t: {"output_dir": _make_file(t / "f") / "out"}, "is a file, not a folder"),
     ("no-tokenizer", lambda a, t: {"tokenizer": str(t / "none")}, "does not exist; expected a local tokenizer"),
     ("tokenizer-is-a-file", lambda a, t: {"tokenizer": str(a["model"])}, "is a file; expected a local tokenizer"),
     ("no-data", lambda a, t: {"data": str(t / "none.jsonl")}, "does not exist"),
@@ -234,13 +249,13 @@ def test_resume_refuses_a_checkpoint_trained_on_another_plan(tmp_path: Path) -> 
         "block_size": 8,
     }
     start = StartPlan({"seed": 0}, folder)
-    cfg = TrainConfig(model="m", data="d", output=tmp_path, resume=True)
+    cfg = TrainConfig.from_flags(model="m", data="d", output_dir=tmp_path, resume=True)
     assert check_resume_plan(cfg, start, make_plan(blocks, max_steps=6, **kw))["step"] == 2
     with pytest.raises(CheckpointError) as info:
         check_resume_plan(cfg, start, make_plan(blocks, max_steps=20, **kw))
     assert info.value.message == (
         f"--resume: {folder} was trained on another plan; what differs:\n  schedule_steps: was 10, now 20"
     )
-    anyway = TrainConfig(model="m", data="d", output=tmp_path, resume=True, resume_anyway=True)
+    anyway = TrainConfig.from_flags(model="m", data="d", output_dir=tmp_path, resume=True, resume_anyway=True)
     assert check_resume_plan(anyway, start, make_plan(blocks, max_steps=20, **kw)) is not None
     assert check_resume_plan(cfg, StartPlan({}), make_plan(blocks, max_steps=20, **kw)) is None

@@ -197,7 +197,7 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     from kernelguard.train.__main__ import main
 
     assert main(["--model", "m", "--data", "d", "--output-dir", str(tmp_path), "--block-size", "0"]) == 2
-    assert "block_size is 0" in capsys.readouterr().err
+    assert "max_length is 0" in capsys.readouterr().err
     assert main(["--data", "d"]) == 2
     assert capsys.readouterr().err == (
         "kernelguard train: error: --model is required.\nFix: pass --model DIR_OR_CONFIG_JSON\n"

@@ -15,16 +15,8 @@ import pytest
 
 from kernelguard.errors import ConfigError
 from kernelguard.train.__main__ import main
-from kernelguard.train.config import (
-    CONFIG_FILENAME,
-    DEPRECATED_FLAGS,
-    INVOCATION_FIELDS,
-    TrainConfig,
-    build_parser,
-    config_dict,
-    parse_command,
-    save_config,
-)
+from kernelguard.train.config import CONFIG_FILENAME, INVOCATION_FIELDS, TrainConfig, config_dict, save_config
+from kernelguard.train.config_cli import DEPRECATED_FLAGS, build_parser, parse_command
 
 YAML = """\
 model: m
@@ -66,29 +58,29 @@ def _base(tmp_path: Path) -> list[str]:
 def test_config_file_values_and_cli_precedence(tmp_path: Path, name: str, text: str) -> None:
     path = _write(tmp_path, name, text)
     cfg = parse_command(["--config", str(path)]).config
-    assert (cfg.model, cfg.data, cfg.output) == ("m", "d.jsonl", tmp_path / "out")
-    assert (cfg.lr, cfg.block_size, cfg.epochs, cfg.allow) == (3e-4, 512, 2, ("attention",))
-    assert cfg.assistant_only_loss is False and cfg.betas == (0.9, 0.99) and cfg.report_to == ()
+    assert (cfg.model.model, cfg.data.data, cfg.checkpoint.output_dir) == ("m", "d.jsonl", tmp_path / "out")
+    assert (cfg.optimizer.learning_rate, cfg.packing.max_length, cfg.training.num_train_epochs, cfg.runtime.allow) == (3e-4, 512, 2, ("attention",))
+    assert cfg.data.assistant_only_loss is False and cfg.optimizer.adam_betas == (0.9, 0.99) and cfg.metrics.report_to == ()
     # The command line wins over the file, for scalars, switches and lists alike (a list is replaced).
     cli = [
         "--config", str(path), "--learning-rate", "1e-3", "--block-size", "128",
         "--assistant-only-loss", "--allow", "chunk_gated_delta_rule",
     ]  # fmt: skip
     cfg = parse_command(cli).config
-    assert (cfg.lr, cfg.block_size, cfg.epochs) == (1e-3, 128, 2)
-    assert cfg.assistant_only_loss is True and cfg.allow == ("chunk_gated_delta_rule",)
+    assert (cfg.optimizer.learning_rate, cfg.packing.max_length, cfg.training.num_train_epochs) == (1e-3, 128, 2)
+    assert cfg.data.assistant_only_loss is True and cfg.runtime.allow == ("chunk_gated_delta_rule",)
 
 
 def test_config_file_accepts_field_names_and_dashes(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({"model": "m", "data": "d", "output": "o", "lr": 0.5, "grad-accum": 4}))
+    path.write_text(json.dumps({"model": "m", "data": "d", "output_dir": "o", "learning_rate": 0.5, "grad-accum": 4}))
     cfg = parse_command(["--config", str(path)]).config
-    assert (cfg.lr, cfg.grad_accum, cfg.output) == (0.5, 4, Path("o"))
+    assert (cfg.optimizer.learning_rate, cfg.training.gradient_accumulation_steps, cfg.checkpoint.output_dir) == (0.5, 4, Path("o"))
     path.write_text(
-        json.dumps({"model": "m", "data": "d", "output": "o", "max_steps": None, "tokenizer": None})
+        json.dumps({"model": "m", "data": "d", "output_dir": "o", "max_steps": None, "tokenizer": None})
     )
     cfg = parse_command(["--config", str(path)]).config  # null: an optional flag left unset
-    assert cfg.max_steps is None and cfg.tokenizer == "m"
+    assert cfg.training.max_steps is None and cfg.model.tokenizer == "m"
 
 
 def test_unknown_key_is_one_line_naming_key_and_file(
@@ -160,7 +152,7 @@ def test_required_flags_may_come_from_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         parse_command(["--config", str(path), "--data", "d"])
     assert info.value.message == "--output-dir is required."
-    assert info.value.fix == f"pass --output-dir DIR, or set output in {path}"
+    assert info.value.fix == f"pass --output-dir DIR, or set output_dir in {path}"
 
 
 @pytest.mark.parametrize(("old", "new"), sorted(DEPRECATED_FLAGS.items()))
@@ -178,20 +170,20 @@ def test_hf_spellings_and_aliases(tmp_path: Path) -> None:
         ["--model", "m", "--data", "d", "--output_dir", str(tmp_path), "--learning_rate=0.01", "--max_length", "64",
          "--eval-steps", "5", "--overwrite-output-dir"]
     ).config  # fmt: skip
-    assert (cfg.output, cfg.lr, cfg.block_size, cfg.eval_every, cfg.overwrite) == (
+    assert (cfg.checkpoint.output_dir, cfg.optimizer.learning_rate, cfg.packing.max_length, cfg.evaluation.eval_every, cfg.checkpoint.overwrite) == (
         tmp_path,
         0.01,
         64,
         5,
         True,
     )
-    assert parse_command([*_base(tmp_path), "--block-size", "64"]).config.block_size == 64
+    assert parse_command([*_base(tmp_path), "--block-size", "64"]).config.packing.max_length == 64
     cfg = parse_command([*_base(tmp_path), "--adam_beta2", "0.99", "--no_gradient_checkpointing"]).config
-    assert cfg.betas == (0.9, 0.99) and cfg.activation_checkpointing is False
+    assert cfg.optimizer.adam_betas == (0.9, 0.99) and cfg.runtime.activation_checkpointing is False
     path = tmp_path / "c.yaml"
     path.write_text("adam_betas: [0.8, 0.9]\ngradient_checkpointing: false\n")
     cfg = parse_command(["--config", str(path), *_base(tmp_path), "--adam-beta1", "0.7"]).config
-    assert cfg.betas == (0.7, 0.9) and cfg.activation_checkpointing is False
+    assert cfg.optimizer.adam_betas == (0.7, 0.9) and cfg.runtime.activation_checkpointing is False
     with pytest.raises(ConfigError, match="unrecognized arguments: --learn"):
         parse_command([*_base(tmp_path), "--learn", "0.1"])  # no prefix matching
 
@@ -237,47 +229,47 @@ def test_kernelguard_cli_forwards_train_help(capsys: pytest.CaptureFixture[str])
         ({"report_to": "none,tensorboard"}, "'none' cannot be combined"),
         ({"resume_anyway": True}, "resume_anyway was given without resume"),
         ({"resume": True, "overwrite": True}, "overwrite and resume were both given"),
-        ({"output": ""}, "output is empty."),
+        ({"output_dir": ""}, "output_dir is empty."),
         ({"model": " "}, "model is empty."),
-        ({"lr": float("inf")}, "lr is inf; it must be a finite number."),
-        ({"betas": (0.9, float("nan"))}, "betas is (0.9, nan); it must be a finite number."),
-        ({"betas": (0.9, 1.0)}, "betas are (0.9, 1.0); each must be in [0, 1)."),
+        ({"learning_rate": float("inf")}, "learning_rate is inf; it must be a finite number."),
+        ({"adam_betas": (0.9, float("nan"))}, "adam_betas is (0.9, nan); it must be a finite number."),
+        ({"adam_betas": (0.9, 1.0)}, "adam_betas are (0.9, 1.0); each must be in [0, 1)."),
         ({"seed": -1}, "seed is -1; it must be in [0, 2**32)."),
         ({"weight_decay": -0.1}, "weight_decay is -0.1; it must be >= 0."),
-        ({"lr": float("nan")}, "lr is nan; it must be a finite number."),
+        ({"learning_rate": float("nan")}, "learning_rate is nan; it must be a finite number."),
     ],
 )
 def test_new_fields_are_validated(tmp_path: Path, extra: dict[str, Any], text: str) -> None:
-    values: dict[str, Any] = {"model": "m", "data": "d", "output": tmp_path, **extra}
+    values: dict[str, Any] = {"model": "m", "data": "d", "output_dir": tmp_path, **extra}
     with pytest.raises(ConfigError, match=re.escape(text)) as info:
-        TrainConfig(**values)
+        TrainConfig.from_flags(**values)
     assert info.value.fix
 
 
 @pytest.mark.parametrize(
     ("field", "value", "expected"),
     [
-        ("lr", "1e-4", "lr is '1e-4' (str); expected a number."),
-        ("block_size", 2.0, "block_size is 2.0 (float); expected an integer."),
+        ("learning_rate", "1e-4", "learning_rate is '1e-4' (str); expected a number."),
+        ("max_length", 2.0, "max_length is 2.0 (float); expected an integer."),
         ("max_steps", True, "max_steps is True (bool); expected an integer."),
         ("resume", "yes", "resume is 'yes' (str); expected true or false."),
         ("allow", [1], "allow is [1] (list); expected a string or a list of strings."),
-        ("betas", (0.9,), "betas is (0.9,) (tuple); expected two numbers."),
-        ("output", 3, "output is 3 (int); expected a path."),
+        ("adam_betas", (0.9,), "adam_betas is (0.9,) (tuple); expected two numbers."),
+        ("output_dir", 3, "output_dir is 3 (int); expected a path."),
     ],
 )
 def test_api_callers_get_the_same_type_errors(tmp_path: Path, field: str, value: Any, expected: str) -> None:
-    values: dict[str, Any] = {"model": "m", "data": "d", "output": tmp_path, field: value}
+    values: dict[str, Any] = {"model": "m", "data": "d", "output_dir": tmp_path, field: value}
     with pytest.raises(ConfigError) as info:
-        TrainConfig(**values)
+        TrainConfig.from_flags(**values)
     assert info.value.message == expected
 
 
 def test_api_values_are_normalised(tmp_path: Path) -> None:
-    values: dict[str, Any] = {"model": tmp_path / "m", "data": tmp_path / "d", "output": str(tmp_path)}
-    cfg = TrainConfig(**values, lr=1, allow="attention", betas=[0, 0])  # type: ignore[arg-type]
-    assert (cfg.model, cfg.data, cfg.output) == (str(tmp_path / "m"), str(tmp_path / "d"), tmp_path)
-    assert (cfg.lr, cfg.allow, cfg.betas) == (1.0, ("attention",), (0.0, 0.0)) and isinstance(cfg.lr, float)
+    values: dict[str, Any] = {"model": tmp_path / "m", "data": tmp_path / "d", "output_dir": str(tmp_path)}
+    cfg = TrainConfig.from_flags(**values, learning_rate=1, allow="attention", adam_betas=[0, 0])  # type: ignore[arg-type]
+    assert (cfg.model.model, cfg.data.data, cfg.checkpoint.output_dir) == (str(tmp_path / "m"), str(tmp_path / "d"), tmp_path)
+    assert (cfg.optimizer.learning_rate, cfg.runtime.allow, cfg.optimizer.adam_betas) == (1.0, ("attention",), (0.0, 0.0)) and isinstance(cfg.optimizer.learning_rate, float)
 
 
 def test_new_fields_from_flags(tmp_path: Path) -> None:
@@ -286,11 +278,11 @@ def test_new_fields_from_flags(tmp_path: Path) -> None:
          "--eval-data", "e.jsonl", "--eval-every", "10", "--save-total-limit", "2", "--report-to", "none",
          "--resume", "--resume-anyway", "--dry-run"]
     ).config  # fmt: skip
-    assert (cfg.chat_template, cfg.dataset_format, cfg.eval_data, cfg.eval_every) == (
+    assert (cfg.model.chat_template, cfg.data.dataset_format, cfg.evaluation.eval_data, cfg.evaluation.eval_every) == (
         "t.jinja", "prompt-completion", "e.jsonl", 10,
     )  # fmt: skip
-    assert (cfg.save_total_limit, cfg.report_to, cfg.resume_anyway, cfg.dry_run) == (2, (), True, True)
-    assert parse_command([*_base(tmp_path), "--eval-fraction", "0.25"]).config.eval_fraction == 0.25
+    assert (cfg.checkpoint.save_total_limit, cfg.metrics.report_to, cfg.checkpoint.resume_anyway, cfg.checkpoint.dry_run) == (2, (), True, True)
+    assert parse_command([*_base(tmp_path), "--eval-fraction", "0.25"]).config.evaluation.eval_fraction == 0.25
 
 
 def test_saved_config_is_a_config_file_that_repeats_the_run(tmp_path: Path) -> None:
@@ -301,10 +293,11 @@ def test_saved_config_is_a_config_file_that_repeats_the_run(tmp_path: Path) -> N
     written = save_config(cfg, tmp_path)
     assert written == tmp_path / CONFIG_FILENAME and not list(tmp_path.glob("*.tmp"))
     data = json.loads(written.read_text())
-    assert data["lr"] == 0.002 and data["betas"] == [0.8, 0.9] and data["output"] == str(tmp_path / "out")
+    assert data["learning_rate"] == 0.002 and data["adam_betas"] == [0.8, 0.9]
+    assert data["output_dir"] == str(tmp_path / "out") and "lr" not in data and "betas" not in data
     assert not set(INVOCATION_FIELDS) & data.keys()
     again = parse_command(["--config", str(written)]).config
-    assert config_dict(again) == config_dict(cfg) and again.resume is False
+    assert config_dict(again) == config_dict(cfg) and again.checkpoint.resume is False
 
 
 def test_launcher_flags_parse_and_need_nproc(tmp_path: Path) -> None:
@@ -346,7 +339,7 @@ def test_dry_run_prints_the_estimate_and_trains_nothing(
                         types.SimpleNamespace(host_memory=lambda cfg, *, world_size: Host()))
     assert main([*_base(tmp_path), "--dry-run", "--max-length", "128"]) == 0
     assert capsys.readouterr().out == "peak per GPU: 12.3 GiB\nhost memory per rank: 1.0 GiB\n"
-    assert seen[0][0].block_size == 128 and seen[0][1] is None and not (tmp_path / "out").exists()
+    assert seen[0][0].packing.max_length == 128 and seen[0][1] is None and not (tmp_path / "out").exists()
     # With the launcher flags, the estimate is for the ranks they would start; nothing is launched.
     assert main([*_base(tmp_path), "--dry-run", "--nproc-per-node", "4", "--nnodes", "2:3"]) == 0
     assert seen[1][1] == 8 and not (tmp_path / "out").exists()
@@ -355,18 +348,36 @@ def test_dry_run_prints_the_estimate_and_trains_nothing(
 @pytest.mark.parametrize(("text", "expected"), [('"off"', False), ('"on"', True), ('"auto"', None), ("null", None),
                                                 ("true", True), ("false", False)])
 def test_activation_checkpointing_in_a_config_file(tmp_path: Path, text: str, expected: bool | None) -> None:
-    from kernelguard.train.config import parse_args as parse
+    from kernelguard.train.config_cli import parse_args as parse
 
     config = tmp_path / "run.yaml"
     config.write_text(f"activation_checkpointing: {text}\n")
     cfg = parse(["--config", str(config), "--model", "m", "--data", "d", "--output-dir", str(tmp_path / "o")])
-    assert cfg.activation_checkpointing is expected
+    assert cfg.runtime.activation_checkpointing is expected
 
 
 def test_activation_checkpointing_typo_in_a_config_file(tmp_path: Path) -> None:
-    from kernelguard.train.config import parse_args as parse
+    from kernelguard.train.config_cli import parse_args as parse
 
     config = tmp_path / "run.yaml"
     config.write_text('activation_checkpointing: "maybe"\n')
     with pytest.raises(ConfigError, match="activation_checkpointing is 'maybe'; expected auto, on or off"):
         parse(["--config", str(config), "--model", "m", "--data", "d", "--output-dir", str(tmp_path / "o")])
+
+
+def test_a_saved_config_with_the_old_setting_names_still_loads(tmp_path: Path) -> None:
+    """train_config.json files written before the settings were named like their flags."""
+    old = {"model": "m", "data": "d", "output": str(tmp_path / "o"), "lr": 0.002, "betas": [0.8, 0.9],
+           "block_size": 64, "grad_accum": 2, "epochs": 3, "grad_clip": 0.5, "save_every": 7}  # fmt: skip
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    new = config_dict(parse_command(["--config", str(path)]).config)
+    assert (new["learning_rate"], new["adam_betas"], new["max_length"], new["output_dir"]) == (
+        0.002, [0.8, 0.9], 64, str(tmp_path / "o")
+    )
+    assert (new["gradient_accumulation_steps"], new["num_train_epochs"], new["max_grad_norm"], new["save_steps"]) == (
+        2, 3, 0.5, 7
+    )
+    path.write_text(json.dumps({**old, "learning_rate": 0.1}))
+    with pytest.raises(ConfigError, match="set the same option"):
+        parse_command(["--config", str(path)])

@@ -12,7 +12,7 @@ import pytest
 import train_helpers as h
 
 from kernelguard.errors import ConfigError, DataError
-from kernelguard.train import rows as rows_module
+from kernelguard.train import encode as encode_module
 from kernelguard.train.data import in_eval_split, load_examples
 from kernelguard.train.packing import IGNORE_INDEX
 
@@ -207,8 +207,8 @@ def test_all_tokens_loss_never_locates_assistant_tokens(
     def boom(*_a: Any, **_k: Any) -> None:
         raise AssertionError("assistant spans computed with assistant_only=False")
 
-    monkeypatch.setattr(rows_module, "assistant_spans", boom)
-    monkeypatch.setattr(rows_module, "generation_examples", boom)
+    monkeypatch.setattr(encode_module, "assistant_spans", boom)
+    monkeypatch.setattr(encode_module, "generation_examples", boom)
     rows = [
         GOOD,
         {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]},

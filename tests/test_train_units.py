@@ -10,25 +10,26 @@ import pytest
 
 from kernelguard.errors import ConfigError
 from kernelguard.train import checkpoint as ckpt
-from kernelguard.train.config import TrainConfig, parse_args
+from kernelguard.train.config import TrainConfig
+from kernelguard.train.config_cli import parse_args
 from kernelguard.train.metrics import forward_flops_per_token, peak_flops, step_flops
 from kernelguard.train.step import lr_lambda
 
 
 def test_config_validation_names_the_fix(tmp_path: Path) -> None:
-    base: dict[str, Any] = {"model": "m", "data": "d", "output": tmp_path / "o"}
-    cfg = TrainConfig(**base)
-    assert cfg.tokenizer == "m" and cfg.block_size == 8192 and cfg.overlong == "truncate"
+    base: dict[str, Any] = {"model": "m", "data": "d", "output_dir": tmp_path / "o"}
+    cfg = TrainConfig.from_flags(**base)
+    assert cfg.model.tokenizer == "m" and cfg.packing.max_length == 8192 and cfg.packing.overlong == "truncate"
     for bad, text in [
-        ({"block_size": 0}, "block_size"),
-        ({"grad_accum": -1}, "grad_accum"),
+        ({"max_length": 0}, "max_length"),
+        ({"gradient_accumulation_steps": -1}, "gradient_accumulation_steps"),
         ({"param_dtype": "int8"}, "param_dtype"),
         ({"overlong": "wrap"}, "overlong"),
         ({"min_lr_ratio": 2.0}, "min_lr_ratio"),
-        ({"lr": 0.0}, "lr"),
+        ({"learning_rate": 0.0}, "learning_rate"),
     ]:
         with pytest.raises(ConfigError, match=text) as info:
-            TrainConfig(**base, **bad)
+            TrainConfig.from_flags(**base, **bad)
         assert info.value.fix
     with pytest.raises(TypeError):
         TrainConfig("m", "d", tmp_path)  # type: ignore[misc]  # keyword-only
@@ -52,8 +53,8 @@ def test_parse_args_allow_is_repeatable(tmp_path: Path) -> None:
             "fp32",
         ]
     )
-    assert cfg.allow == ("attention", "chunk_gated_delta_rule", "causal_conv1d_fn")
-    assert cfg.param_dtype == "fp32"
+    assert cfg.runtime.allow == ("attention", "chunk_gated_delta_rule", "causal_conv1d_fn")
+    assert cfg.runtime.param_dtype == "fp32"
 
 
 def test_lr_schedule_warmup_then_cosine_to_min() -> None:
@@ -105,7 +106,7 @@ def test_accepted_fla_640_rows_lift_the_refusal_and_others_do_not(monkeypatch: p
     import sys
     import types
 
-    from kernelguard.train.gate import lift_accepted_fla_refusal
+    from kernelguard.gate import lift_accepted_fla_refusal
 
     # An fla laid out like 0.6.0: the flag imported by value into the consumer module.
     names = ("fla", "fla.ops", "fla.ops.common", "fla.ops.common.chunk_o", "fla.utils")
@@ -128,7 +129,7 @@ def test_lifting_with_an_fla_that_has_no_refusal_is_a_no_op(monkeypatch: pytest.
     import sys
     import types
 
-    from kernelguard.train.gate import lift_accepted_fla_refusal
+    from kernelguard.gate import lift_accepted_fla_refusal
 
     monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))  # a package without fla.ops.common
     for name in [n for n in sys.modules if n.startswith("fla.")]:
@@ -243,8 +244,8 @@ def test_step_normalises_by_the_global_label_count_for_any_batch_shape(
     _, _, batches = _blocks(model.config.vocab_size, 4)
     expected, tokens = _hand_loss(model, batches)
     twin = copy.deepcopy(model)
-    cfg = TrainConfig(model="m", data="d", output=Path("o"), lr=1e-3, grad_clip=0.0)
-    opt, sched = make_optimizer(twin, cfg, one_rank.device, schedule_steps=4)
+    cfg = TrainConfig.from_flags(model="m", data="d", output_dir=Path("o"), learning_rate=1e-3, max_grad_norm=0.0)
+    opt, sched = make_optimizer(twin, optimizer=cfg.optimizer, device=one_rank.device, schedule_steps=4)
     result = optimizer_step(TrainState(twin, opt, sched, one_rank, grad_clip=0.0), batches)
     assert result.loss_tokens == tokens and result.loss == pytest.approx(expected, rel=1e-5)
     assert result.lr == pytest.approx(1e-3) and result.grad_norm > 0
@@ -255,8 +256,7 @@ def test_step_normalises_by_the_global_label_count_for_any_batch_shape(
 def test_guard_refusal_is_a_picklable_kernel_fallback_error() -> None:
     import pickle
 
-    from kernelguard.errors import KernelFallbackError
-    from kernelguard.train.gate import GuardRefused
+    from kernelguard.errors import GuardRefused, KernelFallbackError
 
     err = pickle.loads(pickle.dumps(GuardRefused("layer table\n\nchunk_gated_delta_rule is slow")))
     assert isinstance(err, KernelFallbackError)
@@ -277,8 +277,8 @@ from kernelguard.train.parallel import init_distributed
 from kernelguard.train.step import optimizer_step
 
 tmp = Path(sys.argv[1])
-cfg = TrainConfig(model=str(h.write_model_config(tmp / "model")), data="unused", output=tmp / "unused",
-                  block_size=48, param_dtype="fp32", lr=1e-2, allow=("attention",))
+cfg = TrainConfig.from_flags(model=str(h.write_model_config(tmp / "model")), data="unused", output_dir=tmp / "unused",
+                  max_length=48, param_dtype="fp32", learning_rate=1e-2, allow=("attention",))
 info = init_distributed()
 built, state = setup_training(cfg, info, schedule_steps=4)
 assert isinstance(state.model, FSDPModule) and state.head is not None and built.attention == "sdpa"
@@ -295,7 +295,7 @@ print("OK", losses)
 
 
 def test_setup_training_gives_the_benchmark_the_products_fsdp2_step(tmp_path: Path) -> None:
-    """bench/train_throughput.py's entry point: model + AC + chunked head + FSDP2 + AdamW from a TrainConfig,
+    """bench/gpu/train_throughput.py's entry point: model + AC + chunked head + FSDP2 + AdamW from a TrainConfig,
     then optimizer_step on already-built blocks (no data files, no output folder). In a fresh interpreter:
     transformers' auto classes remember modeling modules imported by earlier in-process tests."""
     import os
@@ -326,7 +326,7 @@ def test_eval_sets_held_out_fraction_or_separate_file(tmp_path: Path) -> None:
     extra = h.write_jsonl(tmp_path / "e.jsonl", h.copy_task_rows(7, seed=5))
 
     def examples(take: str, **kw: Any) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-        cfg = TrainConfig(model="m", data=str(data), output=tmp_path / "o", block_size=256, **kw)
+        cfg = TrainConfig.from_flags(model="m", data=str(data), output_dir=tmp_path / "o", max_length=256, **kw)
         store, _ = read_examples(cfg, tok, take=take)
         return [(tuple(ids), tuple(labels)) for ids, labels in store]
 
@@ -357,24 +357,24 @@ def test_activation_checkpointing_is_auto_unless_a_flag_says_otherwise(
     tmp_path: Path, flags: list[str], expected: bool | None
 ) -> None:
     cfg = parse_args(["--model", "m", "--data", "d", "--output-dir", str(tmp_path), *flags])
-    assert cfg.activation_checkpointing is expected
-    assert cfg.compile is ("--compile" in flags)
+    assert cfg.runtime.activation_checkpointing is expected
+    assert cfg.runtime.compile is ("--compile" in flags)
 
 
 def test_activation_checkpointing_values_and_errors(tmp_path: Path) -> None:
-    from kernelguard.train.config import parse_command
+    from kernelguard.train.config_cli import parse_command
 
-    base = {"model": "m", "data": "d", "output": tmp_path / "o"}
-    assert TrainConfig(**base, activation_checkpointing="auto").activation_checkpointing is None
-    assert TrainConfig(**base, activation_checkpointing="Off").activation_checkpointing is False
+    base = {"model": "m", "data": "d", "output_dir": tmp_path / "o"}
+    assert TrainConfig.from_flags(**base, activation_checkpointing="auto").runtime.activation_checkpointing is None
+    assert TrainConfig.from_flags(**base, activation_checkpointing="Off").runtime.activation_checkpointing is False
     with pytest.raises(ConfigError) as err:
-        TrainConfig(**base, activation_checkpointing="sometimes")
+        TrainConfig.from_flags(**base, activation_checkpointing="sometimes")
     assert str(err.value) == (
         "activation_checkpointing is 'sometimes'; expected auto, on or off.\n"
         "Fix: --activation-checkpointing auto (the default), on or off"
     )
     with pytest.raises(ConfigError, match="compile is 'yes' \\(str\\); expected true or false"):
-        TrainConfig(**base, compile="yes")
+        TrainConfig.from_flags(**base, compile="yes")
     argv = ["--model", "m", "--data", "d", "--output-dir", str(tmp_path)]
     with pytest.raises(ConfigError, match="--activation-checkpointing is 'maybe'; expected auto, on or off"):
         parse_command([*argv, "--activation-checkpointing", "maybe"])
@@ -387,24 +387,25 @@ def test_saved_config_keeps_auto_and_compile_and_a_config_file_sets_them(tmp_pat
     its own GPU; true/false in a file are the explicit overrides."""
     import json
 
-    from kernelguard.train.config import config_dict, parse_command, save_config
+    from kernelguard.train.config import config_dict, save_config
+    from kernelguard.train.config_cli import parse_command
 
     argv = ["--model", "m", "--data", "d", "--output-dir", str(tmp_path / "o")]
     cfg = parse_command([*argv, "--compile"]).config
     assert config_dict(cfg)["activation_checkpointing"] is None and config_dict(cfg)["compile"] is True
     again = parse_command(["--config", str(save_config(cfg, tmp_path / "saved.json"))]).config
-    assert again.activation_checkpointing is None and again.compile is True
+    assert again.runtime.activation_checkpointing is None and again.runtime.compile is True
     for value, expected in [(False, False), (True, True), (None, None)]:
         file = tmp_path / "c.json"
         file.write_text(json.dumps({"gradient_checkpointing": value, "compile": False}))
         cfg = parse_command([*argv, "--config", str(file)]).config
-        assert cfg.activation_checkpointing is expected and cfg.compile is False
+        assert cfg.runtime.activation_checkpointing is expected and cfg.runtime.compile is False
     cfg = parse_command([*argv, "--config", str(file), "--no-activation-checkpointing"]).config
-    assert cfg.activation_checkpointing is False  # the command line wins
+    assert cfg.runtime.activation_checkpointing is False  # the command line wins
 
 
 def test_checkpointing_switch_reads_auto_on_off_from_a_config_file_value() -> None:
-    from kernelguard.train.config import _CheckpointingSwitch
+    from kernelguard.train.config_cli import _CheckpointingSwitch
 
     read = _CheckpointingSwitch.from_file
     assert [read(v, where="f.yaml: x") for v in (None, True, False, "auto", "on", "off")] == [
@@ -428,11 +429,11 @@ def test_run_identity_ignores_activation_checkpointing_and_compile(tmp_path: Pat
         "model": str(model),
         "tokenizer": str(h.write_tokenizer(tmp_path / "tok")),
         "data": str(h.write_jsonl(tmp_path / "d.jsonl", h.copy_task_rows(3))),
-        "output": tmp_path / "o",
+        "output_dir": tmp_path / "o",
     }
     config, _ = model_source(str(model))
     identities = [
-        run_identity(TrainConfig(**base, **kw), world_size=1, model_config=config)  # type: ignore[arg-type]
+        run_identity(TrainConfig.from_flags(**base, **kw), world_size=1, model_config=config)  # type: ignore[arg-type]
         for kw in (
             {},
             {"activation_checkpointing": True},
@@ -462,13 +463,13 @@ def test_auto_checkpointing_is_off_when_the_estimate_fits_the_gpu_and_on_when_no
     from kernelguard.train import memory
     from kernelguard.train.build import resolve_activation_checkpointing
 
-    cfg = TrainConfig(
-        model=str(h.write_model_config(tmp_path / "m")), data="d", output=tmp_path / "o", block_size=256
+    cfg = TrainConfig.from_flags(
+        model=str(h.write_model_config(tmp_path / "m")), data="d", output_dir=tmp_path / "o", max_length=256
     )
     card = types.SimpleNamespace(total_memory=141 * 10**9, name="Fake H200")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: card)
     without = memory.estimate(
-        TrainConfig(**{**_fields(cfg), "activation_checkpointing": False}), world_size=1
+        TrainConfig.from_flags(**{**_fields(cfg), "activation_checkpointing": False}), world_size=1
     )
     on, line = resolve_activation_checkpointing(cfg, _cuda_info())
     gib = f"{without.peak_bytes / 2**30:.2f} GiB"
@@ -478,7 +479,7 @@ def test_auto_checkpointing_is_off_when_the_estimate_fits_the_gpu_and_on_when_no
     )
     card.total_memory = int(without.peak_bytes / 0.92) - 1  # one byte short of fitting without checkpointing
     on, line = resolve_activation_checkpointing(cfg, _cuda_info())
-    with_ac = memory.estimate(TrainConfig(**{**_fields(cfg), "activation_checkpointing": True}), world_size=1)
+    with_ac = memory.estimate(TrainConfig.from_flags(**{**_fields(cfg), "activation_checkpointing": True}), world_size=1)
     assert on is True and line.startswith(
         f"activation checkpointing: on (auto: estimated peak {gib} without it exceeds"
     )
@@ -488,7 +489,7 @@ def test_auto_checkpointing_is_off_when_the_estimate_fits_the_gpu_and_on_when_no
         (True, "on (--activation-checkpointing)"),
         (False, "off (--no-activation-checkpointing)"),
     ]:
-        explicit = TrainConfig(**{**_fields(cfg), "activation_checkpointing": value})
+        explicit = TrainConfig.from_flags(**{**_fields(cfg), "activation_checkpointing": value})
         assert resolve_activation_checkpointing(explicit, _cuda_info()) == (
             value,
             f"activation checkpointing: {text}",
@@ -511,9 +512,7 @@ def test_auto_checkpointing_is_off_when_the_estimate_fits_the_gpu_and_on_when_no
 
 
 def _fields(cfg: TrainConfig) -> dict[str, Any]:
-    from dataclasses import fields
-
-    return {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+    return cfg.flags()
 
 
 def test_blocks_left_out_to_even_the_ranks_are_reported() -> None:

@@ -20,7 +20,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from kernelguard.errors import CheckpointError, ConfigError
-from kernelguard.train.export import OutTensor, parse_size, plan_shards, shard_names, write_safetensors
+from kernelguard.train.config import TrainConfig
+from kernelguard.train.config_rules import parse_size
+from kernelguard.train.export import OutTensor, plan_shards, shard_names, write_safetensors
 from kernelguard.train.weights import plan_weights, read_layout
 
 SHARD = "60KB"  # the tiny model (~0.2 MB in bf16) is then 4+ files
@@ -121,6 +123,15 @@ def test_shards_are_planned_under_the_limit_and_named_like_save_pretrained() -> 
         parse_size("five gigs", source="--max-shard-size")
 
 
+def test_max_shard_size_is_checked_with_the_config_before_training(tmp_path: Path) -> None:
+    base = {"model": "m", "data": "d", "output_dir": tmp_path / "out"}
+    assert TrainConfig.from_flags(**base).checkpoint.max_shard_size == "5GB"
+    assert TrainConfig.from_flags(**base, max_shard_size=1000).checkpoint.max_shard_size == "1000"  # bytes
+    with pytest.raises(ConfigError, match=r"max_shard_size is 'five gigs'; expected a size such as 5GB") as info:
+        TrainConfig.from_flags(**base, max_shard_size="five gigs")
+    assert info.value.fix == "--max-shard-size 5GB"
+
+
 def test_streamed_safetensors_round_trip(tmp_path: Path) -> None:
     values = {"a": torch.randn(3, 5).to(torch.bfloat16), "b": torch.arange(7, dtype=torch.int64)}
     plan = [OutTensor(k, tuple(v.shape), v.dtype, k) for k, v in values.items()]
@@ -132,15 +143,13 @@ def test_streamed_safetensors_round_trip(tmp_path: Path) -> None:
 
 
 def test_dry_run_host_memory_is_per_rank_for_the_sharded_load(tmp_path: Path) -> None:
-    from types import SimpleNamespace
-
     from kernelguard.train.host_memory import host_memory
 
     model = _text_model()
     largest = max(p.numel() for p in model.parameters())
     total = sum(p.numel() for p in model.parameters())
     src = _save(model, tmp_path / "src")
-    cfg = SimpleNamespace(model=str(src), param_dtype="bf16")
+    cfg = TrainConfig.from_flags(model=str(src), data="rows.jsonl", output_dir=tmp_path / "out", param_dtype="bf16")
     one, four = host_memory(cfg, world_size=1), host_memory(cfg, world_size=4)
     assert one.sharded and one.load_bytes == 2 * largest and four.load_bytes == 2 * -(-largest // 4)
     assert one.rank0_path_bytes == four.rank0_path_bytes == 4 * total
@@ -201,9 +210,11 @@ def test_multimodal_checkpoint_trains_text_exports_its_class_and_export_after_th
 
     assets = h.write_train_assets(tmp_path, rows=80)
     src = _multimodal(tmp_path / "src")
+    generation = {"eos_token_id": [2, 3], "temperature": 0.6, "do_sample": True}
+    (src / "generation_config.json").write_text(json.dumps(generation))
     out = tmp_path / "out"
     r = h.run_train(["--model", str(src), "--tokenizer", str(assets["tok"]), "--data", str(assets["data"]),
-                     "--output-dir", str(out), "--max-steps", "2", "--max-length", "128", "--lr", "1e-2",
+                     "--output-dir", str(out), "--max-steps", "2", "--max-length", "128", "--learning-rate", "1e-2",
                      "--max-shard-size", SHARD, "--no-plot", "--no-progress", "--allow", "attention"])
     assert r.returncode == 0, r.stderr[-4000:]
     final = out / "final"
@@ -229,3 +240,6 @@ def test_multimodal_checkpoint_trains_text_exports_its_class_and_export_after_th
     assert names == sorted(p.name for p in again.glob("*.safetensors")) and len(names) >= 3
     assert all((final / n).read_bytes() == (again / n).read_bytes() for n in names)
     assert (final / "model.safetensors.index.json").read_text() == (again / "model.safetensors.index.json").read_text()
+    # The source folder's sampling defaults and stop tokens: from --model, and from the run's recorded model.
+    assert json.loads((final / "generation_config.json").read_text()) == generation
+    assert json.loads((again / "generation_config.json").read_text()) == generation

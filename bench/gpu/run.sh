@@ -6,10 +6,10 @@
 #                 autotune pins (fla autotunes; its choices are recorded to $OUT/fla_autotune_pins.json and
 #                 installed into kernelguard/fla_autotune_pins.json of this checkout), (2) empty Triton cache
 #                 with those pins, (3) warm (the cache of 2).
-#   throughput    bench/train_throughput.py --all over $VARIANTS (default: fallback,stock_best,product,product_noac)
-#   levers        product_noac at 16,384 tokens per step, then bench/train_throughput.py --all over $LEVERS
+#   throughput    bench/gpu/train_throughput.py --all over $VARIANTS (default: fallback,stock_best,product,product_noac)
+#   levers        product_noac at 16,384 tokens per step, then bench/gpu/train_throughput.py --all over $LEVERS
 #                 (default: product_noac+liger,product+sac2,product_noac+compile).
-#   gpu-tests     pytest -m gpu tests/test_smoke.py
+#   gpu-tests     pytest -m gpu tests/test_numerics.py
 set -u
 OUT=${OUT:-/tmp/kg-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
@@ -28,7 +28,7 @@ timed_check() {  # NAME CACHE_DIR [check_timing args]
   local name=$1 cache=$2; shift 2
   step "check --run: $name (TRITON_CACHE_DIR=$cache)"
   local s; s=$(date +%s.%N)
-  TRITON_CACHE_DIR=$cache timeout "${CHECK_TIMEOUT:-330}" python3 bench/check_timing.py --out "$OUT/$name.json" "$@" -- $CHECK_ARGS
+  TRITON_CACHE_DIR=$cache timeout "${CHECK_TIMEOUT:-330}" python3 bench/gpu/check_timing.py --out "$OUT/$name.json" "$@" -- $CHECK_ARGS
   echo "$name: rc=$? shell wall $(wall "$s") s"
 }
 
@@ -54,19 +54,19 @@ PY
       cp -r /tmp/kg-triton-pinned/. "$TRITON_CACHE_DIR"/ 2>/dev/null ;;  # the benches reuse what the check compiled
     throughput)
       step "throughput"
-      timeout "${THROUGHPUT_TIMEOUT:-400}" python3 bench/train_throughput.py --all --child-timeout 150 --steps 5 \
+      timeout "${THROUGHPUT_TIMEOUT:-400}" python3 bench/gpu/train_throughput.py --all --child-timeout 150 \
         --variants "${VARIANTS:-fallback,stock_best,product,product_noac}" --out "$OUT/throughput.json" ;;
     levers)
       step "product_noac at 16k"
-      timeout 120 python3 bench/train_throughput.py --variant product_noac --tokens-per-batch 16384 --steps 5 \
+      timeout 120 python3 bench/gpu/train_throughput.py --variant product_noac --tokens-per-batch 16384 \
         --out "$OUT/product_noac_16k.json"
       step "levers"
-      timeout "${LEVERS_TIMEOUT:-400}" python3 bench/train_throughput.py --all --child-timeout 200 --steps 5 \
+      timeout "${LEVERS_TIMEOUT:-400}" python3 bench/gpu/train_throughput.py --all --child-timeout 200 \
         --no-memory-estimate --variants "${LEVERS:-product_noac+liger,product+sac2,product_noac+compile}" \
         --out "$OUT/levers.json" ;;
     gpu-tests)
       step "gpu tests"
-      timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_smoke.py ;;
+      timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_numerics.py ;;
     *) echo "unknown suite $suite (check, throughput, levers, gpu-tests)"; exit 2 ;;
   esac
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session-3 verification run on the H200 (one call, < 10 min): the real stack's `kernelguard check`, every
 # GPU-marked test against the machine's own transformers (5.17.0), and the packing-quality evidence of issue 11
-# (bench/quality_packing.py). Tests run before quality: the last run spent its budget in quality's first steps
+# (bench/gpu/quality_packing.py). Tests run before quality: the last run spent its budget in quality's first steps
 # (fla compile/autotune) and never reached 4 tests. Wheels: fla-core + flash-linear-attention 0.6.0 and
 # causal-conv1d 1.7.0 in .whl/ (carried). Output: $OUT/verify.log, $OUT/check.json, $OUT/quality/quality_packing.{json,png}.
 set -u
@@ -20,9 +20,9 @@ if [ -z "${SKIP_CHECK:-}" ]; then
 fi
 step "pytest -m gpu (full log: gpu_tests.log)"
 timeout "${TESTS_TIMEOUT:-400}" python3 -m pytest -p no:cacheprovider -v -rA -m gpu tests/test_guard_gpu.py \
-  tests/test_loss_gpu.py tests/test_smoke.py tests/test_train_gpu.py > "$OUT/gpu_tests.log" 2>&1
+  tests/test_loss_gpu.py tests/test_numerics.py tests/test_train_gpu.py > "$OUT/gpu_tests.log" 2>&1
 echo "pytest exit=$? (124: timed out)"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu_tests.log" | tail -40
 step "quality: packed vs padded, same data/steps/schedule"
-timeout "${QUALITY_TIMEOUT:-300}" python3 bench/quality_packing.py --steps "${QUALITY_STEPS:-400}" --out "$OUT/quality"
+timeout "${QUALITY_TIMEOUT:-300}" python3 bench/gpu/quality_packing.py --steps "${QUALITY_STEPS:-400}" --out "$OUT/quality"
 echo "quality exit=$?"
 step "done"

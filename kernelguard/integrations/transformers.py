@@ -29,6 +29,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from kernelguard import gate
 from kernelguard.attention import VARLEN_NAME, register_varlen_attention
 from kernelguard.catalog import PACKED_REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError, KernelGuardError
@@ -112,14 +113,6 @@ def _collator_of(train_dataloader: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------- gate ---
-def _model_device(model: Any) -> Any:
-    import torch
-
-    for param in model.parameters():
-        return param.device
-    return torch.device("cpu")
-
-
 def _check_reference(model: Any, model_ref: str | None, folder: Path) -> str | None:
     """What ``kernelguard check`` should resolve: the user's ``model=``, else the model's own config written to
     ``folder`` (so the check sees its real key head dim); None for a model family kernelguard does not know."""
@@ -140,52 +133,54 @@ def _check_reference(model: Any, model_ref: str | None, folder: Path) -> str | N
 
 
 def check_stack(model: Any, *, allow: tuple[str, ...], packed: bool, model_ref: str | None = None) -> Any:
-    """The environment half of the gate (known-bad stacks on this GPU, e.g. fla #640 on Hopper), as
-    ``kernelguard train`` runs it: CUDA only, since it needs the GPU's arch. Returns the CheckResult or None;
-    raises ``ResolutionError`` with the full ``kernelguard check`` trace. An accepted fla #640 row lifts fla's
-    own refusal so the accepted path actually runs."""
-    device = _model_device(model)
+    """The environment half of the gate (known-bad stacks on this GPU, e.g. fla #640 on Hopper):
+    :func:`kernelguard.gate.check_stack` on the model's own config (or ``model_ref``), CUDA only. Returns the
+    CheckResult or None; raises ``ResolutionError`` with the full ``kernelguard check`` trace, as
+    ``kernelguard.require`` does."""
+    device = gate.model_device(model)
     if device.type != "cuda":
         return None
-    from kernelguard.api import require
-    from kernelguard.fla_refusal import lift_for_accepted_issues
+    from kernelguard.api import resolution_error
 
     with tempfile.TemporaryDirectory(prefix="kernelguard-") as folder:
         ref = _check_reference(model, model_ref, Path(folder))
         if ref is None:
             return None
-        result = require(ref, mode="training", allow=allow, packed=packed)
-    accepted = {issue for v in result.resolution.verdicts if v.selected for issue in v.selected.issues}
-    lift_for_accepted_issues(accepted)
+        result = gate.check_stack(ref, allow=allow, packed=packed, device=device, env=True)
+    if result is not None and not result.ok:
+        raise resolution_error(result)
     return result
 
 
 def guard_model(model: Any, *, allow: tuple[str, ...], packed: bool) -> Any:
-    """``kernelguard.guard`` in training mode; on refusal the error carries the whole per-layer table and a fix
-    that names this callback's ``allow=``."""
-    from kernelguard.guard import guard
-
+    """:func:`kernelguard.gate.guard_model`, strict; on refusal the error carries the whole per-layer table and
+    a fix that names this callback's ``allow=``."""
     try:
-        return guard(model, mode="training", packed=packed, allow=allow, strict=True)
+        return gate.guard_model(model, allow=allow, packed=packed, strict=True)
     except KernelFallbackError as e:
         table = ""
         try:  # the non-strict guard reports every site without raising; it arms, so disarm at once
-            with guard(model, mode="training", packed=packed, allow=allow, strict=False) as soft:
+            with gate.guard_model(model, allow=allow, packed=packed) as soft:
                 table = soft.render() + "\n\n"
         except KernelGuardError:
             pass
-        offending = e.details.get("offending", [])
-        kernels = list(dict.fromkeys(site["kernel"] for site in offending)) or [e.kernel]
-        fixes = list(dict.fromkeys(site["fix"] for site in offending if site.get("fix")))
-        if packed and any(PACKED_REFERENCE in str(site.get("reason", "")) for site in offending):
-            # An allow cannot make a GDN torch reference keep packed examples apart: offer padded batches.
-            fixes.append("or train on padded batches (padding_free=False, no flattening collator)")
-        else:
-            fixes.append(f"or accept the slow path explicitly: KernelGuardCallback(allow={kernels!r})")
-        raise KernelFallbackError(
-            f"kernelguard refused to start training (before step 1).\n{table}{e.message}",
-            fix="; ".join(fixes), layer=e.layer, kernel=e.kernel, reason=e.reason, details=e.details,
-        ) from None
+        raise _callback_refusal(e, table, packed=packed) from None
+
+
+def _callback_refusal(e: KernelFallbackError, table: str, *, packed: bool) -> KernelFallbackError:
+    """The guard's refusal restated for a Trainer user: before step 1, the table, fixes naming this callback."""
+    offending = e.details.get("offending", [])
+    kernels = list(dict.fromkeys(site["kernel"] for site in offending)) or [e.kernel]
+    fixes = list(dict.fromkeys(site["fix"] for site in offending if site.get("fix")))
+    if packed and any(PACKED_REFERENCE in str(site.get("reason", "")) for site in offending):
+        # An allow cannot make a GDN torch reference keep packed examples apart: offer padded batches.
+        fixes.append("or train on padded batches (padding_free=False, no flattening collator)")
+    else:
+        fixes.append(f"or accept the slow path explicitly: KernelGuardCallback(allow={kernels!r})")
+    return KernelFallbackError(
+        f"kernelguard refused to start training (before step 1).\n{table}{e.message}",
+        fix="; ".join(fixes), layer=e.layer, kernel=e.kernel, reason=e.reason, details=e.details,
+    )
 
 
 def _check_packed_sequences(report: Any, packing: Packing) -> None:

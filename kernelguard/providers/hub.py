@@ -11,30 +11,36 @@ only read the live system, but they are thin wrappers around
 We call that with a ``Backend`` built by kernels' own ``parse_backend``/``CUDA``. ``get_kernel_variants``
 is not used: it lists the repository tree over the network.
 
-Releases differ: transformers 5.17 accepts kernels [0.16, 0.17), 5.23/5.24 accept [0.18.2, 0.19), and
-0.16 and 0.17 lay out their private helpers differently (0.17: ``kernels.load``, ``kernels.validate``,
-``kernels._rust``; 0.16: ``kernels.utils``, ``kernels.minver``, ``kernels_data``). Only public modules
-(``kernels``, ``kernels.variants``, ``kernels.backends``) are required; every private helper is looked up
-by feature detection in ``_import_kernels`` and a missing one becomes a note, never an import error.
+Releases differ in their private helpers; :mod:`kernelguard.providers.kernels_release` finds them by feature
+detection, and a missing one becomes a note here, never an import error.
 
-``kernels`` is an optional extra (``pip install 'kernelguard[hub]'``) imported lazily (about 0.16-0.2 s,
-torch is not imported by it) and any failure of it degrades into a probe with a ``note``;
-``probe_hub_kernel`` never raises.
+``kernels`` is an optional extra (``pip install 'kernelguard[hub]'``) imported lazily (torch is not imported
+by it) and any failure of it degrades into a probe with a ``note``; ``probe_hub_kernel`` never raises.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ..facts import HubKernelProbe, HubTarget, VariantVerdict
+from .kernels_release import KernelsRelease, import_kernels
+
+__all__ = [
+    "SOURCE_LOCAL_FOLDER",
+    "SOURCE_LOCAL_KERNELS",
+    "SOURCE_NOT_AVAILABLE",
+    "SOURCE_OFFLINE_CACHE",
+    "TRUSTED_ORGS",
+    "HubKernelProbe",
+    "HubTarget",
+    "VariantVerdict",
+    "probe_hub_kernel",
+]
 
 # kernels 0.17.2 has no hard-coded allow-list: ``kernels.hf_hub._check_trust_remote_code`` asks the Hub
 # (``get_organization_overview(org).trustedKernelPublisher``) and skips the check entirely in offline
@@ -48,24 +54,6 @@ SOURCE_LOCAL_KERNELS = "LOCAL_KERNELS"
 SOURCE_LOCAL_FOLDER = "local folder"
 SOURCE_OFFLINE_CACHE = "offline cache"
 SOURCE_NOT_AVAILABLE = "not available offline"
-
-
-@dataclass(frozen=True, slots=True)
-class _Kernels:
-    """What the installed kernels release offers, found by feature detection.
-
-    The public modules are required; each private helper is optional (None when this release lacks it)
-    and its absence only weakens one check, which the probe then says in a note.
-    """
-
-    version: str
-    variants: ModuleType
-    backends: ModuleType
-    metadata_type: Any  # kernels.Metadata: public in every release (kernels_data's or kernels._rust's)
-    parse_local_kernels: Callable[[str], dict[str, Path]] | None
-    versions: ModuleType | None  # kernels._versions: cached vN refs
-    supports_capability: Callable[[list[str], tuple[int, int]], bool] | None
-    minver_problem: Callable[[Any, Path], str | None] | None
 
 
 @dataclass(slots=True)
@@ -101,7 +89,7 @@ def probe_hub_kernel(
     """
     trusted = _is_trusted(repo_id, allow_untrusted)
     try:
-        kernels = _import_kernels()
+        kernels = import_kernels()
     except Exception as exc:  # noqa: BLE001 - a broken install fails with anything, not just ImportError
         return _empty_probe(repo_id, trusted, f"kernels could not be imported: {exc!r}.")
     try:
@@ -111,7 +99,7 @@ def probe_hub_kernel(
 
 
 def _probe(
-    kernels: _Kernels,
+    kernels: KernelsRelease,
     repo_id: str,
     target: HubTarget | None,
     local_path: str | None,
@@ -145,68 +133,7 @@ def _probe(
     )
 
 
-# --- kernels import and trust -------------------------------------------------------------------------
-
-
-def _import_kernels() -> _Kernels:
-    # Lazy: importing kernels costs ~0.2 s, and kernelguard must work (with a note) without it.
-    import kernels
-    from kernels import backends, variants
-
-    return _Kernels(
-        version=str(getattr(kernels, "__version__", "(unknown version)")),
-        variants=variants,
-        backends=backends,
-        metadata_type=kernels.Metadata,
-        # 0.17 parses LOCAL_KERNELS in kernels.load, 0.16 in kernels.utils; same syntax and errors.
-        parse_local_kernels=_private_function(("kernels.load", "kernels.utils"), "_parse_local_kernel_overrides"),
-        versions=_optional_module("kernels._versions"),
-        supports_capability=_private_function(("kernels.archs",), "_supports_cuda_capability"),
-        minver_problem=_minver_checker(),
-    )
-
-
-def _optional_module(name: str) -> ModuleType | None:
-    try:
-        return importlib.import_module(name)
-    except Exception:  # noqa: BLE001 - absent in this release, or broken: either way we do without it
-        return None
-
-
-def _private_function(modules: tuple[str, ...], name: str) -> Any:
-    for module_name in modules:
-        found = getattr(_optional_module(module_name), name, None)
-        if callable(found):
-            return found
-    return None
-
-
-def _minver_checker() -> Callable[[Any, Path], str | None] | None:
-    """kernels' own "kernels-minver" check of a variant's metadata, as a message (None: satisfied)."""
-    validator = getattr(_optional_module("kernels.validate"), "MinverValidator", None)
-    if validator is not None:  # kernels >= 0.17 refuses to load such a variant
-
-        def refuses(metadata: Any, variant_path: Path) -> str | None:
-            try:
-                validator().validate_metadata(metadata=metadata, variant=variant_path.name)
-            except RuntimeError as exc:
-                return str(exc)
-            return None
-
-        return refuses
-    warn = getattr(_optional_module("kernels.minver"), "_warn_if_below_minver", None)
-    if not callable(warn):
-        return None
-
-    def warns(metadata: Any, variant_path: Path) -> str | None:  # kernels 0.16 warns and loads anyway
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            warn(metadata, variant_path)
-        if not caught:
-            return None
-        return f"{caught[0].message} (this kernels release only warns and loads it anyway)"
-
-    return warns
+# --- trust ---------------------------------------------------------------------------------------------
 
 
 def _is_trusted(repo_id: str, allow_untrusted: bool) -> bool:
@@ -230,7 +157,7 @@ def _empty_probe(repo_id: str, trusted: bool, note: str) -> HubKernelProbe:
 
 
 def _locate(
-    kernels: _Kernels, repo_id: str, local_path: str | None, revision: str | None, version: int | None
+    kernels: KernelsRelease, repo_id: str, local_path: str | None, revision: str | None, version: int | None
 ) -> _Location:
     if local_path is not None:
         path = Path(local_path)
@@ -244,7 +171,7 @@ def _locate(
     return from_cache
 
 
-def _from_local_kernels(kernels: _Kernels, repo_id: str) -> _Location:
+def _from_local_kernels(kernels: KernelsRelease, repo_id: str) -> _Location:
     raw = os.environ.get("LOCAL_KERNELS")
     if raw is None:  # kernels only skips the override when the variable is unset, not when it is empty
         return _Location(SOURCE_LOCAL_KERNELS, None)
@@ -270,7 +197,7 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("KERNELS_CACHE") or constants.HF_HUB_CACHE)
 
 
-def _cache_revision(kernels: _Kernels, repo_id: str, revision: str | None, version: int | None) -> str:
+def _cache_revision(kernels: KernelsRelease, repo_id: str, revision: str | None, version: int | None) -> str:
     if kernels.versions is None:
         if version is not None:
             raise ValueError(f"kernels {kernels.version} cannot read cached version refs (no kernels._versions)")
@@ -300,7 +227,7 @@ def _select_cached_ref(versions: ModuleType, repo_id: str, revision: str | None,
 
 
 def _from_offline_cache(
-    kernels: _Kernels, repo_id: str, revision: str | None, version: int | None
+    kernels: KernelsRelease, repo_id: str, revision: str | None, version: int | None
 ) -> _Location:
     from huggingface_hub import snapshot_download
 
@@ -330,7 +257,7 @@ def _not_found_message(repo_id: str, cache_dir: Path, exc: Exception) -> str:
 # --- which variant --------------------------------------------------------------------------------------
 
 
-def _resolve_location(kernels: _Kernels, located: _Location, target: HubTarget | None) -> _Resolution:
+def _resolve_location(kernels: KernelsRelease, located: _Location, target: HubTarget | None) -> _Resolution:
     assert located.path is not None
     if located.source == SOURCE_OFFLINE_CACHE:
         return _resolve_base(kernels, located.path, target)
@@ -357,7 +284,7 @@ def _folder_is_variant(path: Path) -> _Resolution:
     return _Resolution(path.name, [VariantVerdict(path.name, True, reason)], path)
 
 
-def _resolve_base(kernels: _Kernels, base: Path, target: HubTarget | None) -> _Resolution:
+def _resolve_base(kernels: KernelsRelease, base: Path, target: HubTarget | None) -> _Resolution:
     if not base.is_dir():
         return _Resolution(None, [], None, notes=[f"{base} does not exist, so there are no build variants."])
     parsed, unparsable = _parse_variant_dirs(kernels, base)
@@ -372,7 +299,7 @@ def _resolve_base(kernels: _Kernels, base: Path, target: HubTarget | None) -> _R
     return _Resolution(chosen, verdicts, base / chosen if chosen is not None else None, notes)
 
 
-def _parse_variant_dirs(kernels: _Kernels, base: Path) -> tuple[list[Any], list[VariantVerdict]]:
+def _parse_variant_dirs(kernels: KernelsRelease, base: Path) -> tuple[list[Any], list[VariantVerdict]]:
     # Folder listing as in kernels.variants.get_variants_local, but keeping the parse errors it swallows.
     parsed: list[Any] = []
     unparsable: list[VariantVerdict] = []
@@ -387,7 +314,7 @@ def _parse_variant_dirs(kernels: _Kernels, base: Path) -> tuple[list[Any], list[
     return parsed, unparsable
 
 
-def _decide(kernels: _Kernels, parsed: list[Any], target: HubTarget | None) -> tuple[list[Any], list[str]]:
+def _decide(kernels: KernelsRelease, parsed: list[Any], target: HubTarget | None) -> tuple[list[Any], list[str]]:
     if target is None:
         _, trace = kernels.variants.resolve_variants(parsed)  # the live system, exactly as get_kernel does
         return list(trace), []
@@ -418,7 +345,7 @@ def _decide(kernels: _Kernels, parsed: list[Any], target: HubTarget | None) -> t
     return list(trace), notes
 
 
-def _target_backend(kernels: _Kernels, target: HubTarget) -> Any:
+def _target_backend(kernels: KernelsRelease, target: HubTarget) -> Any:
     from packaging.version import Version
 
     if target.cuda_version is not None and target.backend is not None:
@@ -438,7 +365,7 @@ def _major_minor(version: str | None) -> Any:
     return Version(f"{release[0]}.{release[1] if len(release) > 1 else 0}")
 
 
-def _verdicts_from_trace(kernels: _Kernels, trace: list[Any]) -> tuple[list[VariantVerdict], str | None]:
+def _verdicts_from_trace(kernels: KernelsRelease, trace: list[Any]) -> tuple[list[VariantVerdict], str | None]:
     # The trace is already in kernels' preference order: the first accepted decision is what it loads.
     accepted = [d.variant.variant_str for d in trace if isinstance(d, kernels.variants.VariantAccepted)]
     chosen = accepted[0] if accepted else None
@@ -461,7 +388,7 @@ def _verdicts_from_trace(kernels: _Kernels, trace: list[Any]) -> tuple[list[Vari
 # --- checks kernels runs on the chosen variant at load time --------------------------------------------
 
 
-def _chosen_variant_notes(kernels: _Kernels, variant_path: Path, target: HubTarget | None) -> list[str]:
+def _chosen_variant_notes(kernels: KernelsRelease, variant_path: Path, target: HubTarget | None) -> list[str]:
     metadata_path = variant_path / "metadata.json"
     if not metadata_path.is_file():
         return [f"Variant {variant_path.name} has no metadata.json, so kernels would fail to load it."]
@@ -480,7 +407,7 @@ def _chosen_variant_notes(kernels: _Kernels, variant_path: Path, target: HubTarg
     return notes
 
 
-def _arch_notes(kernels: _Kernels, metadata: Any, variant: str, capability: tuple[int, int]) -> list[str]:
+def _arch_notes(kernels: KernelsRelease, metadata: Any, variant: str, capability: tuple[int, int]) -> list[str]:
     # Mirrors kernels.archs._check_arch_incompatibility, which reads the live device; we feed the target's.
     archs = list(metadata.backend.archs or [])
     backend_type = metadata.backend.backend_type

@@ -109,7 +109,7 @@ def _load_extension(path: Path, distribution: str) -> str | None:
 
 def _read_archs(path: Path) -> tuple[frozenset[str], frozenset[str], str | None, str | None]:
     try:
-        from .cuda_arch import read_cuda_targets
+        from .fatbin import read_cuda_targets
     except ImportError as exc:  # pragma: no cover - shipped together
         return frozenset(), frozenset(), f"arch reader unavailable: {exc}", None
     targets = read_cuda_targets(path)

@@ -21,11 +21,15 @@ Exit codes: 0 ok; 2 usage, config or data error; 3 the guard refused. ``kernelgu
 returns those codes from the ranks with the message printed once; plain ``torchrun`` exits 1 whenever a rank
 fails and prints each rank's exit code in its ChildFailedError table.
 
-Modules: config (TrainConfig, argv, the saved train_config.json), config_file (--config files), launch (the
---nproc-per-node launcher), preflight (checks before any expensive work, output claim), identity (run
-identity, run.json), gate (the one gate), data / rows / chat_templates (rows -> examples, training chat
+Modules: config (the schema: TrainConfig's sections, one field per flag, the saved train_config.json),
+config_rules (the one table of rules, the checks each section runs), config_cli (argparse and --help derived
+from the schema, launcher options), config_file (--config files), launch (the --nproc-per-node launcher),
+preflight (checks before any expensive work, output claim), identity (run identity, run.json), gate (the one
+gate), data / rows / encode / chat_templates (files -> rows -> validated items -> examples, training chat
 templates), packing (bin packing, block tensors), build (model, FSDP2, optimizer), step (the optimizer step,
 data plan, LR schedule), compile (regional torch.compile), evaluate (held-out loss), parallel (process group, meta model, AC, FSDP2),
 checkpoint (verified DCP save/resume, retention, export), memory (--dry-run estimate), metrics (FLOPs, MFU,
 JSONL, trackers, plot), loop (the run), __main__ (entry point).
 """
+
+__all__: list[str] = []

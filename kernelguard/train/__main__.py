@@ -1,7 +1,8 @@
 """`kernelguard train ...`, `kernelguard train --nproc-per-node N ...` or `torchrun ... -m kernelguard.train`.
 
-Exit codes: 0 ok; 2 usage, config or data error (nothing trained, nothing half-written left behind);
-3 the guard refused to start because a kernel would run a slow fallback that was not ``--allow``-ed.
+Exit codes (the table in kernelguard.errors): 0 ok; 2 usage, config or data error (nothing trained, nothing
+half-written left behind); 3 the guard refused to start because a kernel would run a slow fallback that was not
+``--allow``-ed; 130 interrupted.
 With ``--nproc-per-node`` (kernelguard.train.launch) the same codes come back from the ranks; plain
 ``torchrun`` exits 1 whenever a rank fails.
 """
@@ -11,13 +12,19 @@ from __future__ import annotations
 import os
 import sys
 
-from kernelguard.errors import ConfigError, DataError
+from kernelguard.errors import (
+    EXIT_GUARD,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ConfigError,
+    DataError,
+    GuardRefused,
+)
 
-from .config import LaunchOptions
+from .config_cli import LaunchOptions
 
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_GUARD = 3
+__all__ = ["is_rank0", "main", "print_rank0"]
 
 
 def is_rank0() -> bool:
@@ -44,7 +51,7 @@ def _fail(code: int, message: str, *, report: str | None = None, is_main: bool |
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .config import parse_command
+    from .config_cli import parse_command
     from .launch import launch, launched_by_kernelguard
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -57,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if not launched_by_kernelguard():
         for warning in cmd.warnings:
             print_rank0(f"kernelguard train: warning: {warning}")
-    if cmd.config.dry_run:
+    if cmd.config.checkpoint.dry_run:
         return _dry_run(cmd.config, world_size=_launch_world_size(cmd.launch))
     if cmd.launch is not None and not launched_by_kernelguard():
         try:
@@ -71,7 +78,7 @@ def _train(cfg: object) -> int:
     import torch.distributed as dist
 
     from .launch import launched_by_kernelguard
-    from .loop import GuardRefused, run
+    from .loop import run
     from .parallel import init_distributed
 
     info = init_distributed()
@@ -85,7 +92,7 @@ def _train(cfg: object) -> int:
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line from rank 0 (or the launcher), no tracebacks
         if info.is_main and not launched_by_kernelguard():
             print("kernelguard train: interrupted.", file=sys.stderr, flush=True)
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,7 +1,7 @@
 """Build what a run trains: the model (meta first, for the guard), then AC + compile + FSDP2 + weights, then
 AdamW.
 
-    model = build_model(cfg, info)                       # meta device, cheap; the guard inspects this
+    model = build_model(model=cfg.model, runtime=cfg.runtime, info=info)  # meta device: the guard inspects it
     state = prepare_training(model, cfg, info, schedule_steps=N)   # AC, compile, FSDP2, weights, optimizer
     result = optimizer_step(state, blocks)               # kernelguard.train.step
 
@@ -20,7 +20,7 @@ import torch
 
 from kernelguard.errors import ConfigError
 
-from .config import TrainConfig
+from .config import ModelSection, OptimizerSection, RuntimeSection, TrainConfig
 from .loss import return_hidden_states_from_head
 from .parallel import (
     DistInfo,
@@ -76,18 +76,18 @@ def choose_attention(choice: str, device: torch.device) -> str:
     return choice
 
 
-def build_model(cfg: TrainConfig, info: DistInfo) -> BuiltModel:
+def build_model(*, model: ModelSection, runtime: RuntimeSection, info: DistInfo) -> BuiltModel:
     """The model on the meta device (no memory, no weights read): what the guard inspects."""
-    config, weights = model_source(cfg.model)
-    attention = choose_attention(cfg.attention, info.device)
-    model = build_meta_model(config, attn_implementation=attention)
+    config, weights = model_source(model.model)
+    attention = choose_attention(runtime.attention, info.device)
+    meta = build_meta_model(config, attn_implementation=attention)
     # Headers only: a checkpoint that does not fit the config is refused before any memory is used.
-    plan, note = plan_weights(model, weights) if weights is not None else (None, None)
-    return BuiltModel(model, config, weights, attention, weight_plan=plan, weight_note=note)
+    plan, note = plan_weights(meta, weights) if weights is not None else (None, None)
+    return BuiltModel(meta, config, weights, attention, weight_plan=plan, weight_note=note)
 
 
 def make_optimizer(
-    model: torch.nn.Module, cfg: TrainConfig, device: torch.device, *, schedule_steps: int
+    model: torch.nn.Module, *, optimizer: OptimizerSection, device: torch.device, schedule_steps: int
 ) -> tuple[Any, Any]:
     """AdamW (no decay on norms and biases) and the warmup + cosine LambdaLR over ``schedule_steps``."""
     decay: list[torch.nn.Parameter] = []
@@ -95,10 +95,15 @@ def make_optimizer(
     for name, p in model.named_parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=device.type == "cuda")
+    groups = [
+        {"params": decay, "weight_decay": optimizer.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(
+        groups, lr=optimizer.learning_rate, betas=optimizer.adam_betas, fused=device.type == "cuda"
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lr_lambda(cfg.warmup_steps, schedule_steps, cfg.min_lr_ratio)
+        opt, lr_lambda(optimizer.warmup_steps, schedule_steps, optimizer.min_lr_ratio)
     )
     return opt, sched
 
@@ -108,8 +113,8 @@ def resolve_activation_checkpointing(cfg: TrainConfig, info: DistInfo) -> tuple[
     peak without it fits the card (keeping its 8% reserve), else on; rank 0 decides for every rank. auto on CPU:
     on, as before auto existed (CPU runs are tests; there is no GPU memory to budget and the suite keeps
     covering the checkpointed path)."""
-    if cfg.activation_checkpointing is not None:
-        on = bool(cfg.activation_checkpointing)
+    if cfg.runtime.activation_checkpointing is not None:
+        on = bool(cfg.runtime.activation_checkpointing)
         flag = "--activation-checkpointing" if on else "--no-activation-checkpointing"
         return on, f"activation checkpointing: {'on' if on else 'off'} ({flag})"
     if info.device.type != "cuda":
@@ -144,7 +149,7 @@ def prepare_training(
     # Compile before fully_shard (torchtitan's order) and before AC: dynamo cannot trace a checkpoint region
     # with graph breaks in it (the opaque kernels), so a compiled checkpoint wrapper would run all eager; a
     # checkpoint of the compiled layer recomputes the compiled forward instead.
-    if cfg.compile:
+    if cfg.runtime.compile:
         from .compile import compile_layers
 
         built.compiled = compile_layers(model)
@@ -154,7 +159,7 @@ def prepare_training(
     if built.activation_checkpointing:
         apply_activation_checkpointing(model)
     # Before sharding: the head keeps its parameters and names, only its forward changes.
-    head = return_hidden_states_from_head(model) if cfg.loss == "chunked" else None
+    head = return_hidden_states_from_head(model) if cfg.runtime.loss == "chunked" else None
     if head is not None:
         # The model's output is then a slice of the hidden states (a view); FSDP2 warns that an in-place op
         # on it would skip its pre-backward hook. The loss only reads it.
@@ -162,16 +167,18 @@ def prepare_training(
     apply_fsdp(
         model,
         mesh=mesh,
-        mp_policy=mixed_precision(cfg.param_dtype),
-        reshard_after_forward=cfg.reshard_after_forward,
+        mp_policy=mixed_precision(cfg.runtime.param_dtype),
+        reshard_after_forward=cfg.runtime.reshard_after_forward,
     )
     load_weights(
         model, plan=built.weight_plan, note=built.weight_note, info=info, config=built.config,
-        weights=built.weights, seed=cfg.seed,
+        weights=built.weights, seed=cfg.training.seed,
     )
     model.train()
-    optimizer, scheduler = make_optimizer(model, cfg, info.device, schedule_steps=schedule_steps)
-    return TrainState(model, optimizer, scheduler, info, head=head, grad_clip=cfg.grad_clip)
+    optimizer, scheduler = make_optimizer(
+        model, optimizer=cfg.optimizer, device=info.device, schedule_steps=schedule_steps
+    )
+    return TrainState(model, optimizer, scheduler, info, head=head, grad_clip=cfg.optimizer.max_grad_norm)
 
 
 def _log(info: DistInfo, message: str) -> None:
@@ -181,6 +188,6 @@ def _log(info: DistInfo, message: str) -> None:
 
 def setup_training(cfg: TrainConfig, info: DistInfo, *, schedule_steps: int) -> tuple[BuiltModel, TrainState]:
     """:func:`build_model` + :func:`prepare_training` without the guard (the benchmark's entry point)."""
-    torch.manual_seed(cfg.seed)
-    built = build_model(cfg, info)
+    torch.manual_seed(cfg.training.seed)
+    built = build_model(model=cfg.model, runtime=cfg.runtime, info=info)
     return built, prepare_training(built, cfg, info, schedule_steps=schedule_steps)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -73,16 +72,9 @@ def _modeling_modules(model: Any) -> list[ModuleType]:
 def _kernel_call_sites(module: ModuleType) -> list[str]:
     """The module-level names through which the module's layers call hub-wrapped kernels (discovery reads
     the ``use_kernel_func_from_hub_with_fallback`` decorators of its source)."""
-    from kernelguard import discovery
+    from kernelguard.transformers_compat import call_sites
 
-    file = getattr(module, "__file__", None)
-    if not file:
-        return []
-    here = Path(file).resolve()
-    for family in discovery.families().values():
-        if Path(family.source).resolve() == here:
-            return [req.call_site for req in family.kernels if callable(vars(module).get(req.call_site))]
-    return []
+    return [req.call_site for req in call_sites(module) if callable(vars(module).get(req.call_site))]
 
 
 def _opaque(fn: Callable[..., Any]) -> Callable[..., Any]:

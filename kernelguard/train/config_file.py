@@ -1,7 +1,7 @@
 """`--config FILE` for `kernelguard train`: a YAML, TOML or JSON mapping of flag names to values, checked
 against the argparse parser it feeds (same names, same types, same choices), so a file and a command line are
-validated alike. Keys are a flag's dest (``lr``) or any of its names with underscores (``learning_rate``);
-negated switches are written positively (``export: false``, not ``no_export: true``); ``null`` leaves an optional
+validated alike. Keys are a flag's name with underscores (``learning_rate``, also any alias or old name such as
+``block_size``, ``lr``: kernelguard.train.config.RENAMED); negated switches are written positively (``export: false``, not ``no_export: true``); ``null`` leaves an optional
 flag unset. Errors name the file, the key, the value and what was expected.
 """
 
@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
+
+from .config import RENAMED
+
+__all__ = ["file_defaults", "load_config_file"]
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
@@ -75,12 +79,13 @@ def _file_keys(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 
 def file_defaults(parser: argparse.ArgumentParser, data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A config file's mapping -> {flag dest: value}, each value checked as its flag would check it."""
     keys = _file_keys(parser)
     out: dict[str, Any] = {}
     seen: dict[str, str] = {}
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
-        action = keys.get(key)
+        action = keys.get(key) or keys.get(RENAMED.get(key, ""))
         if action is None:
             close = difflib.get_close_matches(key, list(keys), n=1)
             raise ConfigError(

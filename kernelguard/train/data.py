@@ -3,8 +3,8 @@
 Sources: a local ``.jsonl``/``.json``/``.parquet`` file, a folder of them, or a dataset name (``datasets``,
 only where a hub is reachable). JSON files are read with the standard library, line by line, in strict
 UTF-8, because Arrow's JSON reader can neither say which line broke nor survive a row whose field has the
-wrong type; Parquet files and dataset names go through ``datasets.load_dataset``. Row formats, validation and
-assistant-only labels are in ``rows``; the chat templates in ``chat_templates``.
+wrong type; Parquet files and dataset names go through ``datasets.load_dataset`` (``sources``). Row formats and
+validation are in ``rows``, assistant-only labels in ``encode``; the chat templates in ``chat_templates``.
 
 Eval split: with ``eval_fraction`` F, a row is an eval row iff a hash of (seed, row index) falls below F: the
 same split on every rank and every run, whatever the world size. Rows of the other split are not parsed.
@@ -13,7 +13,6 @@ same split on every rank and every run, whatever the world size. Rows of the oth
 from __future__ import annotations
 
 import hashlib
-import json
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -25,24 +24,23 @@ from kernelguard.errors import ConfigError, DataError
 
 from . import chat_templates
 from .chat_templates import TemplateChoice
+from .encode import encode_items
 from .packing import IGNORE_INDEX
-from .rows import (  # noqa: F401 - re-exported: the names callers used from data before the split
-    FORMATS,
-    ROLES,
-    ChatItem,
-    Item,
-    Row,
-    TextItem,
-    assistant_spans,
-    data_error,
-    detect_format,
-    encode_items,
-    row_item,
-    validate_messages,
-)
+from .rows import FORMATS, ChatItem, Item, detect_format, row_item
+from .sources import iter_rows
 
-JSON_SUFFIXES = (".jsonl", ".json")
-PARQUET_SUFFIXES = (".parquet",)
+__all__ = [
+    "DataStats",
+    "ExampleStore",
+    "chat_template_name",
+    "in_eval_split",
+    "load_examples",
+    "load_tokenizer",
+    "pad_token_id",
+    "set_chat_template",
+    "template_choice",
+]
+
 TAKES = ("train", "eval", "all")
 
 
@@ -131,131 +129,6 @@ class ExampleStore:
 
 
 # ----------------------------------------------------------------------------------------------- sources ---
-def resolve_files(data: str) -> list[Path] | None:
-    """Local files to read, or None when ``data`` is not a local path (then it is a dataset name)."""
-    path = Path(data)
-    if path.is_file():
-        if path.suffix not in JSON_SUFFIXES + PARQUET_SUFFIXES:
-            raise ConfigError(
-                f"data file {path} has suffix {path.suffix!r}; expected .jsonl, .json or .parquet.",
-                fix="convert it to JSON lines or Parquet",
-            )
-        return [path]
-    if path.is_dir():
-        files = sorted(
-            p for p in path.rglob("*") if p.is_file() and p.suffix in JSON_SUFFIXES + PARQUET_SUFFIXES
-        )
-        if not files:
-            raise ConfigError(
-                f"data folder {path} holds no .jsonl, .json or .parquet files.", fix="check --data"
-            )
-        return files
-    if path.suffix in JSON_SUFFIXES + PARQUET_SUFFIXES or data.startswith((".", "/")):
-        raise ConfigError(f"data path {data} does not exist.", fix="check --data")
-    return None
-
-
-Keep = Callable[[int], bool]
-
-
-class _Counter:
-    """Row indices across files; ``keep`` decides (before any parsing) whether a row belongs to this split."""
-
-    def __init__(self, keep: Keep | None) -> None:
-        self.next = 0
-        self.keep = keep
-
-    def take(self) -> tuple[int, bool]:
-        index, self.next = self.next, self.next + 1
-        return index, self.keep is None or self.keep(index)
-
-
-def _iter_json_file(path: Path, skipped: Counter[str], skip_bad: bool, counter: _Counter) -> Iterator[Row]:
-    name = str(path)
-    raw = path.read_bytes()
-    if raw.lstrip()[:1] == b"[":
-        try:
-            items = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise data_error(
-                name, 0, "<file>", f"not valid UTF-8 at byte {e.start}", "re-encode the file as UTF-8"
-            )
-        except json.JSONDecodeError as e:
-            raise data_error(name, 0, "<file>", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}")
-        for i, item in enumerate(items):
-            index, keep = counter.take()
-            if keep:
-                yield Row(name, i, item, index)
-        return
-    for lineno, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        index, keep = counter.take()
-        if not keep:
-            continue
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            err = data_error(name, lineno, "<line>", f"not valid UTF-8 at byte {e.start} of the line")
-            if not skip_bad:
-                raise err from None
-            skipped["not_utf8"] += 1
-            continue
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as e:
-            if not skip_bad:
-                raise data_error(
-                    name, lineno, "<line>", f"invalid JSON at column {e.colno}: {e.msg}"
-                ) from None
-            skipped["invalid_json"] += 1
-            continue
-        yield Row(name, lineno, value, index)
-
-
-def _iter_dataset(ds: Any, name: str, counter: _Counter) -> Iterator[Row]:
-    for i, item in enumerate(ds):
-        index, keep = counter.take()
-        if keep:
-            yield Row(name, i, item, index)
-
-
-def iter_rows(
-    data: str, *, split: str = "train", skipped: Counter[str], skip_bad: bool, keep: Keep | None = None
-) -> Iterator[Row]:
-    """Every row of ``data`` whose index ``keep`` accepts (all rows without ``keep``)."""
-    counter = _Counter(keep)
-    files = resolve_files(data)
-    if files is None:
-        try:
-            import datasets
-        except ImportError as e:
-            raise ConfigError(
-                "reading a dataset by name needs `datasets`.", fix="pip install 'kernelguard[train]'"
-            ) from e
-        try:
-            ds = datasets.load_dataset(data, split=split)
-        except Exception as e:
-            raise ConfigError(
-                f"could not load dataset {data!r} (split {split!r}): {e}", fix="check --data"
-            ) from e
-        yield from _iter_dataset(ds, data, counter)
-        return
-    for path in files:
-        if path.suffix in JSON_SUFFIXES:
-            yield from _iter_json_file(path, skipped, skip_bad, counter)
-        else:
-            import datasets
-
-            try:
-                ds = datasets.load_dataset("parquet", data_files=[str(path)], split="train")
-            except Exception as e:
-                raise data_error(
-                    str(path), 0, "<file>", f"unreadable Parquet: {e}", "rewrite the file"
-                ) from e
-            yield from _iter_dataset(ds, str(path), counter)
-
-
 def in_eval_split(index: int, *, seed: int, fraction: float) -> bool:
     """Whether row ``index`` is an eval row: a hash of (seed, index), uniform in [0, 1), below ``fraction``."""
     if fraction <= 0:
@@ -370,16 +243,8 @@ def load_examples(
     eos = getattr(tokenizer, "eos_token", None)
     chats = False  # whether any row was a conversation (then the stats name the chat template)
 
-    def keep(index: int) -> bool:
-        is_eval = in_eval_split(index, seed=seed, fraction=eval_fraction)
-        kept = take == "all" or is_eval == (take == "eval")
-        stats.held_out += not kept
-        return kept
-
-    def bad(e: DataError) -> None:
-        if not skip_bad_rows:
-            raise e
-        stats.bad_rows[_bad_row_key(e)] += 1
+    keep = _split_keeper(stats, take=take, seed=seed, fraction=eval_fraction)
+    bad = _bad_row_handler(stats, skip=skip_bad_rows)
 
     def flush() -> None:
         encoded = encode_items(
@@ -406,6 +271,29 @@ def load_examples(
     stats.template = chat_template_name(tokenizer) if chats else ""
     _finish_stats(examples, stats, data=data, column=column, take=take)
     return examples, stats
+
+
+def _split_keeper(stats: DataStats, *, take: str, seed: int, fraction: float) -> Callable[[int], bool]:
+    """Whether row ``index`` belongs to the ``take`` split; counts the rows held out for the other one."""
+
+    def keep(index: int) -> bool:
+        is_eval = in_eval_split(index, seed=seed, fraction=fraction)
+        kept = take == "all" or is_eval == (take == "eval")
+        stats.held_out += not kept
+        return kept
+
+    return keep
+
+
+def _bad_row_handler(stats: DataStats, *, skip: bool) -> Callable[[DataError], None]:
+    """Raise a bad row's DataError, or (``--skip-bad-rows``) count it by reason."""
+
+    def bad(e: DataError) -> None:
+        if not skip:
+            raise e
+        stats.bad_rows[_bad_row_key(e)] += 1
+
+    return bad
 
 
 def _finish_stats(examples: ExampleStore, stats: DataStats, *, data: str, column: str, take: str) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 import struct
 from collections.abc import Callable
@@ -31,37 +30,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kernelguard.errors import CheckpointError, ConfigError
+from kernelguard.errors import EXIT_OK, EXIT_USAGE, CheckpointError, ConfigError
+
+from .config_rules import DEFAULT_MAX_SHARD_SIZE, parse_size
 
 __all__ = [
-    "DEFAULT_MAX_SHARD_SIZE",
     "OutTensor",
     "export_checkpoint",
     "export_run",
-    "parse_size",
     "plan_shards",
     "shard_names",
     "write_safetensors",
 ]
 
-DEFAULT_MAX_SHARD_SIZE = "5GB"
 PIECES = ".pieces"
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
-          "GIB": 2**30}
+GENERATION_CONFIG = "generation_config.json"
 _CODES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
           torch.bool: "BOOL"}
 _DTYPES = {code: dtype for dtype, code in _CODES.items()}
-
-
-def parse_size(text: str | int, *, source: str = "max_shard_size") -> int:
-    """Bytes of ``5GB``, ``500MB``, ``2GiB`` or a plain number (Hugging Face's spelling: GB = 10^9)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
-    unit = match.group(2).upper() if match else ""
-    if not match or unit not in _UNITS or float(match.group(1)) * _UNITS[unit] < 1:
-        raise ConfigError(f"{source} is {text!r}; expected a size such as 5GB, 500MB or 2GiB.",
-                          fix=f"{source} 5GB")
-    return int(float(match.group(1)) * _UNITS[unit])
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,8 +184,9 @@ def write_shards(folder: Path, tensors: list[OutTensor], source: _Source, *, max
 
 
 def finalize(tmp: Path, final: Path, shards: list[list[OutTensor]], *, config: Any, tokenizer: Any,
-             dtype: torch.dtype) -> Path:
-    """Rank 0: index, config.json with ``dtype``, tokenizer + chat template, then the rename."""
+             dtype: torch.dtype, source: str | Path | None = None) -> Path:
+    """Rank 0: index, config.json with ``dtype``, tokenizer + chat template, the source model folder's
+    generation_config.json (its sampling defaults and stop tokens, what generate() uses), then the rename."""
     shutil.rmtree(tmp / PIECES, ignore_errors=True)
     names = shard_names(len(shards))
     if len(shards) > 1:
@@ -214,6 +202,9 @@ def finalize(tmp: Path, final: Path, shards: list[list[OutTensor]], *, config: A
     config.save_pretrained(str(tmp))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
+    generation = Path(source or "") / GENERATION_CONFIG  # a folder --model; a config.json has none
+    if source is not None and generation.is_file():
+        shutil.copy2(generation, tmp / GENERATION_CONFIG)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final
@@ -234,8 +225,9 @@ def _all_ok(ok: bool, message: str) -> None:
 
 # ----------------------------------------------------------------------------------------- entry points ---
 def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: torch.dtype, info: Any,
-               max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE) -> Path:
-    """All ranks: the model's shards as a DCP checkpoint in ``final.tmp/.pieces``, then the HF shards."""
+               max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE, source: str | Path | None = None) -> Path:
+    """All ranks: the model's shards as a DCP checkpoint in ``final.tmp/.pieces``, then the HF shards;
+    ``source`` is the run's --model (its generation_config.json is kept)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
@@ -259,7 +251,7 @@ def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: t
         error = f"writing the export into {tmp} failed on rank {info.rank}: {e}"
     _all_ok(not error, error or f"another rank failed writing the export into {tmp}")
     if info.is_main:
-        finalize(tmp, final, shards, config=built.config, tokenizer=tokenizer, dtype=dtype)
+        finalize(tmp, final, shards, config=built.config, tokenizer=tokenizer, dtype=dtype, source=source)
     dist.barrier()
     return final
 
@@ -267,7 +259,8 @@ def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: t
 def export_checkpoint(checkpoint: Path, *, output: Path | None = None,
                       max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE) -> Path:
     """``final/`` (or ``output``) from a verified training checkpoint ``OUTPUT/checkpoints/step_N``, with the
-    run's model, tokenizer, chat template and dtype from ``OUTPUT/train_config.json``. Every rank of a process
+    run's model (and its generation_config.json), tokenizer, chat template and dtype from
+    ``OUTPUT/train_config.json``. Every rank of a process
     group writes its share of the shards; alone, this process writes them all."""
     from .checkpoint import MARKER, verify_checkpoint
     from .data import load_tokenizer
@@ -307,7 +300,7 @@ def export_checkpoint(checkpoint: Path, *, output: Path | None = None,
     if rank == 0:
         tokenizer = load_tokenizer(str(saved.get("tokenizer") or saved["model"]),
                                    chat_template=saved.get("chat_template"))
-        finalize(tmp, final, shards, config=config, tokenizer=tokenizer, dtype=dtype)
+        finalize(tmp, final, shards, config=config, tokenizer=tokenizer, dtype=dtype, source=saved["model"])
     return final
 
 
@@ -327,7 +320,7 @@ def _run_config(run: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``kernelguard export CHECKPOINT_DIR [--output DIR] [--max-shard-size SIZE]``; exit 2 on a bad input."""
+    """``kernelguard export CHECKPOINT_DIR [--output DIR] [--max-shard-size SIZE]``; EXIT_USAGE on a bad input."""
     import argparse
     import sys
 
@@ -345,6 +338,6 @@ def main(argv: list[str] | None = None) -> int:
         final = export_checkpoint(args.checkpoint, output=args.output, max_shard_size=args.max_shard_size)
     except ConfigError as e:
         print(f"kernelguard export: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_USAGE
     print(f"kernelguard export: wrote {final}", file=sys.stderr, flush=True)
-    return 0
+    return EXIT_OK

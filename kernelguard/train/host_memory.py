@@ -18,7 +18,10 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
 
 __all__ = ["HostMemory", "host_memory"]
 
@@ -56,14 +59,14 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def host_memory(cfg: Any, *, world_size: int | None = None) -> HostMemory:
+def host_memory(cfg: TrainConfig, *, world_size: int | None = None) -> HostMemory:
     """The figures for ``cfg`` (a TrainConfig): shapes from the model built on the meta device, dtypes and
     carried tensors from the checkpoint's headers."""
     from .parallel import DTYPES, build_meta_model, model_source
     from .weights import plan_weights
 
     ranks = max(1, int(world_size or os.environ.get("WORLD_SIZE") or 1))
-    config, weights = model_source(str(cfg.model))
+    config, weights = model_source(str(cfg.model.model))
     meta = build_meta_model(config, attn_implementation="sdpa")
     sizes = [p.numel() for p in meta.parameters()]
     plan, note = plan_weights(meta, weights) if weights is not None else (None, "random init: rank 0 builds it")
@@ -76,7 +79,7 @@ def host_memory(cfg: Any, *, world_size: int | None = None) -> HostMemory:
                       default=0)
     largest = max(sizes, default=0)
     local = math.ceil(largest / ranks)
-    export_item = DTYPES[str(cfg.param_dtype)].itemsize
+    export_item = DTYPES[str(cfg.runtime.param_dtype)].itemsize
     return HostMemory(
         world_size=ranks,
         sharded=plan is not None,

@@ -2,7 +2,7 @@
 
 Fingerprints (sha256) of the model config, the tokenizer files, the chat template and the training data, plus
 every setting that changes which examples exist, how they pack, their order, or the LR schedule. Settings
-that only change speed or logging (``--max-steps``, ``--save-every``, attention, activation checkpointing,
+that only change speed or logging (``--max-steps``, ``--save-steps``, attention, activation checkpointing,
 loss implementation, eval) are not part of it: changing them between a run and its resume is fine.
 """
 
@@ -16,18 +16,31 @@ from typing import Any
 
 from kernelguard.errors import CheckpointError, ConfigError
 
-from .config import TrainConfig
+from .config import RENAMED, TrainConfig
+
+__all__ = [
+    "IDENTITY_VERSION",
+    "RUN_FILE",
+    "chat_template_fingerprint",
+    "config_fingerprint",
+    "data_fingerprint",
+    "differences",
+    "read_identity",
+    "run_identity",
+    "tokenizer_fingerprint",
+    "write_identity",
+]
 
 RUN_FILE = "run.json"
 IDENTITY_VERSION = 1
 
 # Settings that change the examples, their packing and order, or the schedule (see the module docstring).
 _SETTINGS = (
-    "block_size",
+    "max_length",
     "seed",
-    "grad_accum",
-    "epochs",
-    "lr",
+    "gradient_accumulation_steps",
+    "num_train_epochs",
+    "learning_rate",
     "min_lr_ratio",
     "warmup_steps",
     "schedule_steps",
@@ -100,7 +113,7 @@ def chat_template_fingerprint(chat_template: str | None) -> str | None:
 
 def data_fingerprint(data: str, split: str) -> str:
     """sha256 over the content of the local data files; a dataset name is identified by name and split."""
-    from .data import resolve_files
+    from .sources import resolve_files
 
     files = resolve_files(data)
     if files is None:
@@ -111,23 +124,26 @@ def data_fingerprint(data: str, split: str) -> str:
 
 def run_identity(cfg: TrainConfig, *, world_size: int, model_config: Any) -> dict[str, Any]:
     """The identity of the run ``cfg`` describes (see the module docstring)."""
-    assert cfg.tokenizer is not None
+    assert cfg.model.tokenizer is not None
     identity: dict[str, Any] = {
         "version": IDENTITY_VERSION,
         "model_config_sha256": config_fingerprint(model_config),
-        "tokenizer_sha256": tokenizer_fingerprint(cfg.tokenizer),
-        "chat_template_sha256": chat_template_fingerprint(cfg.chat_template),
-        "data_sha256": data_fingerprint(cfg.data, cfg.split),
+        "tokenizer_sha256": tokenizer_fingerprint(cfg.model.tokenizer),
+        "chat_template_sha256": chat_template_fingerprint(cfg.model.chat_template),
+        "data_sha256": data_fingerprint(cfg.data.data, cfg.data.split),
         "world_size": world_size,
     }
+    flags = cfg.flags()
     for name in _SETTINGS:
-        value = getattr(cfg, name)
+        value = flags[name]
         identity[name] = list(value) if isinstance(value, tuple) else value
     return identity
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """One line per field whose value differs: ``name: was X, now Y``."""
+    """One line per field whose value differs: ``name: was X, now Y``. An old run.json's setting names
+    (``lr``, ``block_size``...) are read as the flag names they became (RENAMED)."""
+    old = {RENAMED.get(k, k): v for k, v in old.items()}
     keys = [k for k in new if k != "version"] + [k for k in old if k not in new and k != "version"]
     return [f"{k}: was {old.get(k)!r}, now {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 

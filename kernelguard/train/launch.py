@@ -26,7 +26,16 @@ from typing import Any
 
 from kernelguard.errors import ConfigError
 
-from .config import LaunchOptions
+from .config_cli import LaunchOptions
+
+__all__ = [
+    "LAUNCH_DIR_ENV",
+    "launch",
+    "launched_by_kernelguard",
+    "torchrun_argv",
+    "write_rank_error",
+    "write_torchelastic_error",
+]
 
 LAUNCH_DIR_ENV = "KERNELGUARD_LAUNCH_DIR"  # set for the ranks: where each writes its error record
 _QUIET_LOGGERS = ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher")

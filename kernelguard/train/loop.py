@@ -19,22 +19,22 @@ import torch
 import torch.distributed as dist
 
 from kernelguard.errors import CheckpointError
+from kernelguard.gate import check_stack, run_gate
 from kernelguard.policy import AllowPolicy
 
 from . import checkpoint as ckpt
 from .build import BuiltModel, build_model, prepare_training
-from .config import TrainConfig
+from .config import TrainConfig, config_dict
 from .data import chat_template_name, load_examples, load_tokenizer, pad_token_id, template_choice
 from .evaluate import evaluate, pack_eval_blocks
 from .export import export_run
-from .gate import GuardRefused, check_stack, run_gate
 from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_flops
 from .packing import build_packed_block, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, claim_output, preflight
 from .step import Plan, StepResult, TrainState, dropped_blocks_note, make_plan, optimizer_step, step_block_ids
 
-__all__ = ["GuardRefused", "run"]  # GuardRefused: what __main__ maps to exit 3
+__all__ = ["run"]
 
 
 def log(info: DistInfo, message: str) -> None:
@@ -57,14 +57,14 @@ class TrainData:
 def run(cfg: TrainConfig, info: DistInfo) -> int:
     """The whole run. Refusals (GuardRefused: exit 3; ConfigError/DataError: exit 2) leave the output folder
     as it was."""
-    torch.manual_seed(cfg.seed)
-    policy = AllowPolicy.parse(cfg.allow, source="--allow")
+    torch.manual_seed(cfg.training.seed)
+    policy = AllowPolicy.parse(cfg.runtime.allow, source="--allow")
     start = on_main(info, lambda: preflight(cfg, world_size=info.world_size))
     for warning in start.warnings:
         log(info, warning)
-    stack_refusal = check_stack(model_ref=str(cfg.model), policy=policy, device=info.device)
-    built = build_model(cfg, info)
-    report = run_gate(built.model, policy=policy, stack_refusal=stack_refusal)
+    stack = check_stack(str(cfg.model.model), allow=policy, packed=True, device=info.device)
+    built = build_model(model=cfg.model, runtime=cfg.runtime, info=info)
+    report = run_gate(built.model, policy=policy, packed=True, stack=stack)
     try:
         # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.
         log(info, f"guard passed; attention={built.attention}\n{report.render()}")
@@ -85,34 +85,38 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
 # ------------------------------------------------------------------------------------------------- data ---
 def load_training_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     """Tokenize, pack best-fit-decreasing into blocks and plan which blocks each step of each rank trains on."""
-    assert cfg.tokenizer is not None
-    tokenizer = load_tokenizer(cfg.tokenizer, chat_template=cfg.chat_template)
+    assert cfg.model.tokenizer is not None
+    tokenizer = load_tokenizer(cfg.model.tokenizer, chat_template=cfg.model.chat_template)
     log(info, f"chat template: {chat_template_name(tokenizer)} ({template_choice(tokenizer).reason})")
     examples, dstats = read_examples(cfg, tokenizer, take="train")
     log(info, f"data: {dstats.render()}")
     lengths = examples.lengths()
-    blocks = pack_best_fit_decreasing(lengths, cfg.block_size, seed=cfg.seed)
+    blocks = pack_best_fit_decreasing(lengths, cfg.packing.max_length, seed=cfg.training.seed)
     pstats = packing_stats(
-        blocks, lengths, cfg.block_size, truncated=dstats.truncated, dropped=dstats.dropped_overlong
+        blocks, lengths, cfg.packing.max_length, truncated=dstats.truncated, dropped=dstats.dropped_overlong
     )
     log(info, pstats.render())
     plan = make_plan(
         blocks,
         world_size=info.world_size,
-        grad_accum=cfg.grad_accum,
-        epochs=cfg.epochs,
-        max_steps=cfg.max_steps,
-        schedule_steps=cfg.schedule_steps,
-        block_size=cfg.block_size,
-        data=cfg.data,
+        grad_accum=cfg.training.gradient_accumulation_steps,
+        epochs=cfg.training.num_train_epochs,
+        max_steps=cfg.training.max_steps,
+        schedule_steps=cfg.training.schedule_steps,
+        block_size=cfg.packing.max_length,
+        data=cfg.data.data,
     )
-    note = dropped_blocks_note(plan, world_size=info.world_size, grad_accum=cfg.grad_accum)
+    note = dropped_blocks_note(
+        plan, world_size=info.world_size, grad_accum=cfg.training.gradient_accumulation_steps
+    )
     if note:
         log(info, note)
     data = TrainData(tokenizer, examples, lengths, plan, pad_token_id(tokenizer))
-    if cfg.eval_data or cfg.eval_fraction:
+    if cfg.evaluation.eval_data or cfg.evaluation.eval_fraction:
         data.eval_examples, estats = read_examples(cfg, tokenizer, take="eval")
-        data.eval_blocks = pack_eval_blocks(data.eval_examples, cfg.block_size, seed=cfg.seed)
+        data.eval_blocks = pack_eval_blocks(
+            data.eval_examples, cfg.packing.max_length, seed=cfg.training.seed
+        )
         log(info, f"eval data: {estats.render()}; {len(data.eval_blocks)} blocks")
     return data
 
@@ -120,21 +124,21 @@ def load_training_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
 def read_examples(cfg: TrainConfig, tokenizer: Any, *, take: str) -> tuple[Any, Any]:
     """The examples of one split: ``train`` (minus a held-out ``--eval-fraction``), ``eval`` (that fraction)
     or, for ``--eval-data``, every row of that file."""
-    data, fraction = cfg.data, cfg.eval_fraction
-    if take == "eval" and cfg.eval_data:
-        data, fraction, take = cfg.eval_data, 0.0, "all"
+    data, fraction = cfg.data.data, cfg.evaluation.eval_fraction
+    if take == "eval" and cfg.evaluation.eval_data:
+        data, fraction, take = cfg.evaluation.eval_data, 0.0, "all"
     return load_examples(
         data=data,
         tokenizer=tokenizer,
-        block_size=cfg.block_size,
-        column=cfg.messages_column,
-        split=cfg.split,
-        overlong=cfg.overlong,
-        skip_bad_rows=cfg.skip_bad_rows,
-        assistant_only=cfg.assistant_only_loss,
-        dataset_format=cfg.dataset_format,
+        block_size=cfg.packing.max_length,
+        column=cfg.data.messages_column,
+        split=cfg.data.split,
+        overlong=cfg.packing.overlong,
+        skip_bad_rows=cfg.data.skip_bad_rows,
+        assistant_only=cfg.data.assistant_only_loss,
+        dataset_format=cfg.data.dataset_format,
         eval_fraction=fraction,
-        seed=cfg.seed,
+        seed=cfg.training.seed,
         take=take,
     )
 
@@ -143,10 +147,15 @@ def step_batches(cfg: TrainConfig, info: DistInfo, data: TrainData, step: int) -
     """This rank's packed blocks for 0-based ``step`` and the lengths of the examples in them."""
     plan = data.plan
     ids = step_block_ids(
-        plan, step, rank=info.rank, world_size=info.world_size, seed=cfg.seed, grad_accum=cfg.grad_accum
+        plan,
+        step,
+        rank=info.rank,
+        world_size=info.world_size,
+        seed=cfg.training.seed,
+        grad_accum=cfg.training.gradient_accumulation_steps,
     )
     micro = [
-        build_packed_block([data.examples[i] for i in plan.blocks[b]], cfg.block_size, data.pad_id)
+        build_packed_block([data.examples[i] for i in plan.blocks[b]], cfg.packing.max_length, data.pad_id)
         for b in ids
     ]
     return micro, [data.lengths[i] for b in ids for i in plan.blocks[b]]
@@ -161,7 +170,7 @@ def check_resume_plan(cfg: TrainConfig, start: StartPlan, plan: Plan) -> dict[st
     saved = ckpt.read_trainer_state(start.resume_from)
     now = {"num_blocks": len(plan.blocks), "schedule_steps": plan.schedule_steps}
     diffs = [f"{k}: was {saved[k]!r}, now {v!r}" for k, v in now.items() if k in saved and saved[k] != v]
-    if diffs and not cfg.resume_anyway:
+    if diffs and not cfg.checkpoint.resume_anyway:
         raise CheckpointError(
             f"--resume: {start.resume_from} was trained on another plan; what differs:\n  "
             + "\n  ".join(diffs),
@@ -175,17 +184,20 @@ def claim(cfg: TrainConfig, info: DistInfo, start: StartPlan) -> None:
     """Create the output folder and write this run's identity (after --overwrite removed the old run)."""
     removed = on_main(info, lambda: claim_output(cfg, start))
     if removed:
-        log(info, f"--overwrite: removed the previous run's {', '.join(removed)} from {cfg.output}")
+        log(
+            info,
+            f"--overwrite: removed the previous run's {', '.join(removed)} from {cfg.checkpoint.output_dir}",
+        )
 
 
 def resume(
     cfg: TrainConfig, info: DistInfo, state: TrainState, start: StartPlan, saved: dict[str, Any] | None
 ) -> int:
     """Restore the verified checkpoint preflight chose when ``--resume``; return the step to start from."""
-    if not cfg.resume:
+    if not cfg.checkpoint.resume:
         return 0
     if start.resume_from is None or saved is None:
-        log(info, f"--resume: no complete checkpoint in {cfg.output}; starting from step 0")
+        log(info, f"--resume: no complete checkpoint in {cfg.checkpoint.output_dir}; starting from step 0")
         return 0
     ckpt.load_checkpoint(start.resume_from, model=state.model, optimizer=state.optimizer)
     state.scheduler.load_state_dict(saved["scheduler"])
@@ -208,23 +220,27 @@ def train(
 ) -> None:
     """Steps ``start`` .. ``plan.stop_step``: a metrics record per step, eval and checkpoints when due."""
     plan = data.plan
-    peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops(info.device)
+    peak = cfg.runtime.peak_tflops * 1e12 if cfg.runtime.peak_tflops else peak_flops(info.device)
     try:
         for step in range(start, plan.stop_step):
             micro, seq_lens = step_batches(cfg, info, data, step)
             result, seconds = timed_step(state, micro)
             out.write(step_record(cfg, info, step + 1, result, seconds, seq_lens, built.config, peak))
             done = step + 1
-            if data.eval_examples is not None and _due(cfg.eval_every, done, plan.stop_step):
+            if data.eval_examples is not None and _due(cfg.evaluation.eval_every, done, plan.stop_step):
                 loss, tokens = evaluate(
-                    state, data.eval_examples, data.eval_blocks, block_size=cfg.block_size, pad_id=data.pad_id
+                    state,
+                    data.eval_examples,
+                    data.eval_blocks,
+                    block_size=cfg.packing.max_length,
+                    pad_id=data.pad_id,
                 )
                 out.write({"step": done, "eval_loss": loss, "eval_tokens": tokens})
-            if _due(cfg.save_every, done, plan.stop_step):
+            if _due(cfg.checkpoint.save_steps, done, plan.stop_step):
                 save(cfg, info, state, done, plan, identity)
     finally:
         if info.is_main:
-            ckpt.remove_incomplete(cfg.output)
+            ckpt.remove_incomplete(cfg.checkpoint.output_dir)
 
 
 def _due(every: int, done: int, stop: int) -> bool:
@@ -239,7 +255,14 @@ class Reporter:
 
     def __init__(self, cfg: TrainConfig, info: DistInfo, *, start: int, total: int) -> None:
         opened: list[MetricsLog] = []
-        on_main(info, lambda: opened.append(open_metrics(cfg, resume_step=start)))
+        run_config = config_dict(cfg)
+        output, report_to = cfg.checkpoint.output_dir, cfg.metrics.report_to
+        on_main(
+            info,
+            lambda: opened.append(
+                open_metrics(output, report_to=report_to, run_config=run_config, resume_step=start)
+            ),
+        )
         self.metrics = opened[0] if opened else None
         self.bar = progress_bar(cfg, info, total=total, initial=start)
         self.postfix: dict[str, str] = {}
@@ -270,7 +293,7 @@ class Reporter:
 
 
 def progress_bar(cfg: TrainConfig, info: DistInfo, *, total: int, initial: int) -> Any:
-    if not (info.is_main and cfg.progress):
+    if not (info.is_main and cfg.metrics.progress):
         return None
     try:
         from tqdm import tqdm
@@ -308,7 +331,7 @@ def step_record(
     )
     dist.all_reduce(totals)
     real_tokens, flops = float(totals[0]), float(totals[1])
-    capacity = info.world_size * cfg.grad_accum * cfg.block_size
+    capacity = info.world_size * cfg.training.gradient_accumulation_steps * cfg.packing.max_length
     return {
         "step": step,
         "loss": result.loss,
@@ -339,41 +362,44 @@ def save(
         "data": {
             "epoch": epoch,
             "step_in_epoch": within,
-            "blocks_per_rank_consumed": within * cfg.grad_accum,
+            "blocks_per_rank_consumed": within * cfg.training.gradient_accumulation_steps,
         },
         "world_size": info.world_size,
-        "seed": cfg.seed,
+        "seed": cfg.training.seed,
         "num_blocks": len(plan.blocks),
         "schedule_steps": plan.schedule_steps,
         "identity": identity,
     }
     ckpt.save_checkpoint(
-        cfg.output,
+        cfg.checkpoint.output_dir,
         step=step,
         model=state.model,
         optimizer=state.optimizer,
         trainer_state=trainer_state,
         is_main=info.is_main,
-        keep=cfg.save_total_limit,
+        keep=cfg.checkpoint.save_total_limit,
     )
 
 
 # ----------------------------------------------------------------------------------------------- finish ---
 def finish(cfg: TrainConfig, info: DistInfo, state: TrainState, built: BuiltModel, data: TrainData) -> None:
     """Export ``final/`` (safetensors + config + tokenizer) and plot the metrics."""
-    if cfg.export:
+    if cfg.checkpoint.export:
         export_run(
-            cfg.output,
+            cfg.checkpoint.output_dir,
             model=state.model,
             built=built,
             tokenizer=data.tokenizer,
-            dtype=DTYPES[cfg.param_dtype],
+            dtype=DTYPES[cfg.runtime.param_dtype],
             info=info,
-            max_shard_size=cfg.max_shard_size,
+            max_shard_size=cfg.checkpoint.max_shard_size,
+            source=cfg.model.model,
         )
-    if info.is_main and cfg.plot and (cfg.output / "metrics.jsonl").exists():
+    if info.is_main and cfg.metrics.plot and (cfg.checkpoint.output_dir / "metrics.jsonl").exists():
         try:
-            plot_metrics(cfg.output / "metrics.jsonl", cfg.output / "metrics.png")
+            plot_metrics(
+                cfg.checkpoint.output_dir / "metrics.jsonl", cfg.checkpoint.output_dir / "metrics.png"
+            )
         except ImportError:
             log(info, "matplotlib is not installed: no metrics.png (pip install 'kernelguard[train]')")
-    log(info, f"done: {data.plan.stop_step} steps; output in {cfg.output}")
+    log(info, f"done: {data.plan.stop_step} steps; output in {cfg.checkpoint.output_dir}")

@@ -43,7 +43,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from kernelguard.catalog import is_decode_only
 from kernelguard.errors import ConfigError
+from kernelguard.geometry import text_config
 
 GIB = 2**30
 HEADROOM = 0.92  # share of the card torch may allocate before "does not fit"
@@ -134,14 +136,14 @@ def estimate(
 ) -> MemoryEstimate:
     """Estimate per-rank memory for ``cfg`` (a :class:`kernelguard.train.config.TrainConfig`).
 
-    ``world_size``: default ``cfg.world_size`` if set, else ``$WORLD_SIZE``, else 1. ``gpu_bytes``: default the
+    ``world_size``: default ``$WORLD_SIZE``, else 1. ``gpu_bytes``: default the
     visible GPU's memory; with no GPU the verdict is given for 80 GB and 141 GB cards. With
     ``activation_checkpointing=None`` (auto) the estimate is for the setting :func:`choose_checkpointing` picks
     on that GPU, with its reason in the notes; with no GPU, for the setting it picks on the largest of
     ``COMMON_GPUS``, and the notes give its choice on each."""
     estimate_for, gpu, source = _estimator(cfg, world_size=world_size, gpu_bytes=gpu_bytes)
-    if cfg.activation_checkpointing is not None:
-        return estimate_for(bool(cfg.activation_checkpointing))
+    if cfg.runtime.activation_checkpointing is not None:
+        return estimate_for(bool(cfg.runtime.activation_checkpointing))
     if gpu is None:  # the job's GPU decides; shown: what auto picks on the largest common card
         without, with_ac = estimate_for(False), estimate_for(True)
         cards = ", ".join(f"{name}: {'off' if without.fits_on(size) else 'on'}" for name, size in COMMON_GPUS)
@@ -174,7 +176,7 @@ def choose_checkpointing(
     """Off when the run's estimated peak without checkpointing fits ``HEADROOM`` of ``gpu_bytes``, else on.
 
     Checkpointing never changes the results (the forward is recomputed exactly); off is ~25% faster when the
-    activations fit (bench/RESULTS.md). ``cfg.activation_checkpointing`` is not read: this is what auto means."""
+    activations fit (bench/RESULTS.md). ``cfg.runtime.activation_checkpointing`` is not read: this is what auto means."""
     estimate_for, _, _ = _estimator(cfg, world_size=world_size, gpu_bytes=gpu_bytes, gpu_source=gpu_source)
     return _choose(estimate_for, gpu_bytes, gpu_source)
 
@@ -202,20 +204,22 @@ def _estimator(
     """(checkpointing on/off -> the estimate, GPU bytes, where they came from): the model is probed once."""
     from .parallel import model_source
 
-    ranks = _world_size(cfg, world_size)
-    hf_config, _ = model_source(str(cfg.model))
-    probe = measure_activations(hf_config, tokens=int(cfg.block_size), param_dtype=cfg.param_dtype)
+    ranks = _world_size(world_size)
+    hf_config, _ = model_source(str(cfg.model.model))
+    probe = measure_activations(
+        hf_config, tokens=int(cfg.packing.max_length), param_dtype=cfg.runtime.param_dtype
+    )
     gpu, source = (gpu_bytes, gpu_source) if gpu_bytes else _visible_gpu()
 
     def estimate_for(activation_checkpointing: bool) -> MemoryEstimate:
         return combine(
             probe,
             world_size=ranks,
-            block_size=int(cfg.block_size),
+            block_size=int(cfg.packing.max_length),
             activation_checkpointing=activation_checkpointing,
-            loss=str(cfg.loss),
-            param_dtype=str(cfg.param_dtype),
-            grad_accum=int(cfg.grad_accum),
+            loss=str(cfg.runtime.loss),
+            param_dtype=str(cfg.runtime.param_dtype),
+            grad_accum=int(cfg.training.gradient_accumulation_steps),
             gpu_bytes=gpu,
             gpu_source=source,
         )
@@ -223,8 +227,8 @@ def _estimator(
     return estimate_for, gpu, source
 
 
-def _world_size(cfg: Any, given: int | None) -> int:
-    raw = given or getattr(cfg, "world_size", None) or os.environ.get("WORLD_SIZE") or 1
+def _world_size(given: int | None) -> int:
+    raw = given or os.environ.get("WORLD_SIZE") or 1
     try:
         value = int(raw)
     except (TypeError, ValueError):
@@ -286,7 +290,7 @@ def measure_activations(hf_config: Any, *, tokens: int, param_dtype: str = "bf16
         model.to(dtype)
         with _kernel_stand_ins(model) as notes:
             per_layer, root = _saved_by_layer(model, layers, tokens)
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    text = text_config(hf_config)
     return ActivationProbe(
         tokens=tokens,
         hidden_size=int(text.hidden_size),
@@ -450,20 +454,17 @@ def _register_probe_attention() -> None:
 @contextmanager
 def _kernel_stand_ins(model: Any) -> Iterator[list[str]]:
     """Point the modeling module's kernel call sites (from the catalog) at the stand-ins, then restore them."""
-    from kernelguard import discovery
+    from kernelguard.transformers_compat import call_sites
 
     module = sys.modules[type(model).__module__]
     notes: list[str] = []
     saved: dict[str, Any] = {}
-    for family in discovery.families().values():
-        if not family.source.endswith(f"{module.__name__.rsplit('.', 1)[-1]}.py"):
-            continue
-        for req in family.kernels:
-            if req.kernel in _STAND_INS and hasattr(module, req.call_site):
-                saved.setdefault(req.call_site, getattr(module, req.call_site))
-                setattr(module, req.call_site, _STAND_INS[req.kernel])
-            elif not req.kernel.startswith("fused_recurrent") and not req.kernel.endswith("_update"):
-                notes.append(f"{req.kernel}: no stand-in; measured with transformers' torch reference (high)")
+    for req in call_sites(module):
+        if req.kernel in _STAND_INS and hasattr(module, req.call_site):
+            saved.setdefault(req.call_site, getattr(module, req.call_site))
+            setattr(module, req.call_site, _STAND_INS[req.kernel])
+        elif not is_decode_only(req.kernel):
+            notes.append(f"{req.kernel}: no stand-in; measured with transformers' torch reference (high)")
     try:
         yield notes
     finally:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
+from kernelguard.geometry import GdnDims, attention_dims, field, gdn_dims, layer_types, text_config
 
 GDN_CHUNK = 64
 
@@ -45,88 +46,57 @@ _PEAKS: tuple[tuple[str, float], ...] = (
 )
 
 
-def _text_config(config: Any) -> Any:
-    get = getattr(config, "get_text_config", None)
-    return get() if callable(get) else config
-
-
-def _get(cfg: Any, name: str, default: Any = None) -> Any:
-    value = getattr(cfg, name, None)
-    return default if value is None else value
-
-
-def _layer_types(cfg: Any) -> list[str]:
-    types = _get(cfg, "layer_types")
-    if types:
-        return list(types)
-    return ["full_attention"] * int(_get(cfg, "num_hidden_layers", 0))
-
-
 def _mlp_params(cfg: Any) -> int:
     h = int(cfg.hidden_size)
-    experts = _get(cfg, "num_experts", 0) or 0
+    experts = field(cfg, "num_experts", 0) or 0
     if experts:
-        top_k = int(_get(cfg, "num_experts_per_tok", 1))
-        moe_i = int(_get(cfg, "moe_intermediate_size", cfg.intermediate_size))
-        shared_i = int(_get(cfg, "shared_expert_intermediate_size", 0) or 0)
+        top_k = int(field(cfg, "num_experts_per_tok", 1))
+        moe_i = int(field(cfg, "moe_intermediate_size", cfg.intermediate_size))
+        shared_i = int(field(cfg, "shared_expert_intermediate_size", 0) or 0)
         shared = 3 * h * shared_i + (h if shared_i else 0)  # shared expert + its sigmoid gate
         return top_k * 3 * h * moe_i + shared + h * int(experts)
     return 3 * h * int(cfg.intermediate_size)
 
 
-def _attention_dims(cfg: Any) -> tuple[int, int, int]:
-    heads = int(cfg.num_attention_heads)
-    head_dim = int(_get(cfg, "head_dim", cfg.hidden_size // heads))
-    kv_heads = int(_get(cfg, "num_key_value_heads", heads))
-    return heads, kv_heads, head_dim
-
-
 def _attention_params(cfg: Any) -> int:
     h = int(cfg.hidden_size)
-    heads, kv_heads, head_dim = _attention_dims(cfg)
-    gate = 2 if _get(cfg, "attn_output_gate", True) and "qwen3" in str(_get(cfg, "model_type", "")) else 1
+    dims = attention_dims(cfg)
+    heads, kv_heads, head_dim = dims.heads, dims.kv_heads, dims.head_dim
+    gate = 2 if field(cfg, "attn_output_gate", True) and "qwen3" in str(field(cfg, "model_type", "")) else 1
     return h * heads * head_dim * gate + 2 * h * kv_heads * head_dim + heads * head_dim * h
 
 
-def _gdn_dims(cfg: Any) -> tuple[int, int, int, int]:
-    hk = int(_get(cfg, "linear_num_key_heads", 0))
-    hv = int(_get(cfg, "linear_num_value_heads", hk))
-    dk = int(_get(cfg, "linear_key_head_dim", 0))
-    dv = int(_get(cfg, "linear_value_head_dim", dk))
-    return hk, hv, dk, dv
-
-
-def _gdn_params(cfg: Any) -> int:
+def _gdn_params(cfg: Any, gdn: GdnDims) -> int:
     h = int(cfg.hidden_size)
-    hk, hv, dk, dv = _gdn_dims(cfg)
-    key_dim, value_dim = hk * dk, hv * dv
-    return h * (2 * key_dim + value_dim) + h * value_dim + 2 * h * hv + value_dim * h
+    key_dim, value_dim = gdn.num_k_heads * gdn.key_dim, gdn.num_v_heads * gdn.value_dim
+    return h * (2 * key_dim + value_dim) + h * value_dim + 2 * h * gdn.num_v_heads + value_dim * h
 
 
-def _gdn_token_flops(cfg: Any) -> float:
-    hk, hv, dk, dv = _gdn_dims(cfg)
-    conv = 2 * (2 * hk * dk + hv * dv) * int(_get(cfg, "linear_conv_kernel_dim", 4))
-    return float(conv + hv * (4 * dk * dv + 2 * GDN_CHUNK * (dk + dv)))
+def _gdn_token_flops(gdn: GdnDims) -> float:
+    dk, dv = gdn.key_dim, gdn.value_dim
+    return float(2 * gdn.conv_dim * gdn.conv_kernel + gdn.num_v_heads * (4 * dk * dv + 2 * GDN_CHUNK * (dk + dv)))
 
 
 def forward_flops_per_token(config: Any) -> float:
     """Matmul + conv + GDN FLOPs of one token's forward (everything except the L^2 attention term)."""
-    cfg = _text_config(config)
-    types = _layer_types(cfg)
+    cfg = text_config(config)
+    types = layer_types(cfg)
     n_full = sum(1 for t in types if t == "full_attention")
     n_linear = sum(1 for t in types if t == "linear_attention")
-    matmul = len(types) * _mlp_params(cfg) + n_full * _attention_params(cfg) + n_linear * _gdn_params(cfg)
+    gdn = gdn_dims(cfg)  # None: no GDN fields, so linear layers add nothing
+    matmul = len(types) * _mlp_params(cfg) + n_full * _attention_params(cfg)
+    matmul += n_linear * _gdn_params(cfg, gdn) if gdn else 0
     matmul += int(cfg.hidden_size) * int(cfg.vocab_size)
-    return 2.0 * matmul + n_linear * _gdn_token_flops(cfg)
+    return 2.0 * matmul + (n_linear * _gdn_token_flops(gdn) if gdn else 0.0)
 
 
 def step_flops(config: Any, seq_lens: Sequence[int]) -> float:
     """3 x forward FLOPs of one step whose real examples have lengths ``seq_lens`` (see module docstring)."""
-    cfg = _text_config(config)
-    heads, _, head_dim = _attention_dims(cfg)
-    n_full = sum(1 for t in _layer_types(cfg) if t == "full_attention")
+    cfg = text_config(config)
+    dims = attention_dims(cfg)
+    n_full = sum(1 for t in layer_types(cfg) if t == "full_attention")
     tokens = float(sum(seq_lens))
-    attention = n_full * sum(2.0 * 2.0 * float(n) ** 2 * heads * head_dim / 2.0 for n in seq_lens)
+    attention = n_full * sum(2.0 * 2.0 * float(n) ** 2 * dims.heads * dims.head_dim / 2.0 for n in seq_lens)
     return 3.0 * (tokens * forward_flops_per_token(cfg) + attention)
 
 
@@ -309,15 +279,12 @@ class MetricsLog:
         self._trackers = {}
 
 
-def open_metrics(cfg: Any, *, resume_step: int | None) -> MetricsLog:
-    """``OUTPUT/metrics.jsonl`` plus cfg.report_to's trackers, each given the run's resolved configuration."""
-    from .config import config_dict
-
+def open_metrics(
+    output_dir: Path, *, report_to: Sequence[str], run_config: dict[str, Any], resume_step: int | None
+) -> MetricsLog:
+    """``OUTPUT/metrics.jsonl`` plus the --report-to trackers, each given the run's resolved configuration."""
     return MetricsLog(
-        cfg.output / "metrics.jsonl",
-        resume_step=resume_step,
-        report_to=cfg.report_to,
-        run_config=config_dict(cfg),
+        output_dir / "metrics.jsonl", resume_step=resume_step, report_to=report_to, run_config=run_config
     )
 
 

@@ -19,11 +19,26 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import CheckpointError, ConfigError
+from kernelguard.geometry import estimated_params
 
 from . import checkpoint as ckpt
 from .config import CONFIG_FILENAME, TrainConfig, save_config
 from .identity import RUN_FILE, differences, read_identity, run_identity, write_identity
 from .parallel import model_source
+
+__all__ = [
+    "RUN_ARTIFACTS",
+    "StartPlan",
+    "check_flags",
+    "check_inputs",
+    "check_output",
+    "checkpoint_bytes_estimate",
+    "claim_output",
+    "plan_resume",
+    "preflight",
+    "refuse_existing_run",
+    "run_artifacts",
+]
 
 # What a run writes into its output folder; --overwrite removes exactly these.
 RUN_ARTIFACTS = (
@@ -54,41 +69,41 @@ def preflight(cfg: TrainConfig, *, world_size: int) -> StartPlan:
     """Every check that needs no model, no tokenizer load and no data parse. Raises ConfigError/DataError."""
     check_flags(cfg)
     check_inputs(cfg)
-    config, weights = model_source(cfg.model)
-    check_output(cfg.output, need_bytes=checkpoint_bytes_estimate(config, weights))
+    config, weights = model_source(cfg.model.model)
+    check_output(cfg.checkpoint.output_dir, need_bytes=checkpoint_bytes_estimate(config, weights))
     identity = run_identity(cfg, world_size=world_size, model_config=config)
-    if not cfg.resume:
+    if not cfg.checkpoint.resume:
         refuse_existing_run(cfg)
         return StartPlan(identity)
     return plan_resume(cfg, identity)
 
 
 def check_flags(cfg: TrainConfig) -> None:
-    if cfg.eval_every and not (cfg.eval_data or cfg.eval_fraction):
+    if cfg.evaluation.eval_every and not (cfg.evaluation.eval_data or cfg.evaluation.eval_fraction):
         raise ConfigError(
-            f"--eval-every {cfg.eval_every} needs an eval set.",
+            f"--eval-every {cfg.evaluation.eval_every} needs an eval set.",
             fix="add --eval-data FILE or --eval-fraction 0.05, or drop --eval-every",
         )
 
 
 def check_inputs(cfg: TrainConfig) -> None:
     """Tokenizer folder, chat template file, training and eval data exist (no downloads are made)."""
-    from .data import resolve_files
+    from .sources import resolve_files
 
-    tokenizer = Path(str(cfg.tokenizer))
+    tokenizer = Path(str(cfg.model.tokenizer))
     if not tokenizer.is_dir():
         what = "is a file" if tokenizer.is_file() else "does not exist"
         raise ConfigError(
             f"tokenizer {tokenizer} {what}; expected a local tokenizer folder.",
             fix="pass --tokenizer DIR (needed when --model is a config.json)",
         )
-    template = cfg.chat_template
+    template = cfg.model.chat_template
     if template and (template.endswith(".jinja") or os.sep in template) and not Path(template).is_file():
         raise ConfigError(f"chat template file {template} does not exist.", fix="check --chat-template")
-    resolve_files(cfg.data)  # ConfigError for a missing local path; None for a dataset name
-    if cfg.eval_data:
+    resolve_files(cfg.data.data)  # ConfigError for a missing local path; None for a dataset name
+    if cfg.evaluation.eval_data:
         try:
-            resolve_files(cfg.eval_data)
+            resolve_files(cfg.evaluation.eval_data)
         except ConfigError as e:
             raise ConfigError(f"--eval-data: {e.message}", fix="check --eval-data") from e
 
@@ -131,24 +146,24 @@ def run_artifacts(output: Path) -> list[str]:
 
 
 def refuse_existing_run(cfg: TrainConfig) -> None:
-    found = run_artifacts(cfg.output)
-    if found and not cfg.overwrite:
+    found = run_artifacts(cfg.checkpoint.output_dir)
+    if found and not cfg.checkpoint.overwrite:
         raise CheckpointError(
-            f"--output-dir {cfg.output} already holds a run ({', '.join(found)}).",
+            f"--output-dir {cfg.checkpoint.output_dir} already holds a run ({', '.join(found)}).",
             fix="--resume to continue it, --overwrite to delete it and start again, or another --output-dir",
         )
 
 
 def plan_resume(cfg: TrainConfig, identity: dict[str, Any]) -> StartPlan:
     """The newest verified checkpoint, refused when its run identity differs (unless --resume-anyway)."""
-    path, problems = ckpt.find_resumable(cfg.output)
+    path, problems = ckpt.find_resumable(cfg.checkpoint.output_dir)
     warnings = list(problems)
     if problems and path is not None:
         warnings.append(f"falling back to {path.name}, the newest checkpoint that verifies")
-    reference, source = _reference_identity(cfg.output, path)
+    reference, source = _reference_identity(cfg.checkpoint.output_dir, path)
     if reference is not None:
         diffs = differences(reference, identity)
-        if diffs and not cfg.resume_anyway:
+        if diffs and not cfg.checkpoint.resume_anyway:
             raise CheckpointError(
                 f"--resume: {source} belongs to a different run; what differs:\n  " + "\n  ".join(diffs),
                 fix="resume with the original inputs and settings; or --resume-anyway to continue from it "
@@ -176,20 +191,20 @@ def claim_output(cfg: TrainConfig, plan: StartPlan) -> list[str]:
     (``train_config.json``) are written."""
     removed = []
     try:
-        for name in run_artifacts(cfg.output) if cfg.overwrite else []:
-            target = cfg.output / name
+        for name in run_artifacts(cfg.checkpoint.output_dir) if cfg.checkpoint.overwrite else []:
+            target = cfg.checkpoint.output_dir / name
             if target.is_dir():
                 shutil.rmtree(target)
             else:
                 target.unlink()
             removed.append(name)
-        cfg.output.mkdir(parents=True, exist_ok=True)
-        ckpt.remove_incomplete(cfg.output)
-        write_identity(cfg.output, plan.identity)
-        save_config(cfg, cfg.output)  # a --config file that repeats this run
+        cfg.checkpoint.output_dir.mkdir(parents=True, exist_ok=True)
+        ckpt.remove_incomplete(cfg.checkpoint.output_dir)
+        write_identity(cfg.checkpoint.output_dir, plan.identity)
+        save_config(cfg, cfg.checkpoint.output_dir)  # a --config file that repeats this run
     except OSError as e:
         raise ConfigError(
-            f"--output-dir {cfg.output}: {e.filename or cfg.output} cannot be written ({e.strerror or e}).",
+            f"--output-dir {cfg.checkpoint.output_dir}: {e.filename or cfg.checkpoint.output_dir} cannot be written ({e.strerror or e}).",
             fix="choose a folder you own, or fix its permissions",
         ) from e
     return removed
@@ -199,7 +214,7 @@ def claim_output(cfg: TrainConfig, plan: StartPlan) -> list[str]:
 def checkpoint_bytes_estimate(config: Any, weights: Path | None) -> int:
     """Bytes of one checkpoint: parameters (from the weight files' headers, else the config) x 12."""
     params = _params_from_weights(weights) if weights is not None else None
-    return CHECKPOINT_BYTES_PER_PARAM * (params or _params_from_config(config))
+    return CHECKPOINT_BYTES_PER_PARAM * (params or estimated_params(config))
 
 
 def _params_from_weights(folder: Path) -> int | None:
@@ -234,19 +249,3 @@ def _safetensors_params(path: Path) -> int | None:
                 n *= int(dim)
             total += n
     return total
-
-
-def _params_from_config(config: Any) -> int:
-    """A lower-bound estimate: embeddings (and an untied head), MLP (all experts), 4 x hidden^2 mixing."""
-    get = getattr(config, "get_text_config", None)
-    text = get() if callable(get) else config
-    hidden, vocab = int(text.hidden_size), int(text.vocab_size)
-    layers = int(getattr(text, "num_hidden_layers", 0) or 0)
-    experts = int(getattr(text, "num_experts", 0) or 0)
-    if experts:
-        mlp_width = experts * int(getattr(text, "moe_intermediate_size", 0) or 0)
-        mlp_width += int(getattr(text, "shared_expert_intermediate_size", 0) or 0)
-    else:
-        mlp_width = int(getattr(text, "intermediate_size", 0) or 0)
-    heads = 1 if getattr(text, "tie_word_embeddings", False) else 2
-    return heads * vocab * hidden + layers * (3 * hidden * mlp_width + 4 * hidden * hidden)

@@ -1,0 +1,284 @@
+"""Try every kind of bad input a new user brings, through the real entry points, and classify what happens.
+
+Each case runs in a fresh subprocess (``kernelguard check``, ``kernelguard train``, or a short Python snippet
+calling the public API) and is classified:
+
+  clear      non-zero exit (or the expected warn-and-continue), no Python traceback, and a message that says
+             what is wrong (an ``error:`` line, or the error class name with its sentence)
+  traceback  a Python traceback reached the user
+  silent     exit 0 where a refusal was expected (or no message where one was expected)
+  unclear    refused without a traceback, but without a line that says what is wrong
+
+Prints one JSON object with the counts and one row per case; ``--out FILE`` also writes it. Training cases use
+the CPU test doubles in tests/fake_providers (so the gate passes and the case reaches its own check) and tiny
+assets from tests/train_helpers.py. Run from the repository root: ``python bench/cpu/bad_inputs_sweep.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import train_helpers as h
+
+
+def run(argv: list[str], *, cwd: Path, fakes: bool = False, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    if fakes:
+        env["PYTHONPATH"] = str(ROOT / "tests" / "fake_providers")
+    return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def classify(proc: subprocess.CompletedProcess[str], expect: str, must_say: str | None) -> str:
+    err = proc.stderr + proc.stdout
+    if "Traceback (most recent call last)" in err:
+        return "traceback"
+    if expect == "refuse" and proc.returncode == 0:
+        return "silent"
+    if expect == "warn" and (proc.returncode != 0):
+        return "unclear"
+    if must_say and must_say not in err:
+        return "silent" if expect == "warn" else "unclear"
+    said = any(("error" in line.lower() or "refus" in line.lower() or "Error:" in line) for line in err.splitlines())
+    return "clear" if said or expect == "warn" else "unclear"
+
+
+# ------------------------------------------------------------------------------------------------ cases ---
+def check_cases(work: Path) -> list[dict[str, Any]]:
+    def cfg(name: str, body: str) -> str:
+        path = work / f"{name}.json"
+        path.write_text(body)
+        return str(path)
+
+    qwen = '"model_type": "qwen3_5_text"'
+    cases = [
+        ("arch typo", ["--arch", "banana"]), ("arch no GPU has", ["--arch", "9.5"]), ("arch absurd", ["--arch", "900"]),
+        ("arch suffix too old", ["--arch", "sm_80a"]), ("allow typo", ["--allow", "fla640"]),
+        ("allow kernel typo", ["--allow", "chunk_gated_delta_rul"]), ("model unknown", ["--model", "qwen9"]),
+        ("model empty", ["--model", ""]), ("model dir without config", ["--model", str(work)]),
+        ("config not json", ["--model", cfg("notjson", "{not json")]),
+        ("config a list", ["--model", cfg("list", "[1, 2]")]),
+        ("config model_type list", ["--model", cfg("mtlist", '{"model_type": ["qwen3_5"]}')]),
+        ("config unrelated model", ["--model", cfg("bert", '{"model_type": "bert"}')]),
+        ("config head dim string", ["--model", cfg("hdstr", "{" + qwen + ', "linear_key_head_dim": "128"}')]),
+        ("config head dim negative", ["--model", cfg("hdneg", "{" + qwen + ', "linear_key_head_dim": -64}')]),
+        ("config heads absurd", ["--model", cfg("heads", "{" + qwen + ', "linear_num_value_heads": 1000000000}')]),
+        ("config text_config string", ["--model", cfg("tc", '{"model_type": "qwen3_5", "text_config": "x"}')]),
+        ("config layer_types string", ["--model", cfg("lt", "{" + qwen + ', "layer_types": "linear"}')]),
+        ("mode typo", ["--mode", "train"]), ("unknown flag", ["--archs", "9.0"]),
+        ("run without GPU", ["--run", "--arch", "9.0"]),
+        ("allow GDN fallback for packed training", ["--allow", "chunk_gated_delta_rule", "--allow", "causal_conv1d_fn",
+                                                   "--allow", "attention"]),
+    ]
+    out = [{"class": "check: flags and model configs", "name": n, "argv": ["-m", "kernelguard", "check", *a],
+            "expect": "refuse"} for n, a in cases]
+    for name, text in (("pyproject bad toml", "[tool.kernelguard\n"), ("pyproject tool not a table", "tool = 5\n"),
+                       ("pyproject section not a table", "[tool]\nkernelguard = 3\n"),
+                       ("pyproject unknown key", "[tool.kernelguard]\narchs = ['9.0']\n"),
+                       ("pyproject arch number", "[tool.kernelguard]\narch = 9.0\n"),
+                       ("pyproject arch no GPU", "[tool.kernelguard]\narch = ['7.7']\n"),
+                       ("pyproject allow typo", "[tool.kernelguard]\nallow = ['atention']\n"),
+                       ("pyproject mode typo", "[tool.kernelguard]\nmode = 'train'\n"),
+                       ("pyproject packed string", "[tool.kernelguard]\npacked = 'yes'\n")):
+        folder = work / name.replace(" ", "_")
+        folder.mkdir()
+        (folder / "pyproject.toml").write_text(text)
+        out.append({"class": "check: [tool.kernelguard]", "name": name, "argv": ["-m", "kernelguard", "check"],
+                    "expect": "refuse", "cwd": folder})
+    return out
+
+
+def api_cases() -> list[dict[str, Any]]:
+    snippets = {
+        "require() twice then check()": "import kernelguard as k\nfor f in (k.require, k.require, k.check):\n"
+        "    f('qwen3_5', packed=False, arch='9.0', allow=['chunk_gated_delta_rule','causal_conv1d_fn'])\n"
+        "raise SystemExit(3)",
+        "check(model=5)": "import kernelguard as k; k.check(5)",
+        "check(mode='train')": "import kernelguard as k; k.check(mode='train')",
+        "check(packed='yes')": "import kernelguard as k; k.check(packed='yes')",
+        "check(arch=object())": "import kernelguard as k; k.check(arch=object())",
+        "check(allow=5)": "import kernelguard as k; k.check(allow=5)",
+        "require(allow typo)": "import kernelguard as k; k.require(allow=['fla640'])",
+        "KERNELGUARD_ALLOW typo": "import os; os.environ['KERNELGUARD_ALLOW']='fla640'\nimport kernelguard as k; k.require()",
+        "KERNELGUARD_ARCH no GPU": "import os; os.environ['KERNELGUARD_ARCH']='9.5'\nimport kernelguard as k; k.require()",
+        "guard('model')": "import kernelguard as k; k.guard('model')",
+        "guard(object())": "import kernelguard as k; k.guard(object())",
+        "guard(nn.Sequential())": "import torch, kernelguard as k; k.guard(torch.nn.Sequential())",
+        "guard(allow typo)": "import torch, kernelguard as k; k.guard(torch.nn.Sequential(), allow=['fla640'])",
+    }
+    cases = []
+    for name, code in snippets.items():
+        # A KernelGuardError escaping a script is the API's way to refuse; wrap it like a job would print it.
+        wrapped = ("import sys\ntry:\n" + "".join(f"    {line}\n" for line in code.splitlines()) +
+                   "except Exception as e:\n    print(f'{type(e).__name__}: {e}', file=sys.stderr)\n"
+                   "    raise SystemExit(2 if type(e).__module__.startswith('kernelguard') else 1)\n")
+        cases.append({"class": "API", "name": name, "argv": ["-c", wrapped], "expect": "refuse",
+                      "must_say": None})
+    # require twice must SUCCEED (exit 3 is the snippet's own "all calls returned" marker)
+    cases[0]["expect"] = "exit3"
+    return cases
+
+
+def train_cases(work: Path) -> list[dict[str, Any]]:
+    tok = h.write_tokenizer(work / "tok")
+    model = h.write_model_config(work / "model")
+    data = h.write_jsonl(work / "data.jsonl", h.copy_task_rows(60))
+    other = h.write_jsonl(work / "other.jsonl", h.copy_task_rows(61))
+    base = ["-m", "kernelguard", "train", "--model", str(model), "--tokenizer", str(tok), "--data", str(data),
+            "--block-size", "256", "--max-steps", "2", "--save-steps", "1", "--no-progress", "--no-plot",
+            "--allow", "attention"]
+    a_file = work / "a_file"
+    a_file.write_text("x")
+    bad_yaml = work / "bad.yaml"
+    bad_yaml.write_text("learning_rate: [1, 2\n")
+    unknown_key = work / "unknown.toml"
+    unknown_key.write_text("learning_rat = 1e-4\n")
+    wrong_type = work / "wrong.yaml"
+    wrong_type.write_text("max_steps: many\n")
+    bad_rows = work / "bad.jsonl"
+    bad_rows.write_text('{"messages": [{"role": "user", "content": 5}]}\n')
+    no_column = work / "nocol.jsonl"
+    no_column.write_text('{"conversation": []}\n')
+
+    def out(name: str) -> str:
+        return str(work / "runs" / name)
+
+    cases = [
+        ("data missing", [*base, "--output-dir", out("a")], {"--data": str(work / "nope.jsonl")}),
+        ("tokenizer missing", [*base, "--output-dir", out("b")], {"--tokenizer": str(work / "nope")}),
+        ("model missing", [*base, "--output-dir", out("c")], {"--model": str(work / "nope")}),
+        ("output is a file", [*base, "--output-dir", str(a_file)], {}),
+        ("block size 0", [*base, "--output-dir", out("d"), "--block-size", "0"], {}),
+        ("negative learning rate", [*base, "--output-dir", out("e"), "--learning-rate", "-1"], {}),
+        ("eval fraction 1.5", [*base, "--output-dir", out("f"), "--eval-fraction", "1.5"], {}),
+        ("eval data and fraction", [*base, "--output-dir", out("g"), "--eval-fraction", "0.1", "--eval-data",
+                                    str(data)], {}),
+        ("report-to unknown", [*base, "--output-dir", out("h"), "--report-to", "mlflow"], {}),
+        ("report-to wandb missing", [*base, "--output-dir", out("i"), "--report-to", "wandb"], {}),
+        ("config file malformed", [*base, "--output-dir", out("j"), "--config", str(bad_yaml)], {}),
+        ("config file unknown key", [*base, "--output-dir", out("k"), "--config", str(unknown_key)], {}),
+        ("config file wrong type", [*base, "--output-dir", out("l"), "--config", str(wrong_type)], {}),
+        ("resume-anyway without resume", [*base, "--output-dir", out("m"), "--resume-anyway"], {}),
+        ("resume and overwrite", [*base, "--output-dir", out("n"), "--resume", "--overwrite"], {}),
+        ("resume with nothing to resume", [*base, "--output-dir", out("o"), "--resume"], {}),
+        ("malformed row", [*base, "--output-dir", out("p")], {"--data": str(bad_rows)}),
+        ("no known column", [*base, "--output-dir", out("q")], {"--data": str(no_column)}),
+        ("dataset format mismatch", [*base, "--output-dir", out("r"), "--dataset-format", "text"], {}),
+        ("chat template file missing", [*base, "--output-dir", out("s"), "--chat-template", str(work / "no.jinja")], {}),
+        ("nproc 0", [*base, "--output-dir", out("t"), "--nproc-per-node", "0"], {}),
+        ("allow typo", [*base, "--output-dir", out("u"), "--allow", "fla640"], {}),
+    ]
+    result = []
+    for name, argv, swap in cases:
+        argv = list(argv)
+        for flag, value in swap.items():
+            argv[argv.index(flag) + 1] = value
+        result.append({"class": "train: flags, files, config", "name": name, "argv": argv, "expect": "refuse",
+                       "fakes": True})
+    # --resume means "resume if there is something to resume" (a preemptible job always passes it, as with
+    # torchtitan): starting from step 0 is right, but it must be said.
+    fresh = next(r for r in result if r["name"] == "resume with nothing to resume")
+    fresh.update(expect="warn", must_say="--resume: no complete checkpoint in")
+    return result + run_cases(work, base, other)
+
+
+def run_cases(work: Path, base: list[str], other: Path) -> list[dict[str, Any]]:
+    """Cases that need a finished run in the folder: they are built lazily by ``prepare`` before they run."""
+    run_dir = str(work / "runs" / "done")
+    return [
+        {"class": "train: runs and checkpoints", "name": "same folder without --resume",
+         "argv": [*base, "--output-dir", run_dir], "expect": "refuse", "fakes": True, "needs_run": run_dir},
+        {"class": "train: runs and checkpoints", "name": "resume with other data",
+         "argv": [*base, "--output-dir", run_dir, "--resume"], "swap": {"--data": str(other)}, "expect": "refuse",
+         "fakes": True, "needs_run": run_dir},
+        {"class": "train: runs and checkpoints", "name": "resume with other block size",
+         "argv": [*base, "--output-dir", run_dir, "--resume", "--block-size", "512"], "expect": "refuse",
+         "fakes": True, "needs_run": run_dir},
+        {"class": "train: runs and checkpoints", "name": "resume, newest checkpoint truncated",
+         "argv": [*base, "--output-dir", run_dir, "--resume", "--max-steps", "3"], "expect": "warn",
+         "fakes": True, "needs_run": run_dir, "corrupt": "truncate-newest"},
+        {"class": "train: runs and checkpoints", "name": "resume, every checkpoint corrupt",
+         "argv": [*base, "--output-dir", run_dir, "--resume", "--max-steps", "4"], "expect": "refuse",
+         "fakes": True, "needs_run": run_dir, "corrupt": "flip-all"},
+    ]
+
+
+def prepare(case: dict[str, Any], base_done: set[str], work: Path) -> None:
+    run_dir = case.get("needs_run")
+    if run_dir and run_dir not in base_done:
+        argv = list(case["argv"])
+        argv = [a for a in argv if a not in ("--resume",)]
+        if "--block-size" in argv:
+            argv[argv.index("--block-size") + 1] = "256"
+        proc = run(argv, cwd=work, fakes=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"could not make the run to resume:\n{proc.stderr[-2000:]}")
+        base_done.add(run_dir)
+    if case.get("swap"):
+        for flag, value in case["swap"].items():
+            case["argv"][case["argv"].index(flag) + 1] = value
+    if case.get("corrupt") and run_dir:
+        shards = sorted(Path(run_dir).rglob("*.distcp")) or sorted(Path(run_dir).rglob("*.pt"))
+        shards = [s for s in shards if "checkpoint" in str(s)]
+        targets = shards[-1:] if case["corrupt"] == "truncate-newest" else shards
+        for shard in targets:
+            data = bytearray(shard.read_bytes())
+            if case["corrupt"] == "truncate-newest":
+                shard.write_bytes(bytes(data[: len(data) // 2]))
+            else:
+                data[len(data) // 2] ^= 0xFF
+                shard.write_bytes(bytes(data))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    args.add_argument("--out")
+    args.add_argument("--only", help="substring of the case classes to run")
+    opts = args.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="kg-sweep-"))
+    cases = check_cases(work) + api_cases() + train_cases(work)
+    if opts.only:
+        cases = [c for c in cases if opts.only in c["class"]]
+    rows, made = [], set()
+    for case in cases:
+        prepare(case, made, work)
+        start = time.perf_counter()
+        proc = run(case["argv"], cwd=case.get("cwd", work), fakes=case.get("fakes", False))
+        expect = case["expect"]
+        if expect == "exit3":
+            verdict = "clear" if proc.returncode == 3 else ("traceback" if "Traceback" in proc.stderr else "unclear")
+        else:
+            verdict = classify(proc, expect, case.get("must_say"))
+        first = next((line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()), "")
+        rows.append({"class": case["class"], "name": case["name"], "exit": proc.returncode, "verdict": verdict,
+                     "first_line": first[:200], "seconds": round(time.perf_counter() - start, 1)})
+        print(f"{verdict:9s} {proc.returncode:3d}  {case['class']}: {case['name']}: {first[:120]}", flush=True)
+    counts = Counter(r["verdict"] for r in rows)
+    by_class: dict[str, Counter[str]] = {}
+    for r in rows:
+        by_class.setdefault(r["class"], Counter())[r["verdict"]] += 1
+    summary = {"cases": len(rows), "counts": dict(counts),
+               "by_class": {k: dict(v) for k, v in by_class.items()}, "rows": rows}
+    print(json.dumps({k: v for k, v in summary.items() if k != "rows"}, indent=1))
+    if opts.out:
+        Path(opts.out).write_text(json.dumps(summary, indent=1))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

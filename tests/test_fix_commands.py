@@ -1,0 +1,139 @@
+"""Every install fix kernelguard can print resolves on PyPI: ``pip install --dry-run`` of each command.
+
+A fix that names no existing release ("kernels>=0.18.2,<0.19.0") or a Triton the installed torch refuses
+("triton>=3.7.1" next to torch 2.11, which requires triton==3.6.0) fails here. torch's pin is modelled as a pip
+constraint (torch itself is not installed: gigabytes), and ``--no-deps`` keeps each resolve to metadata. The
+CUDA extensions (causal-conv1d & co.) are sdists whose metadata needs a build against torch (about a minute
+each): .ci/run resolves causal-conv1d's pinned requirement that way; here only their set is pinned down.
+Skipped when PyPI is unreachable.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from kernelguard.install import PACKAGES, TORCH_TRITON, install_command, upgrade_command
+from kernelguard.known_issues import by_id
+
+pytestmark = pytest.mark.slow
+
+FACTS = {"torch_version": "2.13.0+cu128", "cuda_version": "12.8", "cxx11_abi": True, "archs": ["9.0"]}
+
+
+def _pypi_reachable() -> bool:
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+    except OSError:
+        return False
+    return True
+
+
+needs_pypi = pytest.mark.skipif(not _pypi_reachable(), reason="PyPI is unreachable (offline machine)")
+
+
+def requirements_of(command: str) -> list[str]:
+    """The requirement strings of every `pip install` in a shell line; kernelguard's own extras expanded to
+    what they require (kernelguard is installed from this checkout, not from PyPI)."""
+    found: list[str] = []
+    for part in command.split("&&"):
+        words = [w for w in shlex.split(part) if not (w[:1].isupper() and "=" in w)]  # drop VAR=VALUE
+        assert words[:2] == ["pip", "install"], command
+        for word in words[2:]:
+            if word.startswith("-"):
+                continue
+            requirement = Requirement(word)
+            if requirement.name == "kernelguard":
+                found += _extra(requirement.extras)
+            else:
+                found.append(word)
+    return found
+
+
+def _extra(extras: set[str]) -> list[str]:
+    out = []
+    for line in metadata.requires("kernelguard") or []:
+        requirement = Requirement(line)
+        marker = requirement.marker
+        if marker and any(marker.evaluate({"extra": e}) for e in extras) and requirement.name != "kernelguard":
+            requirement.marker = None
+            out.append(str(requirement))
+    return out
+
+
+def dry_run(requirements: list[str], constraints: list[str], tmp_path: Path) -> str:
+    """'' when pip resolves them (metadata only, nothing installed), else pip's error."""
+    file = tmp_path / "constraints.txt"
+    file.write_text("\n".join(constraints) + "\n")
+    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "-q", "--ignore-installed"]
+    proc = subprocess.run(
+        [*command, "-c", str(file), *requirements], capture_output=True, text=True, timeout=300, check=False
+    )
+    return "" if proc.returncode == 0 else proc.stderr[-2000:]
+
+
+def _fixes() -> list[tuple[str, list[str]]]:
+    """(command, pip constraints from the torch it runs next to) for every fix kernelguard builds."""
+    out: list[tuple[str, list[str]]] = []
+    for package in PACKAGES:
+        for reinstall in (False, True):
+            advice = install_command(package, reinstall=reinstall, **FACTS)  # type: ignore[arg-type]
+            out += [(c, []) for c in advice.commands]
+            if advice.offline_command:
+                out.append((advice.offline_command, []))
+    for window in (("0.16", "0.17"), ("0.18.2", "0.19.0"), None):
+        advice = install_command("kernels", torch_version=None, cuda_version=None, kernels_window=window)
+        out += [(c, []) for c in advice.commands]
+    for release, pin in TORCH_TRITON.items():
+        advice = install_command("triton", torch_version=f"{release}.0+cu128", cuda_version="12.8")
+        for command in advice.commands:
+            installs_torch = any(Requirement(r).name == "torch" for r in requirements_of(command))
+            out.append((command, [] if installs_torch else [f"triton{pin}"]))
+    out += [(upgrade_command("torch", "2.10"), []), (upgrade_command("flash-linear-attention", "0.2.2"), [])]
+    out += [("pip install z3-solver", [])]  # tilelang-without-z3's fix
+    assert by_id("tilelang-without-z3") is not None and "pip install z3-solver" in by_id("tilelang-without-z3").fix
+    for extra in ("hub", "train", "tensorboard", "wandb", "trackio", "trl"):  # the extras fixes name
+        out.append((f"pip install 'kernelguard[{extra}]'", []))
+    return out
+
+
+_COMPILED = {"causal-conv1d", "flash-attn", "mamba-ssm"}
+
+
+@needs_pypi
+def test_every_fix_command_resolves(tmp_path: Path) -> None:
+    groups: dict[tuple[str, ...], set[str]] = {}
+    sdists: set[str] = set()
+    for command, constraints in _fixes():
+        for requirement in requirements_of(command):
+            if Requirement(requirement).name in _COMPILED:
+                sdists.add(requirement)
+            else:
+                groups.setdefault(tuple(constraints), set()).add(requirement)
+    assert sdists == {"causal-conv1d==1.7.0", "flash-attn", "mamba-ssm"}
+    failures = {
+        constraints: error
+        for constraints, requirements in groups.items()
+        if (error := dry_run(sorted(requirements), list(constraints), tmp_path))
+    }
+    assert failures == {}
+
+
+@needs_pypi
+@pytest.mark.parametrize(
+    ("requirement", "constraints"),
+    [("kernels>=0.18.2,<0.19.0", []), ("triton>=3.7.1", [f"triton{TORCH_TRITON['2.11']}"])],
+)
+def test_the_commands_kernelguard_used_to_print_do_not_resolve(
+    tmp_path: Path, requirement: str, constraints: list[str]
+) -> None:
+    # The check above can fail: a window with no release, and a Triton that torch 2.11's exact pin refuses.
+    error = dry_run([requirement], constraints, tmp_path)
+    assert "No matching distribution found" in error or "ResolutionImpossible" in error, error

@@ -1,0 +1,54 @@
+"""kernelguard.gate, the training gate of `kernelguard train` and KernelGuardCallback: the stack check runs on CUDA
+only, and the trainer's refusal joins the stack check's trace and the guard's table into one GuardRefused.
+CPU here: a device of type "cuda" is passed to take the stack check's path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kernelguard import gate
+from kernelguard.errors import GuardRefused
+from kernelguard.policy import AllowPolicy
+from kernelguard.report import render
+
+CUDA = torch.device("cuda")
+
+
+def test_stack_check_is_skipped_off_cuda() -> None:
+    assert gate.check_stack("qwen3_5", allow=AllowPolicy(), packed=True, device=torch.device("cpu")) is None
+
+
+def test_a_refused_stack_and_a_refused_guard_come_back_as_one_report(fake_providers: Path, tiny: Any) -> None:
+    policy = AllowPolicy()
+    stack = gate.check_stack("qwen3_5", allow=policy, packed=True, device=CUDA)
+    assert stack is not None and not stack.ok  # packed: varlen attention is required, and CPU torch has none
+    model = tiny.tiny_model("qwen3_5")
+    with pytest.raises(GuardRefused) as info:
+        gate.run_gate(model, policy=policy, packed=True, stack=stack)
+    stack_text, guard_text = info.value.report.split("\n\nkernelguard: transformers ", 1)
+    assert stack_text == render(stack)
+    assert "packed=True: SLOW PATHS" in guard_text  # the guard's own refusal follows, with its per-layer table
+    assert "model.layers.0.linear_attn" in guard_text
+
+
+def test_an_accepted_stack_passes_and_the_report_stays_armed(fake_providers: Path, tiny: Any) -> None:
+    policy = AllowPolicy.parse(["attention"])
+    stack = gate.check_stack("qwen3_5", allow=policy, packed=True, device=CUDA)
+    assert stack is not None and stack.ok
+    assert stack.options.allow is policy  # the trainer's --allow reaches the check as parsed
+    with gate.run_gate(tiny.tiny_model("qwen3_5"), policy=policy, packed=True, stack=stack) as report:
+        assert report.ok and report.packed
+
+
+def test_a_refused_stack_alone_refuses_even_when_the_guard_passes(fake_providers: Path, tiny: Any) -> None:
+    stack = gate.check_stack("qwen3_5", allow=AllowPolicy(), packed=True, device=CUDA)
+    assert stack is not None and not stack.ok
+    with pytest.raises(GuardRefused) as info:
+        gate.run_gate(tiny.tiny_model("qwen3_5"), policy=AllowPolicy.parse(["attention"]), packed=True, stack=stack)
+    stack_text, guard_text = info.value.report.split("\n\nkernelguard: transformers ", 1)
+    assert stack_text == render(stack)
+    assert "packed=True: OK" in guard_text  # the table of a passing guard is still printed with the refusal
