@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     # Listed for --help only: main() hands everything after "train" to kernelguard.train untouched.
     sub.add_parser("train", help="packed FSDP2 fine-tuning that starts only once the guard passes "
                    "(kernelguard train --help)", add_help=False)
+    sub.add_parser("export", help="a Hugging Face folder from a kernelguard train checkpoint "
+                   "(kernelguard export --help)", add_help=False)
     return parser
 
 
@@ -129,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .train.__main__ import main as train_main
 
         return train_main(argv[1:])
+    if argv[:1] == ["export"]:
+        from .train.export import main as export_main
+
+        return export_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         if args.command == "check":

@@ -205,12 +205,17 @@ def test_export_keeps_the_source_folders_generation_config(
     generation = {"eos_token_id": [3, 7], "temperature": 0.6, "do_sample": True}
     if has_generation_config:
         (source / "generation_config.json").write_text(json.dumps(generation))
+    from kernelguard.train.build import BuiltModel
+    from kernelguard.train.export import export_run
+    from kernelguard.train.parallel import DistInfo
+
     model = tiny_models.tiny_model("qwen3_5")
-    final = ckpt.export_final(
-        tmp_path / "out", model=model, config=model.config, tokenizer=None, dtype=torch.float32, is_main=True,
-        source=source,
+    built = BuiltModel(model, model.config, None, "sdpa")
+    final = export_run(
+        tmp_path / "out", model=model, built=built, tokenizer=None, dtype=torch.float32,
+        info=DistInfo(0, 1, 0, torch.device("cpu")), source=source,
     )
-    assert final is not None and (final / "model.safetensors").is_file() and (final / "config.json").is_file()
+    assert (final / "model.safetensors").is_file() and (final / "config.json").is_file()
     kept = final / "generation_config.json"
     # Its stop tokens and sampling defaults are what generate() uses with the exported model.
     assert (json.loads(kept.read_text()) if kept.exists() else None) == (generation if has_generation_config else None)

@@ -330,9 +330,15 @@ def test_dry_run_prints_the_estimate_and_trains_nothing(
         seen.append((cfg, world_size))
         return Estimate()
 
+    class Host:
+        def render(self) -> str:
+            return "host memory per rank: 1.0 GiB"
+
     monkeypatch.setitem(sys.modules, "kernelguard.train.memory", types.SimpleNamespace(estimate=estimate))
+    monkeypatch.setitem(sys.modules, "kernelguard.train.host_memory",
+                        types.SimpleNamespace(host_memory=lambda cfg, *, world_size: Host()))
     assert main([*_base(tmp_path), "--dry-run", "--max-length", "128"]) == 0
-    assert capsys.readouterr().out == "peak per GPU: 12.3 GiB\n"
+    assert capsys.readouterr().out == "peak per GPU: 12.3 GiB\nhost memory per rank: 1.0 GiB\n"
     assert seen[0][0].packing.max_length == 128 and seen[0][1] is None and not (tmp_path / "out").exists()
     # With the launcher flags, the estimate is for the ranks they would start; nothing is launched.
     assert main([*_base(tmp_path), "--dry-run", "--nproc-per-node", "4", "--nnodes", "2:3"]) == 0

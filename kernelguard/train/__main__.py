@@ -109,6 +109,7 @@ def _launch_world_size(opts: LaunchOptions | None) -> int | None:
 def _dry_run(cfg: object, *, world_size: int | None) -> int:
     """--dry-run: the memory estimate (kernelguard.train.memory), no process group, no training."""
     try:
+        from .host_memory import host_memory
         from .memory import estimate
     except ImportError:
         return _fail(
@@ -118,6 +119,7 @@ def _dry_run(cfg: object, *, world_size: int | None) -> int:
         )
     try:
         text = estimate(cfg, world_size=world_size).render()
+        text += "\n" + host_memory(cfg, world_size=world_size).render()
     except (ConfigError, DataError) as e:
         return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
     if is_rank0():

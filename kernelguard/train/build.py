@@ -27,12 +27,12 @@ from .parallel import (
     apply_activation_checkpointing,
     apply_fsdp,
     build_meta_model,
-    materialize,
     mixed_precision,
     model_source,
     on_main,
 )
 from .step import TrainState, lr_lambda
+from .weights import load_weights, plan_weights
 
 __all__ = [
     "BuiltModel",
@@ -55,6 +55,8 @@ class BuiltModel:
     attention: str  # the attn_implementation it was built with
     activation_checkpointing: bool | None = None  # what prepare_training applied (None: not yet prepared)
     compiled: Any = None  # kernelguard.train.compile.RegionalCompile with --compile, once prepared
+    weight_plan: Any = None  # kernelguard.train.weights.WeightPlan: the sharded load (None: rank 0 loads)
+    weight_note: str | None = None  # why rank 0 loads, when it does
 
 
 def choose_attention(choice: str, device: torch.device, *, padded: bool = False) -> str:
@@ -88,7 +90,10 @@ def build_model(
     """The model on the meta device (no memory, no weights read): what the guard inspects."""
     config, weights = model_source(model.model)
     attention = choose_attention(runtime.attention, info.device, padded=padded)
-    return BuiltModel(build_meta_model(config, attn_implementation=attention), config, weights, attention)
+    meta = build_meta_model(config, attn_implementation=attention)
+    # Headers only: a checkpoint that does not fit the config is refused before any memory is used.
+    plan, note = plan_weights(meta, weights) if weights is not None else (None, None)
+    return BuiltModel(meta, config, weights, attention, weight_plan=plan, weight_note=note)
 
 
 def make_optimizer(
@@ -175,7 +180,10 @@ def prepare_training(
         mp_policy=mixed_precision(cfg.runtime.param_dtype),
         reshard_after_forward=cfg.runtime.reshard_after_forward,
     )
-    materialize(model, info=info, config=built.config, weights=built.weights, seed=cfg.training.seed)
+    load_weights(
+        model, plan=built.weight_plan, note=built.weight_note, info=info, config=built.config,
+        weights=built.weights, seed=cfg.training.seed,
+    )
     model.train()
     optimizer, scheduler = make_optimizer(
         model, optimizer=cfg.optimizer, device=info.device, schedule_steps=schedule_steps

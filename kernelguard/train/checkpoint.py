@@ -1,4 +1,4 @@
-"""Atomic, verified DCP checkpoints, resume, retention, and the final safetensors export.
+"""Atomic, verified DCP checkpoints, resume and retention (the safetensors export: kernelguard.train.export).
 
 Layout under ``OUTPUT/checkpoints/``: ``step_N/`` holds the DCP shards (model + optimizer, sharded as
 trained), ``trainer.json`` (step, scheduler, data position, world size, run identity), ``rng_rank{r}.pt``,
@@ -6,8 +6,7 @@ trained), ``trainer.json`` (step, scheduler, data position, world size, run iden
 sha256 and so seals it. Everything is written into ``step_N.tmp/`` first; rank 0 writes the manifest and the
 marker last and renames the folder. A folder without its marker (a crash mid-save) is never resumed from and
 is removed. ``--resume`` verifies the newest checkpoint against its manifest before loading and falls back to
-the newest valid one, naming the bad file. The export is written to ``OUTPUT/final.tmp/`` and renamed to
-``OUTPUT/final/``.
+the newest valid one, naming the bad file.
 """
 
 from __future__ import annotations
@@ -27,6 +26,25 @@ import torch
 import torch.distributed as dist
 
 from kernelguard.errors import CheckpointError
+
+__all__ = [
+    "MANIFEST",
+    "MARKER",
+    "TRAINER_STATE",
+    "checkpoint_root",
+    "complete_checkpoints",
+    "find_resumable",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "read_trainer_state",
+    "remove_incomplete",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+    "verify_checkpoint",
+    "write_manifest",
+]
 
 MARKER = "COMPLETE"
 MANIFEST = "manifest.json"
@@ -286,42 +304,3 @@ def load_checkpoint(path: Path, *, model: Any, optimizer: Any) -> dict[str, Any]
         set_rng_state(rng)
     return trainer_state
 
-
-def export_final(
-    output: Path, *, model: Any, config: Any, tokenizer: Any, dtype: torch.dtype, is_main: bool,
-    source: str | Path | None = None,
-) -> Path | None:
-    """Gather the full state dict on rank 0 and write ``final/`` (safetensors + config + tokenizer, and the
-    source model folder's generation_config.json, which carries its sampling defaults and stop tokens)."""
-    from safetensors.torch import save_file
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full: dict[str, Any] = get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
-    final = output / "final"
-    if not is_main:
-        dist.barrier()
-        return None
-    tmp = output / "final.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    tied = bool(getattr(config.get_text_config(), "tie_word_embeddings", False))
-    tensors = {
-        k: v.detach().to(dtype).contiguous() for k, v in full.items() if not (tied and k == "lm_head.weight")
-    }
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    config.use_cache = True
-    # config.json says what the safetensors hold (bf16 by default), so from_pretrained(dtype="auto") is right.
-    for target in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
-        target.dtype = dtype
-    config.save_pretrained(str(tmp))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(tmp))
-    generation = Path(source or "") / "generation_config.json"  # a folder --model; a config.json has none
-    if source is not None and generation.is_file():
-        shutil.copy2(generation, tmp / "generation_config.json")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    dist.barrier()
-    return final

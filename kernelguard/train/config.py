@@ -19,6 +19,7 @@ from kernelguard.errors import ConfigError
 from .config_rules import (
     ATTENTION_CHOICES,
     DATASET_FORMATS,
+    DEFAULT_MAX_SHARD_SIZE,
     LOSS_CHOICES,
     OVERLONG_POLICIES,
     PARAM_DTYPES,
@@ -249,6 +250,11 @@ class CheckpointSection:
         aliases=("--overwrite-output-dir",),
     )
     export: bool = setting(True, "safetensors at the end")
+    max_shard_size: str = setting(
+        DEFAULT_MAX_SHARD_SIZE,
+        "largest safetensors file of the export: a size such as 5GB, 500MB, 2GiB, or bytes",
+        metavar="SIZE",
+    )
     dry_run: bool = setting(False, "print the memory estimate and exit without training")
 
     def __post_init__(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -22,6 +23,7 @@ __all__ = [
     "ATTENTION_CHOICES",
     "CHECKPOINTING_VALUES",
     "DATASET_FORMATS",
+    "DEFAULT_MAX_SHARD_SIZE",
     "LOSS_CHOICES",
     "OVERLONG_POLICIES",
     "PACKING_MODES",
@@ -33,6 +35,7 @@ __all__ = [
     "choices_of",
     "field_kinds",
     "normalize_report_to",
+    "parse_size",
     "validate",
 ]
 
@@ -52,6 +55,10 @@ CHECKPOINTING_VALUES: dict[str, bool | None] = {
     "false": False,
     "no": False,
 }
+DEFAULT_MAX_SHARD_SIZE = "5GB"  # as save_pretrained's default
+# --max-shard-size units, Hugging Face's spelling (GB = 10^9, GiB = 2^30); no unit: bytes
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
+              "GIB": 2**30}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +89,14 @@ def _one_of(name: str, choices: tuple[str, ...], fix: str) -> Rule:
         fix,
         choices,
     )
+
+
+def _is_size(value: Any) -> bool:
+    try:
+        parse_size(value)
+    except ConfigError:
+        return False
+    return True
 
 
 def _not_empty(name: str, flag: str) -> Rule:
@@ -126,6 +141,12 @@ RULES: tuple[Rule, ...] = (
     _one_of("loss", LOSS_CHOICES, "--loss chunked"),
     _must("peak_tflops", lambda v: v > 0, "> 0", "--peak-tflops 989"),
     _must("save_steps", lambda v: v >= 0, ">= 0", "--save-steps 0"),
+    Rule(
+        ("max_shard_size",),
+        _is_size,
+        "{name} is {value!r}; expected a size such as 5GB, 500MB or 2GiB.",
+        "--max-shard-size 5GB",
+    ),
     _positive("save_total_limit", "--save-total-limit 2, or leave it out to keep all"),
     Rule(
         ("resume_anyway", "resume"),
@@ -171,6 +192,17 @@ def normalize_report_to(value: object) -> tuple[str, ...]:
             fix="--report-to none, or list only trackers",
         )
     return tuple(dict.fromkeys(n for n in items if n != "none"))
+
+
+def parse_size(text: str | int, *, source: str = "max_shard_size") -> int:
+    """Bytes of ``5GB``, ``500MB``, ``2GiB`` or a plain number (kernelguard.train.export's shard limit)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).upper() if match else ""
+    if not match or unit not in _SIZE_UNITS or float(match.group(1)) * _SIZE_UNITS[unit] < 1:
+        raise ConfigError(
+            f"{source} is {text!r}; expected a size such as 5GB, 500MB or 2GiB.", fix=f"{source} 5GB"
+        )
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
 def checkpointing_value(value: str, *, source: str) -> bool | None:
@@ -224,6 +256,7 @@ _SPELLINGS: dict[str, Callable[[Any], Any]] = {
     "activation_checkpointing": lambda v: (
         checkpointing_value(v, source="activation_checkpointing") if isinstance(v, str) else v
     ),
+    "max_shard_size": lambda v: str(v) if _is_int(v) else v,  # a byte count, as from_pretrained takes it
 }
 
 

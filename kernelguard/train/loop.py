@@ -27,6 +27,7 @@ from .build import BuiltModel, build_model, prepare_training
 from .config import TrainConfig, config_dict
 from .data import chat_template_name, load_examples, load_tokenizer, pad_token_id, template_choice
 from .evaluate import evaluate, pack_eval_blocks
+from .export import export_run
 from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_flops
 from .packing import LEAKY, LEAKY_WARNING, PADDED, build_batch, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
@@ -402,13 +403,14 @@ def save(
 def finish(cfg: TrainConfig, info: DistInfo, state: TrainState, built: BuiltModel, data: TrainData) -> None:
     """Export ``final/`` (safetensors + config + tokenizer) and plot the metrics."""
     if cfg.checkpoint.export:
-        ckpt.export_final(
+        export_run(
             cfg.checkpoint.output_dir,
             model=state.model,
-            config=built.config,
+            built=built,
             tokenizer=data.tokenizer,
             dtype=DTYPES[cfg.runtime.param_dtype],
-            is_main=info.is_main,
+            info=info,
+            max_shard_size=cfg.checkpoint.max_shard_size,
             source=cfg.model.model,
         )
     if info.is_main and cfg.metrics.plot and (cfg.checkpoint.output_dir / "metrics.jsonl").exists():

@@ -1,0 +1,343 @@
+"""The sharded Hugging Face export: ``final/`` written by every rank in parallel, or later from a checkpoint.
+
+    export_run(output, model=..., built=..., tokenizer=..., dtype=..., info=...)   # end of a run
+    export_checkpoint(Path("OUT/checkpoints/step_40"))                             # `kernelguard export`
+
+Both read the trained tensors from a DCP checkpoint (the run first saves its model's shards as one, into
+``final.tmp/.pieces``, all ranks in parallel; ``kernelguard export`` reads a training checkpoint), so an
+export after the fact is byte-identical to the run's own. The tensors are planned into shards of at most
+``max_shard_size`` (``model.safetensors`` alone, else ``model-0000i-of-0000N.safetensors`` plus
+``model.safetensors.index.json``, as ``save_pretrained`` names them); rank ``r`` writes shards ``r, r + world,
+...``, one full tensor in host memory at a time, in the export dtype. The names are the source checkpoint's
+(``model.language_model.*`` for the multimodal Qwen3.5 layout) and the tensors the text model does not have
+(vision tower) are copied unchanged from the source files, so the class the user started from loads the
+folder. Rank 0 then writes the index, config.json (with ``dtype``), the tokenizer and its chat template, and
+renames ``final.tmp/`` to ``final/``: there is never a half-written ``final/``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from kernelguard.errors import EXIT_OK, EXIT_USAGE, CheckpointError, ConfigError
+
+from .config_rules import DEFAULT_MAX_SHARD_SIZE, parse_size
+
+__all__ = [
+    "OutTensor",
+    "export_checkpoint",
+    "export_run",
+    "plan_shards",
+    "shard_names",
+    "write_safetensors",
+]
+
+PIECES = ".pieces"
+GENERATION_CONFIG = "generation_config.json"
+_CODES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
+          torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+          torch.bool: "BOOL"}
+_DTYPES = {code: dtype for dtype, code in _CODES.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class OutTensor:
+    """One tensor of the export: its name there, shape and dtype, and where it is read from."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    key: str  # a key of the DCP checkpoint, or of the source files when carried
+    carried: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def plan_shards(tensors: list[OutTensor], max_bytes: int) -> list[list[OutTensor]]:
+    """Consecutive tensors, a new shard whenever the next would pass ``max_bytes`` (a larger tensor alone)."""
+    shards: list[list[OutTensor]] = []
+    size = 0
+    for t in tensors:
+        if not shards or (size + t.nbytes > max_bytes and shards[-1]):
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += t.nbytes
+    return shards
+
+
+def shard_names(count: int) -> list[str]:
+    if count == 1:
+        return ["model.safetensors"]
+    return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+
+
+def write_safetensors(path: Path, tensors: list[OutTensor], fetch: Callable[[OutTensor], torch.Tensor]) -> None:
+    """A safetensors file written tensor by tensor (the header first, from the plan): one tensor in memory."""
+    header: dict[str, Any] = {}
+    offset = 0
+    for t in tensors:
+        header[t.name] = {"dtype": _CODES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # tensor data 8-byte aligned, as safetensors writes it
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for t in tensors:
+            value = fetch(t)
+            if tuple(value.shape) != t.shape or value.dtype != t.dtype:
+                raise CheckpointError(
+                    f"{t.key} is {list(value.shape)} {value.dtype}; the export planned {list(t.shape)} {t.dtype}.",
+                    fix="export from the checkpoint of this run (its train_config.json names the model)",
+                )
+            f.write(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ---------------------------------------------------------------------------------------- the tensors ---
+def export_tensors(
+    shapes: dict[str, tuple[int, ...]], *, plan: Any, tied: bool, dtype: torch.dtype, key_prefix: str = ""
+) -> list[OutTensor]:
+    """The trained tensors (named as in the source files) then the carried ones (copied, in their dtype)."""
+    out = [
+        OutTensor(plan.layout.file_key(k) if plan is not None else k, shape, dtype, key_prefix + k)
+        for k, shape in shapes.items()
+        if not (tied and k == "lm_head.weight")
+    ]
+    for key in plan.carried if plan is not None else ():
+        entry = plan.layout.tensors[key]
+        out.append(OutTensor(key, entry.shape, _DTYPES[entry.dtype], key, carried=True))
+    return out
+
+
+class _Source:
+    """Full tensors by key: trained ones from a DCP checkpoint (this process alone), carried ones from the
+    source safetensors."""
+
+    def __init__(self, checkpoint: Path, plan: Any) -> None:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        self.checkpoint = checkpoint
+        self.plan = plan
+        self.metadata = FileSystemReader(str(checkpoint)).read_metadata()
+        self._reader: Any = None
+
+    def __call__(self, t: OutTensor) -> torch.Tensor:
+        if t.carried:
+            from safetensors import safe_open
+
+            entry = self.plan.layout.tensors[t.key]
+            with safe_open(str(self.plan.layout.folder / entry.file), framework="pt") as f:
+                return f.get_tensor(t.key)
+        return self._trained(t).to(t.dtype)
+
+    def _trained(self, t: OutTensor) -> torch.Tensor:
+        import torch.distributed.checkpoint as dcp
+
+        stored = self.metadata.state_dict_metadata.get(t.key)
+        if stored is None or not hasattr(stored, "size"):
+            raise CheckpointError(
+                f"{self.checkpoint} has no tensor {t.key}.", fix="export from a checkpoint of this run"
+            )
+        buffer = torch.empty(tuple(stored.size), dtype=stored.properties.dtype)
+        dcp.load({t.key: buffer}, storage_reader=self._cached_reader(), no_dist=True)
+        return buffer
+
+    def _cached_reader(self) -> Any:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        metadata = self.metadata
+
+        class Cached(FileSystemReader):  # one read of .metadata for every tensor of the export
+            def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+                return metadata
+
+        if self._reader is None:
+            self._reader = Cached(str(self.checkpoint))
+        return self._reader
+
+
+def write_shards(folder: Path, tensors: list[OutTensor], source: _Source, *, max_bytes: int, rank: int,
+                 world: int) -> list[list[OutTensor]]:
+    """This rank's shards of the plan (every rank computes the same plan)."""
+    shards = plan_shards(tensors, max_bytes)
+    for i, (name, shard) in enumerate(zip(shard_names(len(shards)), shards)):
+        if i % world == rank:
+            write_safetensors(folder / name, shard, source)
+    return shards
+
+
+def finalize(tmp: Path, final: Path, shards: list[list[OutTensor]], *, config: Any, tokenizer: Any,
+             dtype: torch.dtype, source: str | Path | None = None) -> Path:
+    """Rank 0: index, config.json with ``dtype``, tokenizer + chat template, the source model folder's
+    generation_config.json (its sampling defaults and stop tokens, what generate() uses), then the rename."""
+    shutil.rmtree(tmp / PIECES, ignore_errors=True)
+    names = shard_names(len(shards))
+    if len(shards) > 1:
+        index = {
+            "metadata": {"total_size": sum(t.nbytes for s in shards for t in s)},
+            "weight_map": {t.name: name for name, s in zip(names, shards) for t in s},
+        }
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    config.use_cache = True
+    # config.json says what the safetensors hold, so from_pretrained(dtype="auto") is right.
+    for target in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
+        target.dtype = dtype
+    config.save_pretrained(str(tmp))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+    generation = Path(source or "") / GENERATION_CONFIG  # a folder --model; a config.json has none
+    if source is not None and generation.is_file():
+        shutil.copy2(generation, tmp / GENERATION_CONFIG)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def _all_ok(ok: bool, message: str) -> None:
+    """Every rank learns whether every rank's part worked (a rank that failed alone would hang the others)."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        backend = dist.get_backend()
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        flag = flag.to(device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    if not int(flag.item()):
+        raise CheckpointError(message, fix="free disk space or fix permissions, then `kernelguard export` "
+                              "the last checkpoint")
+
+
+# ----------------------------------------------------------------------------------------- entry points ---
+def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: torch.dtype, info: Any,
+               max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE, source: str | Path | None = None) -> Path:
+    """All ranks: the model's shards as a DCP checkpoint in ``final.tmp/.pieces``, then the HF shards;
+    ``source`` is the run's --model (its generation_config.json is kept)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    tmp, final = output / "final.tmp", output / "final"
+    if info.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    state = get_model_state_dict(model)
+    dcp.save(state, checkpoint_id=str(tmp / PIECES))
+    tied = bool(getattr(built.config.get_text_config(), "tie_word_embeddings", False))
+    tensors = export_tensors({k: tuple(v.shape) for k, v in state.items()}, plan=built.weight_plan, tied=tied,
+                             dtype=dtype)
+    del state
+    shards: list[list[OutTensor]] = []
+    error = ""
+    try:
+        shards = write_shards(tmp, tensors, _Source(tmp / PIECES, built.weight_plan),
+                              max_bytes=parse_size(max_shard_size), rank=info.rank, world=info.world_size)
+    except OSError as e:  # disk full, permissions: every rank must hear of it
+        error = f"writing the export into {tmp} failed on rank {info.rank}: {e}"
+    _all_ok(not error, error or f"another rank failed writing the export into {tmp}")
+    if info.is_main:
+        finalize(tmp, final, shards, config=built.config, tokenizer=tokenizer, dtype=dtype, source=source)
+    dist.barrier()
+    return final
+
+
+def export_checkpoint(checkpoint: Path, *, output: Path | None = None,
+                      max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE) -> Path:
+    """``final/`` (or ``output``) from a verified training checkpoint ``OUTPUT/checkpoints/step_N``, with the
+    run's model (and its generation_config.json), tokenizer, chat template and dtype from
+    ``OUTPUT/train_config.json``. Every rank of a process
+    group writes its share of the shards; alone, this process writes them all."""
+    from .checkpoint import MARKER, verify_checkpoint
+    from .data import load_tokenizer
+    from .parallel import DTYPES, build_meta_model, model_source
+    from .weights import plan_weights
+
+    checkpoint = Path(checkpoint)
+    if not (checkpoint / MARKER).is_file():
+        raise CheckpointError(f"{checkpoint} is not a complete kernelguard checkpoint (it has no {MARKER}).",
+                              fix="pass OUTPUT/checkpoints/step_N of a run")
+    problem = verify_checkpoint(checkpoint)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {checkpoint} is unusable: {problem}",
+                              fix="export an older checkpoint of the run (OUTPUT/checkpoints/step_N)")
+    saved = _run_config(checkpoint.parent.parent)
+    final = Path(output) if output is not None else checkpoint.parent.parent / "final"
+    if final.exists():
+        raise ConfigError(f"{final} already exists.", fix="pass --output NEW_DIR, or delete it first")
+    config, weights = model_source(str(saved["model"]))
+    meta = build_meta_model(config, attn_implementation="sdpa")
+    plan = plan_weights(meta, weights)[0] if weights is not None else None
+    tied = bool(getattr(config.get_text_config(), "tie_word_embeddings", False))
+    dtype = DTYPES[str(saved.get("param_dtype", "bf16"))]
+    tensors = export_tensors({k: tuple(v.shape) for k, v in meta.state_dict().items()}, plan=plan, tied=tied,
+                             dtype=dtype, key_prefix="model.")  # the checkpoint holds {"model": ..., "optim": ...}
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    tmp = final.with_name(final.name + ".tmp")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    if world > 1:
+        dist.barrier()
+    shards = write_shards(tmp, tensors, _Source(checkpoint, plan), max_bytes=parse_size(max_shard_size),
+                          rank=rank, world=world)
+    if world > 1:
+        dist.barrier()
+    if rank == 0:
+        tokenizer = load_tokenizer(str(saved.get("tokenizer") or saved["model"]),
+                                   chat_template=saved.get("chat_template"))
+        finalize(tmp, final, shards, config=config, tokenizer=tokenizer, dtype=dtype, source=saved["model"])
+    return final
+
+
+def _run_config(run: Path) -> dict[str, Any]:
+    from .config import CONFIG_FILENAME
+
+    path = run / CONFIG_FILENAME
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} cannot be read ({e}): it names the run's model and tokenizer.",
+                              fix="pass a checkpoint inside a kernelguard train output folder") from e
+    if not isinstance(saved, dict) or "model" not in saved:
+        raise CheckpointError(f"{path} is not a kernelguard train configuration.",
+                              fix="pass a checkpoint inside a kernelguard train output folder")
+    return saved
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``kernelguard export CHECKPOINT_DIR [--output DIR] [--max-shard-size SIZE]``; EXIT_USAGE on a bad input."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="kernelguard export",
+        description="Write a Hugging Face model folder (sharded safetensors, index, config, tokenizer, chat "
+        "template) from a kernelguard train checkpoint, e.g. of a run stopped before its end.",
+    )
+    parser.add_argument("checkpoint", type=Path, metavar="CHECKPOINT_DIR", help="OUTPUT/checkpoints/step_N")
+    parser.add_argument("--output", type=Path, metavar="DIR", help="where to write it [default: OUTPUT/final]")
+    parser.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE, metavar="SIZE",
+                        help="largest safetensors file: 5GB (default), 500MB, or bytes")
+    args = parser.parse_args(argv)
+    try:
+        final = export_checkpoint(args.checkpoint, output=args.output, max_shard_size=args.max_shard_size)
+    except ConfigError as e:
+        print(f"kernelguard export: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    print(f"kernelguard export: wrote {final}", file=sys.stderr, flush=True)
+    return EXIT_OK

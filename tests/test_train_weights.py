@@ -1,0 +1,245 @@
+"""Sharded HF weights in and out (kernelguard.train.weights, kernelguard.train.export): a checkpoint in 3+
+shards loads on 1 and 2 ranks bit-identical to ``from_pretrained``; the export loads back with identical logits;
+a checkpoint that does not fit its config is refused before training naming the tensor; the multimodal
+Qwen3.5 layout trains its text model and exports a folder its own class loads, vision weights unchanged; and
+``kernelguard export`` of a checkpoint writes the same bytes as the run's own export."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import train_helpers as h
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from kernelguard.errors import CheckpointError, ConfigError
+from kernelguard.train.config import TrainConfig
+from kernelguard.train.config_rules import parse_size
+from kernelguard.train.export import OutTensor, plan_shards, shard_names, write_safetensors
+from kernelguard.train.weights import plan_weights, read_layout
+
+SHARD = "60KB"  # the tiny model (~0.2 MB in bf16) is then 4+ files
+
+
+def _text_model(**overrides: Any) -> Any:
+    import tiny_models
+
+    return tiny_models.tiny_model("qwen3_5", vocab_size=h.VOCAB_SIZE, pad_token_id=0, eos_token_id=2, **overrides)
+
+
+def _save(model: Any, path: Path, shard: str = SHARD) -> Path:
+    model.to(torch.bfloat16).save_pretrained(str(path), max_shard_size=shard)
+    return path
+
+
+def _meta(path: Path) -> Any:
+    from kernelguard.train.parallel import build_meta_model, model_source
+
+    config, _ = model_source(str(path))
+    return build_meta_model(config, attn_implementation="sdpa")
+
+
+def _folder_tensors(path: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        out.update(load_file(str(file)))
+    return out
+
+
+def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(h.REPO), str(h.TESTS_DIR)]), OMP_NUM_THREADS="1",
+               CUDA_VISIBLE_DEVICES="", TRANSFORMERS_VERBOSITY="error")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--standalone",
+           str(h.TESTS_DIR / "weights_worker.py"), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, check=False)
+
+
+# --------------------------------------------------------------------------------- headers, no torch.dist ---
+def test_layout_is_read_from_headers_of_every_shard(tmp_path: Path) -> None:
+    src = _save(_text_model(), tmp_path / "src")
+    layout = read_layout(src)
+    assert layout is not None and not layout.multimodal
+    assert len({e.file for e in layout.tensors.values()}) >= 3
+    plan, note = plan_weights(_meta(src), src)
+    assert note is None and plan is not None and plan.carried == () and not plan.tied
+    assert plan.names["model.layers.0.mlp.up_proj.weight"] == "model.layers.0.mlp.up_proj.weight"
+
+
+def test_a_checkpoint_that_does_not_fit_its_config_is_refused_naming_the_tensor(tmp_path: Path) -> None:
+    src = _save(_text_model(), tmp_path / "src")
+    raw = json.loads((src / "config.json").read_text())
+    raw["intermediate_size"] = 96
+    (src / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError) as info:
+        plan_weights(_meta(src), src)
+    err = info.value
+    assert isinstance(err, ConfigError)  # exit 2
+    assert "model.layers.0.mlp.gate_proj.weight (model-0000" in err.message
+    assert "the config builds [96, 64], the file has [128, 64]" in err.message
+    assert err.fix and "config.json that was saved with these weights" in err.fix
+
+
+def test_a_missing_tensor_is_refused_naming_it(tmp_path: Path) -> None:
+    src = _save(_text_model(), tmp_path / "src", shard="5GB")
+    tensors = load_file(str(src / "model.safetensors"))
+    del tensors["model.norm.weight"]
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"lack 1 tensor\(s\) the model config builds:\n  model.norm.weight"):
+        plan_weights(_meta(src), src)
+
+
+def test_the_trainer_refuses_a_mismatched_checkpoint_before_training(tmp_path: Path) -> None:
+    assets = h.write_train_assets(tmp_path, rows=40)
+    src = _save(_text_model(), tmp_path / "src")
+    raw = json.loads((src / "config.json").read_text())
+    raw["hidden_size"] = 32
+    (src / "config.json").write_text(json.dumps(raw))
+    out = tmp_path / "out"
+    r = h.run_train(["--model", str(src), "--tokenizer", str(assets["tok"]), "--data", str(assets["data"]),
+                     "--output-dir", str(out), "--max-steps", "1", "--max-length", "128"], nproc=0, timeout=180)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "model.embed_tokens.weight (model-0000" in r.stderr and "nothing was loaded" in r.stderr
+    assert not (out / "final").exists() and not (out / "checkpoints").exists()
+
+
+def test_shards_are_planned_under_the_limit_and_named_like_save_pretrained() -> None:
+    ts = [OutTensor(f"t{i}", (10, 10), torch.bfloat16, f"t{i}") for i in range(5)]  # 200 bytes each
+    shards = plan_shards(ts, 450)
+    assert [[t.name for t in s] for s in shards] == [["t0", "t1"], ["t2", "t3"], ["t4"]]
+    assert plan_shards([OutTensor("big", (100,), torch.float32, "big")], 10)[0][0].name == "big"
+    assert shard_names(1) == ["model.safetensors"]
+    assert shard_names(3)[1] == "model-00002-of-00003.safetensors"
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 * 2**30 and parse_size(1000) == 1000
+    with pytest.raises(ConfigError, match="expected a size such as 5GB"):
+        parse_size("five gigs", source="--max-shard-size")
+
+
+def test_max_shard_size_is_checked_with_the_config_before_training(tmp_path: Path) -> None:
+    base = {"model": "m", "data": "d", "output_dir": tmp_path / "out"}
+    assert TrainConfig.from_flags(**base).checkpoint.max_shard_size == "5GB"
+    assert TrainConfig.from_flags(**base, max_shard_size=1000).checkpoint.max_shard_size == "1000"  # bytes
+    with pytest.raises(ConfigError, match=r"max_shard_size is 'five gigs'; expected a size such as 5GB") as info:
+        TrainConfig.from_flags(**base, max_shard_size="five gigs")
+    assert info.value.fix == "--max-shard-size 5GB"
+
+
+def test_streamed_safetensors_round_trip(tmp_path: Path) -> None:
+    values = {"a": torch.randn(3, 5).to(torch.bfloat16), "b": torch.arange(7, dtype=torch.int64)}
+    plan = [OutTensor(k, tuple(v.shape), v.dtype, k) for k, v in values.items()]
+    write_safetensors(tmp_path / "x.safetensors", plan, lambda t: values[t.key])
+    back = load_file(str(tmp_path / "x.safetensors"))
+    assert all(torch.equal(back[k], v) for k, v in values.items())
+    with safe_open(str(tmp_path / "x.safetensors"), framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}
+
+
+def test_dry_run_host_memory_is_per_rank_for_the_sharded_load(tmp_path: Path) -> None:
+    from kernelguard.train.host_memory import host_memory
+
+    model = _text_model()
+    largest = max(p.numel() for p in model.parameters())
+    total = sum(p.numel() for p in model.parameters())
+    src = _save(model, tmp_path / "src")
+    cfg = TrainConfig.from_flags(model=str(src), data="rows.jsonl", output_dir=tmp_path / "out", param_dtype="bf16")
+    one, four = host_memory(cfg, world_size=1), host_memory(cfg, world_size=4)
+    assert one.sharded and one.load_bytes == 2 * largest and four.load_bytes == 2 * -(-largest // 4)
+    assert one.rank0_path_bytes == four.rank0_path_bytes == 4 * total
+    assert four.checkpoint_bytes == 4 * -(-largest // 4) + 10_000_000  # one fp32 shard + DCP's copy-ahead
+    assert four.export_bytes == max(four.checkpoint_bytes, 6 * largest)  # or one fp32 tensor + its bf16 copy
+    text = four.render()
+    assert text.startswith("host memory per rank over 4 rank(s)") and "load (sharded from safetensors)" in text
+    assert f"the rank-0 load path would hold {4 * total / 2**30:.2f} GiB on rank 0" in text
+
+
+# ------------------------------------------------------------------------------- multi-process (gloo) ---
+@pytest.mark.slow
+@pytest.mark.parametrize(("nproc", "tied"), [(1, False), (2, True)], ids=["1rank-untied", "2ranks-tied"])
+def test_sharded_load_is_bit_identical_and_the_export_loads_back(tmp_path: Path, nproc: int, tied: bool) -> None:
+    from transformers import AutoModelForCausalLM
+
+    src = _save(_text_model(tie_word_embeddings=tied), tmp_path / "src")
+    assert len(list(src.glob("*.safetensors"))) >= 3
+    out = tmp_path / "out"
+    out.mkdir()
+    r = _torchrun(nproc, str(src), str(out), SHARD)
+    assert r.returncode == 0, r.stderr[-4000:]
+    ref = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
+    loaded = load_file(str(out / "loaded.safetensors"))
+    expected = ref.state_dict()
+    assert sorted(loaded) == sorted(expected)
+    assert [k for k in expected if not torch.equal(loaded[k], expected[k])] == []
+    buffers = load_file(str(out / "buffers.safetensors"))
+    assert buffers and all(torch.equal(b, dict(ref.named_buffers())[k]) for k, b in buffers.items())
+    final = out / "final"
+    index = json.loads((final / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) >= 3 and not (out / "final.tmp").exists()
+    assert ("lm_head.weight" in index["weight_map"]) is not tied
+    assert _folder_tensors(final).keys() == _folder_tensors(src).keys()
+    back = AutoModelForCausalLM.from_pretrained(str(final), dtype=torch.float32).eval()
+    ids = torch.randint(0, h.VOCAB_SIZE, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, ref(ids).logits)
+
+
+def _multimodal(path: Path) -> Path:
+    import tiny_models
+    from transformers.models.qwen3_5 import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = tiny_models.tiny_config("qwen3_5", vocab_size=h.VOCAB_SIZE, pad_token_id=0, eos_token_id=2)
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+              "num_position_embeddings": 64, "patch_size": 4, "temporal_patch_size": 1}
+    torch.manual_seed(0)
+    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text.to_dict(), vision_config=vision))
+    return _save(model, path)
+
+
+@pytest.mark.slow
+def test_multimodal_checkpoint_trains_text_exports_its_class_and_export_after_the_fact_matches(
+    tmp_path: Path,
+) -> None:
+    from transformers.models.qwen3_5 import Qwen3_5ForConditionalGeneration
+
+    assets = h.write_train_assets(tmp_path, rows=80)
+    src = _multimodal(tmp_path / "src")
+    generation = {"eos_token_id": [2, 3], "temperature": 0.6, "do_sample": True}
+    (src / "generation_config.json").write_text(json.dumps(generation))
+    out = tmp_path / "out"
+    r = h.run_train(["--model", str(src), "--tokenizer", str(assets["tok"]), "--data", str(assets["data"]),
+                     "--output-dir", str(out), "--max-steps", "2", "--max-length", "128", "--learning-rate", "1e-2",
+                     "--max-shard-size", SHARD, "--no-plot", "--no-progress", "--allow", "attention"])
+    assert r.returncode == 0, r.stderr[-4000:]
+    final = out / "final"
+    source, exported = _folder_tensors(src), _folder_tensors(final)
+    assert exported.keys() == source.keys()
+    vision = [k for k in source if k.startswith("model.visual.")]
+    assert vision and all(torch.equal(exported[k], source[k]) for k in vision)
+    assert not torch.equal(exported["model.language_model.layers.0.mlp.up_proj.weight"],
+                           source["model.language_model.layers.0.mlp.up_proj.weight"])  # it trained
+    loaded = Qwen3_5ForConditionalGeneration.from_pretrained(str(final), dtype=torch.bfloat16)
+    assert torch.equal(loaded.state_dict()["model.visual.patch_embed.proj.weight"],
+                       source["model.visual.patch_embed.proj.weight"])
+    assert json.loads((final / "config.json").read_text())["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    assert (final / "tokenizer.json").is_file()
+
+    again = tmp_path / "again"
+    env = dict(os.environ, PYTHONPATH=str(h.REPO), CUDA_VISIBLE_DEVICES="", TRANSFORMERS_VERBOSITY="error")
+    e = subprocess.run([sys.executable, "-m", "kernelguard", "export", str(out / "checkpoints" / "step_2"),
+                        "--output", str(again), "--max-shard-size", SHARD],
+                       env=env, capture_output=True, text=True, timeout=180, check=False)
+    assert e.returncode == 0, e.stderr[-3000:]
+    names = sorted(p.name for p in final.glob("*.safetensors"))
+    assert names == sorted(p.name for p in again.glob("*.safetensors")) and len(names) >= 3
+    assert all((final / n).read_bytes() == (again / n).read_bytes() for n in names)
+    assert (final / "model.safetensors.index.json").read_text() == (again / "model.safetensors.index.json").read_text()
+    # The source folder's sampling defaults and stop tokens: from --model, and from the run's recorded model.
+    assert json.loads((final / "generation_config.json").read_text()) == generation
+    assert json.loads((again / "generation_config.json").read_text()) == generation
