@@ -25,6 +25,7 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 from .decisions import ACCEPTED, ALLOWED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
+from .terms import CLI, in_terms
 
 if TYPE_CHECKING:  # report formats what check produced; it must not depend on check at run time
     from .check import CheckResult
@@ -93,7 +94,8 @@ def _env_line(result: CheckResult) -> str:
     )
 
 
-def render(result: CheckResult) -> str:
+def render(result: CheckResult, *, syntax: str = CLI) -> str:
+    """``kernelguard check``'s text; ``syntax`` spells its hints for another caller (``"python"``: ``require()``)."""
     res = result.resolution
     req = res.requirements
     packed = ", packed sequences" if req.packed else ""
@@ -102,7 +104,8 @@ def render(result: CheckResult) -> str:
             f"kernelguard check: {req.family.name} ({result.model_origin}), {req.mode}{packed}, "
             f"transformers {req.transformers_version}"
         ),
-        f"target: {', '.join(f'sm {a}' for a in res.target.archs) or 'GPU arch unknown'} ({res.target.arch_source})",
+        f"target: {', '.join(f'sm {a}' for a in res.target.archs) or 'GPU arch unknown'} "
+        f"({in_terms(res.target.arch_source, syntax)})",
         _env_line(result),
         "",
     ]
@@ -117,9 +120,9 @@ def render(result: CheckResult) -> str:
         lines.append(f"{verdict.kernel:<34} {head}")
         for decision in verdict.candidates:
             lines.append(f"  {_MARKS[decision.status]}  {decision.provider}")
-            lines.append(_wrap(decision.reason, 18))
+            lines.append(_wrap(in_terms(decision.reason, syntax), 18))
             if decision.fix and decision.status in (REJECTED, FALLBACK):
-                lines.append(_wrap(f"fix: {decision.fix}", 18))
+                lines.append(_wrap(f"fix: {in_terms(decision.fix, syntax)}", 18))
         lines.append("")
     if result.numerics is not None:
         lines.append(result.numerics.render())
@@ -127,14 +130,19 @@ def render(result: CheckResult) -> str:
     for title, items in (("notes", res.notes), ("not checked here", res.unchecked)):
         if items:
             lines.append(f"{title}:")
-            lines.extend(textwrap.fill(f"- {item}", width=110, initial_indent="  ", subsequent_indent="    ")
-                         for item in items)
+            lines.extend(textwrap.fill(f"- {in_terms(item, syntax)}", width=110, initial_indent="  ",
+                                       subsequent_indent="    ") for item in items)
             lines.append("")
-    lines.append(verdict_line(result))
+    lines.append(verdict_line(result, syntax=syntax))
     return "\n".join(lines)
 
 
-def verdict_line(result: CheckResult) -> str:
+def verdict_line(result: CheckResult, *, syntax: str = CLI) -> str:
+    """The last line of the report; the exit code it names is the CLI's only."""
+    return in_terms(_verdict(result), syntax)
+
+
+def _verdict(result: CheckResult) -> str:
     res = result.resolution
     failing = [v.kernel for v in res.verdicts if not v.ok]
     allowed = [v.kernel for v in res.verdicts if v.ok and v.selected is not None and v.selected.kind == "reference"]
