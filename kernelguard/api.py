@@ -79,7 +79,7 @@ def require(
 def resolution_error(result: CheckResult, *, syntax: str = PYTHON) -> ResolutionError:
     """The error ``require()`` raises for a failed ``result``: its verdict line, the failing kernels, the fix in
     ``syntax`` (Python keywords by default: ``allow=[...]``, ``packed=False``), the trace in the same terms."""
-    from .report import render, verdict_line
+    from .report import fill, render, terminal_width, verdict_line
 
     model, mode = result.options.model, result.options.mode
     packed = result.resolution.requirements.packed
@@ -87,7 +87,8 @@ def resolution_error(result: CheckResult, *, syntax: str = PYTHON) -> Resolution
     call = f"kernelguard.require({model!r}, mode={mode!r}, packed={packed})"
     return ResolutionError(
         f"{call}: {verdict_line(result, syntax=syntax).removeprefix('verdict: ')}",
-        fix="\n  ".join(_fixes(failing, packed_training=packed and mode == "training", syntax=syntax)),
+        fix="\n  ".join(fill(f, terminal_width() - 5, 4)
+                         for f in _fixes(failing, packed_training=packed and mode == "training", syntax=syntax)),
         details={"failing": failing},
         report=render(result, syntax=syntax),
     )

@@ -66,7 +66,7 @@ _REWRITES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"--no-packed\b"), "packed=False"),
     (re.compile(r"--packed\b"), "packed=True"),
     (re.compile(r"--hub\b"), "hub=True"),
-    (re.compile(r"no --arch\)"), "no arch= given)"),
+    (re.compile(r"no --arch\b(?! given)"), "no arch= given"),
     (re.compile(r"--arch (\d+\.\d+a?)"), r"arch='\1'"),
     (re.compile(r"--arch\b"), "arch="),
     (re.compile(r"--model (\S+?)(?=[),;]|$| )"), r"model='\1'"),

@@ -17,13 +17,13 @@ from kernelguard import registry
 from kernelguard import transformers_compat as compat
 from kernelguard.catalog import PACKAGES
 from kernelguard.errors import ConfigError, KernelFallbackError, UnsupportedTransformersError
+from kernelguard.guard import guard as _guard
 from kernelguard.guard import (
     CallSite,
     GuardReport,
     arm_tripwires,
     clear_fallback_events,
     fallback_events,
-    guard,
 )
 from kernelguard.import_hook import IMPORT_WATCHER
 from kernelguard.layer_guard import classify_closure
@@ -52,6 +52,12 @@ def _no_leftover_tripwires() -> Iterator[None]:
     REGISTRY.reset()
     assert not leftover, f"test left tripwires armed: {leftover}"
     assert IMPORT_WATCHER not in sys.meta_path
+
+
+def guard(model: Any, **kwargs: Any) -> GuardReport:
+    """kernelguard.guard for padded batches unless a test says ``packed=``: most tests here are about one call
+    site's classification, not about packing (the default, packed for training, has tests of its own)."""
+    return _guard(model, **{"packed": False, **kwargs})
 
 
 def _ids(n: int = 12) -> torch.Tensor:
