@@ -31,12 +31,13 @@ from typing import Any
 
 from kernelguard import registry
 from kernelguard import transformers_compat as compat
-from kernelguard.catalog import MODES, PACKED_REFERENCE
+from kernelguard.catalog import MODES
+from kernelguard.decisions import REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError
 from kernelguard.layer_guard import VARLEN_ATTENTION_IMPLEMENTATIONS, CallSite, collect_call_sites
 from kernelguard.policy import AllowPolicy
 from kernelguard.registry import FallbackEvent, clear_fallback_events, fallback_events
-from kernelguard.report import fill, layer_summary, render_call_sites, short_provider, terminal_width
+from kernelguard.report import fill, layer_summary, render_call_sites, short_provider, terminal_width, why_fix_block
 from kernelguard.terms import PYTHON, allow_hint, option_hint
 from kernelguard.tripwires import Tripwires, arm_tripwires
 
@@ -131,12 +132,12 @@ class GuardReport:
 
     def render(
         self, *, verbose: bool = False, width: int | None = None, syntax: str = PYTHON, call: str | None = None,
-        padded: str | None = None,
+        padded: str | None = None, fixes: bool = True,
     ) -> str:
         """One line per kernel (status, provider, layer count), or with ``verbose`` the per-layer table; a
         report with slow paths ends with a "why / fix" block spelled for ``syntax`` (see :mod:`kernelguard.terms`).
         Lines fit ``width`` (default: the terminal's, 100 when not a terminal); ``call`` and ``padded`` as in
-        :meth:`why_and_fix`."""
+        :meth:`why_and_fix`; ``fixes=False`` leaves the fix lines to the error that carries them."""
         verdict = "OK" if self.ok else "SLOW PATHS"
         if not self.kernel_sites:
             verdict += f" ({NO_SITES})"
@@ -145,8 +146,9 @@ class GuardReport:
             f"mode {self.mode}, packed={self.packed}: {verdict}"
         )
         rows = [(e.decision, _status(e, self.attention)) for e in self.entries]
-        why, fixes = self.why_and_fix(syntax=syntax, call=call, padded=padded) if not self.ok else ([], [])
-        return render_call_sites(header, rows, notes=self.notes, verbose=verbose, width=width, why=why, fixes=fixes)
+        why, fix = self.why_and_fix(syntax=syntax, call=call, padded=padded) if not self.ok else ([], [])
+        return render_call_sites(header, rows, notes=self.notes, verbose=verbose, width=width, why=why,
+                                 fixes=fix if fixes else [])
 
     def why_and_fix(
         self, *, syntax: str = PYTHON, call: str | None = None, padded: str | None = None
@@ -154,7 +156,8 @@ class GuardReport:
         """Why the offending sites are refused, and the fixes: install commands first, then an allow only for
         what an allow can accept (``call`` wraps it, e.g. ``"KernelGuardCallback({})"``), then padded batches
         (``padded``) for GDN references that no allow makes right in packed training."""
-        return _why_and_fix(self.offending(), syntax=syntax, call=call, padded=padded)
+        return _why_and_fix(self.offending(), packed_training=self.packed and self.mode == "training", syntax=syntax,
+                            call=call, padded=padded)
 
     def __repr__(self) -> str:
         return f"<GuardReport ok={self.ok} entries={len(self.entries)} armed={self.tripwires.armed}>"
@@ -179,7 +182,8 @@ def _status(e: CallSite, attention: str) -> str:
 
 
 def _why_and_fix(
-    offending: list[CallSite], *, syntax: str = PYTHON, call: str | None = None, padded: str | None = None
+    offending: list[CallSite], *, packed_training: bool, syntax: str = PYTHON, call: str | None = None,
+    padded: str | None = None,
 ) -> tuple[list[str], list[str]]:
     groups: dict[tuple[str, str, str], list[str]] = {}
     for e in offending:
@@ -187,7 +191,9 @@ def _why_and_fix(
     why = [f"{kernel} -> {provider} in {layer_summary(layers)}: {reason}"
            for (kernel, provider, reason), layers in groups.items()]
     fixes = list(dict.fromkeys(e.fix for e in offending if e.fix))
-    packed_only = sorted({e.kernel for e in offending if PACKED_REFERENCE in e.reason})  # no allow helps these
+    # A GDN torch reference cannot keep packed rows apart: no allow makes it acceptable, padded batches do.
+    packed_only = sorted({e.kernel for e in offending if packed_training and e.kind == REFERENCE
+                          and e.kernel != "attention"})
     allowable = list(dict.fromkeys(e.kernel for e in offending if e.kernel not in packed_only))
     if allowable:
         template = call or ("kernelguard.guard(model, {})" if syntax == PYTHON else "{}")
@@ -199,11 +205,11 @@ def _why_and_fix(
     return why, fixes
 
 
-def _offending_error(offending: list[CallSite]) -> KernelFallbackError:
-    why, fixes = _why_and_fix(offending)
+def _offending_error(offending: list[CallSite], *, packed_training: bool) -> KernelFallbackError:
+    why, fixes = _why_and_fix(offending, packed_training=packed_training)
     width = terminal_width()
-    lines = [f"kernelguard: {len(offending)} required kernel call site(s) would run a slow path:"]
-    lines.extend(fill(f"  {line}", width, 4) for line in why)
+    lines = [f"kernelguard: {len(offending)} required kernel call site(s) would run a slow path:",
+             *why_fix_block(why, [], width=width)]
     first = offending[0]
     # One command per line: an install command may end in a shell comment. "Fix: " comes first (5 columns).
     return KernelFallbackError(
@@ -304,7 +310,7 @@ def guard(
     _log_allowed_and_warned(report)
     offending = report.offending()
     if strict and offending:
-        raise _offending_error(offending)
+        raise _offending_error(offending, packed_training=report.packed and mode == "training")
     registry.remember_layer_paths(found.layer_paths)
     quiet_transformers_duplicates()
     for owner, name, kernel, site, closure in found.to_arm:

@@ -171,16 +171,18 @@ def _callback_refusal(
     naming this callback (an allow only where one can help: no allow keeps packed rows apart on a GDN
     torch reference, so padded batches are offered instead)."""
     from kernelguard.guard import inspect
+    from kernelguard.report import fill, terminal_width
 
     try:  # the same sites, judged again without arming or raising, for the summary and the fixes
         report = inspect(model, mode="training", packed=packed, allow=allow)
     except KernelGuardError:
         return e
     _, fixes = report.why_and_fix(call=CALLBACK_ALLOW, padded=PADDED)
-    text = report.render(verbose=verbose, call=CALLBACK_ALLOW, padded=PADDED)
+    text = report.render(verbose=verbose, call=CALLBACK_ALLOW, padded=PADDED, fixes=False)  # the error's Fix:
     return KernelFallbackError(
         f"kernelguard refused to start training (before step 1).\n{text}",
-        fix="\n  ".join(fixes), layer=e.layer, kernel=e.kernel, reason=e.reason, details=e.details,
+        fix="\n  ".join(fill(f, terminal_width() - 5, 4) for f in fixes), layer=e.layer, kernel=e.kernel,
+        reason=e.reason, details=e.details,
     )
 
 
