@@ -238,7 +238,7 @@ def _grouped(rows: list[tuple[Decision, str]], width: int) -> list[str]:
     lines = []
     for (kernel, label, provider, reason), layers in groups.items():
         count = len(dict.fromkeys(layers))
-        tail = f"  {count} layer{'s' if count != 1 else ''}"
+        tail = f"  {count:>3} {'layers' if count != 1 else 'layer'}"
         room = max(width - 2 - label_w - 2 - kernel_w - 2 - len(tail), 12)
         shown = provider if len(provider) <= room else provider[: room - 3] + "..."
         lines.append(f"  {label:<{label_w}}  {kernel:<{kernel_w}}  {shown:<{min(room, 40)}}{tail}".rstrip())
