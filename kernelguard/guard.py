@@ -37,7 +37,14 @@ from kernelguard.errors import ConfigError, KernelFallbackError
 from kernelguard.layer_guard import VARLEN_ATTENTION_IMPLEMENTATIONS, CallSite, collect_call_sites
 from kernelguard.policy import AllowPolicy
 from kernelguard.registry import FallbackEvent, clear_fallback_events, fallback_events
-from kernelguard.report import fill, layer_summary, render_call_sites, short_provider, terminal_width, why_fix_block
+from kernelguard.report import (
+    fill,
+    layer_summary,
+    render_call_sites,
+    short_provider,
+    terminal_width,
+    why_fix_block,
+)
 from kernelguard.terms import PYTHON, allow_hint, option_hint
 from kernelguard.tripwires import Tripwires, arm_tripwires
 

@@ -108,8 +108,10 @@ def render(result: CheckResult, *, syntax: str = CLI) -> str:
             f"kernelguard check: {req.family.name} ({result.model_origin}), {req.mode}{packed}, "
             f"transformers {req.transformers_version}"
         ),
-        f"target: {', '.join(f'sm {a}' for a in res.target.archs) or 'GPU arch unknown'} "
-        f"({in_terms(res.target.arch_source, syntax)})",
+        (
+            f"target: {', '.join(f'sm {a}' for a in res.target.archs) or 'GPU arch unknown'} "
+            f"({in_terms(res.target.arch_source, syntax)})"
+        ),
         _env_line(result),
         "",
     ]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["CLI", "PYTHON", "PYTEST", "SYNTAXES", "allow_hint", "in_terms", "option_hint"]
+__all__ = ["CLI", "PYTEST", "PYTHON", "SYNTAXES", "allow_hint", "in_terms", "option_hint"]
 
 CLI = "cli"
 PYTHON = "python"
@@ -46,7 +46,7 @@ def allow_hint(items: Iterable[str], syntax: str) -> str:
     return f"allow={names!r}"
 
 
-_OPTIONS_CLI = {("packed", False): "--no-packed", ("packed", True): "--packed", ("hub", True): "--hub"}
+_OPTIONS_CLI: dict[tuple[str, object], str] = {("packed", False): "--no-packed", ("packed", True): "--packed", ("hub", True): "--hub"}
 
 
 def option_hint(name: str, value: object, syntax: str) -> str:

@@ -19,7 +19,6 @@ from kernelguard import registry
 from kernelguard import transformers_compat as compat
 from kernelguard.catalog import PACKAGES
 from kernelguard.errors import ConfigError, KernelFallbackError, UnsupportedTransformersError
-from kernelguard.guard import guard as _guard
 from kernelguard.guard import (
     CallSite,
     GuardReport,
@@ -27,6 +26,7 @@ from kernelguard.guard import (
     clear_fallback_events,
     fallback_events,
 )
+from kernelguard.guard import guard as _guard
 from kernelguard.import_hook import IMPORT_WATCHER
 from kernelguard.layer_guard import classify_closure
 from kernelguard.policy import AllowPolicy
@@ -762,8 +762,8 @@ def test_report_is_one_line_per_kernel_and_fits_the_width(fresh_transformers_mod
         lines = text.splitlines()
         assert len(lines) < 30, text  # not 4 rows per GDN layer
         for kernel in ("causal_conv1d_fn", "chunk_gated_delta_rule"):
-            assert re.search(rf"^  FALLBACK +{kernel} +torch reference +12 layers$", text, re.M), text
-        assert re.search(r"^  FALLBACK +attention +sdpa +4 layers$", text, re.M), text
+            assert re.search(rf"^  FALLBACK +{kernel} +torch reference +12 layers$", text, re.MULTILINE), text
+        assert re.search(r"^  FALLBACK +attention +sdpa +4 layers$", text, re.MULTILINE), text
         assert all(len(line) <= 100 for line in lines if "pip install" not in line), text
         assert "why: chunk_gated_delta_rule -> torch reference in 12 layers (model.layers.0.linear_attn" in text
         assert "fix: or accept explicitly: kernelguard.guard(model, allow=['attention'])" in text
