@@ -3,6 +3,7 @@
 Public API (``import kernelguard`` stays cheap and never imports torch):
     require(model=..., mode=...)    import-time assertion for jobs (raises ResolutionError)
     guard(model, ...)               per-layer report + tripwires on torch reference paths
+    inspect(model, ...)             the same report, nothing armed, nothing raised
     check(...)                      the resolution behind ``kernelguard check``
 """
 
@@ -33,6 +34,7 @@ __all__ = [
     "__version__",
     "check",
     "guard",
+    "inspect",
     "require",
 ]
 
@@ -40,7 +42,7 @@ __all__ = [
 # in every pytest session). ``check`` and ``guard`` are also submodule names, and importing a submodule binds it on
 # its package, replacing the function of the same name; the package's module class refuses exactly that binding,
 # so ``kernelguard.check`` is the function however often and in whatever order things are imported or called.
-_LAZY = {"check": "api", "require": "api", "guard": "guard"}
+_LAZY = {"check": "api", "require": "api", "guard": "guard", "inspect": "guard"}
 
 
 class _Package(types.ModuleType):
@@ -64,4 +66,4 @@ sys.modules[__name__].__class__ = _Package
 
 if TYPE_CHECKING:
     from .api import check, require
-    from .guard import guard
+    from .guard import guard, inspect

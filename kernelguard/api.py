@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from .check import CheckOptions, CheckResult, run_check
 from .errors import ResolutionError
 from .policy import AllowPolicy
+from .terms import PYTHON
 
 __all__ = ["check", "require", "resolution_error"]
 
@@ -75,15 +76,40 @@ def require(
     return result
 
 
-def resolution_error(result: CheckResult) -> ResolutionError:
-    """The error ``require()`` raises for a failed ``result``: its verdict line, the failing kernels, the trace."""
-    from .report import render, verdict_line
+def resolution_error(result: CheckResult, *, syntax: str = PYTHON) -> ResolutionError:
+    """The error ``require()`` raises for a failed ``result``: its verdict line, the failing kernels, the fix in
+    ``syntax`` (Python keywords by default: ``allow=[...]``, ``packed=False``), the trace in the same terms."""
+    from .report import fill, render, terminal_width, verdict_line
 
     model, mode = result.options.model, result.options.mode
+    packed = result.resolution.requirements.packed
     failing = [v.kernel for v in result.resolution.verdicts if not v.ok]
+    call = f"kernelguard.require({model!r}, mode={mode!r}, packed={packed})"
     return ResolutionError(
-        f"kernelguard.require({model!r}, mode={mode!r}): {verdict_line(result).removeprefix('verdict: ')}",
-        fix="see the fix line under each rejected provider below, or accept a fallback with allow=[...]",
+        f"{call}: {verdict_line(result, syntax=syntax).removeprefix('verdict: ')}",
+        fix="\n  ".join(fill(f, terminal_width() - 5, 4)
+                         for f in _fixes(failing, packed_training=packed and mode == "training", syntax=syntax)),
         details={"failing": failing},
-        report=render(result),
+        report=render(result, syntax=syntax),
     )
+
+
+def _fixes(failing: list[str], *, packed_training: bool, syntax: str) -> list[str]:
+    """Install first; then only the allow items that can help: in packed training a GDN torch reference cannot
+    keep the examples apart, so no allow makes it acceptable, and padded batches are the other way out."""
+    from .catalog import VARLEN_ATTENTION
+    from .policy import ATTENTION
+    from .terms import allow_hint, option_hint
+
+    fixes = ["install the provider named in the fix line under each rejected provider below"]
+    if not failing:  # a served kernel whose numerics disagree: nothing to allow
+        return ["see the numerics above: a fast kernel that computes wrong values must not be used"]
+    allowable = [ATTENTION if k == VARLEN_ATTENTION else k for k in failing
+                 if k == VARLEN_ATTENTION or not packed_training]
+    packed_only = [k for k in failing if k != VARLEN_ATTENTION and packed_training]
+    if allowable:
+        fixes.append(f"or accept the slow path explicitly: {allow_hint(allowable, syntax)}")
+    if packed_only:
+        fixes.append(f"or check padded (unpacked) training with {option_hint('packed', False, syntax)}: "
+                     f"{', '.join(packed_only)} cannot run packed rows on the torch reference, whatever is allowed")
+    return fixes

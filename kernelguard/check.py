@@ -123,7 +123,7 @@ def _target(options: CheckOptions, env: Environment) -> Target:
         archs = tuple(dict.fromkeys(g.capability for g in env.gpus))
         source = "visible GPU: " + ", ".join(f"{g.index}: {g.name}" for g in env.gpus)
     else:
-        archs, source = (), "unknown (no GPU visible, no --arch)"
+        archs, source = (), "no GPU visible, no --arch"
     return Target(archs=archs, arch_source=source, allow=AllowPolicy.parse(options.allow), use_hub=options.hub)
 
 

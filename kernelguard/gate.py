@@ -115,6 +115,6 @@ def run_gate(
         raise GuardRefused(str(e)) from e
     if report.ok and not sections:
         return report
-    sections.append(report.render())
+    sections.append(report.render(syntax="cli"))  # `kernelguard train` prints it: fixes in its flags
     report.disarm()
     raise GuardRefused("\n\n".join(sections))

@@ -22,6 +22,8 @@ mistake. ``strict=False`` returns the report, which says "no gated-delta call si
 
 from __future__ import annotations
 
+import logging
+import re
 import sys
 from collections.abc import Iterable
 from types import TracebackType
@@ -29,12 +31,21 @@ from typing import Any
 
 from kernelguard import registry
 from kernelguard import transformers_compat as compat
-from kernelguard.catalog import MODES, PACKED_REFERENCE
+from kernelguard.catalog import MODES
+from kernelguard.decisions import REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError
 from kernelguard.layer_guard import VARLEN_ATTENTION_IMPLEMENTATIONS, CallSite, collect_call_sites
 from kernelguard.policy import AllowPolicy
 from kernelguard.registry import FallbackEvent, clear_fallback_events, fallback_events
-from kernelguard.report import render_call_sites
+from kernelguard.report import (
+    fill,
+    layer_summary,
+    render_call_sites,
+    short_provider,
+    terminal_width,
+    why_fix_block,
+)
+from kernelguard.terms import PYTHON, allow_hint, option_hint
 from kernelguard.tripwires import Tripwires, arm_tripwires
 
 __all__ = [
@@ -47,6 +58,8 @@ __all__ = [
     "clear_fallback_events",
     "fallback_events",
     "guard",
+    "inspect",
+    "quiet_transformers_duplicates",
 ]
 
 ALLOW_SOURCE = "allow= of kernelguard.guard()"
@@ -124,7 +137,14 @@ class GuardReport:
             "entries": [e.to_dict() for e in self.entries],
         }
 
-    def render(self) -> str:
+    def render(
+        self, *, verbose: bool = False, width: int | None = None, syntax: str = PYTHON, call: str | None = None,
+        padded: str | None = None, fixes: bool = True,
+    ) -> str:
+        """One line per kernel (status, provider, layer count), or with ``verbose`` the per-layer table; a
+        report with slow paths ends with a "why / fix" block spelled for ``syntax`` (see :mod:`kernelguard.terms`).
+        Lines fit ``width`` (default: the terminal's, 100 when not a terminal); ``call`` and ``padded`` as in
+        :meth:`why_and_fix`; ``fixes=False`` leaves the fix lines to the error that carries them."""
         verdict = "OK" if self.ok else "SLOW PATHS"
         if not self.kernel_sites:
             verdict += f" ({NO_SITES})"
@@ -133,7 +153,18 @@ class GuardReport:
             f"mode {self.mode}, packed={self.packed}: {verdict}"
         )
         rows = [(e.decision, _status(e, self.attention)) for e in self.entries]
-        return render_call_sites(header, rows, notes=self.notes)
+        why, fix = self.why_and_fix(syntax=syntax, call=call, padded=padded) if not self.ok else ([], [])
+        return render_call_sites(header, rows, notes=self.notes, verbose=verbose, width=width, why=why,
+                                 fixes=fix if fixes else [])
+
+    def why_and_fix(
+        self, *, syntax: str = PYTHON, call: str | None = None, padded: str | None = None
+    ) -> tuple[list[str], list[str]]:
+        """Why the offending sites are refused, and the fixes: install commands first, then an allow only for
+        what an allow can accept (``call`` wraps it, e.g. ``"KernelGuardCallback({})"``), then padded batches
+        (``padded``) for GDN references that no allow makes right in packed training."""
+        return _why_and_fix(self.offending(), packed_training=self.packed and self.mode == "training", syntax=syntax,
+                            call=call, padded=padded)
 
     def __repr__(self) -> str:
         return f"<GuardReport ok={self.ok} entries={len(self.entries)} armed={self.tripwires.armed}>"
@@ -157,25 +188,40 @@ def _status(e: CallSite, attention: str) -> str:
     return "FALLBACK"
 
 
-def _offending_error(offending: list[CallSite]) -> KernelFallbackError:
+def _why_and_fix(
+    offending: list[CallSite], *, packed_training: bool, syntax: str = PYTHON, call: str | None = None,
+    padded: str | None = None,
+) -> tuple[list[str], list[str]]:
     groups: dict[tuple[str, str, str], list[str]] = {}
     for e in offending:
-        groups.setdefault((e.kernel, e.implementation, e.reason), []).append(e.layer)
-    lines = [f"kernelguard: {len(offending)} required kernel call site(s) would run a slow path:"]
-    for (kernel, impl, reason), layers in groups.items():
-        lines.append(f"  {kernel} -> {impl} in {', '.join(layers)}: {reason}")
+        groups.setdefault((e.kernel, short_provider(e.decision), e.reason), []).append(e.layer)
+    why = [f"{kernel} -> {provider} in {layer_summary(layers)}: {reason}"
+           for (kernel, provider, reason), layers in groups.items()]
     fixes = list(dict.fromkeys(e.fix for e in offending if e.fix))
-    packed_only = {e.kernel for e in offending if PACKED_REFERENCE in e.reason}  # an allow cannot help these
+    # A GDN torch reference cannot keep packed rows apart: no allow makes it acceptable, padded batches do.
+    packed_only = sorted({e.kernel for e in offending if packed_training and e.kind == REFERENCE
+                          and e.kernel != "attention"})
     allowable = list(dict.fromkeys(e.kernel for e in offending if e.kernel not in packed_only))
     if allowable:
-        fixes.append(f"or accept explicitly: kernelguard.guard(model, allow={allowable!r})")
+        template = call or ("kernelguard.guard(model, {})" if syntax == PYTHON else "{}")
+        fixes.append(f"or accept explicitly: {template.format(allow_hint(allowable, syntax))}")
     if packed_only:
-        fixes.append(f"or train on unpacked batches (packed=False): {', '.join(sorted(packed_only))} cannot run "
-                     "packed rows on the torch reference")
+        fixes.append(f"or train on padded batches ({padded or option_hint('packed', False, syntax)}): "
+                     f"{', '.join(packed_only)} cannot keep packed rows apart on the torch reference, whatever "
+                     "is allowed")
+    return why, fixes
+
+
+def _offending_error(offending: list[CallSite], *, packed_training: bool) -> KernelFallbackError:
+    why, fixes = _why_and_fix(offending, packed_training=packed_training)
+    width = terminal_width()
+    lines = [f"kernelguard: {len(offending)} required kernel call site(s) would run a slow path:",
+             *why_fix_block(why, [], width=width)]
     first = offending[0]
-    # One command per line: an install command may end in a shell comment.
+    # One command per line: an install command may end in a shell comment. "Fix: " comes first (5 columns).
     return KernelFallbackError(
-        "\n".join(lines), fix="\n  ".join(fixes), layer=first.layer, kernel=first.kernel, reason=first.reason,
+        "\n".join(lines), fix="\n  ".join(fill(f, width - 5, 4) for f in fixes), layer=first.layer,
+        kernel=first.kernel, reason=first.reason,
         details={"offending": [e.to_dict() for e in offending]},
     )
 
@@ -215,40 +261,84 @@ def _nothing_to_guard(model: Any) -> ConfigError:
     )
 
 
-def guard(
-    model: Any,
-    *,
-    mode: str = "training",
-    packed: bool = False,
-    allow: Iterable[str] | AllowPolicy = (),
-    strict: bool = True,
-    attention: str = "error",
-) -> GuardReport:
-    """Report what every kernel call site of ``model`` runs and arm tripwires on its reference paths.
-
-    Strict (default): raises :class:`KernelFallbackError` listing every offending layer when a required call
-    site is slow and not allowed, and arms nothing; raises :class:`ConfigError` when ``model`` has no kernel
-    call site and no attention layer. ``strict=False``: reports and arms; the first entry into a reference
-    path still raises unless allowed.
-    """
+def _collect(model: Any, *, mode: str, packed: bool | None, allow: Iterable[str] | AllowPolicy, attention: str,
+             strict: bool) -> tuple[GuardReport, Any]:
     policy = _validate(model, mode, attention, allow)
+    packed = mode == "training" if packed is None else bool(packed)
     mechanism = compat.selection_mechanism()
     version = compat.transformers_version()
     device = _model_device(model)
     found = collect_call_sites(model, mechanism, mode=mode, packed=packed, policy=policy, device=device)
     if strict and not found.entries:
         raise _nothing_to_guard(model)
-    tripwires = Tripwires(policy, source=ALLOW_SOURCE)
-    report = GuardReport(found.entries, tripwires, device=device, mode=mode, packed=packed, attention=attention,
-                         transformers_version=version, mechanism=mechanism)
+    report = GuardReport(found.entries, Tripwires(policy, source=ALLOW_SOURCE), device=device, mode=mode,
+                         packed=packed, attention=attention, transformers_version=version, mechanism=mechanism)
+    return report, found
+
+
+def inspect(
+    model: Any,
+    *,
+    mode: str = "training",
+    packed: bool | None = None,
+    allow: Iterable[str] | AllowPolicy = (),
+    attention: str = "error",
+) -> GuardReport:
+    """What every kernel call site of ``model`` runs, without arming anything or raising on a slow site: the
+    report of :func:`guard` (``.ok``, ``.render()``, ``.to_dict()``) for a look, a log line or a CI artifact."""
+    report, _ = _collect(model, mode=mode, packed=packed, allow=allow, attention=attention, strict=False)
+    return report
+
+
+def guard(
+    model: Any,
+    *,
+    mode: str = "training",
+    packed: bool | None = None,
+    allow: Iterable[str] | AllowPolicy = (),
+    strict: bool = True,
+    attention: str = "error",
+) -> GuardReport:
+    """Report what every kernel call site of ``model`` runs and arm tripwires on its reference paths.
+
+    ``packed``: ``None`` (default) means packed for ``mode="training"``, as ``kernelguard check`` and
+    ``kernelguard.require()`` assume (kernelguard's own trainer packs); pass ``packed=False`` for padded batches.
+    Strict (default): raises :class:`KernelFallbackError` listing every offending layer when a required call
+    site is slow and not allowed, and arms nothing; raises :class:`ConfigError` when ``model`` has no kernel
+    call site and no attention layer. ``strict=False``: reports and arms; the first entry into a reference
+    path still raises unless allowed. The tripwires stay armed for the process until ``disarm()`` (or the end
+    of a ``with`` block); :func:`inspect` reports without arming.
+    """
+    report, found = _collect(model, mode=mode, packed=packed, allow=allow, attention=attention, strict=strict)
     _log_allowed_and_warned(report)
     offending = report.offending()
     if strict and offending:
-        raise _offending_error(offending)
+        raise _offending_error(offending, packed_training=report.packed and mode == "training")
     registry.remember_layer_paths(found.layer_paths)
+    quiet_transformers_duplicates()
     for owner, name, kernel, site, closure in found.to_arm:
-        tripwires.arm(owner, name, kernel, site, closure)
+        report.tripwires.arm(owner, name, kernel, site, closure)
     return report
+
+
+# transformers (>= 5.24) logs its own warning on a hub-wrapped function's first fallback call. An allowed
+# fallback that kernelguard already logged (with the layer and the reason) would read twice; only those records
+# are dropped, so a fallback kernelguard did not report keeps transformers' line.
+_TRANSFORMERS_FALLBACK = re.compile(r"^`([^`]+)` is falling back to its reference PyTorch implementation")
+_HUB_KERNELS_LOGGER = "transformers.integrations.hub_kernels"
+
+
+class _ReportedByKernelguard(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = _TRANSFORMERS_FALLBACK.match(str(record.msg))
+        return match is None or ("trip", match.group(1)) not in registry.REGISTRY.logged_once
+
+
+def quiet_transformers_duplicates() -> None:
+    """Install (once) the filter that drops transformers' fallback warning for calls kernelguard logged."""
+    target = logging.getLogger(_HUB_KERNELS_LOGGER)
+    if not any(isinstance(f, _ReportedByKernelguard) for f in target.filters):
+        target.addFilter(_ReportedByKernelguard())
 
 
 def _log_allowed_and_warned(report: GuardReport) -> None:

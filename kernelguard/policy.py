@@ -6,7 +6,8 @@ Sources (all parse through :meth:`AllowPolicy.parse`): ``kernelguard check --all
 
 - a known-issue ID (``kernelguard issues`` lists them): accept a stack that row rejects;
 - a kernel name (``chunk_gated_delta_rule``): accept that kernel's torch reference path;
-- ``attention``: accept an O(T^2) block-mask attention in packed training;
+- ``attention`` (also spelled ``varlen_attention``, the name of the row ``kernelguard check`` prints for it): accept
+  an O(T^2) block-mask attention in packed training;
 - ``untrusted-hub-repo``: accept Kernel Hub repositories outside the trusted organisations;
 - ``*``: accept every slow path (debugging only; everything stays visible in reports).
 
@@ -19,8 +20,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .catalog import VARLEN_ATTENTION
 from .errors import ConfigError
 from .known_issues import KNOWN_ISSUES, by_id
+
+__all__ = ["ALIASES", "ATTENTION", "EVERYTHING", "POLICY_ITEMS", "UNTRUSTED_HUB_REPO", "AllowPolicy",
+           "known_kernel_names"]
 
 ATTENTION = "attention"
 UNTRUSTED_HUB_REPO = "untrusted-hub-repo"
@@ -31,6 +36,9 @@ POLICY_ITEMS: dict[str, str] = {
     UNTRUSTED_HUB_REPO: "accept Kernel Hub repositories outside the trusted organisations",
     EVERYTHING: "accept every slow path (debugging only)",
 }
+# Other spellings of a policy item: `check` names the attention row after what it needs (a varlen attention),
+# the guard after the layer (attention); either word accepts the same thing.
+ALIASES: dict[str, str] = {VARLEN_ATTENTION: ATTENTION}
 
 # Kernel names are identifiers; known-issue IDs contain dashes. Used when transformers' source cannot be read.
 _KERNEL_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -82,6 +90,7 @@ class AllowPolicy:
             if not isinstance(raw, str):
                 raise _unknown(raw, source, known, expected_type=True)
             item = raw.strip()
+            item = ALIASES.get(item, item)
             if not item:
                 continue
             if item in flags:
@@ -155,7 +164,7 @@ def _unknown(item: object, source: str, kernels: frozenset[str] | None, *, expec
     found = f"a {type(item).__name__} ({item!r})" if expected_type else repr(item)
     return ConfigError(
         f"{source}: {found} is not a known issue ID, kernel name or policy. Known issues: {issue_ids}. "
-        f"Kernels: {kernel_list}. Policies: {', '.join(POLICY_ITEMS)}.",
+        f"Kernels: {kernel_list}. Policies: {', '.join(POLICY_ITEMS)} ({VARLEN_ATTENTION} = {ATTENTION}).",
         fix="`kernelguard issues` lists every known issue with what allowing it means",
         details={"source": source, "value": repr(item)},
     )

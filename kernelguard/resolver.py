@@ -405,7 +405,8 @@ def _resolve_attention(facts: Facts, target: Target, unchecked: list[str]) -> Ke
     candidates.append(Decision(
         VARLEN_ATTENTION, "sdpa / eager with a block mask", "reference", FALLBACK,
         "builds an O(T^2) block mask from packed position_ids for every full-attention layer"
-        + ("; explicitly allowed by --allow attention." if allowed else "; used only when nothing above serves."),
+        + ("; explicitly allowed by --allow attention." if allowed
+           else "; used only when nothing above serves (accept it with --allow attention)."),
     ))
     return _finish(VARLEN_ATTENTION, candidates, allowed_fallback=allowed)
 

@@ -15,7 +15,8 @@ PACKAGE = Path(kernelguard.__file__).parent
 
 # Lowest first. A module may import modules of its own layer or below.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("data", {"errors", "capability", "geometry", "known_issues", "catalog", "decisions", "facts", "install"}),
+    ("data", {"errors", "capability", "geometry", "known_issues", "catalog", "decisions", "facts", "install",
+              "terms"}),
     ("probes", {"env", "discovery", "providers", "providers.installed", "providers.hub",
                 "providers.kernels_release", "providers.fatbin",
                 "fla_refusal", "fla_autotune", "transformers_compat"}),

@@ -31,8 +31,9 @@ def test_a_refused_stack_and_a_refused_guard_come_back_as_one_report(fake_provid
         gate.run_gate(model, policy=policy, packed=True, stack=stack)
     stack_text, guard_text = info.value.report.split("\n\nkernelguard: transformers ", 1)
     assert stack_text == render(stack)
-    assert "packed=True: SLOW PATHS" in guard_text  # the guard's own refusal follows, with its per-layer table
-    assert "model.layers.0.linear_attn" in guard_text
+    assert "packed=True: SLOW PATHS" in guard_text  # the guard's own refusal follows, one line per kernel
+    assert "why: attention -> sdpa in model.layers.3.self_attn" in guard_text  # ... ending in why / fix
+    assert guard_text.endswith("fix: or accept explicitly: --allow attention")  # in the trainer's CLI terms
 
 
 def test_an_accepted_stack_passes_and_the_report_stays_armed(fake_providers: Path, tiny: Any) -> None:

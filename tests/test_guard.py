@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import re
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import MethodType
 from typing import Any
 
@@ -23,8 +25,8 @@ from kernelguard.guard import (
     arm_tripwires,
     clear_fallback_events,
     fallback_events,
-    guard,
 )
+from kernelguard.guard import guard as _guard
 from kernelguard.import_hook import IMPORT_WATCHER
 from kernelguard.layer_guard import classify_closure
 from kernelguard.policy import AllowPolicy
@@ -52,6 +54,12 @@ def _no_leftover_tripwires() -> Iterator[None]:
     REGISTRY.reset()
     assert not leftover, f"test left tripwires armed: {leftover}"
     assert IMPORT_WATCHER not in sys.meta_path
+
+
+def guard(model: Any, **kwargs: Any) -> GuardReport:
+    """kernelguard.guard for padded batches unless a test says ``packed=``: most tests here are about one call
+    site's classification, not about packing (the default, packed for training, has tests of its own)."""
+    return _guard(model, **{"packed": False, **kwargs})
 
 
 def _ids(n: int = 12) -> torch.Tensor:
@@ -688,3 +696,81 @@ def test_reset_returns_every_piece_of_process_state_to_its_initial_value(
     assert REGISTRY.scan.empty
     assert attention.varlen_impl() is None
     assert {n: f.cache_info().currsize for n, f in memos.items()} == dict.fromkeys(memos, 0)
+
+
+# --------------------------------------------------------------------------- defaults, inspect, output ---
+def test_packed_defaults_to_training_as_in_check_and_require(fresh_transformers_models: None, tiny: Any) -> None:
+    model = tiny.tiny_model("qwen3_5")
+    allow = ["chunk_gated_delta_rule", "causal_conv1d_fn", "attention"]
+    with pytest.raises(KernelFallbackError) as info:  # packed: no allow makes a GDN torch reference right
+        _guard(model, allow=allow)
+    assert "or train on padded batches (packed=False)" in (info.value.fix or "")
+    assert "allow=" not in (info.value.fix or "")
+    with _guard(model, packed=False, allow=allow) as report:
+        assert report.ok and report.packed is False
+    with _guard(model, mode="inference", strict=False, allow=allow) as report:
+        assert report.packed is False  # packing is a training question
+
+
+def test_inspect_reports_without_arming_or_raising(fresh_transformers_models: None, tiny: Any) -> None:
+    import kernelguard
+
+    model = tiny.tiny_model("qwen3_5")
+    report = kernelguard.inspect(model)
+    assert not report.ok and not report.tripwires.armed and not REGISTRY.armed_sites()
+    assert "SLOW PATHS" in report.render()
+    model(_ids())  # nothing armed: the reference path runs, nothing raises, nothing is recorded
+    assert fallback_events() == []
+
+
+def test_report_is_one_line_per_kernel_and_fits_the_width(fresh_transformers_models: None, tiny: Any) -> None:
+    model = tiny.tiny_model("qwen3_5", num_hidden_layers=16)
+    report = _guard(model, packed=True, strict=False)
+    with report:
+        text = report.render(width=100)
+        lines = text.splitlines()
+        assert len(lines) < 30, text  # not 4 rows per GDN layer
+        for kernel in ("causal_conv1d_fn", "chunk_gated_delta_rule"):
+            assert re.search(rf"^  FALLBACK +{kernel} +torch reference +12 layers$", text, re.MULTILINE), text
+        assert re.search(r"^  FALLBACK +attention +sdpa +4 layers$", text, re.MULTILINE), text
+        assert all(len(line) <= 100 for line in lines if "pip install" not in line), text
+        assert "why: chunk_gated_delta_rule -> torch reference in 12 layers (model.layers.0.linear_attn" in text
+        assert "fix: or accept explicitly: kernelguard.guard(model, allow=['attention'])" in text
+        assert "fix: or train on padded batches (packed=False)" in text
+        assert "--allow" not in text
+        cli = report.render(width=100, syntax="cli")
+        assert "fix: or accept explicitly: --allow attention" in cli
+        verbose = report.render(verbose=True)
+        assert "model.layers.13.linear_attn" in verbose and len(verbose.splitlines()) > 16 * 4
+
+
+def test_refusal_message_fits_the_terminal(fresh_transformers_models: None, tiny: Any,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(KernelFallbackError) as info:
+        _guard(tiny.tiny_model("qwen3_5", num_hidden_layers=16), packed=False)
+    lines = str(info.value).splitlines()
+    assert all(len(line) <= 80 for line in lines if "pip install" not in line), str(info.value)
+    joined = " ".join(" ".join(lines).split())
+    assert "12 layers (model.layers.0.linear_attn, model.layers.1.linear_attn ... model.layers.14" in joined
+
+
+def test_an_allowed_fallback_is_logged_once_not_also_by_transformers(
+    fresh_transformers_models: None, tiny: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from transformers.integrations import hub_kernels
+
+    if "is falling back to its reference PyTorch implementation" not in Path(hub_kernels.__file__).read_text():
+        pytest.skip("this transformers logs no fallback warning of its own")
+    hub_kernels.logger.warning_once.cache_clear()  # logged once per process: let this test see it
+    caplog.set_level(logging.WARNING)
+    model = tiny.tiny_model("qwen3_5")
+    with _guard(model, packed=False, allow=["chunk_gated_delta_rule"], strict=False):
+        with pytest.raises(KernelFallbackError):
+            model(_ids())  # causal_conv1d_fn is not allowed: raised before transformers' wrapper runs
+        with _guard(model, packed=False, allow=["chunk_gated_delta_rule", "causal_conv1d_fn"]):
+            model(_ids())
+    messages = [r.getMessage() for r in caplog.records]
+    ours = [m for m in messages if m.startswith("kernelguard: allowed fallback") and "chunk_gated_delta_rule" in m]
+    theirs = [m for m in messages if m.startswith("`chunk_gated_delta_rule` is falling back")]
+    assert len(ours) == 1 and theirs == [], messages

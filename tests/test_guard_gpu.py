@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent(
 
     model = tiny_model("qwen3_5").to("cuda", torch.bfloat16)
     try:
-        report = kernelguard.guard(model, mode="training")
+        report = kernelguard.guard(model, mode="training", packed=False)
     except KernelFallbackError as exc:
         print("REFUSED AT GUARD TIME")
         print(exc)

@@ -3,6 +3,7 @@ fast providers, passes with the fake ones, honours the allow list, detects packe
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +75,12 @@ def test_refuses_before_step_one_without_fast_providers(
         trainer.train()
     text = str(info.value)
     assert text.startswith("kernelguard refused to start training (before step 1).")
-    for kernel in GDN_KERNELS:  # the per-layer table and the summary name every slow kernel
-        assert f"{kernel} -> " in text
-        assert f"model.layers.0.linear_attn  {kernel}" in text
-    assert "FALLBACK" in text
+    for kernel in GDN_KERNELS:  # one line per kernel, then why / fix naming every slow kernel and its layers
+        assert re.search(rf"\n  FALLBACK +{kernel} +torch reference +3 layers\n", text), text
+        assert f"why: {kernel} -> torch reference in model.layers.0.linear_attn" in text
+    assert "model.layers.0.linear_attn  " not in text  # the per-layer table only with verbose=True
+    assert all(len(line) <= 100 for line in text.splitlines() if "pip install" not in line), text  # commands stay whole
+    assert text.count("or accept explicitly") == 1  # the fixes once, after "Fix:"
     assert "pip install" in info.value.fix
     assert "KernelGuardCallback(allow=['causal_conv1d_fn', 'chunk_gated_delta_rule'])" in info.value.fix
     assert trainer.state.global_step == 0
@@ -121,8 +124,18 @@ def test_passes_with_fake_providers_and_records_them(
     assert summary["check"] == "not run (the stack check needs the model on a CUDA device)"
     err = capsys.readouterr().err
     assert err.count("kernelguard: guard passed") == 1
-    assert "model.layers.0.linear_attn" in err  # the provider table, not only "passed"
+    assert re.search(r"\n  fast +chunk_gated_delta_rule +fla 0\.6\.0\S* +3 layers\n", err), err  # per kernel
+    assert "model.layers.0.linear_attn" not in err  # the per-layer table only with verbose=True
     assert callback.report is None  # disarmed on train end
+
+
+def test_verbose_callback_prints_the_per_layer_table(
+    fake_providers: Path, tiny: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trainer = _trainer(tiny.tiny_model("qwen3_5").train(), tmp_path, KernelGuardCallback(verbose=True))
+    trainer.train()
+    err = capsys.readouterr().err
+    assert re.search(r"model\.layers\.0\.linear_attn +chunk_gated_delta_rule +fast", err), err
 
 
 def test_allow_list_trains_on_the_reference_path_and_disarms_after(

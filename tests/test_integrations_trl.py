@@ -74,9 +74,12 @@ def test_sft_padding_free_refuses_before_step_one_without_fast_providers(
     text = str(info.value)
     assert "packed=True" in text  # detected from SFTConfig.padding_free
     for kernel in ("chunk_gated_delta_rule", "causal_conv1d_fn", "attention"):
-        assert f"  {kernel} -> " in text
+        assert f"why: {kernel} -> " in text
     assert "pip install 'flash-linear-attention>=0.6.0,<1'" in info.value.fix  # check's command, pinned
     assert "kernelguard_varlen" in info.value.fix
+    # Packed: only attention can be allowed; the GDN kernels need padded batches (no allow keeps rows apart).
+    assert "KernelGuardCallback(allow=['attention'])" in info.value.fix
+    assert "padding_free=False" in info.value.fix
     assert trainer.state.global_step == 0
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 

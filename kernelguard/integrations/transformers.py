@@ -31,7 +31,6 @@ from transformers import TrainerCallback
 
 from kernelguard import gate
 from kernelguard.attention import VARLEN_NAME, register_varlen_attention
-from kernelguard.catalog import PACKED_REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError, KernelGuardError
 
 __all__ = [
@@ -152,34 +151,38 @@ def check_stack(model: Any, *, allow: tuple[str, ...], packed: bool, model_ref: 
     return result
 
 
-def guard_model(model: Any, *, allow: tuple[str, ...], packed: bool) -> Any:
-    """:func:`kernelguard.gate.guard_model`, strict; on refusal the error carries the whole per-layer table and
-    a fix that names this callback's ``allow=``."""
+CALLBACK_ALLOW = "KernelGuardCallback({})"
+PADDED = "padding_free=False, no flattening collator"
+
+
+def guard_model(model: Any, *, allow: tuple[str, ...], packed: bool, verbose: bool = False) -> Any:
+    """:func:`kernelguard.gate.guard_model`, strict; on refusal the error carries the guard's summary (the
+    per-layer table with ``verbose``) and fixes that name this callback's ``allow=`` and padded batches."""
     try:
         return gate.guard_model(model, allow=allow, packed=packed, strict=True)
     except KernelFallbackError as e:
-        table = ""
-        try:  # the non-strict guard reports every site without raising; it arms, so disarm at once
-            with gate.guard_model(model, allow=allow, packed=packed) as soft:
-                table = soft.render() + "\n\n"
-        except KernelGuardError:
-            pass
-        raise _callback_refusal(e, table, packed=packed) from None
+        raise _callback_refusal(e, model, allow=allow, packed=packed, verbose=verbose) from None
 
 
-def _callback_refusal(e: KernelFallbackError, table: str, *, packed: bool) -> KernelFallbackError:
-    """The guard's refusal restated for a Trainer user: before step 1, the table, fixes naming this callback."""
-    offending = e.details.get("offending", [])
-    kernels = list(dict.fromkeys(site["kernel"] for site in offending)) or [e.kernel]
-    fixes = list(dict.fromkeys(site["fix"] for site in offending if site.get("fix")))
-    if packed and any(PACKED_REFERENCE in str(site.get("reason", "")) for site in offending):
-        # An allow cannot make a GDN torch reference keep packed examples apart: offer padded batches.
-        fixes.append("or train on padded batches (padding_free=False, no flattening collator)")
-    else:
-        fixes.append(f"or accept the slow path explicitly: KernelGuardCallback(allow={kernels!r})")
+def _callback_refusal(
+    e: KernelFallbackError, model: Any, *, allow: tuple[str, ...], packed: bool, verbose: bool
+) -> KernelFallbackError:
+    """The guard's refusal restated for a Trainer user: before step 1, the report ending in why / fix, fixes
+    naming this callback (an allow only where one can help: no allow keeps packed rows apart on a GDN
+    torch reference, so padded batches are offered instead)."""
+    from kernelguard.guard import inspect
+    from kernelguard.report import fill, terminal_width
+
+    try:  # the same sites, judged again without arming or raising, for the summary and the fixes
+        report = inspect(model, mode="training", packed=packed, allow=allow)
+    except KernelGuardError:
+        return e
+    _, fixes = report.why_and_fix(call=CALLBACK_ALLOW, padded=PADDED)
+    text = report.render(verbose=verbose, call=CALLBACK_ALLOW, padded=PADDED, fixes=False)  # the error's Fix:
     return KernelFallbackError(
-        f"kernelguard refused to start training (before step 1).\n{table}{e.message}",
-        fix="; ".join(fixes), layer=e.layer, kernel=e.kernel, reason=e.reason, details=e.details,
+        f"kernelguard refused to start training (before step 1).\n{text}",
+        fix="\n  ".join(fill(f, terminal_width() - 5, 4) for f in fixes), layer=e.layer, kernel=e.kernel,
+        reason=e.reason, details=e.details,
     )
 
 
@@ -202,13 +205,13 @@ def _check_packed_sequences(report: Any, packing: Packing) -> None:
 
 
 def training_gate(
-    model: Any, *, allow: Iterable[str] = (), packing: Packing, model_ref: str | None = None
+    model: Any, *, allow: Iterable[str] = (), packing: Packing, model_ref: str | None = None, verbose: bool = False
 ) -> tuple[Any, Any]:
     """Check the stack, guard the model, check the packed batches' boundaries. Returns (GuardReport armed for the
     run, CheckResult or None); raises the kernelguard error that says what is slow or wrong and the fix."""
     allowed = tuple(allow)
     result = check_stack(model, allow=allowed, packed=packing.packed, model_ref=model_ref)
-    report = guard_model(model, allow=allowed, packed=packing.packed)
+    report = guard_model(model, allow=allowed, packed=packing.packed, verbose=verbose)
     _check_packed_sequences(report, packing)
     return report, result
 
@@ -304,7 +307,8 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
     ``allow``: kernel names (``"chunk_gated_delta_rule"``), ``"attention"``, known-issue IDs or ``"*"`` — slow
     paths accepted explicitly (logged). ``model``: family name, config.json or model folder for the stack check
     (default: the trained model's own config). ``packed``: ``None`` detects it from the trainer arguments and
-    the collator. ``verbose``: print the provider table on rank 0 when the gate passes.
+    the collator. On rank 0 a passing gate prints one line per kernel (status, provider, layer count);
+    ``verbose=True`` prints the per-layer table instead, on success and in a refusal.
     """
 
     def __init__(
@@ -313,7 +317,7 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         allow: Iterable[str] = (),
         model: str | None = None,
         packed: bool | None = None,
-        verbose: bool = True,
+        verbose: bool = False,
     ) -> None:
         self.allow = _parse_allow(allow)
         self.model_ref = model
@@ -333,7 +337,7 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         error: KernelGuardError | None = None
         try:
             self.report, self.check_result = training_gate(
-                model, allow=self.allow, packing=self.packing, model_ref=self.model_ref
+                model, allow=self.allow, packing=self.packing, model_ref=self.model_ref, verbose=self.verbose
             )
         except KernelGuardError as e:
             error = e
@@ -344,8 +348,8 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
             raise
         self.summary = providers_summary(self.report, self.packing, self.check_result)
         state.log_history.append({LOG_KEY: self.summary, "step": state.global_step})
-        if self.verbose and getattr(state, "is_world_process_zero", True):
-            print(f"kernelguard: guard passed ({self.packing.source}).\n{self.report.render()}",
+        if getattr(state, "is_world_process_zero", True):
+            print(f"kernelguard: guard passed ({self.packing.source}).\n{self.report.render(verbose=self.verbose)}",
                   file=sys.stderr, flush=True)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -1,0 +1,99 @@
+"""One vocabulary, spelled in each caller's syntax: how a fix or hint reads on the CLI, in Python, under pytest.
+
+Every entry point names the same things (allow items, the target arch, packed or padded batches); only the
+syntax differs. A user of ``kernelguard.require()`` must read ``allow=['attention']`` and ``packed=False``, never
+``--allow attention`` or ``--no-packed``, and never an exit code. So:
+
+- :func:`allow_hint` spells "accept these allow items" for a syntax (``cli``: ``--allow X``; ``python``:
+  ``allow=['X']``; ``pytest``: ``@pytest.mark.kernelguard(allow=['X'])``; ``pytest-option``:
+  ``--kernelguard-allow X``; ``pytest-ini``: ``kernelguard_allow = X``);
+- :func:`option_hint` spells one option (``arch``, ``packed``, ``hub``, ``model``);
+- :func:`in_terms` rewrites a sentence written in CLI terms (the resolver's reasons and fixes are written for
+  ``kernelguard check``, its first audience) into another syntax. Text between backticks is a literal command
+  (``kernelguard check --run ...``) and stays as written.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+__all__ = ["CLI", "PYTEST", "PYTHON", "SYNTAXES", "allow_hint", "in_terms", "option_hint"]
+
+CLI = "cli"
+PYTHON = "python"
+PYTEST = "pytest"
+SYNTAXES = (CLI, PYTHON, PYTEST, "pytest-option", "pytest-ini")
+
+
+def _check(syntax: str) -> None:
+    if syntax not in SYNTAXES:
+        raise ValueError(f"syntax must be one of {SYNTAXES}, got {syntax!r}")
+
+
+def allow_hint(items: Iterable[str], syntax: str) -> str:
+    """``items`` accepted, in ``syntax``: the words a user of that entry point types."""
+    _check(syntax)
+    names = list(dict.fromkeys(items))
+    if syntax == CLI:
+        return " ".join(f"--allow {i}" for i in names)
+    if syntax == "pytest-option":
+        return " ".join(f"--kernelguard-allow {i}" for i in names)
+    if syntax == "pytest-ini":
+        return "\n".join(["kernelguard_allow ="] + [f"    {i}" for i in names])
+    if syntax == PYTEST:
+        return f"@pytest.mark.kernelguard(allow={names!r})"
+    return f"allow={names!r}"
+
+
+_OPTIONS_CLI: dict[tuple[str, object], str] = {("packed", False): "--no-packed", ("packed", True): "--packed", ("hub", True): "--hub"}
+
+
+def option_hint(name: str, value: object, syntax: str) -> str:
+    """One option in ``syntax``: ``option_hint("arch", "9.0", "cli")`` is ``--arch 9.0``, in Python ``arch='9.0'``."""
+    _check(syntax)
+    if syntax == CLI:
+        flag = _OPTIONS_CLI.get((name, value))
+        return flag if flag is not None else f"--{name} {value}"
+    return f"{name}={value!r}"
+
+
+# CLI spellings of the shared options, as the resolver writes them. Item: an allow item or ID (no dots, so a
+# sentence's full stop is not taken for part of it).
+_ITEM = r"[A-Za-z0-9_*](?:[\w*-]*[\w*])?"
+_REWRITES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r" \(exit \d+\)"), ""),
+    (re.compile(r"--no-packed\b"), "packed=False"),
+    (re.compile(r"--packed\b"), "packed=True"),
+    (re.compile(r"--hub\b"), "hub=True"),
+    (re.compile(r"no --arch\b(?! given)"), "no arch= given"),
+    (re.compile(r"--arch (\d+\.\d+a?)"), r"arch='\1'"),
+    (re.compile(r"--arch\b"), "arch="),
+    (re.compile(r"--model (\S+?)(?=[),;]|$| )"), r"model='\1'"),
+)
+_ALLOW = re.compile(rf"--allow(?: ({_ITEM}))?(?![\w-])")
+
+
+def in_terms(text: str, syntax: str) -> str:
+    """``text`` written in CLI terms, rewritten for ``syntax`` (identity for ``cli``)."""
+    _check(syntax)
+    if syntax == CLI or "-" not in text:
+        return text
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # even parts are outside backticks
+        parts[i] = _rewrite(parts[i], syntax)
+    return "`".join(parts)
+
+
+def _rewrite(text: str, syntax: str) -> str:
+    for pattern, replacement in _REWRITES:
+        text = pattern.sub(replacement, text)
+    allow_syntax = "pytest-option" if syntax.startswith(PYTEST) else PYTHON
+
+    def allow(match: re.Match[str]) -> str:
+        item = match.group(1)
+        if item is None:
+            return "--kernelguard-allow" if allow_syntax == "pytest-option" else "allow="
+        return allow_hint([item], allow_syntax)
+
+    return _ALLOW.sub(allow, text)
