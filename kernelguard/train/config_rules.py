@@ -122,6 +122,14 @@ RULES: tuple[Rule, ...] = (
     _one_of("loss", LOSS_CHOICES, "--loss chunked"),
     _must("peak_tflops", lambda v: v > 0, "> 0", "--peak-tflops 989"),
     _must("save_steps", lambda v: v >= 0, ">= 0", "--save-steps 0"),
+    _must("profile_step", lambda v: v >= 0, ">= 0 (0: never profile)", "--profile-step 3"),
+    _must("profile_every", lambda v: v >= 0, ">= 0 (0: profile once)", "--profile-every 500"),
+    Rule(
+        ("profile_trace", "profile_step"),
+        lambda trace, step: trace is None or step > 0,
+        "profile_trace ({profile_trace}) was given with profile_step 0; the trace is of the profiled step.",
+        "pass --profile-step N (default 3) with --profile-trace DIR",
+    ),
     _positive("save_total_limit", "--save-total-limit 2, or leave it out to keep all"),
     Rule(
         ("resume_anyway", "resume"),
