@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -149,3 +150,29 @@ def test_train_writes_the_figures_to_metrics_and_the_summary(tmp_path: Path) -> 
     assert (tmp_path / "trace" / "trace_step2.json").exists()
     assert "kernelguard train: profile (2 window(s)): step 4: GPU busy n/a (no GPU)" in r.stderr
     assert "launch-bound:" not in r.stderr
+
+
+def test_the_callback_records_the_figures_in_log_history(
+    fake_providers: Path, tiny: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transformers import Trainer, TrainingArguments, default_data_collator
+
+    from kernelguard.integrations.transformers import PROFILE_KEY, KernelGuardCallback
+
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": (ids := torch.randint(3, 256, (12,), generator=g)), "labels": ids} for _ in range(8)]
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=2, report_to="none",
+        use_cpu=True, save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0,
+    )
+    callback = KernelGuardCallback(verbose=False, profile_step=2, profile_every=2)
+    trainer = Trainer(model=tiny.tiny_model("qwen3_5").train(), args=args, train_dataset=rows,
+                      data_collator=default_data_collator, callbacks=[callback])
+    trainer.train()
+    profiled = [(e["step"], e[PROFILE_KEY]) for e in trainer.state.log_history if PROFILE_KEY in e]
+    assert [step for step, _ in profiled] == [2, 4]
+    for _, figures in profiled:
+        assert figures["gpu_busy_pct"] is None and figures["cpu_ops_per_step"] > 0 and not figures["launch_bound"]
+    err = capsys.readouterr().err
+    assert "kernelguard: profile (2 window(s)): step 4: GPU busy n/a (no GPU)" in err and "launch-bound:" not in err
+    assert callback.profiler is None  # dropped on train end
