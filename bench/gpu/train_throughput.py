@@ -16,6 +16,8 @@ step, FSDP2 included. Variants differ only in their input batches and TrainConfi
   product         what `kernelguard train` runs by default: best-fit-decreasing blocks of exactly
                   --tokens-per-batch tokens (build_packed_block), kernelguard_varlen attention, AC, chunked loss.
   product_noac    product with --no-activation-checkpointing.
+  product_default exactly `kernelguard train` with no performance flags: activation checkpointing auto (the
+                  memory estimate decides on this GPU; the JSON records the choice), no compile.
 
 Levers (``--lever``, measured one at a time): ``compile`` is the product's ``--compile`` (regional torch.compile of
 each decoder layer, fla/causal-conv1d/attention left opaque: kernelguard.train.compile), so the JSON still says
@@ -66,7 +68,7 @@ from step_stats import steady_rate, steady_stats  # noqa: E402
 class Variant:
     layout: str  # padded | stock_flash | stock_defaults | packed
     attention: str  # TrainConfig.attention
-    activation_checkpointing: bool
+    activation_checkpointing: bool | None  # None: auto, as `kernelguard train` defaults
     loss: str  # TrainConfig.loss
     hide: tuple[str, ...] = ()
     product_path: bool = False  # exactly what `kernelguard train` runs (before levers)
@@ -78,6 +80,7 @@ VARIANTS: dict[str, Variant] = {
     "stock_defaults": Variant("stock_defaults", "sdpa", True, "logits"),
     "product": Variant("packed", "auto", True, "chunked", product_path=True),
     "product_noac": Variant("packed", "auto", False, "chunked", product_path=True),
+    "product_default": Variant("packed", "auto", None, "chunked", product_path=True),
 }
 LEVERS = ("compile", "liger", "sac2")
 
@@ -408,6 +411,28 @@ def profile_counts(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> 
     }
 
 
+def detector_figures(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> dict[str, Any]:
+    """`kernelguard train`'s launch-bound detector (kernelguard.train.profiling) on this variant's step, as the
+    loop runs it: two unprofiled steps give the reference step time, the third is profiled."""
+    import torch
+
+    from kernelguard.train.profiling import StepProfiler
+
+    said: list[str] = []
+    detector = StepProfiler(first_step=3, every=0, device=torch.device(device), log=said.append)
+    for step in range(1, 4):
+        detector.run(step, step_fn, batches[step % len(batches)])
+    (window,) = detector.profiles
+    return {
+        **window.record(),
+        "launch_bound": window.launch_bound,
+        "says": said,
+        "summary": detector.summary(),
+        "reference_step_s": window.reference_step_s,
+        "profiled_step_s": round(window.wall_s, 4),
+    }
+
+
 def lift_refusal(key_dim: int, device: Any) -> tuple[bool, str]:
     """fla's Hopper refusal, lifted only at key head dim >= 128 (measured correct on the H200)."""
     import torch
@@ -540,6 +565,10 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         prof = profile_counts(one_step, schedule[args.warmup + args.steps :], device)
     except Exception as exc:  # noqa: BLE001 - keep the throughput figures even if profiling fails
         prof = {"profiler_error": f"{type(exc).__name__}: {exc}"}
+    try:
+        result["detector"] = detector_figures(one_step, measured, device)
+    except Exception as exc:  # noqa: BLE001 - keep the throughput figures even if the detector fails
+        result["detector"] = {"error": f"{type(exc).__name__}: {exc}"}
     # Warm-up and measured steps together through the one statistic: outliers (autotune, recompile) are listed
     # and excluded, and every figure below is over the steady steps only.
     stats = steady_stats(warm + times, warmup=len(warm))
@@ -566,7 +595,9 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
             "fla_hopper_refusal_lifted": lifted,
             "flags": {
                 "attention": cfg.runtime.attention,
-                "activation_checkpointing": cfg.runtime.activation_checkpointing,
+                "activation_checkpointing": "auto" if cfg.runtime.activation_checkpointing is None
+                else cfg.runtime.activation_checkpointing,
+                "activation_checkpointing_applied": built.activation_checkpointing,
                 "loss": cfg.runtime.loss,
                 "param_dtype": cfg.runtime.param_dtype,
                 "layout": variant.layout,
@@ -682,6 +713,16 @@ def summarize(combined: dict[str, Any]) -> None:
     combined["mfu_vs_measured_matmul"] = {
         v: r.get("mfu_vs_measured_matmul") for v, r in combined["variants"].items()
     }
+    combined["detector"] = {
+        v: {k: r["detector"].get(k) for k in ("gpu_busy_pct", "launch_bound", "kernels_per_step", "cpu_s_per_step")}
+        for v, r in combined["variants"].items()
+        if isinstance(r.get("detector"), dict)
+    }
+    combined["step_stats"] = {
+        v: {k: r["step_stats"].get(k) for k in ("median_s", "min_s", "max_s", "steady_steps", "outliers")}
+        for v, r in combined["variants"].items()
+        if r.get("step_stats")
+    }
     combined["note"] = (
         "Ratios are only meaningful within this one run/machine (the fallback is CPU-launch-bound). "
         "Variants with fla_hopper_refusal_lifted=true ran fla's Triton backward past its Hopper refusal."
@@ -787,7 +828,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(
                 {
                     k: result.get(k)
-                    for k in ("tokens_per_s", "speedup_vs_fallback", "speedup_vs_stock_best", "errors")
+                    for k in ("tokens_per_s", "speedup_vs_fallback", "speedup_vs_stock_best", "detector", "errors")
                 },
                 default=str,
             )

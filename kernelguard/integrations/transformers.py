@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 LOG_KEY = "kernelguard"
+PROFILE_KEY = "kernelguard_profile"  # log_history entries of the launch-bound detector's profiled steps
 # Trainer arguments (TRL's SFTConfig) under which the collator flattens a batch into one packed row.
 _PACKING_STRATEGIES_THAT_FLATTEN = ("bfd", "bfd_split")
 
@@ -301,6 +302,20 @@ def _verdict(check: Any) -> str:
     return verdict_line(check).removeprefix("verdict: ")
 
 
+def _step_profiler(settings: tuple[int, int, Any], model: Any, state: Any) -> Any:
+    """The launch-bound detector of `kernelguard train`, on rank 0 only (None elsewhere or when off)."""
+    first, every, trace = settings
+    if first <= 0 or not getattr(state, "is_world_process_zero", True):
+        return None
+    from kernelguard.train.profiling import StepProfiler
+
+    device = next((p.device for p in model.parameters()), None)
+    return StepProfiler(
+        first_step=first, every=every, trace_dir=Path(trace) if trace else None, device=device,
+        log=lambda message: print(f"kernelguard: {message}", file=sys.stderr, flush=True),
+    )
+
+
 class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
     """Stops ``Trainer`` / ``SFTTrainer`` before step 1 when a kernel would run its slow torch fallback.
 
@@ -308,7 +323,9 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
     paths accepted explicitly (logged). ``model``: family name, config.json or model folder for the stack check
     (default: the trained model's own config). ``packed``: ``None`` detects it from the trainer arguments and
     the collator. On rank 0 a passing gate prints one line per kernel (status, provider, layer count);
-    ``verbose=True`` prints the per-layer table instead, on success and in a refusal.
+    ``verbose=True`` prints the per-layer table instead, on success and in a refusal. ``profile_step``,
+    ``profile_every``, ``profile_trace``: `kernelguard train`'s launch-bound detector (its flags of the same
+    names; 0 turns it off); rank 0's figures go to ``log_history`` under ``"kernelguard_profile"``.
     """
 
     def __init__(
@@ -318,6 +335,9 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         model: str | None = None,
         packed: bool | None = None,
         verbose: bool = False,
+        profile_step: int = 3,
+        profile_every: int = 500,
+        profile_trace: str | Path | None = None,
     ) -> None:
         self.allow = _parse_allow(allow)
         self.model_ref = model
@@ -327,6 +347,8 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         self.check_result: Any = None
         self.packing: Packing | None = None
         self.summary: dict[str, Any] | None = None
+        self.profile = (profile_step, profile_every, profile_trace)
+        self.profiler: Any = None  # kernelguard.train.profiling.StepProfiler on rank 0 while training runs
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.disarm()  # a previous train() that crashed never reached on_train_end
@@ -352,7 +374,21 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
             print(f"kernelguard: guard passed ({self.packing.source}).\n{self.report.render(verbose=self.verbose)}",
                   file=sys.stderr, flush=True)
 
+        self.profiler = _step_profiler(self.profile, model, state)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.profiler is not None:
+            self.profiler.begin(state.global_step + 1)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        figures = self.profiler.end(state.global_step) if self.profiler is not None else {}
+        if figures:
+            state.log_history.append({PROFILE_KEY: figures, "step": state.global_step})
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.profiler is not None and self.profiler.summary():
+            print(f"kernelguard: {self.profiler.summary()}", file=sys.stderr, flush=True)
+        self.profiler = None
         self.disarm()
 
     def disarm(self) -> None:

@@ -279,6 +279,18 @@ class MetricsSection:
     )
     plot: bool = setting(True, "write metrics.png")
     progress: bool = setting(True, "progress bar")
+    # One profiled step every few hundred keeps the cost far below the 2% a run can spare (measured and
+    # reported with the figures); step 3 comes after the first steps' compilation and autotuning.
+    profile_step: int = setting(
+        3,
+        "profile this step (0: never): GPU busy % of the step, kernels and CPU time per step into metrics.jsonl, "
+        "and a one-line warning naming the launch-heavy ops when the GPU runs kernels < 70% of the step",
+        metavar="N",
+    )
+    profile_every: int = setting(500, "profile again every N steps after --profile-step (0: once)", metavar="N")
+    profile_trace: Path | None = setting(  # noqa: RUF009
+        None, "also write the first profiled step as a Chrome/Perfetto trace (DIR/trace_stepN.json)", metavar="DIR"
+    )
 
     def __post_init__(self) -> None:
         validate(self)

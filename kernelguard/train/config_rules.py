@@ -147,6 +147,14 @@ RULES: tuple[Rule, ...] = (
         "{name} is {value!r}; expected a size such as 5GB, 500MB or 2GiB.",
         "--max-shard-size 5GB",
     ),
+    _must("profile_step", lambda v: v >= 0, ">= 0 (0: never profile)", "--profile-step 3"),
+    _must("profile_every", lambda v: v >= 0, ">= 0 (0: profile once)", "--profile-every 500"),
+    Rule(
+        ("profile_trace", "profile_step"),
+        lambda trace, step: trace is None or step > 0,
+        "profile_trace ({profile_trace}) was given with profile_step 0; the trace is of the profiled step.",
+        "pass --profile-step N (default 3) with --profile-trace DIR",
+    ),
     _positive("save_total_limit", "--save-total-limit 2, or leave it out to keep all"),
     Rule(
         ("resume_anyway", "resume"),

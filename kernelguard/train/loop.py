@@ -32,6 +32,7 @@ from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_fl
 from .packing import LEAKY, LEAKY_WARNING, PADDED, build_batch, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, claim_output, preflight
+from .profiling import StepProfiler
 from .step import Plan, StepResult, TrainState, dropped_blocks_note, make_plan, optimizer_step, step_block_ids
 
 __all__ = ["run"]
@@ -230,16 +231,16 @@ def train(
     """Steps ``start`` .. ``plan.stop_step``: a metrics record per step, eval and checkpoints when due."""
     plan = data.plan
     peak = cfg.runtime.peak_tflops * 1e12 if cfg.runtime.peak_tflops else peak_flops(info.device)
+    profiler = step_profiler(cfg, info)
     try:
         for step in range(start, plan.stop_step):
             micro, seq_lens = step_batches(cfg, info, data, step)
-            result, seconds = timed_step(state, micro)
+            (result, seconds), profile = profiler.run(step + 1, timed_step, state, micro)
             computed = sum(int(mb["input_ids"].numel()) for mb in micro)
-            out.write(
-                step_record(
-                    info, step + 1, result, seconds, seq_lens, built.config, peak, computed_tokens=computed
-                )
+            record = step_record(
+                info, step + 1, result, seconds, seq_lens, built.config, peak, computed_tokens=computed
             )
+            out.write(record | profile)
             done = step + 1
             if data.eval_examples is not None and _due(cfg.evaluation.eval_every, done, plan.stop_step):
                 loss, tokens = evaluate(
@@ -253,9 +254,22 @@ def train(
                 out.write({"step": done, "eval_loss": loss, "eval_tokens": tokens})
             if _due(cfg.checkpoint.save_steps, done, plan.stop_step):
                 save(cfg, info, state, done, plan, identity)
+        if profiler.summary():
+            log(info, profiler.summary())
     finally:
         if info.is_main:
             ckpt.remove_incomplete(cfg.checkpoint.output_dir)
+
+
+def step_profiler(cfg: TrainConfig, info: DistInfo) -> StepProfiler:
+    """Rank 0's launch-bound detector (kernelguard.train.profiling); the other ranks never profile."""
+    return StepProfiler(
+        first_step=cfg.metrics.profile_step if info.is_main else 0,
+        every=cfg.metrics.profile_every,
+        trace_dir=cfg.metrics.profile_trace,
+        device=info.device,
+        log=lambda message: log(info, message),
+    )
 
 
 def _due(every: int, done: int, stop: int) -> bool:

@@ -1,0 +1,178 @@
+"""The launch-bound detector (kernelguard.train.profiling): the reduction of profiler events to figures, on
+synthetic event lists and on a real torch.profiler run of a tiny CPU model, its schedule, its settings, and
+`kernelguard train` writing its figures to metrics.jsonl and the end-of-run summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kernelguard.errors import ConfigError
+from kernelguard.train.config_cli import parse_args
+from kernelguard.train.profiling import Event, StepProfiler, busy_us, summarize_events
+
+
+def test_busy_time_is_the_union_of_kernel_intervals() -> None:
+    assert busy_us([]) == 0.0
+    assert busy_us([(0, 10), (5, 15), (20, 30)]) == 25.0  # overlapping kernels (two streams) count once
+    assert busy_us([(20, 30), (0, 10), (2, 3)]) == 20.0
+
+
+def _launch_bound_events() -> list[Event]:
+    """One step of a torch reference path: an aten::mul that launches 3 tiny kernels, a copy_ that launches 1,
+    all inside the profiler's step range; 4 kernels of 10 us each in a 1,000 us step."""
+    ev = [Event("ProfilerStep#3", "op", 0, 1000), Event("aten::mul", "op", 0, 300, parent=0)]
+    ev += [Event("aten::mul", "op", 10 + i, 11 + i, parent=1) for i in range(2)]  # nested: not top-level
+    ev += [Event("cudaLaunchKernel", "launch", 20 + i, 21 + i, parent=1) for i in range(3)]
+    ev += [Event("aten::copy_", "op", 400, 500, parent=0), Event("cudaLaunchKernel", "launch", 410, 411, parent=7)]
+    ev += [Event("cudaStreamSynchronize", "runtime", 900, 1000, parent=0)]
+    ev += [Event(f"elementwise_kernel_{i}", "kernel", 100 * i, 100 * i + 10) for i in range(4)]
+    ev += [Event("gpu_user_annotation", "annotation", 0, 1000)]
+    return ev
+
+
+def test_a_launch_bound_step_is_flagged_and_its_launch_heavy_ops_named() -> None:
+    p = summarize_events(_launch_bound_events(), step=3, wall_s=0.002, cpu_s=0.001, reference_step_s=0.001, gpu=True)
+    assert p.kernels == 4 and p.cpu_ops == 4  # ProfilerStep is a wrapper; runtime calls are not ops
+    assert p.gpu_busy_s == pytest.approx(40e-6)
+    assert p.gpu_busy_pct == pytest.approx(4.0)  # over the unprofiled step time, not the profiled 2 ms
+    assert p.top_ops == (("aten::mul", 3.0), ("aten::copy_", 1.0))
+    assert p.launch_bound
+    warning = p.warning()
+    assert warning is not None and "\n" not in warning
+    assert warning.startswith("launch-bound: at step 3 the GPU ran kernels 4% of the step")
+    assert "aten::mul x3, aten::copy_ x1" in warning
+    rec = p.record()
+    assert rec["gpu_busy_pct"] == 4.0 and rec["kernels_per_step"] == 4 and rec["launch_bound"] is True
+    assert rec["launch_heavy_ops"][0] == {"op": "aten::mul", "per_step": 3.0}
+
+
+def test_a_busy_gpu_is_not_flagged_and_figures_are_per_step() -> None:
+    events = [Event("aten::mm", "op", 0, 5), Event("cuLaunchKernel", "launch", 1, 2, parent=0)]
+    events += [Event("gemm", "kernel", 0, 900), Event("gemm", "kernel", 1000, 1900), Event("Memset", "copy", 950, 960)]
+    p = summarize_events(events, step=10, steps=2, wall_s=0.002, cpu_s=0.004, gpu=True)
+    assert p.kernels == 1 and p.cpu_s == 0.002 and p.wall_s == 0.001
+    assert p.gpu_busy_pct == pytest.approx(90.5)  # no reference step: over the profiled wall time
+    assert not p.launch_bound and p.warning() is None
+    assert p.top_ops == (("aten::mm", 0.5),)
+
+
+def test_without_launch_calls_kernels_are_ranked_by_name() -> None:
+    events = [Event("triton_fused_a", "kernel", 0, 1)] * 3 + [Event("triton_b", "kernel", 5, 6)]
+    p = summarize_events(events, step=3, wall_s=1.0, cpu_s=0.5, gpu=True)
+    assert p.top_ops == (("triton_fused_a", 3.0), ("triton_b", 1.0))
+
+
+def test_a_cpu_run_has_no_gpu_figures_and_never_warns() -> None:
+    events = [Event("aten::linear", "op", 0, 10), Event("aten::addmm", "op", 1, 9, parent=0)]
+    events += [Event("aten::relu", "op", 10, 12)] * 2
+    p = summarize_events(events, step=3, wall_s=0.01, cpu_s=0.01, gpu=False)
+    assert p.gpu_busy_s is None and p.gpu_busy_pct is None and p.kernels is None
+    assert not p.launch_bound and p.warning() is None
+    assert p.cpu_ops == 4 and p.top_ops == (("aten::relu", 2.0), ("aten::linear", 1.0))  # top-level calls
+    assert p.record()["gpu_busy_pct"] is None and "GPU busy n/a" in p.line()
+
+
+def test_the_schedule_profiles_the_first_step_then_every_n() -> None:
+    assert [s for s in range(1, 30) if StepProfiler(first_step=3, every=10).due(s)] == [3, 13, 23]
+    assert [s for s in range(1, 30) if StepProfiler(first_step=3, every=0).due(s)] == [3]
+    assert not any(StepProfiler(first_step=0, every=10).due(s) for s in range(30))
+
+
+def test_a_real_profiler_window_on_a_tiny_cpu_model(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(16, 32)
+
+    def step() -> float:
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return float(loss.detach())
+
+    logged: list[str] = []
+    prof = StepProfiler(first_step=3, every=2, trace_dir=tmp_path / "trace", device=torch.device("cpu"),
+                        log=logged.append)
+    records = [prof.run(s, step) for s in range(1, 6)]
+    assert [bool(figures) for _, figures in records] == [False, False, True, False, True]
+    assert all(isinstance(loss, float) for loss, _ in records)
+    rec = records[2][1]
+    assert rec["gpu_busy_pct"] is None and rec["kernels_per_step"] is None and rec["launch_bound"] is False
+    assert rec["cpu_ops_per_step"] > 10 and rec["cpu_s_per_step"] > 0 and rec["profile_overhead_s"] >= 0
+    ops = [o["op"] for o in rec["launch_heavy_ops"]]
+    assert "aten::linear" in ops or any(o.startswith(("aten::", "Optimizer", "autograd::")) for o in ops), ops
+    trace = Path(rec["profile_trace"])
+    assert trace == tmp_path / "trace" / "trace_step3.json" and "traceEvents" in json.loads(trace.read_text())
+    assert "profile_trace" not in records[4][1]  # only the first window is traced
+    assert logged == [f"profile trace of step 3: {trace} (open it in https://ui.perfetto.dev)"]  # no warning
+    summary = prof.summary()
+    assert summary is not None and summary.startswith("profile (2 window(s)): step 5: GPU busy n/a (no GPU)")
+    assert "profiling cost" in summary
+
+
+def _flags(tmp_path: Path, *extra: str) -> list[str]:
+    return ["--model", "m", "--data", "d", "--output-dir", str(tmp_path / "o"), *extra]
+
+
+def test_profile_settings_parse_and_are_checked(tmp_path: Path) -> None:
+    cfg = parse_args(_flags(tmp_path))
+    assert (cfg.metrics.profile_step, cfg.metrics.profile_every, cfg.metrics.profile_trace) == (3, 500, None)
+    cfg = parse_args(_flags(tmp_path, "--profile-step", "5", "--profile-every", "0", "--profile-trace", "t"))
+    assert (cfg.metrics.profile_step, cfg.metrics.profile_every, cfg.metrics.profile_trace) == (5, 0, Path("t"))
+    with pytest.raises(ConfigError, match="profile_every is -1"):
+        parse_args(_flags(tmp_path, "--profile-every", "-1"))
+    with pytest.raises(ConfigError, match="profile_trace .* profile_step 0"):
+        parse_args(_flags(tmp_path, "--profile-step", "0", "--profile-trace", "t"))
+
+
+@pytest.mark.slow
+def test_train_writes_the_figures_to_metrics_and_the_summary(tmp_path: Path) -> None:
+    import train_helpers as h
+
+    assets = h.write_train_assets(tmp_path / "assets", rows=120)
+    out = tmp_path / "run"
+    args = ["--model", str(assets["model"]), "--tokenizer", str(assets["tok"]), "--data", str(assets["data"]),
+            "--output-dir", str(out), "--block-size", "256", "--param-dtype", "fp32", "--max-steps", "4",
+            "--no-progress", "--no-plot", "--no-export", "--allow", "attention", "--profile-step", "2",
+            "--profile-every", "2", "--profile-trace", str(tmp_path / "trace")]
+    r = h.run_train(args, nproc=0)
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    profiled = [rec["step"] for rec in recs if "cpu_s_per_step" in rec]
+    assert profiled == [2, 4]
+    assert all(rec["gpu_busy_pct"] is None and rec["cpu_ops_per_step"] > 0 for rec in recs if "cpu_s_per_step" in rec)
+    assert (tmp_path / "trace" / "trace_step2.json").exists()
+    assert "kernelguard train: profile (2 window(s)): step 4: GPU busy n/a (no GPU)" in r.stderr
+    assert "launch-bound:" not in r.stderr
+
+
+def test_the_callback_records_the_figures_in_log_history(
+    fake_providers: Path, tiny: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transformers import Trainer, TrainingArguments, default_data_collator
+
+    from kernelguard.integrations.transformers import PROFILE_KEY, KernelGuardCallback
+
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": (ids := torch.randint(3, 256, (12,), generator=g)), "labels": ids} for _ in range(8)]
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=2, report_to="none",
+        use_cpu=True, save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0,
+    )
+    callback = KernelGuardCallback(verbose=False, profile_step=2, profile_every=2)
+    trainer = Trainer(model=tiny.tiny_model("qwen3_5").train(), args=args, train_dataset=rows,
+                      data_collator=default_data_collator, callbacks=[callback])
+    trainer.train()
+    profiled = [(e["step"], e[PROFILE_KEY]) for e in trainer.state.log_history if PROFILE_KEY in e]
+    assert [step for step, _ in profiled] == [2, 4]
+    for _, figures in profiled:
+        assert figures["gpu_busy_pct"] is None and figures["cpu_ops_per_step"] > 0 and not figures["launch_bound"]
+    err = capsys.readouterr().err
+    assert "kernelguard: profile (2 window(s)): step 4: GPU busy n/a (no GPU)" in err and "launch-bound:" not in err
+    assert callback.profiler is None  # dropped on train end
