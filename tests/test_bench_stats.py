@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "lib"))
-from step_stats import steady_rate, steady_stats  # noqa: E402
+from step_stats import steady_rate, steady_stats
 
 # issue 20's stock_best run: one 22.68 s autotune step among ~0.4 s steps (here with 2 warm-up and 12 timed).
 STEPS = [3.1, 1.2] + [0.43, 0.44, 0.39, 0.44, 22.68, 0.41, 0.40, 0.42, 0.43, 0.41, 0.44, 0.40]

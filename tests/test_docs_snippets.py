@@ -14,16 +14,16 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
+FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 CONFIG_LANGS = {"toml", "yaml", "yml", "json", "ini", "cfg", "python", "py"}
 TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e '.[train,dev]' && .venv/bin/python -m pytest -q"
 MAIN_COMMAND_PREFIX = "python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e '.[train,dev]' && .venv/bin/kernelguard check"
@@ -77,7 +77,7 @@ def test_the_docs_have_config_snippets_to_check() -> None:
     # No config shown in an unlabelled fence: those are never parsed, so a broken one would slip through.
     for s in snippets():
         if s.lang == "":
-            assert not re.search(r"^\[(tool\.|pytest\])", s.text, re.M), f"{s.id}: label this fence (toml/ini)"
+            assert not re.search(r"^\[(tool\.|pytest\])", s.text, re.MULTILINE), f"{s.id}: label this fence (toml/ini)"
 
 
 @pytest.mark.parametrize("snippet", CONFIG_SNIPPETS, ids=lambda s: s.id)
@@ -100,7 +100,7 @@ def test_the_old_invalid_pytest_snippet_would_have_been_caught() -> None:
 
 
 def _tables(lang: str, text: str) -> set[str]:
-    return set(re.findall(r"^\[([^\]\n]+)\]", text, re.M)) if lang in ("toml", "ini", "cfg") else set()
+    return set(re.findall(r"^\[([^\]\n]+)\]", text, re.MULTILINE)) if lang in ("toml", "ini", "cfg") else set()
 
 
 KERNELGUARD_TOML = [s for s in CONFIG_SNIPPETS if s.lang == "toml" and "tool.kernelguard" in _tables(s.lang, s.text)]

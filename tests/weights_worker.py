@@ -17,7 +17,13 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from kernelguard.train.build import BuiltModel
 from kernelguard.train.export import export_run
-from kernelguard.train.parallel import apply_fsdp, build_meta_model, init_distributed, mixed_precision, model_source
+from kernelguard.train.parallel import (
+    apply_fsdp,
+    build_meta_model,
+    init_distributed,
+    mixed_precision,
+    model_source,
+)
 from kernelguard.train.weights import load_weights, plan_weights
 
 

@@ -52,7 +52,12 @@ def worker(folder: str, path: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from kernelguard.train.parallel import (
-        apply_fsdp, build_meta_model, init_distributed, materialize, mixed_precision, model_source,
+        apply_fsdp,
+        build_meta_model,
+        init_distributed,
+        materialize,
+        mixed_precision,
+        model_source,
     )
     from kernelguard.train.weights import load_weights, plan_weights
 

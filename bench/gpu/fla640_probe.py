@@ -50,7 +50,7 @@ DEVICE = "cuda"
 
 def force_tiling(tiling: int | None) -> None:
     """Make fla's chunk_o launchers pick ``CONST_TILING = tiling`` (None: restore the real check)."""
-    import fla.ops.common.chunk_o as chunk_o
+    from fla.ops.common import chunk_o
     from fla.utils import check_shared_mem
 
     if tiling is None:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "lib"))
-from step_stats import steady_rate, steady_stats  # noqa: E402
+from step_stats import steady_rate, steady_stats
 
 from kernelguard.train.loss import linear_cross_entropy
 from kernelguard.train.packing import (

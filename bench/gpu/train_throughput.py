@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(1, str(ROOT))  # run from a checkout without installing kernelguard
 sys.path.insert(1, str(ROOT / "bench" / "lib"))
-from step_stats import steady_rate, steady_stats  # noqa: E402
+from step_stats import steady_rate, steady_stats
 
 
 @dataclass(frozen=True, slots=True)

@@ -253,7 +253,7 @@ def _rebuilt(module: nn.Module, name: str) -> nn.Module:
     try:
         with torch.device("cpu"):
             return type(module)(config=own_config)
-    except Exception as e:  # noqa: BLE001 - any constructor failure means: cannot recompute, say which
+    except Exception as e:
         raise CheckpointError(
             f"cannot recompute the non-persistent buffers of {name} ({type(module).__name__}): {e!r}.",
             fix="report the model class; the rank-0 load path (a random init) does not need this",
