@@ -13,21 +13,27 @@ import kernelguard
 
 PACKAGE = Path(kernelguard.__file__).parent
 
-# Lowest first. A module may import modules of its own layer or below.
-LAYERS: list[tuple[str, set[str]]] = [
-    ("data", {"errors", "capability", "geometry", "known_issues", "catalog", "decisions", "facts", "install",
-              "terms"}),
-    ("probes", {"env", "discovery", "providers", "providers.installed", "providers.hub",
-                "providers.kernels_release", "providers.fatbin",
-                "fla_refusal", "fla_autotune", "transformers_compat"}),
-    ("decisions", {"policy", "resolver"}),
-    ("compose", {"check", "report", "numerics", "numerics.shapes", "numerics.references", "numerics.results",
-                 "numerics.cases", "numerics.run", "registry", "attention", "layer_guard", "tripwires",
-                 "import_hook"}),
-    ("runtime", {"api", "guard", "gate", "pytest_plugin", "integrations", "integrations.transformers",
-                 "integrations.trl", "train"}),
-    ("entry", {"cli", "__main__", "__init__", "numerics.__main__"}),
-]
+ARCHITECTURE = PACKAGE.parent / "ARCHITECTURE.md"
+
+
+def _layers_from_doc() -> list[tuple[str, set[str]]]:
+    """ARCHITECTURE.md's layer block, lowest first: a line starting with a layer name opens it, an indented
+    line continues it."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    block = text.split("<!-- layers -->", 1)[1].split("<!-- /layers -->", 1)[0].strip().strip("`").strip()
+    layers: list[tuple[str, set[str]]] = []
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        words = line.split()
+        if line[0].isspace():
+            layers[-1][1].update(words)
+        else:
+            layers.append((words[0], set(words[1:])))
+    return layers[::-1]
+
+
+LAYERS = _layers_from_doc()
 
 
 def _layer_of(module: str) -> int | None:
@@ -59,10 +65,12 @@ def _imports(path: Path, name: str) -> set[str]:
                 target = node.module.removeprefix("kernelguard").lstrip(".")
             else:
                 continue
-            if target:
-                found.add(target)
-            else:  # from . import x
-                found.update(alias.name for alias in node.names)
+            # `from pkg import name`: name is a submodule or an attribute of pkg; count the submodule when it is
+            # one, so `from . import references` inside numerics/ is an import of numerics.references.
+            for alias in node.names:
+                sub = f"{target}.{alias.name}" if target else alias.name
+                found.add(sub if (PACKAGE / Path(*sub.split("."))).with_suffix(".py").exists()
+                          or (PACKAGE / Path(*sub.split("."))).is_dir() else target or sub)
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith("kernelguard."):
@@ -97,3 +105,37 @@ def test_no_module_imports_from_a_layer_above_it() -> None:
             if layer is not None and layer > own:
                 violations.append(f"{name} ({LAYERS[own][0]}) imports {imported} ({LAYERS[layer][0]})")
     assert violations == []
+
+
+def test_the_layer_table_names_only_modules_that_exist() -> None:
+    modules = {_module_name(path) for path in PACKAGE.rglob("*.py")}
+    stale = sorted(m for _, members in LAYERS for m in members if m not in modules and m != "train")
+    assert [name for name, _ in LAYERS] == ["data", "probes", "decisions", "compose", "runtime", "entry"]
+    assert stale == [], f"ARCHITECTURE.md places modules that do not exist: {stale}"
+
+
+def test_no_two_modules_import_each_other() -> None:
+    names = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {name: {i for i in _imports(path, name) if i in names} for name, path in names.items()}
+    circles = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps if a != b and a in graph[b]})
+    assert circles == []
+
+
+def test_modules_and_functions_stay_small() -> None:
+    big, long = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > 460:
+            big.append(f"{path.relative_to(PACKAGE)} ({len(text.splitlines())} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 65:
+                long.append(f"{path.relative_to(PACKAGE)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert big == [] and long == []
+
+
+def test_every_module_declares_its_public_names() -> None:
+    missing = sorted(
+        str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+        if path.name != "__main__.py" and "__all__" not in path.read_text(encoding="utf-8")
+    )
+    assert missing == []

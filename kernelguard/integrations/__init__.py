@@ -6,3 +6,5 @@
 
 Nothing is imported here: ``import kernelguard.integrations`` stays free of torch and transformers.
 """
+
+__all__: list[str] = []

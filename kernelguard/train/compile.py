@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+__all__ = ["OPAQUE_ATTR", "RegionalCompile", "compile_layers"]
+
 OPAQUE_ATTR = "__kernelguard_opaque__"  # marks a wrapper installed here (what it wraps is its __wrapped__)
 
 

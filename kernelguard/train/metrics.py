@@ -30,6 +30,19 @@ from typing import Any
 from kernelguard.errors import ConfigError
 from kernelguard.geometry import GdnDims, attention_dims, field, gdn_dims, layer_types, text_config
 
+__all__ = [
+    "GDN_CHUNK",
+    "TRACKERS",
+    "MetricsLog",
+    "check_trackers",
+    "forward_flops_per_token",
+    "open_metrics",
+    "peak_flops",
+    "plot_metrics",
+    "read_metrics",
+    "step_flops",
+]
+
 GDN_CHUNK = 64
 
 # bf16 dense tensor-core peaks (no sparsity) from the vendors' datasheets, FLOP/s.

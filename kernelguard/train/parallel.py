@@ -22,6 +22,22 @@ from torch import nn
 
 from kernelguard.errors import ConfigError, KernelGuardError
 
+__all__ = [
+    "DTYPES",
+    "WEIGHT_FILES",
+    "DistInfo",
+    "apply_activation_checkpointing",
+    "apply_fsdp",
+    "build_meta_model",
+    "decoder_layers",
+    "full_state_on_rank0",
+    "init_distributed",
+    "materialize",
+    "mixed_precision",
+    "model_source",
+    "on_main",
+]
+
 T = TypeVar("T")
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}

@@ -29,6 +29,23 @@ from .loss import linear_cross_entropy
 from .packing import IGNORE_INDEX, shard_blocks
 from .parallel import DistInfo
 
+__all__ = [
+    "NON_MODEL_KEYS",
+    "Plan",
+    "StepResult",
+    "TrainState",
+    "clip_gradients",
+    "dropped_blocks_note",
+    "forward_backward",
+    "label_count",
+    "lr_lambda",
+    "make_plan",
+    "model_inputs",
+    "optimizer_step",
+    "step_block_ids",
+    "token_loss_sum",
+]
+
 NON_MODEL_KEYS = frozenset({"labels", "num_real_tokens"})
 
 
