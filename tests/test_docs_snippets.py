@@ -158,15 +158,17 @@ def test_pytest_snippet_configures_the_plugin(snippet: Snippet, tmp_path: Path) 
 
 @pytest.mark.parametrize("snippet", TRAIN_CONFIGS, ids=lambda s: s.id)
 def test_train_config_snippet_is_read_by_kernelguard_train(snippet: Snippet, tmp_path: Path) -> None:
-    from kernelguard.train.config import parse_command
+    from kernelguard.train.config_cli import parse_command
 
     path = tmp_path / f"run.{snippet.lang}"
     path.write_text(snippet.text)
     cfg = parse_command(["--config", str(path)]).config
     values = tomllib.loads(snippet.text) if snippet.lang == "toml" else yaml.safe_load(snippet.text)
-    assert cfg.model == values["model"] and str(cfg.output) == values["output_dir"]
-    assert cfg.block_size == values["max_length"] and cfg.lr == pytest.approx(values["learning_rate"])
-    assert cfg.allow == tuple(values["allow"])
+    flags = cfg.flags()
+    assert flags["model"] == values["model"] and str(flags["output_dir"]) == values["output_dir"]
+    assert flags["max_length"] == values["max_length"]
+    assert flags["learning_rate"] == pytest.approx(values["learning_rate"])
+    assert flags["allow"] == tuple(values["allow"])
 
 
 def test_ci_runs_exactly_the_readme_test_command() -> None:
