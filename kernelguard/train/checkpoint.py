@@ -26,7 +26,29 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kernelguard.errors import CheckpointError
+from kernelguard.errors import CheckpointError, KernelGuardError
+
+from .write_errors import describe, root_cause, write_failure
+
+__all__ = [
+    "MANIFEST",
+    "MARKER",
+    "TRAINER_STATE",
+    "checkpoint_root",
+    "complete_checkpoints",
+    "export_final",
+    "find_resumable",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "read_trainer_state",
+    "remove_incomplete",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+    "verify_checkpoint",
+    "write_manifest",
+]
 
 MARKER = "COMPLETE"
 MANIFEST = "manifest.json"
@@ -224,20 +246,25 @@ def save_checkpoint(
     try:
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
         torch.save(rng_state(), tmp / f"rng_rank{dist.get_rank()}.pt")
-    except (CheckpointException, OSError) as e:  # disk full, permissions changed mid-run
-        raise CheckpointError(
-            f"writing checkpoint {tmp} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-            fix="free disk space or fix permissions, then --resume from the last complete checkpoint",
-        ) from e
+    except (CheckpointException, OSError) as e:  # disk full, permissions changed mid-run, Ctrl-C inside DCP
+        raise write_failure(f"writing checkpoint {tmp}", e, folder=output) from None
     dist.barrier()
+    outcome: list[Any] = [None]
     if is_main:
-        (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
-        write_manifest(tmp, step)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        if keep is not None:
-            prune_checkpoints(output, keep=keep, newest=step)
+        try:
+            (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
+            write_manifest(tmp, step)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except OSError as e:
+            outcome[0] = write_failure(f"writing checkpoint {tmp}", e, folder=output)
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(outcome, src=0)  # rank 0's failure stops every rank, none waits
+    if outcome[0] is not None:
+        raise outcome[0]
+    if is_main and keep is not None:
+        prune_checkpoints(output, keep=keep, newest=step)
     dist.barrier()
     return final
 
@@ -277,8 +304,11 @@ def load_checkpoint(path: Path, *, model: Any, optimizer: Any) -> dict[str, Any]
         )  # absent: more ranks now
     # A checkpoint from before manifests is not verified: its damage surfaces here, inside torch.
     except (CheckpointException, OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as e:
+        cause = root_cause(e)
+        if isinstance(cause, KeyboardInterrupt | KernelGuardError):  # Ctrl-C or SIGTERM while loading
+            raise cause from None
         raise CheckpointError(
-            f"checkpoint {path} cannot be loaded: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+            f"checkpoint {path} cannot be loaded: {describe(cause)}",
             fix=f"delete {path} to resume from the checkpoint before it, or start again with --overwrite",
         ) from e
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
@@ -293,23 +323,44 @@ def export_final(
 ) -> Path | None:
     """Gather the full state dict on rank 0 and write ``final/`` (safetensors + config + tokenizer, and the
     source model folder's generation_config.json, which carries its sampling defaults and stop tokens)."""
-    from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     full: dict[str, Any] = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
     final = output / "final"
-    if not is_main:
-        dist.barrier()
-        return None
-    tmp = output / "final.tmp"
+    outcome: list[Any] = [None]
+    if is_main:
+        tmp = output / "final.tmp"
+        try:
+            _write_final(tmp, full, config=config, tokenizer=tokenizer, dtype=dtype, source=source)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+        except (OSError, Exception) as e:  # noqa: BLE001 - safetensors raises its own SafetensorError
+            shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-written export behind
+            need = sum(int(v.numel()) * dtype.itemsize for v in full.values())
+            outcome[0] = write_failure(
+                f"exporting the final model to {tmp}", e, folder=output, need_bytes=need,
+                after="--resume (the last checkpoint is complete; the resumed run only exports)",
+            )  # fmt: skip
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(outcome, src=0)  # every rank fails together: none waits in a barrier
+    if outcome[0] is not None:
+        raise outcome[0]
+    return final if is_main else None
+
+
+def _write_final(
+    tmp: Path, full: dict[str, Any], *, config: Any, tokenizer: Any, dtype: torch.dtype, source: str | Path | None
+) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     tied = bool(getattr(config.get_text_config(), "tie_word_embeddings", False))
     tensors = {
         k: v.detach().to(dtype).contiguous() for k, v in full.items() if not (tied and k == "lm_head.weight")
     }
+    from safetensors.torch import save_file
+
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     config.use_cache = True
     # config.json says what the safetensors hold (bf16 by default), so from_pretrained(dtype="auto") is right.
@@ -321,7 +372,3 @@ def export_final(
     generation = Path(source or "") / "generation_config.json"  # a folder --model; a config.json has none
     if source is not None and generation.is_file():
         shutil.copy2(generation, tmp / "generation_config.json")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    dist.barrier()
-    return final

@@ -13,7 +13,7 @@ import resource
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,7 @@ from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_fl
 from .packing import build_packed_block, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, claim_output, preflight
+from .signals import Preempted, stop_request
 from .step import Plan, StepResult, TrainState, dropped_blocks_note, make_plan, optimizer_step, step_block_ids
 
 __all__ = ["run"]
@@ -220,8 +221,14 @@ def train(
     """Steps ``start`` .. ``plan.stop_step``: a metrics record per step, eval and checkpoints when due."""
     plan = data.plan
     peak = cfg.runtime.peak_tflops * 1e12 if cfg.runtime.peak_tflops else peak_flops(info.device)
+    stop = stop_request()
+    stop.deferring = True  # SIGTERM from here on: finish the step, save, exit 143
     try:
-        for step in range(start, plan.stop_step):
+        for step in range(start, plan.stop_step + 1):
+            if stop.agreed(info.device):
+                stop_for_sigterm(cfg, info, state, step, plan, identity, start=start)
+            if step == plan.stop_step:
+                break
             micro, seq_lens = step_batches(cfg, info, data, step)
             result, seconds = timed_step(state, micro)
             out.write(step_record(cfg, info, step + 1, result, seconds, seq_lens, built.config, peak))
@@ -238,8 +245,23 @@ def train(
             if _due(cfg.checkpoint.save_steps, done, plan.stop_step):
                 save(cfg, info, state, done, plan, identity)
     finally:
+        stop.deferring, stop.when = False, "during the final export; the last checkpoint is complete"
         if info.is_main:
             ckpt.remove_incomplete(cfg.checkpoint.output_dir)
+
+
+def stop_for_sigterm(
+    cfg: TrainConfig, info: DistInfo, state: TrainState, step: int, plan: Plan, identity: dict[str, Any],
+    *, start: int,
+) -> NoReturn:  # fmt: skip
+    """SIGTERM reached a rank: checkpoint the ``step`` steps done (unless that checkpoint exists), then stop."""
+    if step > start and not _due(cfg.checkpoint.save_steps, step, plan.stop_step):
+        save(cfg, info, state, step, plan, identity)
+    what = f"checkpoint step_{step} is saved" if step else "nothing was trained yet, nothing saved"
+    raise Preempted(
+        f"kernelguard train: stopped by SIGTERM after step {step} of {plan.stop_step}; {what} (exit 143).",
+        fix=f"rerun the same command with --resume to continue exactly from step {step}",
+    )
 
 
 def _due(every: int, done: int, stop: int) -> bool:
