@@ -99,7 +99,7 @@ def acquire(output: Path, *, argv: list[str] | None = None) -> OutputLock:
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "command": " ".join(argv if argv is not None else sys.argv),
+        "command": " ".join(argv if argv is not None else getattr(sys, "orig_argv", sys.argv)),
     }
     os.ftruncate(fd, 0)
     os.write(fd, (json.dumps(record) + "\n").encode())
