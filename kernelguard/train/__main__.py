@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from kernelguard.errors import (
+    EXIT_FAIL,
     EXIT_GUARD,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 def _train(cfg: Any) -> int:
     import torch.distributed as dist
 
-    from .launch import launched_by_kernelguard
+    from .launch import launched_by_kernelguard, write_rank_error
     from .lock import hold_for_run
     from .loop import run
     from .parallel import init_distributed, on_main
@@ -102,6 +103,16 @@ def _train(cfg: Any) -> int:
         return _fail(EXIT_GUARD, line, report=e.report, is_main=info.is_main if info else None)
     except (ConfigError, DataError) as e:
         return _fail(EXIT_USAGE, f"kernelguard train: error: {e}", is_main=info.is_main if info else None)
+    except Exception as e:
+        if not launched_by_kernelguard():
+            raise
+        # The launcher prints this rank's traceback, unless another rank was killed by a signal: then this
+        # error (a peer's connection reset, mostly) is its consequence and one line names the real cause.
+        import traceback
+
+        line = f"kernelguard train: rank {info.rank if info else '?'} failed: {type(e).__name__}: {e}"
+        write_rank_error(EXIT_FAIL, line.splitlines()[0], traceback.format_exc().rstrip(), crash=True)
+        return EXIT_FAIL
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line from rank 0 (or the launcher), no tracebacks
         if (info is None or info.is_main) and not launched_by_kernelguard():
             print("kernelguard train: interrupted.", file=sys.stderr, flush=True)

@@ -47,15 +47,16 @@ def launched_by_kernelguard() -> bool:
     return bool(os.environ.get(LAUNCH_DIR_ENV))
 
 
-def write_rank_error(exit_code: int, message: str, report: str | None = None) -> bool:
-    """In a rank started by :func:`launch`: record this rank's error for the launcher to print once.
+def write_rank_error(exit_code: int, message: str, report: str | None = None, *, crash: bool = False) -> bool:
+    """In a rank started by :func:`launch`: record this rank's error for the launcher to print once
+    (``crash``: an unexpected exception, whose ``report`` is its traceback).
 
     Returns False (nothing written) outside such a rank: the caller prints the error itself."""
     folder = os.environ.get(LAUNCH_DIR_ENV)
     if not folder:
         return False
     rank = int(os.environ.get("RANK", "0"))
-    record = {"rank": rank, "exit_code": exit_code, "message": message, "report": report}
+    record = {"rank": rank, "exit_code": exit_code, "message": message, "report": report, "crash": crash}
     path = Path(folder) / f"rank-{rank}.json"
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record))
@@ -188,14 +189,20 @@ def _first_record(folder: Path) -> dict[str, Any] | None:
 
 
 def _report_failure(error: Any, folder: Path) -> int:
-    """Print the failing rank's kernelguard message once; return its exit code."""
+    """Print the failing rank's kernelguard message once; return its exit code. A rank killed by a signal
+    is the cause when the others only crashed (their collectives lost a peer)."""
     first = _first_record(folder)
+    # The agent SIGTERMs the other ranks once one fails: a rank killed otherwise is the cause.
+    signalled = [(int(f.exitcode) == -15, f.timestamp, r) for r, f in error.failures.items() if int(f.exitcode) < 0]
+    killed = [r for *_, r in sorted(signalled)]
+    if first is not None and first.get("crash") and killed:
+        first = None
     if first is not None:
         if first.get("report"):
             print(first["report"], file=sys.stderr)
         print(first["message"], file=sys.stderr, flush=True)
         return int(first["exit_code"])
-    rank, failure = error.get_first_failure()
+    rank, failure = (killed[0], error.failures[killed[0]]) if killed else error.get_first_failure()
     code = int(failure.exitcode)
     if code < 0:
         import signal
