@@ -37,19 +37,18 @@ def root_cause(error: BaseException) -> BaseException:
 
 
 def _errno_from_text(error: BaseException) -> OSError | None:
-    """safetensors reports I/O failures as ``SafetensorError: ... Os { code: 28, ... }``: recover the errno."""
+    """safetensors reports I/O failures as ``SafetensorError: ... I/O error: No space left on device (os error
+    28)``: recover the errno."""
+    import re
+
     if isinstance(error, OSError):
         return None
-    text = str(error)
-    marker = "Os { code: "
-    if marker not in text:
+    found = re.search(r"\(os error (\d+)\)|Os \{ code: (\d+)", str(error))
+    if found is None:
         return None
-    digits = text.split(marker, 1)[1].split(",", 1)[0].strip()
-    if not digits.isdigit():
-        return None
-    code = int(digits)
     import os
 
+    code = int(found.group(1) or found.group(2))
     return OSError(code, os.strerror(code))
 
 
@@ -72,6 +71,13 @@ def disk_free(folder: Path) -> int | None:
         return None
 
 
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
 def write_failure(
     what: str, error: BaseException, *, folder: Path, need_bytes: int | None = None, after: str | None = None
 ) -> BaseException:
@@ -83,11 +89,12 @@ def write_failure(
     after = after or "--resume from the last complete checkpoint"
     code = cause.errno if isinstance(cause, OSError) else None
     message = f"{what} failed: {describe(cause)}."
-    if code in _NO_SPACE:
+    if code in (*_NO_SPACE, errno.EFBIG):
         free = disk_free(folder)
-        room = f"; {free / 2**30:.2f} GiB free there" if free is not None else ""
-        need = f", about {need_bytes / 2**30:.2f} GiB is needed" if need_bytes else ""
+        room = f"; {_size(free)} free there" if free is not None else ""
+        need = f", about {_size(need_bytes)} is needed" if need_bytes else ""
         message = f"{what} failed: {describe(cause)}{need}{room}."
+    if code in _NO_SPACE:
         fix = f"free disk space on the disk of {folder} (or move it to a larger disk), then {after}"
     elif code in _NO_ACCESS:
         fix = f"make {folder} writable by this user, then {after}"

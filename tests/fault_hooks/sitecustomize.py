@@ -1,9 +1,9 @@
 """Fault injection for tests/test_faults.py, loaded by every Python process of a test run (the launcher and its
 ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
 
-- ``export``: the final export hits a full disk. safetensors writes the file for real, to ``/dev/full``, so the
-  error is the one its Rust writer raises on a full disk (``SafetensorError`` carrying ``ENOSPC``); a partial
-  ``model.safetensors`` is left in the export folder first, as a full disk leaves it.
+- ``export``: the final export hits a full disk: part of ``model.safetensors`` is written, then the error
+  safetensors' Rust writer raises when write(2) fails with ENOSPC (the same text as its real ``File too large
+  (os error 27)`` under RLIMIT_FSIZE, with ENOSPC's code).
 - ``checkpoint:NAME``: DCP's shard writes into a checkpoint folder named ``NAME.tmp`` fail with ``ENOSPC``
   after half of their first write reached the file, as write(2) on a full disk does.
 """
@@ -16,14 +16,18 @@ _FAULT = os.environ.get("KERNELGUARD_FAULT", "")
 
 
 def _export_disk_full() -> None:
+    import errno
+
+    import safetensors
     import safetensors.torch as st
 
-    real = st.save_file
-
     def save_file(tensors, filename, metadata=None):  # type: ignore[no-untyped-def]
-        with open(filename, "wb") as f:
+        with open(filename, "wb") as f:  # the part that fitted
             f.write(b"\0" * 4096)
-        return real(tensors, "/dev/full", metadata=metadata)
+        # The exact error safetensors' Rust writer raises when write(2) fails with ENOSPC.
+        raise safetensors.SafetensorError(
+            f"Error while serializing: I/O error: {os.strerror(errno.ENOSPC)} (os error {errno.ENOSPC})"
+        )
 
     st.save_file = save_file
 
