@@ -6,8 +6,8 @@ final export. Each ends with the folder consistent (no ``*.tmp``, the last good 
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
