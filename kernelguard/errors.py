@@ -11,6 +11,8 @@ Exit codes of ``kernelguard`` and ``kernelguard train`` (both read them from her
 ``EXIT_USAGE``         2     usage or configuration error (:class:`ConfigError`, :class:`DataError`)
 ``EXIT_GUARD``         3     ``kernelguard train``: the gate refused to start (:class:`GuardRefused`)
 ``EXIT_INTERRUPTED``   130   ``kernelguard train``: Ctrl-C (128 + SIGINT, as a shell reports it)
+``EXIT_PREEMPTED``     143   ``kernelguard train``: SIGTERM; a checkpoint of the last finished step was saved
+                             (128 + SIGTERM), so ``--resume`` continues exactly
 =====================  ====  =============================================================================
 """
 
@@ -23,6 +25,7 @@ __all__ = [
     "EXIT_GUARD",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "EXIT_PREEMPTED",
     "EXIT_USAGE",
     "CheckpointError",
     "ConfigError",
@@ -39,6 +42,7 @@ EXIT_FAIL = 1
 EXIT_USAGE = 2
 EXIT_GUARD = 3
 EXIT_INTERRUPTED = 130
+EXIT_PREEMPTED = 143
 
 
 class KernelGuardError(Exception):

@@ -155,9 +155,27 @@ def test_torchrun_argv() -> None:
     assert "--standalone" not in argv and argv[argv.index("--rdzv-endpoint") + 1] == "h:29400"
 
 
-def _failure(rank: int, exitcode: int) -> Any:
-    failure = types.SimpleNamespace(exitcode=exitcode)
-    return types.SimpleNamespace(get_first_failure=lambda: (rank, failure))
+def _failure(rank: int, exitcode: int, **others: int) -> Any:
+    """A ChildFailedError's shape: ``failures`` by rank (``others``: rank_N=exitcode), the first one."""
+    failure = types.SimpleNamespace(exitcode=exitcode, timestamp=1)
+    failures = {rank: failure} | {
+        int(k.split("_")[1]): types.SimpleNamespace(exitcode=v, timestamp=2) for k, v in others.items()
+    }
+    return types.SimpleNamespace(get_first_failure=lambda: (rank, failure), failures=failures)
+
+
+def test_a_rank_killed_by_a_signal_is_named_not_the_peers_it_took_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kill -9 of rank 1: rank 0's collective loses its peer (a crash record with its traceback) and the agent
+    SIGTERMs what is left; the one message names rank 1's SIGKILL."""
+    monkeypatch.setenv(launch_mod.LAUNCH_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    launch_mod.write_rank_error(
+        1, "kernelguard train: rank 0 failed: RuntimeError: reset", "Traceback...", crash=True
+    )
+    assert launch_mod._report_failure(_failure(0, 1, rank_1=-9, rank_2=-15), tmp_path) == 137
+    assert capsys.readouterr().err == "kernelguard train: rank 1 was killed by SIGKILL.\n"
 
 
 def test_lowest_failing_rank_record_wins(

@@ -2,7 +2,8 @@
 
 Exit codes (the table in kernelguard.errors): 0 ok; 2 usage, config or data error (nothing trained, nothing
 half-written left behind); 3 the guard refused to start because a kernel would run a slow fallback that was not
-``--allow``-ed; 130 interrupted.
+``--allow``-ed; 130 interrupted (Ctrl-C); 143 stopped by SIGTERM after saving a checkpoint of the last finished
+step (``--resume`` continues exactly). One run per ``--output-dir`` at a time (kernelguard.train.lock).
 With ``--nproc-per-node`` (kernelguard.train.launch) the same codes come back from the ranks; plain
 ``torchrun`` exits 1 whenever a rank fails.
 """
@@ -11,11 +12,14 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from kernelguard.errors import (
+    EXIT_FAIL,
     EXIT_GUARD,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_PREEMPTED,
     EXIT_USAGE,
     ConfigError,
     DataError,
@@ -68,34 +72,56 @@ def main(argv: list[str] | None = None) -> int:
         return _dry_run(cmd.config, world_size=_launch_world_size(cmd.launch))
     if cmd.launch is not None and not launched_by_kernelguard():
         try:
-            return launch(cmd.launch, argv)
+            return launch(cmd.launch, argv, output=cmd.config.checkpoint.output_dir)
         except ConfigError as e:
             return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
     return _train(cmd.config)
 
 
-def _train(cfg: object) -> int:
+def _train(cfg: Any) -> int:
     import torch.distributed as dist
 
-    from .launch import launched_by_kernelguard
+    from .launch import launched_by_kernelguard, write_rank_error
+    from .lock import hold_for_run
     from .loop import run
-    from .parallel import init_distributed
+    from .parallel import init_distributed, on_main
+    from .signals import Preempted, die_with_parent, stop_request
 
-    info = init_distributed()
+    die_with_parent()  # a rank must not outlive its launcher (kill -9 of it included)
+    info, lock = None, None
     try:
-        return run(cfg, info)  # type: ignore[arg-type]
+        with stop_request().installed():
+            info = init_distributed()
+            held: list[Any] = []  # rank 0's lock stays in rank 0: on_main shares only the refusal
+            on_main(info, lambda: held.append(hold_for_run(cfg.checkpoint.output_dir)))
+            lock = held[0] if held else None
+            return run(cfg, info)
+    except Preempted as e:
+        return _fail(EXIT_PREEMPTED, str(e), is_main=info.is_main if info else None)
     except GuardRefused as e:
         line = "kernelguard train: refused to start (exit 3); pass --allow ID only for a fallback you accept."
-        return _fail(EXIT_GUARD, line, report=e.report, is_main=info.is_main)
+        return _fail(EXIT_GUARD, line, report=e.report, is_main=info.is_main if info else None)
     except (ConfigError, DataError) as e:
-        return _fail(EXIT_USAGE, f"kernelguard train: error: {e}", is_main=info.is_main)
+        return _fail(EXIT_USAGE, f"kernelguard train: error: {e}", is_main=info.is_main if info else None)
+    except Exception as e:
+        if not launched_by_kernelguard():
+            raise
+        # The launcher prints this rank's traceback, unless another rank was killed by a signal: then this
+        # error (a peer's connection reset, mostly) is its consequence and one line names the real cause.
+        import traceback
+
+        line = f"kernelguard train: rank {info.rank if info else '?'} failed: {type(e).__name__}: {e}"
+        write_rank_error(EXIT_FAIL, line.splitlines()[0], traceback.format_exc().rstrip(), crash=True)
+        return EXIT_FAIL
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line from rank 0 (or the launcher), no tracebacks
-        if info.is_main and not launched_by_kernelguard():
+        if (info is None or info.is_main) and not launched_by_kernelguard():
             print("kernelguard train: interrupted.", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        if lock is not None:
+            lock.release()
 
 
 def _launch_world_size(opts: LaunchOptions | None) -> int | None:

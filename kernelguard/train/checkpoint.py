@@ -25,7 +25,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kernelguard.errors import CheckpointError
+from kernelguard.errors import CheckpointError, KernelGuardError
+
+from .write_errors import describe, root_cause, write_failure
+
 
 __all__ = [
     "MANIFEST",
@@ -242,20 +245,25 @@ def save_checkpoint(
     try:
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
         torch.save(rng_state(), tmp / f"rng_rank{dist.get_rank()}.pt")
-    except (CheckpointException, OSError) as e:  # disk full, permissions changed mid-run
-        raise CheckpointError(
-            f"writing checkpoint {tmp} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-            fix="free disk space or fix permissions, then --resume from the last complete checkpoint",
-        ) from e
+    except (CheckpointException, OSError) as e:  # disk full, permissions changed mid-run, Ctrl-C inside DCP
+        raise write_failure(f"writing checkpoint {tmp}", e, folder=output) from None
     dist.barrier()
+    outcome: list[Any] = [None]
     if is_main:
-        (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
-        write_manifest(tmp, step)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        if keep is not None:
-            prune_checkpoints(output, keep=keep, newest=step)
+        try:
+            (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
+            write_manifest(tmp, step)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except OSError as e:
+            outcome[0] = write_failure(f"writing checkpoint {tmp}", e, folder=output)
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(outcome, src=0)  # rank 0's failure stops every rank, none waits
+    if outcome[0] is not None:
+        raise outcome[0]
+    if is_main and keep is not None:
+        prune_checkpoints(output, keep=keep, newest=step)
     dist.barrier()
     return final
 
@@ -295,8 +303,11 @@ def load_checkpoint(path: Path, *, model: Any, optimizer: Any) -> dict[str, Any]
         )  # absent: more ranks now
     # A checkpoint from before manifests is not verified: its damage surfaces here, inside torch.
     except (CheckpointException, OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as e:
+        cause = root_cause(e)
+        if isinstance(cause, KeyboardInterrupt | KernelGuardError):  # Ctrl-C or SIGTERM while loading
+            raise cause from None
         raise CheckpointError(
-            f"checkpoint {path} cannot be loaded: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+            f"checkpoint {path} cannot be loaded: {describe(cause)}",
             fix=f"delete {path} to resume from the checkpoint before it, or start again with --overwrite",
         ) from e
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

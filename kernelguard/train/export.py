@@ -33,6 +33,7 @@ import torch.distributed as dist
 from kernelguard.errors import EXIT_OK, EXIT_USAGE, CheckpointError, ConfigError
 
 from .config_rules import DEFAULT_MAX_SHARD_SIZE, parse_size
+from .write_errors import write_failure
 
 __all__ = [
     "OutTensor",
@@ -210,17 +211,23 @@ def finalize(tmp: Path, final: Path, shards: list[list[OutTensor]], *, config: A
     return final
 
 
-def _all_ok(ok: bool, message: str) -> None:
-    """Every rank learns whether every rank's part worked (a rank that failed alone would hang the others)."""
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+def _all_ok(error: BaseException | None, *, tmp: Path, is_main: bool) -> None:
+    """Every rank learns whether every rank's part worked (a rank that failed alone would hang the others);
+    on a failure the half-written ``tmp`` goes and each rank raises: its own cause, or that another rank failed."""
+    flag = torch.tensor([0 if error is not None else 1], dtype=torch.int32)
     if dist.is_initialized() and dist.get_world_size() > 1:
         backend = dist.get_backend()
         device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         flag = flag.to(device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    if not int(flag.item()):
-        raise CheckpointError(message, fix="free disk space or fix permissions, then `kernelguard export` "
-                              "the last checkpoint")
+    if int(flag.item()):
+        return
+    if is_main:
+        shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-written export behind
+    raise error if error is not None else CheckpointError(
+        f"another rank failed writing the export into {tmp}; its message says why.",
+        fix="fix that cause, then `kernelguard export` the last checkpoint or --resume",
+    )
 
 
 # ----------------------------------------------------------------------------------------- entry points ---
@@ -243,17 +250,27 @@ def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: t
                              dtype=dtype)
     del state
     shards: list[list[OutTensor]] = []
-    error = ""
+    error: BaseException | None = None
+    after = "--resume (the last checkpoint is complete; the resumed run only exports)"
     try:
         shards = write_shards(tmp, tensors, _Source(tmp / PIECES, built.weight_plan),
                               max_bytes=parse_size(max_shard_size), rank=info.rank, world=info.world_size)
-    except OSError as e:  # disk full, permissions: every rank must hear of it
-        error = f"writing the export into {tmp} failed on rank {info.rank}: {e}"
-    _all_ok(not error, error or f"another rank failed writing the export into {tmp}")
+    except Exception as e:  # noqa: BLE001 - disk full, permissions, safetensors' own error: every rank hears
+        error = _failure(tmp, e, output=output, tensors=tensors, after=after)
+    _all_ok(error, tmp=tmp, is_main=info.is_main)
     if info.is_main:
-        finalize(tmp, final, shards, config=built.config, tokenizer=tokenizer, dtype=dtype, source=source)
+        try:
+            finalize(tmp, final, shards, config=built.config, tokenizer=tokenizer, dtype=dtype, source=source)
+        except Exception as e:  # noqa: BLE001
+            error = _failure(tmp, e, output=output, tensors=tensors, after=after)
+    _all_ok(error, tmp=tmp, is_main=info.is_main)
     dist.barrier()
     return final
+
+
+def _failure(tmp: Path, e: BaseException, *, output: Path, tensors: list[OutTensor], after: str) -> BaseException:
+    return write_failure(f"exporting the final model to {tmp}", e, folder=output,
+                         need_bytes=sum(t.nbytes for t in tensors), after=after)
 
 
 def export_checkpoint(checkpoint: Path, *, output: Path | None = None,

@@ -27,6 +27,7 @@ from typing import Any
 from kernelguard.errors import ConfigError
 
 from .config_cli import LaunchOptions
+from .lock import HOLDER_ENV, acquire
 
 __all__ = [
     "LAUNCH_DIR_ENV",
@@ -46,15 +47,16 @@ def launched_by_kernelguard() -> bool:
     return bool(os.environ.get(LAUNCH_DIR_ENV))
 
 
-def write_rank_error(exit_code: int, message: str, report: str | None = None) -> bool:
-    """In a rank started by :func:`launch`: record this rank's error for the launcher to print once.
+def write_rank_error(exit_code: int, message: str, report: str | None = None, *, crash: bool = False) -> bool:
+    """In a rank started by :func:`launch`: record this rank's error for the launcher to print once
+    (``crash``: an unexpected exception, whose ``report`` is its traceback).
 
     Returns False (nothing written) outside such a rank: the caller prints the error itself."""
     folder = os.environ.get(LAUNCH_DIR_ENV)
     if not folder:
         return False
     rank = int(os.environ.get("RANK", "0"))
-    record = {"rank": rank, "exit_code": exit_code, "message": message, "report": report}
+    record = {"rank": rank, "exit_code": exit_code, "message": message, "report": report, "crash": crash}
     path = Path(folder) / f"rank-{rank}.json"
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record))
@@ -98,8 +100,11 @@ def torchrun_argv(opts: LaunchOptions, train_argv: list[str]) -> list[str]:
     return [*out, "-m", "kernelguard.train", *train_argv]
 
 
-def launch(opts: LaunchOptions, train_argv: list[str]) -> int:
-    """Run ``kernelguard.train`` in ``opts.nproc_per_node`` ranks; return the run's documented exit code."""
+def launch(opts: LaunchOptions, train_argv: list[str], *, output: Path | None = None) -> int:
+    """Run ``kernelguard.train`` in ``opts.nproc_per_node`` ranks; return the run's documented exit code.
+
+    On one node the launcher holds ``output``'s run lock (kernelguard.train.lock) for the whole job, before
+    any rank starts; with several nodes global rank 0 takes it."""
     if "LOCAL_RANK" in os.environ and not launched_by_kernelguard():
         raise ConfigError(
             "--nproc-per-node was given inside a process that torchrun already started.",
@@ -112,13 +117,24 @@ def launch(opts: LaunchOptions, train_argv: list[str]) -> int:
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args(torchrun_argv(opts, train_argv))
-    with tempfile.TemporaryDirectory(prefix="kernelguard-launch-") as folder, _rank_env(folder), _quiet():
+    single_node = opts.nnodes == "1"
+    with contextlib.ExitStack() as stack:
+        if output is not None and single_node:
+            stack.enter_context(acquire(output))
+            stack.enter_context(_env(HOLDER_ENV, str(os.getpid())))
+        folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="kernelguard-launch-"))
+        stack.enter_context(_env(LAUNCH_DIR_ENV, folder))
+        stack.enter_context(_quiet())
         try:
             run(args)
         except ChildFailedError as e:
             return _report_failure(e, Path(folder))
         except SignalException as e:  # Ctrl-C or a scheduler's SIGTERM: the agent already stopped the ranks
-            print(f"kernelguard train: stopped by {e.sigval.name}.", file=sys.stderr, flush=True)
+            record = _first_record(Path(folder))  # what the ranks saved before stopping, when they could
+            if record is not None:
+                print(record["message"], file=sys.stderr, flush=True)
+            else:
+                print(f"kernelguard train: stopped by {e.sigval.name}.", file=sys.stderr, flush=True)
             return 128 + int(e.sigval)
         except RendezvousError as e:
             print(f"kernelguard train: the ranks could not meet: {e}", file=sys.stderr, flush=True)
@@ -131,16 +147,16 @@ def launch(opts: LaunchOptions, train_argv: list[str]) -> int:
 
 
 @contextlib.contextmanager
-def _rank_env(folder: str) -> Iterator[None]:
-    old = os.environ.get(LAUNCH_DIR_ENV)
-    os.environ[LAUNCH_DIR_ENV] = folder  # the ranks inherit the launcher's environment
+def _env(name: str, value: str) -> Iterator[None]:
+    old = os.environ.get(name)
+    os.environ[name] = value  # the ranks inherit the launcher's environment
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop(LAUNCH_DIR_ENV, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[LAUNCH_DIR_ENV] = old
+            os.environ[name] = old
 
 
 @contextlib.contextmanager
@@ -163,19 +179,30 @@ def _quiet() -> Iterator[None]:
             lg.setLevel(level)
 
 
-def _report_failure(error: Any, folder: Path) -> int:
-    """Print the failing rank's kernelguard message once; return its exit code."""
+def _first_record(folder: Path) -> dict[str, Any] | None:
+    """The lowest rank's error record (write_rank_error), if any rank wrote one."""
     records = []
     for path in folder.glob("rank-*.json"):
         with contextlib.suppress(OSError, ValueError):
             records.append(json.loads(path.read_text()))
-    if records:
-        first = min(records, key=lambda r: r["rank"])
+    return min(records, key=lambda r: r["rank"]) if records else None
+
+
+def _report_failure(error: Any, folder: Path) -> int:
+    """Print the failing rank's kernelguard message once; return its exit code. A rank killed by a signal
+    is the cause when the others only crashed (their collectives lost a peer)."""
+    first = _first_record(folder)
+    # The agent SIGTERMs the other ranks once one fails: a rank killed otherwise is the cause.
+    signalled = [(int(f.exitcode) == -15, f.timestamp, r) for r, f in error.failures.items() if int(f.exitcode) < 0]
+    killed = [r for *_, r in sorted(signalled)]
+    if first is not None and first.get("crash") and killed:
+        first = None
+    if first is not None:
         if first.get("report"):
             print(first["report"], file=sys.stderr)
         print(first["message"], file=sys.stderr, flush=True)
         return int(first["exit_code"])
-    rank, failure = error.get_first_failure()
+    rank, failure = (killed[0], error.failures[killed[0]]) if killed else error.get_first_failure()
     code = int(failure.exitcode)
     if code < 0:
         import signal

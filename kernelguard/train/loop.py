@@ -13,7 +13,7 @@ import resource
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,7 @@ from .packing import LEAKY, LEAKY_WARNING, PADDED, build_batch, pack_best_fit_de
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, claim_output, preflight
 from .profiling import StepProfiler
+from .signals import Preempted, stop_request
 from .step import Plan, StepResult, TrainState, dropped_blocks_note, make_plan, optimizer_step, step_block_ids
 
 __all__ = ["run"]
@@ -232,8 +233,14 @@ def train(
     plan = data.plan
     peak = cfg.runtime.peak_tflops * 1e12 if cfg.runtime.peak_tflops else peak_flops(info.device)
     profiler = step_profiler(cfg, info)
+    stop = stop_request()
+    stop.deferring = True  # SIGTERM from here on: finish the step, save, exit 143
     try:
-        for step in range(start, plan.stop_step):
+        for step in range(start, plan.stop_step + 1):
+            if stop.agreed(info.device):
+                stop_for_sigterm(cfg, info, state, step, plan, identity, start=start)
+            if step == plan.stop_step:
+                break
             micro, seq_lens = step_batches(cfg, info, data, step)
             (result, seconds), profile = profiler.run(step + 1, timed_step, state, micro)
             computed = sum(int(mb["input_ids"].numel()) for mb in micro)
@@ -257,6 +264,7 @@ def train(
         if profiler.summary():
             log(info, profiler.summary())
     finally:
+        stop.deferring, stop.when = False, "during the final export; the last checkpoint is complete"
         if info.is_main:
             ckpt.remove_incomplete(cfg.checkpoint.output_dir)
 
@@ -269,6 +277,20 @@ def step_profiler(cfg: TrainConfig, info: DistInfo) -> StepProfiler:
         trace_dir=cfg.metrics.profile_trace,
         device=info.device,
         log=lambda message: log(info, message),
+    )
+
+
+def stop_for_sigterm(
+    cfg: TrainConfig, info: DistInfo, state: TrainState, step: int, plan: Plan, identity: dict[str, Any],
+    *, start: int,
+) -> NoReturn:  # fmt: skip
+    """SIGTERM reached a rank: checkpoint the ``step`` steps done (unless that checkpoint exists), then stop."""
+    if step > start and not _due(cfg.checkpoint.save_steps, step, plan.stop_step):
+        save(cfg, info, state, step, plan, identity)
+    what = f"checkpoint step_{step} is saved" if step else "nothing was trained yet, nothing saved"
+    raise Preempted(
+        f"kernelguard train: stopped by SIGTERM after step {step} of {plan.stop_step}; {what} (exit 143).",
+        fix=f"rerun the same command with --resume to continue exactly from step {step}",
     )
 
 

@@ -1,0 +1,62 @@
+"""Fault injection for tests/test_faults.py, loaded by every Python process of a test run (the launcher and its
+ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
+
+- ``export``: the final export hits a full disk: part of the first shard is written, then write(2) fails with
+  ENOSPC, as kernelguard.train.export's shard writer would see it.
+- ``checkpoint:NAME``: DCP's shard writes into a checkpoint folder named ``NAME.tmp`` fail with ``ENOSPC``
+  after half of their first write reached the file, as write(2) on a full disk does.
+"""
+
+from __future__ import annotations
+
+import os
+
+_FAULT = os.environ.get("KERNELGUARD_FAULT", "")
+
+
+def _export_disk_full() -> None:
+    import errno
+
+    from kernelguard.train import export
+
+    def write_safetensors(path, tensors, fetch):  # type: ignore[no-untyped-def]
+        with open(path, "wb") as f:  # the part that fitted
+            f.write(b"\0" * 4096)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))  # what write(2) gives on a full disk
+
+    export.write_safetensors = write_safetensors
+
+
+def _checkpoint_disk_full(folder: str) -> None:
+    import contextlib
+    import errno
+
+    from torch.distributed.checkpoint import filesystem
+
+    real = filesystem.FileSystem.create_stream
+
+    class _Full:
+        def __init__(self, stream, path):  # type: ignore[no-untyped-def]
+            self._stream, self._path = stream, path
+
+        def write(self, data):  # type: ignore[no-untyped-def]
+            self._stream.write(bytes(data)[: len(data) // 2])
+            self._stream.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self._path))
+
+        def __getattr__(self, name):  # type: ignore[no-untyped-def]
+            return getattr(self._stream, name)
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):  # type: ignore[no-untyped-def]
+        with real(self, path, mode) as stream:
+            hit = "w" in mode and str(path).endswith(".distcp") and f"{folder}.tmp" in str(path)
+            yield _Full(stream, path) if hit else stream
+
+    filesystem.FileSystem.create_stream = create_stream
+
+
+if _FAULT == "export":
+    _export_disk_full()
+elif _FAULT.startswith("checkpoint:"):
+    _checkpoint_disk_full(_FAULT.split(":", 1)[1])
