@@ -161,6 +161,27 @@ def test_guard_refuses_without_fast_providers(assets: dict[str, Path]) -> None:
     assert "chunk_gated_delta_rule" in r.stderr and not out.exists()
 
 
+def test_refusal_ends_with_a_why_fix_block_in_cli_terms(assets: dict[str, Path]) -> None:
+    """Allowing the GDN references cannot make packed training start: the refusal says so first and offers
+    what can (install the kernels, or train unpacked), never "pass --allow", in lines that fit a terminal."""
+    out = assets["root"] / "refused-allowed"
+    allow = ("--allow", "causal_conv1d_fn", "chunk_gated_delta_rule")
+    r = h.run_train(_args(assets, out, "--max-steps", "2", *allow), fakes=False, nproc=0)
+    assert r.returncode == 3, r.stderr
+    block = r.stderr.split("kernelguard train: refused to start (exit 3).\n", 1)[1]
+    why, fix = block.split("\nfix:\n")
+    assert why.splitlines()[:2] == [
+        "why:",
+        "  packed: a GDN torch reference cannot honour packed example boundaries (--allow cannot help)",
+    ]
+    assert "chunk_gated_delta_rule (3 layers): `import fla.ops.gated_delta_rule` failed" in why
+    assert "pip install 'flash-linear-attention" in fix and "causal-conv1d" in fix
+    assert "or train unpacked with --packing none and --allow causal_conv1d_fn chunk_gated_delta_rule" in fix
+    assert "only for a fallback you accept" not in r.stderr and "attn_implementation" not in block
+    assert all(len(line) <= 100 for line in block.splitlines()), block
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("row", "expected"),
     [

@@ -85,7 +85,7 @@ def _train(cfg: object) -> int:
     try:
         return run(cfg, info)  # type: ignore[arg-type]
     except GuardRefused as e:
-        line = "kernelguard train: refused to start (exit 3); pass --allow ID only for a fallback you accept."
+        line = "kernelguard train: refused to start (exit 3)." + (f"\n{e.fix}" if e.fix else "")
         return _fail(EXIT_GUARD, line, report=e.report, is_main=info.is_main)
     except (ConfigError, DataError) as e:
         return _fail(EXIT_USAGE, f"kernelguard train: error: {e}", is_main=info.is_main)
