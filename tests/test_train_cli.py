@@ -182,6 +182,31 @@ def test_refusal_ends_with_a_why_fix_block_in_cli_terms(assets: dict[str, Path])
     assert not out.exists()
 
 
+def test_resume_with_a_larger_max_steps_extends_the_run_and_its_schedule(tmp_path: Path) -> None:
+    """Hugging Face users extend a run with --resume and a larger --max-steps: the LR schedule is rebuilt for
+    the new length (said in one line) and the resumed steps follow it exactly."""
+    from kernelguard.train.step import lr_lambda
+
+    small = h.write_jsonl(tmp_path / "small.jsonl", h.copy_task_rows(12))  # fewer steps than --max-steps
+    assets = {"model": h.write_model_config(tmp_path / "model"), "tok": h.write_tokenizer(tmp_path / "tok")}
+    out = tmp_path / "out"
+    args = [*_args({**assets, "data": small}, out), "--no-plot", "--no-export"]
+    args.remove("--schedule-steps")
+    args.remove("8")  # the schedule follows --max-steps
+    r = h.run_train([*args, "--max-steps", "6"], nproc=0)
+    assert r.returncode == 0, r.stderr
+    r = h.run_train([*args, "--max-steps", "8", "--resume"], nproc=0)
+    assert r.returncode == 0, r.stderr
+    assert (
+        "kernelguard train: --resume: the LR schedule now spans 8 steps (it was 6); from step 6 the LR follows "
+        "the 8-step schedule. To hold the final LR of the old one instead, pass --schedule-steps 6"
+    ) in r.stderr
+    recs = _metrics(out)
+    assert [x["step"] for x in recs] == list(range(1, 9))
+    old, new = lr_lambda(1, 6, 0.1), lr_lambda(1, 8, 0.1)
+    assert [x["lr"] for x in recs] == pytest.approx([3e-3 * old(i) for i in range(6)] + [3e-3 * new(i) for i in (6, 7)])
+
+
 @pytest.mark.parametrize(
     ("row", "expected"),
     [

@@ -32,7 +32,7 @@ from .parallel import (
     model_source,
     on_main,
 )
-from .step import TrainState, lr_lambda
+from .step import TrainState, lr_lambda, warmup_length
 
 __all__ = [
     "BuiltModel",
@@ -84,7 +84,8 @@ def build_model(*, model: ModelSection, runtime: RuntimeSection, info: DistInfo)
 def make_optimizer(
     model: torch.nn.Module, *, optimizer: OptimizerSection, device: torch.device, schedule_steps: int
 ) -> tuple[Any, Any]:
-    """AdamW (no decay on norms and biases) and the warmup + cosine LambdaLR over ``schedule_steps``."""
+    """AdamW (no decay on norms and biases) and the warmup + --lr-scheduler-type LambdaLR over
+    ``schedule_steps``."""
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
@@ -97,8 +98,9 @@ def make_optimizer(
     opt = torch.optim.AdamW(
         groups, lr=optimizer.learning_rate, betas=optimizer.adam_betas, fused=device.type == "cuda"
     )
+    warmup = warmup_length(optimizer.warmup_steps, optimizer.warmup_ratio, schedule_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lr_lambda(optimizer.warmup_steps, schedule_steps, optimizer.min_lr_ratio)
+        opt, lr_lambda(warmup, schedule_steps, optimizer.min_lr_ratio, optimizer.lr_scheduler_type)
     )
     return opt, sched
 

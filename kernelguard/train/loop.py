@@ -31,7 +31,17 @@ from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_fl
 from .packing import build_packed_block, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, claim_output, preflight
-from .step import Plan, StepResult, TrainState, dropped_blocks_note, make_plan, optimizer_step, step_block_ids
+from .step import (
+    Plan,
+    StepResult,
+    TrainState,
+    dropped_blocks_note,
+    extended_schedule_note,
+    make_plan,
+    optimizer_step,
+    restart_schedule_at,
+    step_block_ids,
+)
 
 __all__ = ["run"]
 
@@ -73,7 +83,7 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
         first = int(saved["step"]) if saved else 0
         with Reporter(cfg, info, start=first, total=data.plan.stop_step) as out:
             state = prepare_training(built, cfg, info, schedule_steps=data.plan.schedule_steps)
-            resume(cfg, info, state, start, saved)
+            resume(cfg, info, state, start, saved, schedule_steps=data.plan.schedule_steps)
             train(cfg, info, state, data, built, out, start=first, identity=start.identity)
         finish(cfg, info, state, built, data)
     finally:
@@ -162,19 +172,24 @@ def step_batches(cfg: TrainConfig, info: DistInfo, data: TrainData, step: int) -
 
 # ----------------------------------------------------------------------------------------------- resume ---
 def check_resume_plan(cfg: TrainConfig, start: StartPlan, plan: Plan) -> dict[str, Any] | None:
-    """The chosen checkpoint's trainer state, refused when its data plan differs from this run's (the LR
-    schedule length follows --max-steps when --schedule-steps is not given)."""
+    """The chosen checkpoint's trainer state, refused when its data plan differs from this run's. A longer
+    LR schedule (it follows a larger --max-steps when --schedule-steps is not given) extends the run:
+    :func:`resume` rebuilds the schedule for it."""
     if start.resume_from is None:
         return None
     saved = ckpt.read_trainer_state(start.resume_from)
     now = {"num_blocks": len(plan.blocks), "schedule_steps": plan.schedule_steps}
-    diffs = [f"{k}: was {saved[k]!r}, now {v!r}" for k, v in now.items() if k in saved and saved[k] != v]
+    diffs = [
+        f"{k}: was {saved[k]!r}, now {v!r}"
+        for k, v in now.items()
+        if k in saved and saved[k] != v and not (k == "schedule_steps" and v > saved[k])
+    ]
     if diffs and not cfg.checkpoint.resume_anyway:
         raise CheckpointError(
             f"--resume: {start.resume_from} was trained on another plan; what differs:\n  "
             + "\n  ".join(diffs),
-            fix="resume with the original --max-steps/--schedule-steps (pass --schedule-steps to fix the LR "
-            "schedule's length), or --resume-anyway to continue anyway",
+            fix="resume with the original data and --max-steps/--schedule-steps (a shorter LR schedule than "
+            "the checkpoint's cannot continue it), or --resume-anyway to continue anyway",
         )
     return saved
 
@@ -190,9 +205,16 @@ def claim(cfg: TrainConfig, info: DistInfo, start: StartPlan) -> None:
 
 
 def resume(
-    cfg: TrainConfig, info: DistInfo, state: TrainState, start: StartPlan, saved: dict[str, Any] | None
+    cfg: TrainConfig,
+    info: DistInfo,
+    state: TrainState,
+    start: StartPlan,
+    saved: dict[str, Any] | None,
+    *,
+    schedule_steps: int | None = None,
 ) -> int:
-    """Restore the verified checkpoint preflight chose when ``--resume``; return the step to start from."""
+    """Restore the verified checkpoint preflight chose when ``--resume``; return the step to start from.
+    ``schedule_steps``: this run's LR schedule length, which may exceed the checkpoint's (an extended run)."""
     if not cfg.checkpoint.resume:
         return 0
     if start.resume_from is None or saved is None:
@@ -202,6 +224,10 @@ def resume(
     state.scheduler.load_state_dict(saved["scheduler"])
     step = int(saved["step"])
     log(info, f"resumed from {start.resume_from} at step {step}")
+    was = saved.get("schedule_steps")
+    if schedule_steps is not None and was is not None and schedule_steps != was:
+        restart_schedule_at(state.scheduler)
+        log(info, extended_schedule_note(int(was), schedule_steps, step=step))
     return step
 
 
