@@ -182,6 +182,34 @@ def test_refusal_ends_with_a_why_fix_block_in_cli_terms(assets: dict[str, Path])
     assert not out.exists()
 
 
+def test_log_lines_come_once_through_logging_above_the_progress_bar(assets: dict[str, Path]) -> None:
+    """Rank 0 alone logs; no line lands inside the tqdm bar (the bar starts after the setup lines);
+    --logging-steps prints a step line; --log-level warning hides the info lines; train_config.json is keyed
+    by the current flag names."""
+    from kernelguard.train.config import INVOCATION_FIELDS, TrainConfig
+
+    out = assets["root"] / "logged"
+    args = _args(assets, out, "--max-steps", "4", "--logging-steps", "2", "--no-plot", "--no-export")
+    args.remove("--no-progress")
+    r = h.run_train(args)  # two ranks
+    assert r.returncode == 0, r.stderr
+    segments = [s for line in r.stderr.split("\n") for s in line.split("\r")]
+    ours = [s for s in segments if "kernelguard train: " in s]
+    assert all(s.startswith("kernelguard train: ") for s in ours), [s for s in ours if not s.startswith("k")]
+    steps = [s.split(":")[1] for s in ours if s.startswith("kernelguard train: step ")]
+    assert steps == [" step 2/4", " step 4/4"] and sum("guard passed" in s for s in ours) == 1
+    first_bar = next(i for i, s in enumerate(segments) if s.startswith("train:"))
+    assert first_bar > max(i for i, s in enumerate(segments) if "activation checkpointing" in s)
+    saved = json.loads((out / "train_config.json").read_text())
+    flags = TrainConfig.from_flags(model="m", data="d", output_dir=out).flags()
+    assert list(saved) == [k for k in flags if k not in INVOCATION_FIELDS]
+    assert saved["learning_rate"] == 3e-3 and saved["logging_steps"] == 2 and saved["output_dir"] == str(out)
+    quiet = assets["root"] / "quiet"
+    r = h.run_train(_args(assets, quiet, "--max-steps", "1", "--log-level", "warning", "--no-plot"), nproc=0)
+    assert r.returncode == 0, r.stderr
+    assert "kernelguard train: " not in r.stderr and (quiet / "final").is_dir()
+
+
 def test_resume_with_a_larger_max_steps_extends_the_run_and_its_schedule(tmp_path: Path) -> None:
     """Hugging Face users extend a run with --resume and a larger --max-steps: the LR schedule is rebuilt for
     the new length (said in one line) and the resumed steps follow it exactly."""

@@ -78,10 +78,12 @@ def _train(cfg: object) -> int:
     import torch.distributed as dist
 
     from .launch import launched_by_kernelguard
+    from .logs import setup_logging
     from .loop import run
     from .parallel import init_distributed
 
     info = init_distributed()
+    setup_logging(level=cfg.metrics.log_level, is_main=info.is_main)  # type: ignore[attr-defined]
     try:
         return run(cfg, info)  # type: ignore[arg-type]
     except GuardRefused as e:

@@ -10,7 +10,6 @@ AdamW.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from kernelguard.errors import ConfigError
 
 from .config import ModelSection, OptimizerSection, RuntimeSection, TrainConfig
+from .logs import logger
 from .loss import return_hidden_states_from_head
 from .parallel import (
     DistInfo,
@@ -177,7 +177,7 @@ def prepare_training(
 
 def _log(info: DistInfo, message: str) -> None:
     if info.is_main:
-        print(f"kernelguard train: {message}", file=sys.stderr, flush=True)
+        logger.info(message)
 
 
 def setup_training(cfg: TrainConfig, info: DistInfo, *, schedule_steps: int) -> tuple[BuiltModel, TrainState]:

@@ -18,7 +18,6 @@ import os
 import pickle
 import random
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,28 @@ import torch
 import torch.distributed as dist
 
 from kernelguard.errors import CheckpointError
+
+from .logs import logger
+
+__all__ = [
+    "MANIFEST",
+    "MARKER",
+    "TRAINER_STATE",
+    "checkpoint_root",
+    "complete_checkpoints",
+    "export_final",
+    "find_resumable",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "read_trainer_state",
+    "remove_incomplete",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+    "verify_checkpoint",
+    "write_manifest",
+]
 
 MARKER = "COMPLETE"
 MANIFEST = "manifest.json"
@@ -177,9 +198,7 @@ def prune_checkpoints(output: Path, *, keep: int, newest: int) -> list[Path]:
         try:
             shutil.rmtree(path)
         except OSError as e:  # retention must not stop a healthy run: say so and keep going
-            print(
-                f"kernelguard train: could not delete old checkpoint {path}: {e}", file=sys.stderr, flush=True
-            )
+            logger.warning(f"could not delete old checkpoint {path}: {e}")
             continue
         removed.append(path)
     return removed

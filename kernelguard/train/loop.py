@@ -8,7 +8,9 @@ what is checked before any expensive work is :mod:`kernelguard.train.preflight`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import resource
 import sys
 import time
@@ -27,6 +29,7 @@ from .build import BuiltModel, build_model, prepare_training
 from .config import TrainConfig, config_dict
 from .data import chat_template_name, load_examples, load_tokenizer, pad_token_id, template_choice
 from .evaluate import evaluate, pack_eval_blocks
+from .logs import bar_safe_logging, logger
 from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_flops
 from .packing import build_packed_block, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
@@ -46,9 +49,9 @@ from .step import (
 __all__ = ["run"]
 
 
-def log(info: DistInfo, message: str) -> None:
+def log(info: DistInfo, message: str, level: int = logging.INFO) -> None:
     if info.is_main:
-        print(f"kernelguard train: {message}", file=sys.stderr, flush=True)
+        logger.log(level, message)
 
 
 @dataclass(slots=True)
@@ -70,7 +73,7 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     policy = AllowPolicy.parse(cfg.runtime.allow, source="--allow")
     start = on_main(info, lambda: preflight(cfg, world_size=info.world_size))
     for warning in start.warnings:
-        log(info, warning)
+        log(info, warning, logging.WARNING)
     stack = check_stack(str(cfg.model.model), allow=policy, packed=True, device=info.device)
     built = build_model(model=cfg.model, runtime=cfg.runtime, info=info)
     report = run_gate(built.model, policy=policy, packed=True, stack=stack)
@@ -84,6 +87,7 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
         with Reporter(cfg, info, start=first, total=data.plan.stop_step) as out:
             state = prepare_training(built, cfg, info, schedule_steps=data.plan.schedule_steps)
             resume(cfg, info, state, start, saved, schedule_steps=data.plan.schedule_steps)
+            out.start()  # after the model is built and loaded: no setup line or loading bar inside ours
             train(cfg, info, state, data, built, out, start=first, identity=start.identity)
         finish(cfg, info, state, built, data)
     finally:
@@ -289,8 +293,17 @@ class Reporter:
             ),
         )
         self.metrics = opened[0] if opened else None
-        self.bar = progress_bar(cfg, info, total=total, initial=start)
+        self.bar: Any = None
         self.postfix: dict[str, str] = {}
+        self._bar_args = (cfg, info, total, start)
+        self._stack = contextlib.ExitStack()
+        self.logging_steps, self.total = (cfg.metrics.logging_steps if info.is_main else 0), total
+
+    def start(self) -> None:
+        """Draw the progress bar from here on, with log lines printed above it."""
+        cfg, info, total, start = self._bar_args
+        self.bar = progress_bar(cfg, info, total=total, initial=start)
+        self._stack.enter_context(bar_safe_logging(self.bar))
 
     def __enter__(self) -> Reporter:  # noqa: PYI034 - final in practice; py3.10 has no typing.Self
         return self
@@ -301,6 +314,8 @@ class Reporter:
     def write(self, record: dict[str, Any]) -> None:
         if self.metrics is not None:
             self.metrics.write(record)
+        if self.logging_steps and record["step"] % self.logging_steps == 0:
+            logger.info(step_line(record, self.total))
         if self.bar is None:
             return
         if "eval_loss" in record:
@@ -313,8 +328,19 @@ class Reporter:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        self._stack.close()
         if self.metrics is not None:
             self.metrics.close()
+
+
+def step_line(record: dict[str, Any], total: int) -> str:
+    """The --logging-steps line of one metrics record (a step's, or an eval's)."""
+    if "eval_loss" in record:
+        return f"step {record['step']}/{total}: eval loss {record['eval_loss']:.4f}"
+    return (
+        f"step {record['step']}/{total}: loss {record['loss']:.4f}, lr {record['lr']:.3g}, "
+        f"grad norm {record['grad_norm']:.3g}, {record['tokens_per_s']:,.0f} tokens/s"
+    )
 
 
 def progress_bar(cfg: TrainConfig, info: DistInfo, *, total: int, initial: int) -> Any:

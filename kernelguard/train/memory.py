@@ -47,6 +47,22 @@ from kernelguard.catalog import is_decode_only
 from kernelguard.errors import ConfigError
 from kernelguard.geometry import text_config
 
+from .metrics import human_count
+
+__all__ = [
+    "GIB",
+    "HEADROOM",
+    "PROBE_ATTENTION",
+    "ActivationProbe",
+    "CheckpointingChoice",
+    "MemoryEstimate",
+    "choose_checkpointing",
+    "combine",
+    "estimate",
+    "measure_activations",
+    "min_world_size",
+]
+
 GIB = 2**30
 HEADROOM = 0.92  # share of the card torch may allocate before "does not fit"
 COMMON_GPUS: tuple[tuple[str, float], ...] = (("80 GB (H100/A100)", 80e9), ("141 GB (H200)", 141e9))
@@ -102,8 +118,8 @@ class MemoryEstimate:
             (f"loss ({self.loss})", self.loss_bytes),
         ]
         head = (
-            f"memory per rank: {self.num_params / 1e9:.3f} B parameters over {self.world_size} rank(s) "
-            f"({self.params_per_rank / 1e9:.3f} B each), {self.block_size:,}-token blocks, activation "
+            f"memory per rank: {human_count(self.num_params)} parameters over {self.world_size} rank(s) "
+            f"({human_count(self.params_per_rank)} each), {self.block_size:,}-token blocks, activation "
             f"checkpointing {ac}, grad accum {self.grad_accum}"
         )
         lines = [head]
