@@ -185,7 +185,9 @@ def _allow_lines(ordered: list[_Refusal], gdn: list[_Refusal], *, packed: bool) 
                 )
             )
         elif not r.reference and (r.issues or not packed):
-            lines.append(_wrap(f"or accept {r.kernel} as it is: --allow {' '.join(r.issues or (r.kernel,))}", 2))
+            lines.append(
+                _wrap(f"or accept {r.kernel} as it is: --allow {' '.join(r.issues or (r.kernel,))}", 2)
+            )
     return lines
 
 

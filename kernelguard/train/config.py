@@ -190,7 +190,9 @@ class OptimizerSection:
     min_lr_ratio: float = setting(0.1, "cosine/linear decay ends at LR x R", metavar="R")
     warmup_steps: int = setting(0, "linear warmup steps", metavar="N")
     warmup_ratio: float = setting(
-        0.0, "linear warmup over this fraction of the schedule's steps, rounded up (or --warmup-steps)", metavar="F"
+        0.0,
+        "linear warmup over this fraction of the schedule's steps, rounded up; instead of --warmup-steps",
+        metavar="F",
     )
     weight_decay: float = setting(0.0, "AdamW weight decay", metavar="W")
     adam_betas: tuple[float, float] = setting((0.9, 0.95), "AdamW betas", metavar=("B1", "B2"))

@@ -55,6 +55,7 @@ def human_count(n: float) -> str:
             return f"{value:.0f} {unit}" if value >= 100 or value == int(value) else f"{value:.3g} {unit}"
     return f"{n:g}"
 
+
 # bf16 dense tensor-core peaks (no sparsity) from the vendors' datasheets, FLOP/s.
 _PEAKS: tuple[tuple[str, float], ...] = (
     ("H200", 989e12),
