@@ -15,6 +15,7 @@ the ``ResolutionError`` / ``KernelFallbackError`` out of ``trainer.train()``.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kernelguard.errors import GuardRefused, KernelFallbackError
@@ -32,6 +33,7 @@ __all__ = [
     "guard_model",
     "lift_accepted_fla_refusal",
     "model_device",
+    "refusal_advice",
     "run_gate",
 ]
 
@@ -103,7 +105,8 @@ def run_gate(
     """Guard ``model`` (after :func:`check_stack` returned ``stack``); return the armed GuardReport.
 
     Raises :class:`GuardRefused` with one report covering every refusal: the stack check's trace when it
-    failed, then the guard's per-layer table (disarmed) when the guard refused or the stack check did."""
+    failed, then the guard's per-layer table (disarmed) when the guard refused or the stack check did; its
+    ``fix`` is :func:`refusal_advice`'s why / fix block."""
     sections: list[str] = []
     if stack is not None and not stack.ok:
         from kernelguard.report import render
@@ -117,4 +120,145 @@ def run_gate(
         return report
     sections.append(report.render(syntax="cli"))  # `kernelguard train` prints it: fixes in its flags
     report.disarm()
-    raise GuardRefused("\n\n".join(sections))
+    advice = refusal_advice(report, stack, packed=packed)
+    raise GuardRefused("\n\n".join(sections), fix=advice or None)
+
+
+# ------------------------------------------------------------------------------------------ why / fix ---
+ADVICE_WIDTH = 100  # the why / fix block must read in a terminal, unlike the table above it
+UNPACKED_FLAG = "--packing none"
+_PACKED_WHY = "packed: a GDN torch reference cannot honour packed example boundaries (--allow cannot help)"
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    """One refused kernel, from the stack check's verdict or the guard's call sites."""
+
+    kernel: str
+    layers: int  # call sites of the guard (0: the stack check's verdict)
+    reason: str
+    fixes: tuple[str, ...]
+    issues: tuple[str, ...]  # known-issue IDs: an --allow of one accepts that provider as it is
+    reference: bool  # the torch reference is what would run (nothing present to accept instead)
+    provider: str = ""
+
+
+def refusal_advice(report: GuardReport | None, stack: CheckResult | None, *, packed: bool) -> str:
+    """The short "why / fix" block that ends `kernelguard train`'s refusal, in its flags' terms: each
+    refused kernel's real reason, then the commands that fix it, offering ``--allow`` only where an allow
+    can make the run start. Every line fits ADVICE_WIDTH columns."""
+    refusals = _stack_refusals(stack) + (_guard_refusals(report) if report is not None else [])
+    by_kernel = {r.kernel: r for r in reversed(refusals)}  # the stack check's (more precise) reason wins
+    ordered = [by_kernel[k] for k in dict.fromkeys(r.kernel for r in refusals)]
+    if not ordered:
+        return ""
+    why, fix = ["why:"], ["fix:"]
+    gdn = [r for r in ordered if r.kernel != "attention" and r.reference]
+    if packed and gdn:  # the reason no flag of this run can get past: first
+        why.append(_wrap(_PACKED_WHY, 2))
+    for r in ordered:
+        where = f" ({r.layers} layer{'s' * (r.layers != 1)})" if r.layers else ""
+        why.append(_wrap(f"{r.kernel}{where}: {r.reason}", 2))
+    for command in dict.fromkeys(c for r in ordered for c in r.fixes):
+        fix.extend(_command_lines(command))
+    fix.extend(_allow_lines(ordered, gdn, packed=packed))
+    return "\n".join(why + fix)
+
+
+def _allow_lines(ordered: list[_Refusal], gdn: list[_Refusal], *, packed: bool) -> list[str]:
+    lines = []
+    if gdn:
+        names = " ".join(r.kernel for r in gdn)
+        text = (
+            f"or train unpacked with {UNPACKED_FLAG} and --allow {names}"
+            if packed
+            else f"or accept the slow torch references: --allow {names}"
+        )
+        lines.append(_wrap(text, 2))
+    for r in ordered:
+        if r.kernel == "attention":
+            lines.append(
+                _wrap(
+                    f"attention: --attention varlen (torch's varlen attention, CUDA), or --allow attention "
+                    f"to accept {r.provider or 'it'}",
+                    2,
+                )
+            )
+        elif not r.reference and (r.issues or not packed):
+            lines.append(
+                _wrap(f"or accept {r.kernel} as it is: --allow {' '.join(r.issues or (r.kernel,))}", 2)
+            )
+    return lines
+
+
+def _guard_refusals(report: GuardReport) -> list[_Refusal]:
+    from kernelguard.decisions import REFERENCE
+
+    grouped: dict[str, list[Any]] = {}
+    for site in report.offending():
+        grouped.setdefault(site.kernel, []).append(site)
+    return [
+        _Refusal(
+            kernel,
+            len(sites),
+            _first_clause(sites[0].reason),
+            # the attention site's fix is in Python terms; _allow_lines says it in the trainer's
+            () if kernel == "attention" else tuple(dict.fromkeys(s.fix for s in sites if s.fix)),
+            tuple(dict.fromkeys(i for s in sites for i in s.issues)),
+            reference=sites[0].kind == REFERENCE,
+            provider=sites[0].implementation,
+        )
+        for kernel, sites in grouped.items()
+    ]
+
+
+def _stack_refusals(stack: CheckResult | None) -> list[_Refusal]:
+    from kernelguard.catalog import VARLEN_ATTENTION
+    from kernelguard.decisions import FALLBACK, REJECTED
+
+    if stack is None or stack.ok:
+        return []
+    out = []
+    for verdict in stack.resolution.verdicts:
+        if verdict.ok:
+            continue
+        refused = [d for d in verdict.candidates if d.status in (REJECTED, FALLBACK)]
+        first = next((d for d in refused if d.status == REJECTED), refused[0] if refused else None)
+        if first is None:
+            continue
+        issues = tuple(dict.fromkeys(i for d in refused for i in d.issues))
+        fixes = tuple(dict.fromkeys(d.fix for d in refused if d.fix))
+        reason = f"{first.provider}: {_first_clause(first.reason)}"
+        # The check's varlen_attention row is what --allow calls attention.
+        kernel = "attention" if verdict.kernel == VARLEN_ATTENTION else verdict.kernel
+        reference = kernel != "attention" and not issues
+        out.append(_Refusal(kernel, 0, reason, fixes, issues, reference=reference))
+    return out
+
+
+def _first_clause(reason: str) -> str:
+    """The reason itself, without what the table adds after it (Hub status, the packed-mode note)."""
+    return reason.split("; ")[0]
+
+
+def _command_lines(command: str) -> list[str]:
+    """A fix command as lines that each fit: one per ``&&`` step (each runs alone), then its note."""
+    command, sep, note = command.partition("  (")
+    lines = [_wrap(step.strip(), 2) for step in command.split(" && ")]
+    if sep:
+        lines.append(_wrap("(" + note, 4))
+    return lines
+
+
+def _wrap(text: str, indent: int) -> str:
+    import textwrap
+
+    # Commands must stay copyable: never split "--no-build-isolation" or a URL at a hyphen.
+    return textwrap.fill(
+        text,
+        width=ADVICE_WIDTH,
+        initial_indent=" " * indent,
+        subsequent_indent=" " * (indent + 2),
+        break_on_hyphens=False,
+        break_long_words=False,
+    )

@@ -53,3 +53,14 @@ def test_a_refused_stack_alone_refuses_even_when_the_guard_passes(fake_providers
     stack_text, guard_text = info.value.report.split("\n\nkernelguard: transformers ", 1)
     assert stack_text == render(stack)
     assert "packed=True: OK" in guard_text  # the table of a passing guard is still printed with the refusal
+
+
+def test_the_refusal_ends_with_a_why_fix_block_in_the_trainers_flags(fake_providers: Path, tiny: Any) -> None:
+    stack = gate.check_stack("qwen3_5", allow=AllowPolicy(), packed=True, device=CUDA)
+    with pytest.raises(GuardRefused) as info:
+        gate.run_gate(tiny.tiny_model("qwen3_5"), policy=AllowPolicy(), packed=True, stack=stack)
+    advice = info.value.fix or ""
+    assert advice.startswith("why:\n  attention: flash_attn (flash_attn_varlen_func): flash-attn is not installed")
+    assert "varlen_attention" not in advice  # the check's row name; --allow calls it attention
+    assert "  attention: --attention varlen (torch's varlen attention, CUDA), or --allow attention" in advice
+    assert "attn_implementation" not in advice and all(len(line) <= 100 for line in advice.splitlines())

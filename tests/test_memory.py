@@ -166,6 +166,13 @@ def test_render_and_dict(tiny: Path) -> None:
     est = memory.estimate(_cfg(tiny, block_size=256), world_size=4, gpu_bytes=1000)
     text = est.render()
     assert text.startswith("memory per rank: ") and "over 4 rank(s)" in text
+    from kernelguard.train.metrics import human_count
+
+    # "16 M parameters", as people write it, not "0.016 B"
+    assert f"{human_count(est.num_params)} parameters over 4 rank(s)" in text and " B parameters" not in text
+    assert [human_count(n) for n in (16_000_000, 15_728_640, 1.5e9, 950_000, 12)] == [
+        "16 M", "15.7 M", "1.5 B", "950 K", "12",
+    ]  # fmt: skip
     for label in (
         "parameters (fp32 shards)",
         "gradients (fp32 shards)",

@@ -232,13 +232,14 @@ def test_start_plan_defaults() -> None:
 
 
 def test_resume_refuses_a_checkpoint_trained_on_another_plan(tmp_path: Path) -> None:
-    """Same inputs, but without --schedule-steps the LR schedule's length follows --max-steps."""
+    """Same inputs, but without --schedule-steps the LR schedule's length follows --max-steps: a longer
+    schedule extends the run (HF users resume with a larger --max-steps); a shorter one cannot continue it."""
     from kernelguard.train.loop import check_resume_plan
     from kernelguard.train.step import make_plan
 
     folder = _seal_run(tmp_path, {"seed": 0})
     state = json.loads((folder / ckpt.TRAINER_STATE).read_text())
-    state.update(num_blocks=10, schedule_steps=10)
+    state.update(num_blocks=10, schedule_steps=30)  # a run extended to --max-steps 30 before
     (folder / ckpt.TRAINER_STATE).write_text(json.dumps(state))
     blocks = [[i] for i in range(10)]
     kw: dict[str, Any] = {
@@ -250,12 +251,15 @@ def test_resume_refuses_a_checkpoint_trained_on_another_plan(tmp_path: Path) -> 
     }
     start = StartPlan({"seed": 0}, folder)
     cfg = TrainConfig.from_flags(model="m", data="d", output_dir=tmp_path, resume=True)
-    assert check_resume_plan(cfg, start, make_plan(blocks, max_steps=6, **kw))["step"] == 2
+    assert check_resume_plan(cfg, start, make_plan(blocks, max_steps=30, **kw))["step"] == 2
+    assert check_resume_plan(cfg, start, make_plan(blocks, max_steps=40, **kw))["step"] == 2  # extended
     with pytest.raises(CheckpointError) as info:
         check_resume_plan(cfg, start, make_plan(blocks, max_steps=20, **kw))
     assert info.value.message == (
-        f"--resume: {folder} was trained on another plan; what differs:\n  schedule_steps: was 10, now 20"
+        f"--resume: {folder} was trained on another plan; what differs:\n  schedule_steps: was 30, now 20"
     )
+    with pytest.raises(CheckpointError, match="num_blocks: was 10, now 12"):
+        check_resume_plan(cfg, start, make_plan([[i] for i in range(12)], max_steps=40, **kw))
     anyway = TrainConfig.from_flags(model="m", data="d", output_dir=tmp_path, resume=True, resume_anyway=True)
     assert check_resume_plan(anyway, start, make_plan(blocks, max_steps=20, **kw)) is not None
     assert check_resume_plan(cfg, StartPlan({}), make_plan(blocks, max_steps=20, **kw)) is None

@@ -161,6 +161,80 @@ def test_guard_refuses_without_fast_providers(assets: dict[str, Path]) -> None:
     assert "chunk_gated_delta_rule" in r.stderr and not out.exists()
 
 
+def test_refusal_ends_with_a_why_fix_block_in_cli_terms(assets: dict[str, Path]) -> None:
+    """Allowing the GDN references cannot make packed training start: the refusal says so first and offers
+    what can (install the kernels, or train unpacked), never "pass --allow", in lines that fit a terminal."""
+    out = assets["root"] / "refused-allowed"
+    allow = ("--allow", "causal_conv1d_fn", "chunk_gated_delta_rule")
+    r = h.run_train(_args(assets, out, "--max-steps", "2", *allow), fakes=False, nproc=0)
+    assert r.returncode == 3, r.stderr
+    block = r.stderr.split("kernelguard train: refused to start (exit 3).\n", 1)[1]
+    why, fix = block.split("\nfix:\n")
+    assert why.splitlines()[:2] == [
+        "why:",
+        "  packed: a GDN torch reference cannot honour packed example boundaries (--allow cannot help)",
+    ]
+    assert "chunk_gated_delta_rule (3 layers): `import fla.ops.gated_delta_rule` failed" in why
+    assert "pip install 'flash-linear-attention" in fix and "causal-conv1d" in fix
+    assert "or train unpacked with --packing none and --allow causal_conv1d_fn chunk_gated_delta_rule" in fix
+    assert "only for a fallback you accept" not in r.stderr and "attn_implementation" not in block
+    assert all(len(line) <= 100 for line in block.splitlines()), block
+    assert not out.exists()
+
+
+def test_log_lines_come_once_through_logging_above_the_progress_bar(assets: dict[str, Path]) -> None:
+    """Rank 0 alone logs; no line lands inside the tqdm bar (the bar starts after the setup lines);
+    --logging-steps prints a step line; --log-level warning hides the info lines; train_config.json is keyed
+    by the current flag names."""
+    from kernelguard.train.config import INVOCATION_FIELDS, TrainConfig
+
+    out = assets["root"] / "logged"
+    args = _args(assets, out, "--max-steps", "4", "--logging-steps", "2", "--no-plot", "--no-export")
+    args.remove("--no-progress")
+    r = h.run_train(args)  # two ranks
+    assert r.returncode == 0, r.stderr
+    segments = [s for line in r.stderr.split("\n") for s in line.split("\r")]
+    ours = [s for s in segments if "kernelguard train: " in s]
+    assert all(s.startswith("kernelguard train: ") for s in ours), [s for s in ours if not s.startswith("k")]
+    steps = [s.split(":")[1] for s in ours if s.startswith("kernelguard train: step ")]
+    assert steps == [" step 2/4", " step 4/4"] and sum("guard passed" in s for s in ours) == 1
+    first_bar = next(i for i, s in enumerate(segments) if s.startswith("train:"))
+    assert first_bar > max(i for i, s in enumerate(segments) if "activation checkpointing" in s)
+    saved = json.loads((out / "train_config.json").read_text())
+    flags = TrainConfig.from_flags(model="m", data="d", output_dir=out).flags()
+    assert list(saved) == [k for k in flags if k not in INVOCATION_FIELDS]
+    assert saved["learning_rate"] == 3e-3 and saved["logging_steps"] == 2 and saved["output_dir"] == str(out)
+    quiet = assets["root"] / "quiet"
+    r = h.run_train(_args(assets, quiet, "--max-steps", "1", "--log-level", "warning", "--no-plot"), nproc=0)
+    assert r.returncode == 0, r.stderr
+    assert "kernelguard train: " not in r.stderr and (quiet / "final").is_dir()
+
+
+def test_resume_with_a_larger_max_steps_extends_the_run_and_its_schedule(tmp_path: Path) -> None:
+    """Hugging Face users extend a run with --resume and a larger --max-steps: the LR schedule is rebuilt for
+    the new length (said in one line) and the resumed steps follow it exactly."""
+    from kernelguard.train.step import lr_lambda
+
+    small = h.write_jsonl(tmp_path / "small.jsonl", h.copy_task_rows(12))  # fewer steps than --max-steps
+    assets = {"model": h.write_model_config(tmp_path / "model"), "tok": h.write_tokenizer(tmp_path / "tok")}
+    out = tmp_path / "out"
+    args = [*_args({**assets, "data": small}, out), "--no-plot", "--no-export"]
+    args.remove("--schedule-steps")
+    args.remove("8")  # the schedule follows --max-steps
+    r = h.run_train([*args, "--max-steps", "6"], nproc=0)
+    assert r.returncode == 0, r.stderr
+    r = h.run_train([*args, "--max-steps", "8", "--resume"], nproc=0)
+    assert r.returncode == 0, r.stderr
+    assert (
+        "kernelguard train: --resume: the LR schedule now spans 8 steps (it was 6); from step 6 the LR follows "
+        "the 8-step schedule. To hold the final LR of the old one instead, pass --schedule-steps 6"
+    ) in r.stderr
+    recs = _metrics(out)
+    assert [x["step"] for x in recs] == list(range(1, 9))
+    old, new = lr_lambda(1, 6, 0.1), lr_lambda(1, 8, 0.1)
+    assert [x["lr"] for x in recs] == pytest.approx([3e-3 * old(i) for i in range(6)] + [3e-3 * new(i) for i in (6, 7)])
+
+
 @pytest.mark.parametrize(
     ("row", "expected"),
     [

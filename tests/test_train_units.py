@@ -3,6 +3,7 @@ optimizer step and eval on one rank."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,48 @@ def test_lr_schedule_warmup_then_cosine_to_min() -> None:
     assert f(2) == pytest.approx(1.0)
     assert f(10) == pytest.approx(0.1) and f(50) == pytest.approx(0.1)
     assert f(6) == pytest.approx(0.1 + 0.9 * 0.5)
+
+
+def test_lr_scheduler_types_follow_hugging_face_names() -> None:
+    linear = lr_lambda(2, 10, 0.1, "linear")
+    assert [linear(0), linear(1), linear(2)] == [0.5, 1.0, 1.0]
+    assert linear(6) == pytest.approx(0.1 + 0.9 * 0.5) and linear(10) == pytest.approx(0.1)
+    assert linear(4) == pytest.approx(0.1 + 0.9 * 0.75)  # a straight line, not the cosine's 0.1 + 0.9 * 0.854
+    with_warmup = lr_lambda(2, 10, 0.1, "constant_with_warmup")
+    assert [with_warmup(0), with_warmup(1), with_warmup(9), with_warmup(50)] == [0.5, 1.0, 1.0, 1.0]
+    assert {lr_lambda(0, 10, 0.1, "constant")(s) for s in range(20)} == {1.0}
+
+
+def test_warmup_ratio_and_scheduler_type_flags(tmp_path: Path) -> None:
+    import torch
+
+    from kernelguard.train.build import make_optimizer
+    from kernelguard.train.config_cli import build_parser
+
+    base = ["--model", "m", "--data", "d", "--output-dir", str(tmp_path / "o")]
+    cfg = parse_args([*base, "--warmup-ratio", "0.25", "--lr-scheduler-type", "linear", "--logging-steps", "5"])
+    assert (cfg.optimizer.warmup_ratio, cfg.optimizer.lr_scheduler_type) == (0.25, "linear")
+    assert cfg.metrics.logging_steps == 5 and cfg.metrics.log_level == "info"
+    model = torch.nn.Linear(2, 2)
+    opt, sched = make_optimizer(model, optimizer=cfg.optimizer, device=torch.device("cpu"), schedule_steps=10)
+    lrs = []
+    for _ in range(5):
+        lrs.append(sched.get_last_lr()[0] / cfg.optimizer.learning_rate)
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0, 1.0 - 0.9 / 7])  # ceil(0.25 * 10) = 3 warmup steps
+    for extra, text in [
+        (["--warmup-ratio", "0.1", "--warmup-steps", "3"], "pass either --warmup-steps N or --warmup-ratio F"),
+        (["--warmup-ratio", "1.5"], "warmup_ratio is 1.5; it must be in [0, 1)"),
+        (["--lr-scheduler-type", "constant", "--warmup-steps", "3"], "constant_with_warmup"),
+        (["--lr-scheduler-type", "polynomial"], "invalid choice: 'polynomial'"),
+        (["--logging-steps", "-1"], "logging_steps is -1"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(text)):
+            parse_args([*base, *extra])
+    text = " ".join(build_parser().format_help().split())
+    assert "the schedule is not changed" not in text
+    assert "a value beyond the epochs' length stretches the schedule" in text
 
 
 def test_step_flops_matches_the_documented_formula(tiny: Any) -> None:

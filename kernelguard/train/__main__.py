@@ -83,6 +83,7 @@ def _train(cfg: Any) -> int:
 
     from .launch import launched_by_kernelguard, write_rank_error
     from .lock import hold_for_run
+    from .logs import setup_logging
     from .loop import run
     from .parallel import init_distributed, on_main
     from .signals import Preempted, die_with_parent, stop_request
@@ -92,6 +93,7 @@ def _train(cfg: Any) -> int:
     try:
         with stop_request().installed():
             info = init_distributed()
+            setup_logging(level=cfg.metrics.log_level, is_main=info.is_main)  # type: ignore[attr-defined]
             held: list[Any] = []  # rank 0's lock stays in rank 0: on_main shares only the refusal
             on_main(info, lambda: held.append(hold_for_run(cfg.checkpoint.output_dir)))
             lock = held[0] if held else None
@@ -99,7 +101,7 @@ def _train(cfg: Any) -> int:
     except Preempted as e:
         return _fail(EXIT_PREEMPTED, str(e), is_main=info.is_main if info else None)
     except GuardRefused as e:
-        line = "kernelguard train: refused to start (exit 3); pass --allow ID only for a fallback you accept."
+        line = "kernelguard train: refused to start (exit 3)." + (f"\n{e.fix}" if e.fix else "")
         return _fail(EXIT_GUARD, line, report=e.report, is_main=info.is_main if info else None)
     except (ConfigError, DataError) as e:
         return _fail(EXIT_USAGE, f"kernelguard train: error: {e}", is_main=info.is_main if info else None)

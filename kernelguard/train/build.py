@@ -10,7 +10,6 @@ AdamW.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from kernelguard.errors import ConfigError
 
 from .config import ModelSection, OptimizerSection, RuntimeSection, TrainConfig
+from .logs import logger
 from .loss import return_hidden_states_from_head
 from .parallel import (
     DistInfo,
@@ -31,7 +31,7 @@ from .parallel import (
     model_source,
     on_main,
 )
-from .step import TrainState, lr_lambda
+from .step import TrainState, lr_lambda, warmup_length
 from .weights import load_weights, plan_weights
 
 __all__ = [
@@ -99,7 +99,8 @@ def build_model(
 def make_optimizer(
     model: torch.nn.Module, *, optimizer: OptimizerSection, device: torch.device, schedule_steps: int
 ) -> tuple[Any, Any]:
-    """AdamW (no decay on norms and biases) and the warmup + cosine LambdaLR over ``schedule_steps``."""
+    """AdamW (no decay on norms and biases) and the warmup + --lr-scheduler-type LambdaLR over
+    ``schedule_steps``."""
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
@@ -112,8 +113,9 @@ def make_optimizer(
     opt = torch.optim.AdamW(
         groups, lr=optimizer.learning_rate, betas=optimizer.adam_betas, fused=device.type == "cuda"
     )
+    warmup = warmup_length(optimizer.warmup_steps, optimizer.warmup_ratio, schedule_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lr_lambda(optimizer.warmup_steps, schedule_steps, optimizer.min_lr_ratio)
+        opt, lr_lambda(warmup, schedule_steps, optimizer.min_lr_ratio, optimizer.lr_scheduler_type)
     )
     return opt, sched
 
@@ -193,7 +195,7 @@ def prepare_training(
 
 def _log(info: DistInfo, message: str) -> None:
     if info.is_main:
-        print(f"kernelguard train: {message}", file=sys.stderr, flush=True)
+        logger.info(message)
 
 
 def setup_training(cfg: TrainConfig, info: DistInfo, *, schedule_steps: int) -> tuple[BuiltModel, TrainState]:

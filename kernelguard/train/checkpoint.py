@@ -17,7 +17,6 @@ import os
 import pickle
 import random
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,26 @@ from kernelguard.errors import CheckpointError, KernelGuardError
 
 from .write_errors import describe, root_cause, write_failure
 
+__all__ = [
+    "MANIFEST",
+    "MARKER",
+    "TRAINER_STATE",
+    "checkpoint_root",
+    "complete_checkpoints",
+    "find_resumable",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "read_trainer_state",
+    "remove_incomplete",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+    "verify_checkpoint",
+    "write_manifest",
+]
+
+from .logs import logger
 
 __all__ = [
     "MANIFEST",
@@ -198,9 +217,7 @@ def prune_checkpoints(output: Path, *, keep: int, newest: int) -> list[Path]:
         try:
             shutil.rmtree(path)
         except OSError as e:  # retention must not stop a healthy run: say so and keep going
-            print(
-                f"kernelguard train: could not delete old checkpoint {path}: {e}", file=sys.stderr, flush=True
-            )
+            logger.warning(f"could not delete old checkpoint {path}: {e}")
             continue
         removed.append(path)
     return removed

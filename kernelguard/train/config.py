@@ -20,7 +20,9 @@ from .config_rules import (
     ATTENTION_CHOICES,
     DATASET_FORMATS,
     DEFAULT_MAX_SHARD_SIZE,
+    LOG_LEVELS,
     LOSS_CHOICES,
+    LR_SCHEDULER_TYPES,
     OVERLONG_POLICIES,
     PARAM_DTYPES,
     REPORT_TO_CHOICES,
@@ -33,7 +35,9 @@ __all__ = [
     "CONFIG_FILENAME",
     "DATASET_FORMATS",
     "INVOCATION_FIELDS",
+    "LOG_LEVELS",
     "LOSS_CHOICES",
+    "LR_SCHEDULER_TYPES",
     "OVERLONG_POLICIES",
     "PARAM_DTYPES",
     "RENAMED",
@@ -166,7 +170,11 @@ class TrainingSection:
     """How long the run trains, in what steps, from what seed."""
 
     max_steps: int | None = setting(
-        None, "stop after this optimizer step (the schedule is not changed)", metavar="N"
+        None,
+        "stop after this optimizer step. The LR schedule spans the longer of this and the epochs' steps "
+        "(unless --schedule-steps is given): a value beyond the epochs' length stretches the schedule; "
+        "--resume with a larger value extends a run, and its schedule with it",
+        metavar="N",
     )
     schedule_steps: int | None = setting(
         None, "length of the LR schedule (default: epochs of data)", metavar="N"
@@ -181,11 +189,21 @@ class TrainingSection:
 
 @dataclass(kw_only=True, slots=True)
 class OptimizerSection:
-    """AdamW and its learning-rate schedule (linear warmup, cosine decay)."""
+    """AdamW and its learning-rate schedule (linear warmup, then --lr-scheduler-type)."""
 
     learning_rate: float = setting(1e-5, "peak learning rate", metavar="LR")
-    min_lr_ratio: float = setting(0.1, "cosine decay ends at LR x R", metavar="R")
+    lr_scheduler_type: str = setting(
+        "cosine",
+        "after the warmup: cosine or linear decay to LR x --min-lr-ratio at the schedule's end, or constant "
+        "(no warmup), or constant_with_warmup",
+    )
+    min_lr_ratio: float = setting(0.1, "cosine/linear decay ends at LR x R", metavar="R")
     warmup_steps: int = setting(0, "linear warmup steps", metavar="N")
+    warmup_ratio: float = setting(
+        0.0,
+        "linear warmup over this fraction of the schedule's steps, rounded up; instead of --warmup-steps",
+        metavar="F",
+    )
     weight_decay: float = setting(0.0, "AdamW weight decay", metavar="W")
     adam_betas: tuple[float, float] = setting((0.9, 0.95), "AdamW betas", metavar=("B1", "B2"))
     max_grad_norm: float = setting(1.0, "clip the gradient norm to X (0 disables)", metavar="X")
@@ -291,6 +309,13 @@ class MetricsSection:
     profile_trace: Path | None = setting(  # noqa: RUF009
         None, "also write the first profiled step as a Chrome/Perfetto trace (DIR/trace_stepN.json)", metavar="DIR"
     )
+    logging_steps: int = setting(
+        0,
+        "log a line with loss, LR, grad norm and tokens/s every N steps (0: none; metrics.jsonl and "
+        "--report-to get every step)",
+        metavar="N",
+    )
+    log_level: str = setting("info", "the least severe log lines rank 0 prints (logging's level names)")
 
     def __post_init__(self) -> None:
         validate(self)

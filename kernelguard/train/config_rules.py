@@ -24,7 +24,9 @@ __all__ = [
     "CHECKPOINTING_VALUES",
     "DATASET_FORMATS",
     "DEFAULT_MAX_SHARD_SIZE",
+    "LOG_LEVELS",
     "LOSS_CHOICES",
+    "LR_SCHEDULER_TYPES",
     "OVERLONG_POLICIES",
     "PACKING_MODES",
     "PARAM_DTYPES",
@@ -43,6 +45,9 @@ PARAM_DTYPES = ("bf16", "fp32", "fp16")
 OVERLONG_POLICIES = ("truncate", "drop")
 ATTENTION_CHOICES = ("auto", "varlen", "sdpa", "flash_attention_2", "eager")
 LOSS_CHOICES = ("chunked", "logits")  # kernelguard.train.loss.linear_cross_entropy / the full logits
+# Hugging Face's names; kernelguard.train.step.lr_lambda implements each.
+LR_SCHEDULER_TYPES = ("cosine", "linear", "constant", "constant_with_warmup")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # logging's, for --log-level
 DATASET_FORMATS = ("auto", "messages", "prompt-completion", "text")
 REPORT_TO_CHOICES = ("none", "tensorboard", "wandb", "trackio")
 # --activation-checkpointing VALUE -> RuntimeSection.activation_checkpointing (None: auto)
@@ -128,6 +133,22 @@ RULES: tuple[Rule, ...] = (
     _must("learning_rate", lambda v: v > 0, "> 0", "--learning-rate 1e-5"),
     _must("min_lr_ratio", lambda v: 0.0 <= v <= 1.0, "in [0, 1]", "--min-lr-ratio 0.1"),
     _must("warmup_steps", lambda v: v >= 0, ">= 0", "--warmup-steps 0"),
+    _must("warmup_ratio", lambda v: 0.0 <= v < 1.0, "in [0, 1)", "--warmup-ratio 0.03"),
+    Rule(
+        ("warmup_steps", "warmup_ratio"),
+        lambda steps, ratio: not (steps and ratio),
+        "warmup_steps ({warmup_steps}) and warmup_ratio ({warmup_ratio}) were both given; the warmup's "
+        "length comes from one of them.",
+        "pass either --warmup-steps N or --warmup-ratio F, not both",
+    ),
+    _one_of("lr_scheduler_type", LR_SCHEDULER_TYPES, "--lr-scheduler-type cosine"),
+    Rule(
+        ("lr_scheduler_type", "warmup_steps", "warmup_ratio"),
+        lambda kind, steps, ratio: kind != "constant" or not (steps or ratio),
+        "lr_scheduler_type is 'constant', which has no warmup, but a warmup was given (warmup_steps "
+        "{warmup_steps}, warmup_ratio {warmup_ratio}).",
+        "--lr-scheduler-type constant_with_warmup, or drop the warmup",
+    ),
     _must("weight_decay", lambda v: v >= 0, ">= 0", "--weight-decay 0.1"),
     Rule(
         ("adam_betas",),
@@ -155,6 +176,8 @@ RULES: tuple[Rule, ...] = (
         "profile_trace ({profile_trace}) was given with profile_step 0; the trace is of the profiled step.",
         "pass --profile-step N (default 3) with --profile-trace DIR",
     ),
+    _must("logging_steps", lambda v: v >= 0, ">= 0 (0: no log line per step)", "--logging-steps 10"),
+    _one_of("log_level", LOG_LEVELS, "--log-level info"),
     _positive("save_total_limit", "--save-total-limit 2, or leave it out to keep all"),
     Rule(
         ("resume_anyway", "resume"),

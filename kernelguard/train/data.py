@@ -81,11 +81,11 @@ class DataStats:
         kind = self.format or "?"
         if self.template:
             kind += f", chat template {self.template}"
-        split = (
-            f"{self.take} split ({self.held_out} rows held out for the other split); "
-            if self.held_out
-            else ""
-        )
+        split = ""
+        if self.held_out and self.take == "eval":
+            split = f"eval split (held out from training: {self.rows} of {self.rows + self.held_out} rows); "
+        elif self.held_out:
+            split = f"{self.take} split ({self.held_out} rows held out for eval); "
         return (
             f"{kind}: {split}"
             f"{self.rows} rows -> {self.examples} examples ({self.tokens} tokens, {self.loss_tokens} with loss); "

@@ -8,7 +8,9 @@ what is checked before any expensive work is :mod:`kernelguard.train.preflight`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import resource
 import sys
 import time
@@ -28,20 +30,31 @@ from .config import TrainConfig, config_dict
 from .data import chat_template_name, load_examples, load_tokenizer, pad_token_id, template_choice
 from .evaluate import evaluate, pack_eval_blocks
 from .export import export_run
+from .logs import bar_safe_logging, logger
 from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_flops
 from .packing import LEAKY, LEAKY_WARNING, PADDED, build_batch, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, claim_output, preflight
 from .profiling import StepProfiler
 from .signals import Preempted, stop_request
-from .step import Plan, StepResult, TrainState, dropped_blocks_note, make_plan, optimizer_step, step_block_ids
+from .step import (
+    Plan,
+    StepResult,
+    TrainState,
+    dropped_blocks_note,
+    extended_schedule_note,
+    make_plan,
+    optimizer_step,
+    restart_schedule_at,
+    step_block_ids,
+)
 
 __all__ = ["run"]
 
 
-def log(info: DistInfo, message: str) -> None:
+def log(info: DistInfo, message: str, level: int = logging.INFO) -> None:
     if info.is_main:
-        print(f"kernelguard train: {message}", file=sys.stderr, flush=True)
+        logger.log(level, message)
 
 
 @dataclass(slots=True)
@@ -63,9 +76,9 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     policy = AllowPolicy.parse(cfg.runtime.allow, source="--allow")
     start = on_main(info, lambda: preflight(cfg, world_size=info.world_size))
     for warning in start.warnings:
-        log(info, warning)
+        log(info, warning, logging.WARNING)
     if cfg.packing.packing == LEAKY:
-        log(info, LEAKY_WARNING)
+        log(info, LEAKY_WARNING, logging.WARNING)
     packed = cfg.packing.packing != PADDED  # padded batches carry no boundaries a torch reference could drop
     stack = check_stack(str(cfg.model.model), allow=policy, packed=packed, device=info.device)
     built = build_model(model=cfg.model, runtime=cfg.runtime, info=info, padded=not packed)
@@ -79,7 +92,8 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
         first = int(saved["step"]) if saved else 0
         with Reporter(cfg, info, start=first, total=data.plan.stop_step) as out:
             state = prepare_training(built, cfg, info, schedule_steps=data.plan.schedule_steps)
-            resume(cfg, info, state, start, saved)
+            resume(cfg, info, state, start, saved, schedule_steps=data.plan.schedule_steps)
+            out.start()  # after the model is built and loaded: no setup line or loading bar inside ours
             train(cfg, info, state, data, built, out, start=first, identity=start.identity)
         finish(cfg, info, state, built, data)
     finally:
@@ -174,19 +188,24 @@ def step_batches(cfg: TrainConfig, info: DistInfo, data: TrainData, step: int) -
 
 # ----------------------------------------------------------------------------------------------- resume ---
 def check_resume_plan(cfg: TrainConfig, start: StartPlan, plan: Plan) -> dict[str, Any] | None:
-    """The chosen checkpoint's trainer state, refused when its data plan differs from this run's (the LR
-    schedule length follows --max-steps when --schedule-steps is not given)."""
+    """The chosen checkpoint's trainer state, refused when its data plan differs from this run's. A longer
+    LR schedule (it follows a larger --max-steps when --schedule-steps is not given) extends the run:
+    :func:`resume` rebuilds the schedule for it."""
     if start.resume_from is None:
         return None
     saved = ckpt.read_trainer_state(start.resume_from)
     now = {"num_blocks": len(plan.blocks), "schedule_steps": plan.schedule_steps}
-    diffs = [f"{k}: was {saved[k]!r}, now {v!r}" for k, v in now.items() if k in saved and saved[k] != v]
+    diffs = [
+        f"{k}: was {saved[k]!r}, now {v!r}"
+        for k, v in now.items()
+        if k in saved and saved[k] != v and not (k == "schedule_steps" and v > saved[k])
+    ]
     if diffs and not cfg.checkpoint.resume_anyway:
         raise CheckpointError(
             f"--resume: {start.resume_from} was trained on another plan; what differs:\n  "
             + "\n  ".join(diffs),
-            fix="resume with the original --max-steps/--schedule-steps (pass --schedule-steps to fix the LR "
-            "schedule's length), or --resume-anyway to continue anyway",
+            fix="resume with the original data and --max-steps/--schedule-steps (a shorter LR schedule than "
+            "the checkpoint's cannot continue it), or --resume-anyway to continue anyway",
         )
     return saved
 
@@ -202,9 +221,16 @@ def claim(cfg: TrainConfig, info: DistInfo, start: StartPlan) -> None:
 
 
 def resume(
-    cfg: TrainConfig, info: DistInfo, state: TrainState, start: StartPlan, saved: dict[str, Any] | None
+    cfg: TrainConfig,
+    info: DistInfo,
+    state: TrainState,
+    start: StartPlan,
+    saved: dict[str, Any] | None,
+    *,
+    schedule_steps: int | None = None,
 ) -> int:
-    """Restore the verified checkpoint preflight chose when ``--resume``; return the step to start from."""
+    """Restore the verified checkpoint preflight chose when ``--resume``; return the step to start from.
+    ``schedule_steps``: this run's LR schedule length, which may exceed the checkpoint's (an extended run)."""
     if not cfg.checkpoint.resume:
         return 0
     if start.resume_from is None or saved is None:
@@ -214,6 +240,10 @@ def resume(
     state.scheduler.load_state_dict(saved["scheduler"])
     step = int(saved["step"])
     log(info, f"resumed from {start.resume_from} at step {step}")
+    was = saved.get("schedule_steps")
+    if schedule_steps is not None and was is not None and schedule_steps != was:
+        restart_schedule_at(state.scheduler)
+        log(info, extended_schedule_note(int(was), schedule_steps, step=step))
     return step
 
 
@@ -315,8 +345,17 @@ class Reporter:
             ),
         )
         self.metrics = opened[0] if opened else None
-        self.bar = progress_bar(cfg, info, total=total, initial=start)
+        self.bar: Any = None
         self.postfix: dict[str, str] = {}
+        self._bar_args = (cfg, info, total, start)
+        self._stack = contextlib.ExitStack()
+        self.logging_steps, self.total = (cfg.metrics.logging_steps if info.is_main else 0), total
+
+    def start(self) -> None:
+        """Draw the progress bar from here on, with log lines printed above it."""
+        cfg, info, total, start = self._bar_args
+        self.bar = progress_bar(cfg, info, total=total, initial=start)
+        self._stack.enter_context(bar_safe_logging(self.bar))
 
     def __enter__(self) -> Reporter:  # noqa: PYI034 - final in practice; py3.10 has no typing.Self
         return self
@@ -327,6 +366,8 @@ class Reporter:
     def write(self, record: dict[str, Any]) -> None:
         if self.metrics is not None:
             self.metrics.write(record)
+        if self.logging_steps and record["step"] % self.logging_steps == 0:
+            logger.info(step_line(record, self.total))
         if self.bar is None:
             return
         if "eval_loss" in record:
@@ -339,8 +380,19 @@ class Reporter:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        self._stack.close()
         if self.metrics is not None:
             self.metrics.close()
+
+
+def step_line(record: dict[str, Any], total: int) -> str:
+    """The --logging-steps line of one metrics record (a step's, or an eval's)."""
+    if "eval_loss" in record:
+        return f"step {record['step']}/{total}: eval loss {record['eval_loss']:.4f}"
+    return (
+        f"step {record['step']}/{total}: loss {record['loss']:.4f}, lr {record['lr']:.3g}, "
+        f"grad norm {record['grad_norm']:.3g}, {record['tokens_per_s']:,.0f} tokens/s"
+    )
 
 
 def progress_bar(cfg: TrainConfig, info: DistInfo, *, total: int, initial: int) -> Any:

@@ -42,6 +42,21 @@ from typing import Any
 from kernelguard.errors import ConfigError
 
 from .memory_probe import PROBE_ATTENTION, ActivationProbe, measure_activations
+from .metrics import human_count
+
+__all__ = [
+    "GIB",
+    "HEADROOM",
+    "PROBE_ATTENTION",
+    "ActivationProbe",
+    "CheckpointingChoice",
+    "MemoryEstimate",
+    "choose_checkpointing",
+    "combine",
+    "estimate",
+    "measure_activations",
+    "min_world_size",
+]
 
 GIB = 2**30
 HEADROOM = 0.92  # share of the card torch may allocate before "does not fit"
@@ -111,8 +126,8 @@ class MemoryEstimate:
             (f"loss ({self.loss})", self.loss_bytes),
         ]
         head = (
-            f"memory per rank: {self.num_params / 1e9:.3f} B parameters over {self.world_size} rank(s) "
-            f"({self.params_per_rank / 1e9:.3f} B each), {self.block_size:,}-token blocks, activation "
+            f"memory per rank: {human_count(self.num_params)} parameters over {self.world_size} rank(s) "
+            f"({human_count(self.params_per_rank)} each), {self.block_size:,}-token blocks, activation "
             f"checkpointing {ac}, grad accum {self.grad_accum}"
         )
         lines = [head]

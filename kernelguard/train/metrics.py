@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,12 +29,15 @@ from typing import Any
 from kernelguard.errors import ConfigError
 from kernelguard.geometry import GdnDims, attention_dims, field, gdn_dims, layer_types, text_config
 
+from .logs import logger
+
 __all__ = [
     "GDN_CHUNK",
     "TRACKERS",
     "MetricsLog",
     "check_trackers",
     "forward_flops_per_token",
+    "human_count",
     "open_metrics",
     "peak_flops",
     "plot_metrics",
@@ -44,6 +46,16 @@ __all__ = [
 ]
 
 GDN_CHUNK = 64
+
+
+def human_count(n: float) -> str:
+    """A count as people write it in a log line: ``16 M``, ``1.5 B``, ``950 K``, ``12``."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            value = n / scale
+            return f"{value:.0f} {unit}" if value >= 100 or value == int(value) else f"{value:.3g} {unit}"
+    return f"{n:g}"
+
 
 # bf16 dense tensor-core peaks (no sparsity) from the vendors' datasheets, FLOP/s.
 _PEAKS: tuple[tuple[str, float], ...] = (
@@ -279,10 +291,7 @@ class MetricsLog:
                 try:
                     self._trackers[name].log(step, values)
                 except Exception as e:  # noqa: BLE001  # a tracker outage must not stop training; metrics.jsonl has it all
-                    print(
-                        f"kernelguard train: --report-to {name} stopped: {type(e).__name__}: {e}",
-                        file=sys.stderr,
-                    )
+                    logger.warning(f"--report-to {name} stopped: {type(e).__name__}: {e}")
                     self._trackers.pop(name)
 
     def close(self) -> None:

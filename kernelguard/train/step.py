@@ -36,14 +36,17 @@ __all__ = [
     "TrainState",
     "clip_gradients",
     "dropped_blocks_note",
+    "extended_schedule_note",
     "forward_backward",
     "label_count",
     "lr_lambda",
     "make_plan",
     "model_inputs",
     "optimizer_step",
+    "restart_schedule_at",
     "step_block_ids",
     "token_loss_sum",
+    "warmup_length",
 ]
 
 NON_MODEL_KEYS = frozenset({"labels", "num_real_tokens"})
@@ -108,16 +111,46 @@ def step_block_ids(
     return mine[within * grad_accum : (within + 1) * grad_accum]
 
 
-def lr_lambda(warmup: int, total: int, min_ratio: float) -> Any:
-    """Linear warmup over ``warmup`` steps, then cosine from 1 to ``min_ratio`` at step ``total``."""
+def lr_lambda(warmup: int, total: int, min_ratio: float, kind: str = "cosine") -> Any:
+    """The LR factor at 0-based step: linear warmup over ``warmup`` steps, then by ``kind`` (Hugging Face's
+    names): ``cosine`` or ``linear`` from 1 to ``min_ratio`` at step ``total`` (held there after it),
+    ``constant`` / ``constant_with_warmup`` 1."""
 
     def f(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
+        if kind.startswith("constant"):
+            return 1.0
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if kind == "cosine" else 1.0 - progress
+        return min_ratio + (1.0 - min_ratio) * shape
 
     return f
+
+
+def warmup_length(steps: int, ratio: float, schedule_steps: int) -> int:
+    """``--warmup-steps``, or ``--warmup-ratio`` of the schedule rounded up (as Hugging Face does)."""
+    return steps or math.ceil(ratio * schedule_steps)
+
+
+def extended_schedule_note(saved: int, now: int, *, step: int) -> str:
+    """The one line a resumed run logs when its LR schedule grew (a larger --max-steps): the schedule is
+    rebuilt for the new length, as Hugging Face's Trainer does, so the LR goes on from where the longer
+    schedule is at ``step``."""
+    return (
+        f"--resume: the LR schedule now spans {now} steps (it was {saved}); from step {step} the LR follows "
+        f"the {now}-step schedule. To hold the final LR of the old one instead, pass --schedule-steps {saved}"
+    )
+
+
+def restart_schedule_at(scheduler: Any) -> None:
+    """After loading a checkpoint's scheduler state into a schedule of another length: set each group's LR
+    to the new schedule's value at the restored step (the optimizer state holds the old schedule's)."""
+    step = scheduler.last_epoch
+    lrs = [base * fn(step) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
 
 
 # ------------------------------------------------------------------------------------------------ step ---
