@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["LOGGER_NAME", "bar_safe_logging", "logger", "setup_logging"]
+__all__ = ["LOGGER_NAME", "bar_safe_logging", "log", "logger", "setup_logging"]
 
 LOGGER_NAME = "kernelguard.train"
 logger = logging.getLogger(LOGGER_NAME)
@@ -64,3 +64,9 @@ def bar_safe_logging(bar: Any) -> Iterator[None]:
 
 
 setup_logging()  # a trainer module that logs before the CLI sets the level still prints, on rank 0 only
+
+
+def log(info: Any, message: str, level: int = logging.INFO) -> None:
+    """One line from rank 0 (``info``: the run's DistInfo)."""
+    if info.is_main:
+        logger.log(level, message)

@@ -8,17 +8,13 @@ what is checked before any expensive work is :mod:`kernelguard.train.preflight`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import resource
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import torch
-import torch.distributed as dist
 
 from kernelguard.errors import CheckpointError
 from kernelguard.gate import check_stack, run_gate
@@ -26,16 +22,17 @@ from kernelguard.policy import AllowPolicy
 
 from . import checkpoint as ckpt
 from .build import BuiltModel, build_model, prepare_training
-from .config import TrainConfig, config_dict
+from .config import TrainConfig
 from .data import chat_template_name, load_examples, load_tokenizer, pad_token_id, template_choice
 from .evaluate import evaluate, pack_eval_blocks
 from .export import export_run
-from .logs import bar_safe_logging, logger
-from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_flops
+from .logs import log
+from .metrics import peak_flops, plot_metrics
 from .packing import LEAKY, LEAKY_WARNING, PADDED, build_batch, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, claim_output, preflight
 from .profiling import StepProfiler
+from .reporting import Reporter, step_record
 from .signals import Preempted, stop_request
 from .step import (
     Plan,
@@ -50,11 +47,6 @@ from .step import (
 )
 
 __all__ = ["run"]
-
-
-def log(info: DistInfo, message: str, level: int = logging.INFO) -> None:
-    if info.is_main:
-        logger.log(level, message)
 
 
 @dataclass(slots=True)
@@ -328,84 +320,6 @@ def _due(every: int, done: int, stop: int) -> bool:
     return bool(every and done % every == 0) or done == stop
 
 
-class Reporter:
-    """Rank 0's metrics.jsonl (and --report-to trackers) and progress bar; a no-op on other ranks.
-
-    Opened right after the output folder is claimed, before the model is materialized: a tracker that cannot
-    start refuses the run (on every rank) before any long work."""
-
-    def __init__(self, cfg: TrainConfig, info: DistInfo, *, start: int, total: int) -> None:
-        opened: list[MetricsLog] = []
-        run_config = config_dict(cfg)
-        output, report_to = cfg.checkpoint.output_dir, cfg.metrics.report_to
-        on_main(
-            info,
-            lambda: opened.append(
-                open_metrics(output, report_to=report_to, run_config=run_config, resume_step=start)
-            ),
-        )
-        self.metrics = opened[0] if opened else None
-        self.bar: Any = None
-        self.postfix: dict[str, str] = {}
-        self._bar_args = (cfg, info, total, start)
-        self._stack = contextlib.ExitStack()
-        self.logging_steps, self.total = (cfg.metrics.logging_steps if info.is_main else 0), total
-
-    def start(self) -> None:
-        """Draw the progress bar from here on, with log lines printed above it."""
-        cfg, info, total, start = self._bar_args
-        self.bar = progress_bar(cfg, info, total=total, initial=start)
-        self._stack.enter_context(bar_safe_logging(self.bar))
-
-    def __enter__(self) -> Reporter:  # noqa: PYI034 - final in practice; py3.10 has no typing.Self
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self.metrics is not None:
-            self.metrics.write(record)
-        if self.logging_steps and record["step"] % self.logging_steps == 0:
-            logger.info(step_line(record, self.total))
-        if self.bar is None:
-            return
-        if "eval_loss" in record:
-            self.postfix["eval_loss"] = f"{record['eval_loss']:.4f}"
-        else:
-            self.bar.update(1)
-            self.postfix.update(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-        self.bar.set_postfix(self.postfix)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        self._stack.close()
-        if self.metrics is not None:
-            self.metrics.close()
-
-
-def step_line(record: dict[str, Any], total: int) -> str:
-    """The --logging-steps line of one metrics record (a step's, or an eval's)."""
-    if "eval_loss" in record:
-        return f"step {record['step']}/{total}: eval loss {record['eval_loss']:.4f}"
-    return (
-        f"step {record['step']}/{total}: loss {record['loss']:.4f}, lr {record['lr']:.3g}, "
-        f"grad norm {record['grad_norm']:.3g}, {record['tokens_per_s']:,.0f} tokens/s"
-    )
-
-
-def progress_bar(cfg: TrainConfig, info: DistInfo, *, total: int, initial: int) -> Any:
-    if not (info.is_main and cfg.metrics.progress):
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        log(info, "tqdm is not installed: no progress bar (metrics still go to metrics.jsonl)")
-        return None
-    return tqdm(total=total, initial=initial, desc="train", unit="step", file=sys.stderr)
-
-
 def timed_step(state: TrainState, micro: list[Any]) -> tuple[StepResult, float]:
     """:func:`optimizer_step` and its wall time (the device synchronised on both sides)."""
     device = state.info.device
@@ -416,46 +330,6 @@ def timed_step(state: TrainState, micro: list[Any]) -> tuple[StepResult, float]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return result, time.perf_counter() - t0
-
-
-def step_record(
-    info: DistInfo,
-    step: int,
-    result: StepResult,
-    seconds: float,
-    seq_lens: list[int],
-    hf_config: Any,
-    peak: float,
-    *,
-    computed_tokens: int,
-) -> dict[str, Any]:
-    """The metrics.jsonl record of one step; throughput counts real (non-pad) tokens of all ranks, padding
-    is the share of the ``computed_tokens`` (this rank's micro-batches, padding included) that were not real."""
-    totals = torch.tensor(
-        [float(sum(seq_lens)), step_flops(hf_config, seq_lens), float(computed_tokens)],
-        dtype=torch.float64,
-        device=info.device,
-    )
-    dist.all_reduce(totals)
-    real_tokens, flops, capacity = float(totals[0]), float(totals[1]), float(totals[2])
-    return {
-        "step": step,
-        "loss": result.loss,
-        "lr": result.lr,
-        "grad_norm": result.grad_norm,
-        "tokens_per_s": real_tokens / seconds,
-        "loss_tokens": result.loss_tokens,
-        "mfu": (flops / seconds / (peak * info.world_size)) if peak else None,
-        "padding_pct": 100.0 * (1.0 - real_tokens / capacity),
-        "peak_mem_gb": _peak_memory_gb(info.device),
-        "step_time_s": seconds,
-    }
-
-
-def _peak_memory_gb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
 
 
 def save(
