@@ -37,8 +37,9 @@ import train_helpers as h
 def run(argv: list[str], *, cwd: Path, fakes: bool = False, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    if fakes:
-        env["PYTHONPATH"] = str(ROOT / "tests" / "fake_providers")
+    # This checkout's kernelguard, never whichever copy the interpreter has installed.
+    paths = [str(ROOT / "tests" / "fake_providers")] if fakes else []
+    env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT)])
     return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
 

@@ -2,7 +2,7 @@
 
 Exit codes (the table in kernelguard.errors): 0 ok; 2 usage, config or data error (nothing trained, nothing
 half-written left behind); 3 the guard refused to start because a kernel would run a slow fallback that was not
-``--allow``-ed; 130 interrupted.
+``--allow``-ed; 4 the loss or gradient norm became NaN/inf (the last good checkpoint is kept); 130 interrupted.
 With ``--nproc-per-node`` (kernelguard.train.launch) the same codes come back from the ranks; plain
 ``torchrun`` exits 1 whenever a rank fails.
 """
@@ -13,6 +13,7 @@ import os
 import sys
 
 from kernelguard.errors import (
+    EXIT_DIVERGED,
     EXIT_GUARD,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -20,6 +21,7 @@ from kernelguard.errors import (
     ConfigError,
     DataError,
     GuardRefused,
+    TrainingDiverged,
 )
 
 from .config_cli import LaunchOptions
@@ -89,6 +91,8 @@ def _train(cfg: object) -> int:
         return _fail(EXIT_GUARD, line, report=e.report, is_main=info.is_main)
     except (ConfigError, DataError) as e:
         return _fail(EXIT_USAGE, f"kernelguard train: error: {e}", is_main=info.is_main)
+    except TrainingDiverged as e:
+        return _fail(EXIT_DIVERGED, f"kernelguard train: error: {e}", is_main=info.is_main)
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line from rank 0 (or the launcher), no tracebacks
         if info.is_main and not launched_by_kernelguard():
             print("kernelguard train: interrupted.", file=sys.stderr, flush=True)

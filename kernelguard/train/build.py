@@ -32,6 +32,7 @@ from .parallel import (
     model_source,
     on_main,
 )
+from .preflight import weights_to_load
 from .step import TrainState, lr_lambda
 
 __all__ = [
@@ -76,7 +77,8 @@ def choose_attention(choice: str, device: torch.device) -> str:
 
 def build_model(*, model: ModelSection, runtime: RuntimeSection, info: DistInfo) -> BuiltModel:
     """The model on the meta device (no memory, no weights read): what the guard inspects."""
-    config, weights = model_source(model.model)
+    config, _ = model_source(model.model)
+    weights, _ = weights_to_load(model.model, init=model.init)
     attention = choose_attention(runtime.attention, info.device)
     return BuiltModel(build_meta_model(config, attn_implementation=attention), config, weights, attention)
 

@@ -242,7 +242,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "Flags follow Hugging Face's names; --flag_name spellings work too. Every flag can also be set in a "
         "--config file (key = the flag name with underscores); flags on the command line win.",
         epilog="Exit codes: 0 ok; 2 usage, config or data error; 3 the guard refused (a slow fallback would "
-        "run). With --nproc-per-node, the same codes come back from the ranks. Plain `torchrun` exits 1 "
+        "run); 4 the loss or gradient norm became NaN/inf (the last good checkpoint is kept). With --nproc-per-node, the same codes come back from the ranks. Plain `torchrun` exits 1 "
         "whenever a rank fails, whatever the rank's code. Renamed flags (old names work for one release): "
         + ", ".join(f"{old} -> {new}" for old, new in DEPRECATED_FLAGS.items())
         + ".",

@@ -20,6 +20,7 @@ __all__ = [
     "ATTENTION_CHOICES",
     "CHECKPOINTING_VALUES",
     "DATASET_FORMATS",
+    "INIT_CHOICES",
     "LOSS_CHOICES",
     "OVERLONG_POLICIES",
     "PARAM_DTYPES",
@@ -38,6 +39,7 @@ OVERLONG_POLICIES = ("truncate", "drop")
 ATTENTION_CHOICES = ("auto", "varlen", "sdpa", "flash_attention_2", "eager")
 LOSS_CHOICES = ("chunked", "logits")  # kernelguard.train.loss.linear_cross_entropy / the full logits
 DATASET_FORMATS = ("auto", "messages", "prompt-completion", "text")
+INIT_CHOICES = ("pretrained", "random")  # where a run's weights come from (kernelguard.train.preflight)
 REPORT_TO_CHOICES = ("none", "tensorboard", "wandb", "trackio")
 # --activation-checkpointing VALUE -> RuntimeSection.activation_checkpointing (None: auto)
 CHECKPOINTING_VALUES: dict[str, bool | None] = {
@@ -89,6 +91,7 @@ RULES: tuple[Rule, ...] = (
     _not_empty("model", "--model"),
     _not_empty("data", "--data"),
     _not_empty("output_dir", "--output-dir"),
+    _one_of("init", INIT_CHOICES, "--init pretrained (a model folder's weights) or --init random"),
     _one_of("dataset_format", DATASET_FORMATS, "--dataset-format auto"),
     _must("eval_fraction", lambda v: 0.0 <= v < 1.0, "in [0, 1)", "--eval-fraction 0.05"),
     _must("eval_every", lambda v: v >= 0, ">= 0 (0: evaluate at the end only)", "--eval-every 100"),

@@ -9,6 +9,7 @@ what is checked before any expensive work is :mod:`kernelguard.train.preflight`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import resource
 import sys
 import time
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kernelguard.errors import CheckpointError
+from kernelguard.errors import CheckpointError, TrainingDiverged
 from kernelguard.gate import check_stack, run_gate
 from kernelguard.policy import AllowPolicy
 
@@ -30,7 +31,7 @@ from .evaluate import evaluate, pack_eval_blocks
 from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_flops
 from .packing import build_packed_block, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
-from .preflight import StartPlan, claim_output, preflight
+from .preflight import StartPlan, check_weight_shapes, claim_output, preflight
 from .step import Plan, StepResult, TrainState, dropped_blocks_note, make_plan, optimizer_step, step_block_ids
 
 __all__ = ["run"]
@@ -63,6 +64,7 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
         log(info, warning)
     stack = check_stack(str(cfg.model.model), allow=policy, packed=True, device=info.device)
     built = build_model(model=cfg.model, runtime=cfg.runtime, info=info)
+    on_main(info, lambda: check_weight_shapes(built.model, built.weights))  # before anything is written
     report = run_gate(built.model, policy=policy, packed=True, stack=stack)
     try:
         # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.
@@ -224,6 +226,8 @@ def train(
         for step in range(start, plan.stop_step):
             micro, seq_lens = step_batches(cfg, info, data, step)
             result, seconds = timed_step(state, micro)
+            if not result.finite:
+                raise diverged(cfg, step + 1, result)
             out.write(step_record(cfg, info, step + 1, result, seconds, seq_lens, built.config, peak))
             done = step + 1
             if data.eval_examples is not None and _due(cfg.evaluation.eval_every, done, plan.stop_step):
@@ -240,6 +244,26 @@ def train(
     finally:
         if info.is_main:
             ckpt.remove_incomplete(cfg.checkpoint.output_dir)
+
+
+def diverged(cfg: TrainConfig, step: int, result: StepResult) -> TrainingDiverged:
+    """The error for a step whose loss or gradient norm was not finite (its update was not applied)."""
+    which = ", ".join(
+        f"{name} is {value}" for name, value in (("loss", result.loss), ("gradient norm", result.grad_norm))
+        if not math.isfinite(value)
+    )
+    saved = ckpt.complete_checkpoints(cfg.checkpoint.output_dir)
+    kept = f"the last good checkpoint is {saved[-1][1]}" if saved else "no checkpoint was saved before it"
+    opt = cfg.optimizer
+    return TrainingDiverged(
+        f"step {step}: {which}; training diverged and stopped before applying that step. Nothing was saved or "
+        f"exported after it; {kept}.",
+        fix=f"lower --learning-rate (now {opt.learning_rate:g}) or raise --warmup-steps (now {opt.warmup_steps}); "
+        f"keep --max-grad-norm above 0 (now {opt.max_grad_norm:g})"
+        + ("; prefer --param-dtype bf16 to fp16" if cfg.runtime.param_dtype == "fp16" else "")
+        + "; then --resume from the last good checkpoint (or --overwrite to start again)",
+        details={"step": step, "loss": result.loss, "grad_norm": result.grad_norm},
+    )
 
 
 def _due(every: int, done: int, stop: int) -> bool:

@@ -10,6 +10,7 @@ the newest valid one) and its run identity must equal this one (``--resume-anywa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -33,11 +34,13 @@ __all__ = [
     "check_inputs",
     "check_output",
     "checkpoint_bytes_estimate",
+    "check_weight_shapes",
     "claim_output",
     "plan_resume",
     "preflight",
     "refuse_existing_run",
     "run_artifacts",
+    "weights_to_load",
 ]
 
 # What a run writes into its output folder; --overwrite removes exactly these.
@@ -69,13 +72,113 @@ def preflight(cfg: TrainConfig, *, world_size: int) -> StartPlan:
     """Every check that needs no model, no tokenizer load and no data parse. Raises ConfigError/DataError."""
     check_flags(cfg)
     check_inputs(cfg)
-    config, weights = model_source(cfg.model.model)
+    config, _ = model_source(cfg.model.model)
+    weights, notice = weights_to_load(cfg.model.model, init=cfg.model.init)
     check_output(cfg.checkpoint.output_dir, need_bytes=checkpoint_bytes_estimate(config, weights))
     identity = run_identity(cfg, world_size=world_size, model_config=config)
+    notes = (notice,) if notice else ()
     if not cfg.checkpoint.resume:
         refuse_existing_run(cfg)
-        return StartPlan(identity)
-    return plan_resume(cfg, identity)
+        return StartPlan(identity, warnings=notes)
+    plan = plan_resume(cfg, identity)
+    return StartPlan(plan.identity, plan.resume_from, notes + plan.warnings)
+
+
+# ---------------------------------------------------------------------------------------------- weights ---
+# The layouts transformers' from_pretrained reads, by format. Rank 0 loads either with transformers' own loader
+# (kernelguard.train.parallel.full_state_on_rank0), so sharded .bin checkpoints train as they would in
+# transformers; a reader that only understands safetensors asks weights_to_load which format it got.
+WEIGHT_LAYOUTS = {
+    "safetensors": ("model.safetensors", "model.safetensors.index.json"),
+    "bin": ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+}
+# Files that hold weights in a form transformers does not load from a folder (named when nothing loadable is).
+_OTHER_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".distcp")
+
+
+def weight_format(folder: Path) -> tuple[str | None, list[str]]:
+    """(``safetensors`` / ``bin`` / None, problems): the loadable layout a model folder holds, and what is
+    wrong with it (an index naming a shard that is not there) or, without one, the weight-like files found."""
+    for fmt, (single, index) in WEIGHT_LAYOUTS.items():
+        if (folder / index).is_file():
+            try:
+                shards = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                return None, [f"{index} is not a readable weight index ({type(e).__name__})"]
+            missing = [s for s in shards if not (folder / s).is_file()]
+            if missing:
+                return None, [f"{index} names {len(missing)} shard(s) that are not there: {', '.join(missing[:3])}"]
+            return fmt, []
+        if (folder / single).is_file():
+            return fmt, []
+    found = sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix in _OTHER_WEIGHTS)
+    return None, ([f"found {', '.join(found[:4])} but no {' / '.join(WEIGHT_LAYOUTS['safetensors'])}"]
+                  if found else [])
+
+
+def weights_to_load(model: str, *, init: str | None) -> tuple[Path | None, str | None]:
+    """(the folder whose weights rank 0 loads, or None for a seeded random init; a notice to log).
+
+    A fine-tune never starts from random weights by accident: a folder without loadable weights is refused
+    unless ``init`` is ``random``; a config.json means random init (``init`` unset or ``random``)."""
+    path = Path(model)
+    if path.is_file():
+        if init == "pretrained":
+            raise ConfigError(
+                f"--init pretrained: --model {model} is a config.json, which has no weights.",
+                fix="pass the model folder that holds the weights, or --init random",
+            )
+        notice = None if init == "random" else f"--model {path.name} is a config file: random init (--init random)"
+        return None, notice
+    if init == "random":
+        return None, f"--init random: the weights in {model} (if any) are not loaded; training from a seeded random init"
+    fmt, problems = weight_format(path)
+    if fmt is not None:
+        return path, None
+    listing = sorted(p.name for p in path.iterdir())[:8]
+    raise ConfigError(
+        f"--model {model} has no weights transformers can load ({'; '.join(problems) or 'found: ' + ', '.join(listing)}); "
+        "a fine-tune would start from random weights.",
+        fix="point --model at the folder with model.safetensors (or its index), convert other formats with "
+        "transformers' save_pretrained, or pass --init random to train from a random init on purpose",
+    )
+
+
+def check_weight_shapes(model: Any, folder: Path | None) -> None:
+    """Refuse (before anything is written) when a tensor in the weight files has another shape than the same
+    name in the model built from config.json: the config was edited after the weights were saved."""
+    if folder is None:
+        return
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    wrong = [
+        f"{name}: {tuple(shape)} in the weights, {expected[name]} from config.json"
+        for name, shape in _weight_shapes(folder).items()
+        if name in expected and tuple(shape) != expected[name]
+    ]
+    if wrong:
+        raise ConfigError(
+            f"--model {folder}: config.json does not match its weights ({len(wrong)} tensor(s) differ, e.g. "
+            + "; ".join(wrong[:2])
+            + ").",
+            fix="restore the config.json saved with these weights, or pass --init random to train the edited "
+            "architecture from a random init",
+        )
+
+
+def _weight_shapes(folder: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape from safetensors headers (no tensor data read); {} for other formats."""
+    index = folder / "model.safetensors.index.json"
+    files = [folder / "model.safetensors"]
+    if index.is_file():
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+            files = [folder / s for s in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    shapes: dict[str, list[int]] = {}
+    for path in files:
+        header = _safetensors_header(path) or {}
+        shapes.update(
+            {k: v.get("shape", []) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+        )
+    return shapes
 
 
 def check_flags(cfg: TrainConfig) -> None:
@@ -233,13 +336,21 @@ def _params_from_weights(folder: Path) -> int | None:
     return binary.stat().st_size // 2 if binary.is_file() else None  # assume 16-bit weights
 
 
-def _safetensors_params(path: Path) -> int | None:
-    """Parameter count from a safetensors header (8-byte length, then JSON): no tensor data is read."""
+def _safetensors_header(path: Path) -> dict[str, Any] | None:
+    """A safetensors header (8-byte length, then JSON): no tensor data is read."""
     try:
         with path.open("rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(length))
     except (OSError, ValueError, struct.error):
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def _safetensors_params(path: Path) -> int | None:
+    """Parameter count from a safetensors header."""
+    header = _safetensors_header(path)
+    if header is None:
         return None
     total = 0
     for name, entry in header.items():
