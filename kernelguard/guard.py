@@ -197,8 +197,16 @@ def _require_module(model: Any) -> None:
     )
 
 
-def _validate(model: Any, mode: str, attention: str, allow: Iterable[str] | AllowPolicy) -> AllowPolicy:
+def _validate(
+    model: Any, mode: str, attention: str, allow: Iterable[str] | AllowPolicy, **switches: Any
+) -> AllowPolicy:
     _require_module(model)
+    for name, value in switches.items():  # "no" is truthy: a string would silently mean True
+        if not isinstance(value, bool):
+            raise ConfigError(
+                f"{name} must be True or False, got {value!r} ({type(value).__name__}).",
+                fix=f"kernelguard.guard(model, {name}=True)",
+            )
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
     if attention not in ATTENTION_POLICIES:
@@ -231,7 +239,7 @@ def guard(
     call site and no attention layer. ``strict=False``: reports and arms; the first entry into a reference
     path still raises unless allowed.
     """
-    policy = _validate(model, mode, attention, allow)
+    policy = _validate(model, mode, attention, allow, packed=packed, strict=strict)
     mechanism = compat.selection_mechanism()
     version = compat.transformers_version()
     device = _model_device(model)

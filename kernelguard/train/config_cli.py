@@ -302,6 +302,12 @@ def parse_command(argv: list[str] | None) -> Command:
     parser.set_defaults(**{k: v for k, v in from_file.items() if k not in lists})
     parser.deprecated_used = []  # type: ignore[attr-defined]
     ns = vars(parser.parse_args(argv))
+    overridden = [
+        f"--{dest.replace('_', '-')} {ns[dest]!r} on the command line overrides {dest}: {from_file[dest]!r} "
+        f"from {config_file}"
+        for dest in from_file
+        if ns.get(dest) not in (None, [], from_file[dest])
+    ]
     for dest in lists & from_file.keys():  # a list given on the command line replaces the file's
         ns[dest] = ns[dest] or from_file[dest]
     _required_missing(ns, config_file)
@@ -309,7 +315,8 @@ def parse_command(argv: list[str] | None) -> Command:
     ns["adam_betas"] = (ns["adam_betas"][0] if b1 is None else b1, ns["adam_betas"][1] if b2 is None else b2)
     names = {f.name for cls in SECTIONS.values() for f in fields(cls)}
     cfg = TrainConfig.from_flags(**{k: v for k, v in ns.items() if k in names})
-    return Command(cfg, _launch_options(ns), tuple(parser.deprecated_used))  # type: ignore[attr-defined]
+    warnings = [*parser.deprecated_used, *overridden]  # type: ignore[attr-defined]
+    return Command(cfg, _launch_options(ns), tuple(warnings))
 
 
 def _launch_options(ns: dict[str, Any]) -> LaunchOptions | None:

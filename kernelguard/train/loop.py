@@ -26,12 +26,12 @@ from kernelguard.policy import AllowPolicy
 from . import checkpoint as ckpt
 from .build import BuiltModel, build_model, prepare_training
 from .config import TrainConfig, config_dict
-from .data import chat_template_name, load_examples, load_tokenizer, pad_token_id, template_choice
+from .data import chat_template_name, check_eval_overlap, load_examples, load_tokenizer, pad_token_id, template_choice
 from .evaluate import evaluate, pack_eval_blocks
 from .metrics import MetricsLog, open_metrics, peak_flops, plot_metrics, step_flops
 from .packing import build_packed_block, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
-from .preflight import StartPlan, check_weight_shapes, claim_output, preflight
+from .preflight import StartPlan, check_checkpoint_shapes, check_weight_shapes, claim_output, preflight
 from .step import Plan, StepResult, TrainState, dropped_blocks_note, make_plan, optimizer_step, step_block_ids
 
 __all__ = ["run"]
@@ -65,6 +65,7 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     stack = check_stack(str(cfg.model.model), allow=policy, packed=True, device=info.device)
     built = build_model(model=cfg.model, runtime=cfg.runtime, info=info)
     on_main(info, lambda: check_weight_shapes(built.model, built.weights))  # before anything is written
+    on_main(info, lambda: check_checkpoint_shapes(built.model, start.resume_from))
     report = run_gate(built.model, policy=policy, packed=True, stack=stack)
     try:
         # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.
@@ -119,21 +120,25 @@ def load_training_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
             data.eval_examples, cfg.packing.max_length, seed=cfg.training.seed
         )
         log(info, f"eval data: {estats.render()}; {len(data.eval_blocks)} blocks")
+        note = check_eval_overlap(data.examples, data.eval_examples, source=cfg.evaluation.eval_data or cfg.data.data)
+        if note:
+            log(info, f"warning: {note}")
     return data
+
 
 
 def read_examples(cfg: TrainConfig, tokenizer: Any, *, take: str) -> tuple[Any, Any]:
     """The examples of one split: ``train`` (minus a held-out ``--eval-fraction``), ``eval`` (that fraction)
     or, for ``--eval-data``, every row of that file."""
-    data, fraction = cfg.data.data, cfg.evaluation.eval_fraction
-    if take == "eval" and cfg.evaluation.eval_data:
-        data, fraction, take = cfg.evaluation.eval_data, 0.0, "all"
+    data, fraction, split = cfg.data.data, cfg.evaluation.eval_fraction, cfg.data.split
+    if take == "eval" and cfg.evaluation.eval_data:  # every file of an --eval-data folder is eval data
+        data, fraction, take, split = cfg.evaluation.eval_data, 0.0, "all", None
     return load_examples(
         data=data,
         tokenizer=tokenizer,
         block_size=cfg.packing.max_length,
         column=cfg.data.messages_column,
-        split=cfg.data.split,
+        split=split,
         overlong=cfg.packing.overlong,
         skip_bad_rows=cfg.data.skip_bad_rows,
         assistant_only=cfg.data.assistant_only_loss,
@@ -169,6 +174,13 @@ def check_resume_plan(cfg: TrainConfig, start: StartPlan, plan: Plan) -> dict[st
     if start.resume_from is None:
         return None
     saved = ckpt.read_trainer_state(start.resume_from)
+    if int(saved.get("step", 0)) >= plan.stop_step:
+        raise CheckpointError(
+            f"--resume: {start.resume_from} is at step {saved.get('step')}, and this run stops at step "
+            f"{plan.stop_step}: there is nothing left to train.",
+            fix=f"raise --max-steps above {saved.get('step')} to train further (with --schedule-steps to keep the "
+            "LR schedule), or use the checkpoint (or final/) as it is",
+        )
     now = {"num_blocks": len(plan.blocks), "schedule_steps": plan.schedule_steps}
     diffs = [f"{k}: was {saved[k]!r}, now {v!r}" for k, v in now.items() if k in saved and saved[k] != v]
     if diffs and not cfg.checkpoint.resume_anyway:

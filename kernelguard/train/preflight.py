@@ -34,6 +34,7 @@ __all__ = [
     "check_inputs",
     "check_output",
     "checkpoint_bytes_estimate",
+    "check_checkpoint_shapes",
     "check_weight_shapes",
     "claim_output",
     "plan_resume",
@@ -165,6 +166,33 @@ def check_weight_shapes(model: Any, folder: Path | None) -> None:
         )
 
 
+def check_checkpoint_shapes(model: Any, checkpoint: Path | None) -> None:
+    """Refuse resuming a checkpoint whose tensors have other shapes than this model's (a wider or deeper
+    config under --resume-anyway): no flag can continue across that, and the checkpoint itself is fine."""
+    if checkpoint is None:
+        return
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        meta = FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
+    except Exception:  # noqa: BLE001 - unreadable metadata is find_resumable's to report, not this check's
+        return
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    wrong = [
+        f"{name[6:]}: {tuple(entry.size)} in the checkpoint, {expected[name[6:]]} now"
+        for name, entry in meta.items()
+        if name.startswith("model.") and name[6:] in expected and hasattr(entry, "size")
+        and tuple(entry.size) != expected[name[6:]]
+    ]
+    if wrong:
+        raise CheckpointError(
+            f"--resume: {checkpoint} holds a model of another shape ({len(wrong)} tensor(s) differ, e.g. "
+            + "; ".join(wrong[:2]) + "); --resume-anyway cannot continue across a change of architecture.",
+            fix="resume with the model config it was trained with (the checkpoint is intact: keep it), or start "
+            "the new architecture in another --output-dir",
+        )
+
+
 def _weight_shapes(folder: Path) -> dict[str, list[int]]:
     """Tensor name -> shape from safetensors headers (no tensor data read); {} for other formats."""
     index = folder / "model.safetensors.index.json"
@@ -203,12 +231,19 @@ def check_inputs(cfg: TrainConfig) -> None:
     template = cfg.model.chat_template
     if template and (template.endswith(".jinja") or os.sep in template) and not Path(template).is_file():
         raise ConfigError(f"chat template file {template} does not exist.", fix="check --chat-template")
-    resolve_files(cfg.data.data)  # ConfigError for a missing local path; None for a dataset name
+    train_files = resolve_files(cfg.data.data, split=cfg.data.split)  # None for a dataset name
     if cfg.evaluation.eval_data:
         try:
-            resolve_files(cfg.evaluation.eval_data)
+            eval_files = resolve_files(cfg.evaluation.eval_data, split=None)
         except ConfigError as e:
             raise ConfigError(f"--eval-data: {e.message}", fix="check --eval-data") from e
+        same = {p.resolve() for p in train_files or ()} & {p.resolve() for p in eval_files or ()}
+        if same or cfg.evaluation.eval_data == cfg.data.data:
+            raise ConfigError(
+                f"--eval-data {cfg.evaluation.eval_data} is training data too ({', '.join(sorted(map(str, same)))[:200] or cfg.data.data}): "
+                "its eval loss would measure memorisation, not generalisation.",
+                fix="pass held-out rows as --eval-data, or --eval-fraction 0.05 to hold some out of --data",
+            )
 
 
 def check_output(output: Path, *, need_bytes: int) -> None:
@@ -262,7 +297,14 @@ def plan_resume(cfg: TrainConfig, identity: dict[str, Any]) -> StartPlan:
     path, problems = ckpt.find_resumable(cfg.checkpoint.output_dir)
     warnings = list(problems)
     if problems and path is not None:
-        warnings.append(f"falling back to {path.name}, the newest checkpoint that verifies")
+        done = ckpt.complete_checkpoints(cfg.checkpoint.output_dir)
+        kept = next(s for s, p in done if p == path)
+        newer = [p.name for s, p in done if s > kept]
+        warnings.append(
+            f"falling back to {path.name}, the newest checkpoint that verifies; the unusable "
+            f"{', '.join(newer) or 'newer checkpoint'} (all of its files, intact ones too) will be replaced when "
+            "this run saves that step again: copy it away now to keep it"
+        )
     reference, source = _reference_identity(cfg.checkpoint.output_dir, path)
     if reference is not None:
         diffs = differences(reference, identity)
