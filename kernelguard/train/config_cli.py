@@ -149,6 +149,13 @@ class _HelpFormatter(argparse.HelpFormatter):
     def __init__(self, prog: str) -> None:
         super().__init__(prog, max_help_position=34, width=110)
 
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        # Never split a flag name (--num-train-epochs) at one of its hyphens across two lines.
+        text = " ".join(text.split())
+        return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+
     def _format_action_invocation(self, action: argparse.Action) -> str:
         if isinstance(action, _CheckpointingSwitch):  # the --no- names take no value
             names = sorted(action.option_strings, key=lambda o: o.startswith("--no-"))  # positives first
@@ -242,7 +249,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "Flags follow Hugging Face's names; --flag_name spellings work too. Every flag can also be set in a "
         "--config file (key = the flag name with underscores); flags on the command line win.",
         epilog="Exit codes: 0 ok; 2 usage, config or data error; 3 the guard refused (a slow fallback would "
-        "run); 4 the loss or gradient norm became NaN/inf (the last good checkpoint is kept). With --nproc-per-node, the same codes come back from the ranks. Plain `torchrun` exits 1 "
+        "run); 4 training diverged: a NaN/inf loss (the last good checkpoint is kept). With --nproc-per-node, the same codes come back from the ranks. Plain `torchrun` exits 1 "
         "whenever a rank fails, whatever the rank's code. Renamed flags (old names work for one release): "
         + ", ".join(f"{old} -> {new}" for old, new in DEPRECATED_FLAGS.items())
         + ".",
