@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import ConfigError
-from .geometry import key_head_dim
+from .geometry import key_head_dim, layer_types
 
 __all__ = [
     "MODES",
@@ -25,6 +25,7 @@ __all__ = [
     "ModelSpec",
     "PackageSpec",
     "Requirements",
+    "has_linear_layers",
     "is_decode_only",
     "requirements",
 ]
@@ -144,6 +145,8 @@ def requirements(spec: ModelSpec, mode: str, *, packed: bool, transformers_versi
     kernels = tuple(
         k for k in spec.family.kernels if mode == "inference" or not is_decode_only(k.kernel)
     )
+    if spec.config and not has_linear_layers(spec.config):
+        kernels = ()  # every layer is full attention: the model never calls a gated-delta kernel
     key_dim = key_head_dim(spec.config) if spec.config else None
     if key_dim is not None:
         key_source = f"linear_key_head_dim in {spec.origin}"
@@ -160,6 +163,14 @@ def requirements(spec: ModelSpec, mode: str, *, packed: bool, transformers_versi
         key_head_dim_source=key_source,
         transformers_version=transformers_version,
     )
+
+
+def has_linear_layers(config: dict) -> bool:
+    """Whether a config's layers include gated-delta (linear attention) ones. Only an explicit layer_types
+    list can say no: without one, the config class's own default pattern (which has them) applies."""
+    if not config.get("layer_types"):
+        return True
+    return any("linear" in t for t in layer_types(config))
 
 
 def is_decode_only(kernel: str) -> bool:

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE, ConfigError, KernelGuardError
+from .errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ConfigError, KernelGuardError
 
 __all__ = ["main"]
 
@@ -146,6 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KernelGuardError as exc:
         print(f"kernelguard: {exc}", file=sys.stderr)
         return EXIT_FAIL
+    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's code, not a stack of import frames
+        print("kernelguard: interrupted.", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

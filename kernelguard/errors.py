@@ -10,6 +10,7 @@ Exit codes of ``kernelguard`` and ``kernelguard train`` (both read them from her
 ``EXIT_FAIL``          1     a requirement fails (:class:`ResolutionError`, any other ``KernelGuardError``)
 ``EXIT_USAGE``         2     usage or configuration error (:class:`ConfigError`, :class:`DataError`)
 ``EXIT_GUARD``         3     ``kernelguard train``: the gate refused to start (:class:`GuardRefused`)
+``EXIT_DIVERGED``      4     ``kernelguard train``: a non-finite loss or gradient norm (:class:`TrainingDiverged`)
 ``EXIT_INTERRUPTED``   130   ``kernelguard train``: Ctrl-C (128 + SIGINT, as a shell reports it)
 ``EXIT_PREEMPTED``     143   ``kernelguard train``: SIGTERM; a checkpoint of the last finished step was saved
                              (128 + SIGTERM), so ``--resume`` continues exactly
@@ -21,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "EXIT_DIVERGED",
     "EXIT_FAIL",
     "EXIT_GUARD",
     "EXIT_INTERRUPTED",
@@ -34,6 +36,7 @@ __all__ = [
     "KernelFallbackError",
     "KernelGuardError",
     "ResolutionError",
+    "TrainingDiverged",
     "UnsupportedTransformersError",
 ]
 
@@ -41,6 +44,7 @@ EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_USAGE = 2
 EXIT_GUARD = 3
+EXIT_DIVERGED = 4
 EXIT_INTERRUPTED = 130
 EXIT_PREEMPTED = 143
 
@@ -141,3 +145,8 @@ class DataError(KernelGuardError):
 class CheckpointError(ConfigError):
     """A checkpoint or an output folder's run cannot be used as asked: names the file and what differs.
     A ConfigError, so the CLI exits 2 like every other bad input."""
+
+
+class TrainingDiverged(KernelGuardError):
+    """A training step's loss or gradient norm was NaN or infinite: the run stopped before applying it, so
+    the weights and the newest checkpoint are the last good ones. Exit code 4."""

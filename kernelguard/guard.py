@@ -243,8 +243,16 @@ def _require_module(model: Any) -> None:
     )
 
 
-def _validate(model: Any, mode: str, attention: str, allow: Iterable[str] | AllowPolicy) -> AllowPolicy:
+def _validate(
+    model: Any, mode: str, attention: str, allow: Iterable[str] | AllowPolicy, **switches: Any
+) -> AllowPolicy:
     _require_module(model)
+    for name, value in switches.items():  # "no" is truthy: a string would silently mean True
+        if not isinstance(value, bool):
+            raise ConfigError(
+                f"{name} must be True or False, got {value!r} ({type(value).__name__}).",
+                fix=f"kernelguard.guard(model, {name}=True)",
+            )
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
     if attention not in ATTENTION_POLICIES:
@@ -263,8 +271,10 @@ def _nothing_to_guard(model: Any) -> ConfigError:
 
 def _collect(model: Any, *, mode: str, packed: bool | None, allow: Iterable[str] | AllowPolicy, attention: str,
              strict: bool) -> tuple[GuardReport, Any]:
-    policy = _validate(model, mode, attention, allow)
-    packed = mode == "training" if packed is None else bool(packed)
+    # packed=None means "the default for this mode"; anything else must be a real bool ("no" is truthy).
+    switches = {"strict": strict} if packed is None else {"packed": packed, "strict": strict}
+    policy = _validate(model, mode, attention, allow, **switches)
+    packed = mode == "training" if packed is None else packed
     mechanism = compat.selection_mechanism()
     version = compat.transformers_version()
     device = _model_device(model)

@@ -114,11 +114,22 @@ def _marker_policy(settings: Settings, values: tuple[str, ...]) -> Any:
     return policy
 
 
+_MARKER_KEYWORDS = frozenset({"enabled", "allow"})
+
+
 def _item_settings(item: pytest.Item) -> tuple[bool, Any]:
     base = item.config.stash[settings_key]
     marker = item.get_closest_marker(_MARKER)
     if marker is None:
         return base.enabled, base.policy
+    unknown = sorted(set(marker.kwargs) - _MARKER_KEYWORDS)
+    if unknown or len(marker.args) > 1:  # a typo (alow=) would otherwise be ignored and the allowance lost
+        what = f"unknown keyword(s) {', '.join(unknown)}" if unknown else f"{len(marker.args)} positional arguments"
+        pytest.fail(
+            f"usage error: @pytest.mark.kernelguard got {what}; it takes kernelguard(enabled=True, *, "
+            f"allow=[...]) (keywords: {', '.join(sorted(_MARKER_KEYWORDS))})",
+            pytrace=False,
+        )
     enabled = bool(marker.args[0]) if marker.args else bool(marker.kwargs.get("enabled", True))
     extra = marker.kwargs.get("allow", ())
     if not extra:

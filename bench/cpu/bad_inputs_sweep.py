@@ -8,6 +8,7 @@ calling the public API) and is classified:
   traceback  a Python traceback reached the user
   silent     exit 0 where a refusal was expected (or no message where one was expected)
   unclear    refused without a traceback, but without a line that says what is wrong
+  hang       no result within the case's timeout
 
 Prints one JSON object with the counts and one row per case; ``--out FILE`` also writes it. Training cases use
 the CPU test doubles in tests/fake_providers (so the gate passes and the case reaches its own check) and tiny
@@ -34,11 +35,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 import train_helpers as h
 
 
-def run(argv: list[str], *, cwd: Path, fakes: bool = False, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+def run(argv: list[str], *, cwd: Path, fakes: bool = False, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    if fakes:
-        env["PYTHONPATH"] = str(ROOT / "tests" / "fake_providers")
+    # This checkout's kernelguard, never whichever copy the interpreter has installed.
+    paths = [str(ROOT / "tests" / "fake_providers")] if fakes else []
+    env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT)])
     return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
@@ -119,6 +121,8 @@ def api_cases() -> list[dict[str, Any]]:
         "guard(object())": "import kernelguard as k; k.guard(object())",
         "guard(nn.Sequential())": "import torch, kernelguard as k; k.guard(torch.nn.Sequential())",
         "guard(allow typo)": "import torch, kernelguard as k; k.guard(torch.nn.Sequential(), allow=['fla640'])",
+        "guard(packed='no')": "import torch, kernelguard as k; k.guard(torch.nn.Linear(2, 2), packed='no')",
+        "guard(strict='false')": "import torch, kernelguard as k; k.guard(torch.nn.Linear(2, 2), strict='false')",
     }
     cases = []
     for name, code in snippets.items():
@@ -136,6 +140,7 @@ def api_cases() -> list[dict[str, Any]]:
 def train_cases(work: Path) -> list[dict[str, Any]]:
     tok = h.write_tokenizer(work / "tok")
     model = h.write_model_config(work / "model")
+    h.write_model_config(work / "wide", hidden_size=128)
     data = h.write_jsonl(work / "data.jsonl", h.copy_task_rows(60))
     other = h.write_jsonl(work / "other.jsonl", h.copy_task_rows(61))
     base = ["-m", "kernelguard", "train", "--model", str(model), "--tokenizer", str(tok), "--data", str(data),
@@ -156,6 +161,8 @@ def train_cases(work: Path) -> list[dict[str, Any]]:
 
     def out(name: str) -> str:
         return str(work / "runs" / name)
+
+    bad = _bad_assets(work, data)
 
     cases = [
         ("data missing", [*base, "--output-dir", out("a")], {"--data": str(work / "nope.jsonl")}),
@@ -181,6 +188,31 @@ def train_cases(work: Path) -> list[dict[str, Any]]:
         ("chat template file missing", [*base, "--output-dir", out("s"), "--chat-template", str(work / "no.jinja")], {}),
         ("nproc 0", [*base, "--output-dir", out("t"), "--nproc-per-node", "0"], {}),
         ("allow typo", [*base, "--output-dir", out("u"), "--allow", "fla640"], {}),
+        # never a silent random init; model folders are read as carefully as config files
+        ("model folder without weights", [*base, "--output-dir", out("w1")], {"--model": bad["no_weights"]}),
+        ("model folder, unindexed shards", [*base, "--output-dir", out("w2")], {"--model": bad["shards"]}),
+        ("model folder, index names missing shard", [*base, "--output-dir", out("w3")], {"--model": bad["index"]}),
+        ("init pretrained with a config file", [*base, "--output-dir", out("w4"), "--init", "pretrained"], {}),
+        ("init typo", [*base, "--output-dir", out("w5"), "--init", "pretrain"], {}),
+        ("model folder config not json", [*base, "--output-dir", out("w6")], {"--model": bad["notjson"]}),
+        ("model folder unknown model_type", [*base, "--output-dir", out("w7")], {"--model": bad["unknown"]}),
+        ("model folder config a list", [*base, "--output-dir", out("w8")], {"--model": bad["list"]}),
+        ("config edited after the weights", [*base, "--output-dir", out("w9")], {"--model": bad["mismatch"]}),
+        # data files and splits
+        ("gzip named .jsonl", [*base, "--output-dir", out("d1")], {"--data": bad["gzip"]}),
+        ("zstd magic named .jsonl", [*base, "--output-dir", out("d2")], {"--data": bad["zstd"]}),
+        ("split of a single file", [*base, "--output-dir", out("d3"), "--split", "test"], {}),
+        ("split missing in a split folder", [*base, "--output-dir", out("d4"), "--split", "validation"],
+         {"--data": bad["split_dir"]}),
+        ("split of a folder without split files", [*base, "--output-dir", out("d5"), "--split", "test"],
+         {"--data": bad["plain_dir"]}),
+        ("eval data is the training data", [*base, "--output-dir", out("d6"), "--eval-data", str(data)], {}),
+        ("eval data a copy of the training data", [*base, "--output-dir", out("d7"), "--eval-data", bad["copy"]], {}),
+        ("rows without loss tokens only", [*base, "--output-dir", out("d8")], {"--data": bad["no_loss"]}),
+        ("config file string for an int", [*base, "--output-dir", out("d9"), "--config", bad["str_int"]], {}),
+        # a run that diverges
+        ("learning rate 1e6 (NaN)", [*base, "--output-dir", out("n1"), "--learning-rate", "1e6", "--max-steps",
+                                     "6", "--no-export"], {}),
     ]
     result = []
     for name, argv, swap in cases:
@@ -194,6 +226,58 @@ def train_cases(work: Path) -> list[dict[str, Any]]:
     fresh = next(r for r in result if r["name"] == "resume with nothing to resume")
     fresh.update(expect="warn", must_say="--resume: no complete checkpoint in")
     return result + run_cases(work, base, other)
+
+
+def _bad_assets(work: Path, data: Path) -> dict[str, str]:
+    """Model folders and data files that each hold one mistake."""
+    import gzip
+
+    import tiny_models
+
+    out: dict[str, str] = {}
+
+    def folder(name: str, config: str | None = None, files: tuple[str, ...] = ()) -> Path:
+        path = work / "bad" / name
+        path.mkdir(parents=True)
+        (path / "config.json").write_text(config if config is not None else
+                                          (work / "model" / "config.json").read_text())
+        for f in files:
+            (path / f).write_bytes(b"x")
+        out[name] = str(path)
+        return path
+
+    folder("no_weights")
+    folder("shards", files=("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"))
+    folder("index").joinpath("model.safetensors.index.json").write_text('{"weight_map": {"a": "gone.safetensors"}}')
+    folder("notjson", "{not json")
+    folder("unknown", '{"model_type": "qwen99_next"}')
+    folder("list", "[1, 2]")
+    mismatch = work / "bad" / "mismatch"
+    model = tiny_models.tiny_model("qwen3_5", vocab_size=h.VOCAB_SIZE, pad_token_id=0, eos_token_id=2)
+    model.save_pretrained(str(mismatch))
+    config = json.loads((mismatch / "config.json").read_text())
+    config["intermediate_size"] = int(config.get("intermediate_size") or 128) * 2
+    if "text_config" in config:
+        config["text_config"]["intermediate_size"] = config["intermediate_size"]
+    (mismatch / "config.json").write_text(json.dumps(config))
+    out["mismatch"] = str(mismatch)
+    rows = data.read_bytes()
+    for name, body in (("gzip", gzip.compress(rows)), ("zstd", b"\x28\xb5\x2f\xfd" + rows)):
+        (work / "bad" / f"{name}.jsonl").write_bytes(body)
+        out[name] = str(work / "bad" / f"{name}.jsonl")
+    for sub, files in (("split_dir", ("train.jsonl", "test.jsonl")), ("plain_dir", ("a.jsonl", "b.jsonl"))):
+        (work / "bad" / sub).mkdir()
+        for f in files:
+            (work / "bad" / sub / f).write_bytes(rows)
+        out[sub] = str(work / "bad" / sub)
+    (work / "bad" / "copy.jsonl").write_bytes(rows)
+    out["copy"] = str(work / "bad" / "copy.jsonl")
+    empty = {"messages": [{"role": "user", "content": "hi"}]}
+    (work / "bad" / "no_loss.jsonl").write_text((json.dumps(empty) + "\n") * 20)
+    out["no_loss"] = str(work / "bad" / "no_loss.jsonl")
+    (work / "bad" / "str_int.yaml").write_text("max_steps: '100'\n")
+    out["str_int"] = str(work / "bad" / "str_int.yaml")
+    return out
 
 
 def run_cases(work: Path, base: list[str], other: Path) -> list[dict[str, Any]]:
@@ -210,7 +294,14 @@ def run_cases(work: Path, base: list[str], other: Path) -> list[dict[str, Any]]:
          "fakes": True, "needs_run": run_dir},
         {"class": "train: runs and checkpoints", "name": "resume, newest checkpoint truncated",
          "argv": [*base, "--output-dir", run_dir, "--resume", "--max-steps", "3"], "expect": "warn",
-         "fakes": True, "needs_run": run_dir, "corrupt": "truncate-newest"},
+         "fakes": True, "needs_run": run_dir, "corrupt": "truncate-newest", "must_say": "will be replaced"},
+        {"class": "train: runs and checkpoints", "name": "resume with --max-steps below the checkpoint",
+         "argv": [*base, "--output-dir", run_dir, "--resume", "--max-steps", "1"], "expect": "refuse",
+         "fakes": True, "needs_run": run_dir},
+        {"class": "train: runs and checkpoints", "name": "resume-anyway with a wider model",
+         "argv": [*base, "--output-dir", run_dir, "--resume", "--resume-anyway", "--max-steps", "3"],
+         "swap": {"--model": str(work / "wide" / "config.json")}, "expect": "refuse", "fakes": True,
+         "needs_run": run_dir, "must_say": "another shape"},
         {"class": "train: runs and checkpoints", "name": "resume, every checkpoint corrupt",
          "argv": [*base, "--output-dir", run_dir, "--resume", "--max-steps", "4"], "expect": "refuse",
          "fakes": True, "needs_run": run_dir, "corrupt": "flip-all"},
@@ -257,13 +348,20 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         prepare(case, made, work)
         start = time.perf_counter()
-        proc = run(case["argv"], cwd=case.get("cwd", work), fakes=case.get("fakes", False))
+        try:
+            proc = run(case["argv"], cwd=case.get("cwd", work), fakes=case.get("fakes", False))
+        except subprocess.TimeoutExpired as e:
+            proc = subprocess.CompletedProcess(e.cmd, -9, "", "(no result before the timeout)")
+            case = {**case, "expect": "hang"}
         expect = case["expect"]
-        if expect == "exit3":
+        if expect == "hang":
+            verdict = "hang"
+        elif expect == "exit3":
             verdict = "clear" if proc.returncode == 3 else ("traceback" if "Traceback" in proc.stderr else "unclear")
         else:
             verdict = classify(proc, expect, case.get("must_say"))
-        first = next((line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()), "")
+        lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+        first = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "")
         rows.append({"class": case["class"], "name": case["name"], "exit": proc.returncode, "verdict": verdict,
                      "first_line": first[:200], "seconds": round(time.perf_counter() - start, 1)})
         print(f"{verdict:9s} {proc.returncode:3d}  {case['class']}: {case['name']}: {first[:120]}", flush=True)

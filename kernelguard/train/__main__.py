@@ -2,8 +2,9 @@
 
 Exit codes (the table in kernelguard.errors): 0 ok; 2 usage, config or data error (nothing trained, nothing
 half-written left behind); 3 the guard refused to start because a kernel would run a slow fallback that was not
-``--allow``-ed; 130 interrupted (Ctrl-C); 143 stopped by SIGTERM after saving a checkpoint of the last finished
-step (``--resume`` continues exactly). One run per ``--output-dir`` at a time (kernelguard.train.lock).
+``--allow``-ed; 4 the loss or gradient norm became NaN/inf (the last good checkpoint is kept); 130 interrupted
+(Ctrl-C); 143 stopped by SIGTERM after saving a checkpoint of the last finished step (``--resume`` continues
+exactly). One run per ``--output-dir`` at a time (kernelguard.train.lock).
 With ``--nproc-per-node`` (kernelguard.train.launch) the same codes come back from the ranks; plain
 ``torchrun`` exits 1 whenever a rank fails.
 """
@@ -15,6 +16,7 @@ import sys
 from typing import Any
 
 from kernelguard.errors import (
+    EXIT_DIVERGED,
     EXIT_FAIL,
     EXIT_GUARD,
     EXIT_INTERRUPTED,
@@ -24,6 +26,7 @@ from kernelguard.errors import (
     ConfigError,
     DataError,
     GuardRefused,
+    TrainingDiverged,
 )
 
 from .config_cli import LaunchOptions
@@ -105,6 +108,8 @@ def _train(cfg: Any) -> int:
         return _fail(EXIT_GUARD, line, report=e.report, is_main=info.is_main if info else None)
     except (ConfigError, DataError) as e:
         return _fail(EXIT_USAGE, f"kernelguard train: error: {e}", is_main=info.is_main if info else None)
+    except TrainingDiverged as e:
+        return _fail(EXIT_DIVERGED, f"kernelguard train: error: {e}", is_main=info.is_main if info else None)
     except Exception as e:
         if not launched_by_kernelguard():
             raise

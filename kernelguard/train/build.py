@@ -31,6 +31,7 @@ from .parallel import (
     model_source,
     on_main,
 )
+from .preflight import weights_to_load
 from .step import TrainState, lr_lambda, warmup_length
 from .weights import load_weights, plan_weights
 
@@ -88,7 +89,8 @@ def build_model(
     *, model: ModelSection, runtime: RuntimeSection, info: DistInfo, padded: bool = False
 ) -> BuiltModel:
     """The model on the meta device (no memory, no weights read): what the guard inspects."""
-    config, weights = model_source(model.model)
+    config, _ = model_source(model.model)
+    weights, _ = weights_to_load(model.model, init=model.init)  # refuses a folder without loadable weights
     attention = choose_attention(runtime.attention, info.device, padded=padded)
     meta = build_meta_model(config, attn_implementation=attention)
     # Headers only: a checkpoint that does not fit the config is refused before any memory is used.

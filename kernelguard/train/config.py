@@ -98,6 +98,11 @@ class ModelSection:
     chat_template: str | None = setting(
         None, "Jinja chat template file (default: the tokenizer's)", metavar="FILE"
     )
+    init: str | None = setting(
+        None,
+        "pretrained: load the model folder's weights (refused when it has none); random: a seeded random "
+        "init (default: pretrained for a folder, random for a config.json)",
+    )
 
     def __post_init__(self) -> None:
         validate(self)

@@ -149,6 +149,13 @@ class _HelpFormatter(argparse.HelpFormatter):
     def __init__(self, prog: str) -> None:
         super().__init__(prog, max_help_position=34, width=110)
 
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        # Never split a flag name (--num-train-epochs) at one of its hyphens across two lines.
+        text = " ".join(text.split())
+        return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+
     def _format_action_invocation(self, action: argparse.Action) -> str:
         if isinstance(action, _CheckpointingSwitch):  # the --no- names take no value
             names = sorted(action.option_strings, key=lambda o: o.startswith("--no-"))  # positives first
@@ -242,7 +249,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "Flags follow Hugging Face's names; --flag_name spellings work too. Every flag can also be set in a "
         "--config file (key = the flag name with underscores); flags on the command line win.",
         epilog="Exit codes: 0 ok; 2 usage, config or data error; 3 the guard refused (a slow fallback would "
-        "run). With --nproc-per-node, the same codes come back from the ranks. Plain `torchrun` exits 1 "
+        "run); 4 training diverged: a NaN/inf loss (the last good checkpoint is kept). With --nproc-per-node, the same codes come back from the ranks. Plain `torchrun` exits 1 "
         "whenever a rank fails, whatever the rank's code. Renamed flags (old names work for one release): "
         + ", ".join(f"{old} -> {new}" for old, new in DEPRECATED_FLAGS.items())
         + ".",
@@ -302,6 +309,12 @@ def parse_command(argv: list[str] | None) -> Command:
     parser.set_defaults(**{k: v for k, v in from_file.items() if k not in lists})
     parser.deprecated_used = []  # type: ignore[attr-defined]
     ns = vars(parser.parse_args(argv))
+    overridden = [
+        f"--{dest.replace('_', '-')} {ns[dest]!r} on the command line overrides {dest}: {from_file[dest]!r} "
+        f"from {config_file}"
+        for dest in from_file
+        if ns.get(dest) not in (None, [], from_file[dest])
+    ]
     for dest in lists & from_file.keys():  # a list given on the command line replaces the file's
         ns[dest] = ns[dest] or from_file[dest]
     _required_missing(ns, config_file)
@@ -309,7 +322,8 @@ def parse_command(argv: list[str] | None) -> Command:
     ns["adam_betas"] = (ns["adam_betas"][0] if b1 is None else b1, ns["adam_betas"][1] if b2 is None else b2)
     names = {f.name for cls in SECTIONS.values() for f in fields(cls)}
     cfg = TrainConfig.from_flags(**{k: v for k, v in ns.items() if k in names})
-    return Command(cfg, _launch_options(ns), tuple(parser.deprecated_used))  # type: ignore[attr-defined]
+    warnings = [*parser.deprecated_used, *overridden]  # type: ignore[attr-defined]
+    return Command(cfg, _launch_options(ns), tuple(warnings))
 
 
 def _launch_options(ns: dict[str, Any]) -> LaunchOptions | None:

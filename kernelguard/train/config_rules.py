@@ -24,6 +24,7 @@ __all__ = [
     "CHECKPOINTING_VALUES",
     "DATASET_FORMATS",
     "DEFAULT_MAX_SHARD_SIZE",
+    "INIT_CHOICES",
     "LOG_LEVELS",
     "LOSS_CHOICES",
     "LR_SCHEDULER_TYPES",
@@ -49,6 +50,7 @@ LOSS_CHOICES = ("chunked", "logits")  # kernelguard.train.loss.linear_cross_entr
 LR_SCHEDULER_TYPES = ("cosine", "linear", "constant", "constant_with_warmup")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # logging's, for --log-level
 DATASET_FORMATS = ("auto", "messages", "prompt-completion", "text")
+INIT_CHOICES = ("pretrained", "random")  # where a run's weights come from (kernelguard.train.preflight)
 REPORT_TO_CHOICES = ("none", "tensorboard", "wandb", "trackio")
 # --activation-checkpointing VALUE -> RuntimeSection.activation_checkpointing (None: auto)
 CHECKPOINTING_VALUES: dict[str, bool | None] = {
@@ -112,6 +114,7 @@ RULES: tuple[Rule, ...] = (
     _not_empty("model", "--model"),
     _not_empty("data", "--data"),
     _not_empty("output_dir", "--output-dir"),
+    _one_of("init", INIT_CHOICES, "--init pretrained (a model folder's weights) or --init random"),
     _one_of("dataset_format", DATASET_FORMATS, "--dataset-format auto"),
     _must("eval_fraction", lambda v: 0.0 <= v < 1.0, "in [0, 1)", "--eval-fraction 0.05"),
     _must("eval_every", lambda v: v >= 0, ">= 0 (0: evaluate at the end only)", "--eval-every 100"),

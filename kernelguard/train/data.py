@@ -33,6 +33,7 @@ __all__ = [
     "DataStats",
     "ExampleStore",
     "chat_template_name",
+    "check_eval_overlap",
     "in_eval_split",
     "load_examples",
     "load_tokenizer",
@@ -129,6 +130,21 @@ class ExampleStore:
 
 
 # ----------------------------------------------------------------------------------------------- sources ---
+def check_eval_overlap(train: ExampleStore, evaluation: ExampleStore, *, source: str) -> str | None:
+    """Refuse an eval set whose every example is, token for token, a training example (its loss would
+    measure recall); return a warning when only some are."""
+    seen = {hash(tuple(ids)) for ids, _ in train}
+    shared = sum(hash(tuple(ids)) in seen for ids, _ in evaluation)
+    if shared and shared == len(evaluation):
+        raise DataError(
+            f"every one of the {shared} eval examples is also a training example: the eval loss would measure "
+            "memorisation, not generalisation.",
+            fix="pass held-out rows as --eval-data, or --eval-fraction 0.05 to hold some out of --data",
+            details={"file": source, "row": None, "field": None},
+        )
+    return f"{shared} of {len(evaluation)} eval examples are also training examples (same tokens)" if shared else None
+
+
 def in_eval_split(index: int, *, seed: int, fraction: float) -> bool:
     """Whether row ``index`` is an eval row: a hash of (seed, index), uniform in [0, 1), below ``fraction``."""
     if fraction <= 0:
@@ -220,7 +236,7 @@ def load_examples(
     tokenizer: Any,
     block_size: int,
     column: str = "messages",
-    split: str = "train",
+    split: str | None = "train",
     overlong: str = "truncate",
     skip_bad_rows: bool = False,
     assistant_only: bool = True,

@@ -10,27 +10,35 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import torch
 
-from kernelguard.errors import CheckpointError
+from kernelguard.errors import CheckpointError, TrainingDiverged
 from kernelguard.gate import check_stack, run_gate
 from kernelguard.policy import AllowPolicy
 
 from . import checkpoint as ckpt
 from .build import BuiltModel, build_model, prepare_training
 from .config import TrainConfig
-from .data import chat_template_name, load_examples, load_tokenizer, pad_token_id, template_choice
+from .data import (
+    chat_template_name,
+    check_eval_overlap,
+    load_examples,
+    load_tokenizer,
+    pad_token_id,
+    template_choice,
+)
 from .evaluate import evaluate, pack_eval_blocks
 from .export import export_run
 from .logs import log
 from .metrics import peak_flops, plot_metrics
 from .packing import LEAKY, LEAKY_WARNING, PADDED, build_batch, pack_best_fit_decreasing, packing_stats
 from .parallel import DTYPES, DistInfo, on_main
-from .preflight import StartPlan, claim_output, preflight
+from .preflight import StartPlan, check_checkpoint_shapes, claim_output, preflight
 from .profiling import StepProfiler
 from .reporting import Reporter, step_record
 from .signals import Preempted, stop_request
@@ -74,6 +82,7 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     packed = cfg.packing.packing != PADDED  # padded batches carry no boundaries a torch reference could drop
     stack = check_stack(str(cfg.model.model), allow=policy, packed=packed, device=info.device)
     built = build_model(model=cfg.model, runtime=cfg.runtime, info=info, padded=not packed)
+    on_main(info, lambda: check_checkpoint_shapes(built.model, start.resume_from))  # before anything is written
     report = run_gate(built.model, policy=policy, packed=packed, stack=stack)
     try:
         # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.
@@ -129,21 +138,25 @@ def load_training_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
             data.eval_examples, cfg.packing.max_length, seed=cfg.training.seed
         )
         log(info, f"eval data: {estats.render()}; {len(data.eval_blocks)} blocks")
+        note = check_eval_overlap(data.examples, data.eval_examples, source=cfg.evaluation.eval_data or cfg.data.data)
+        if note:
+            log(info, f"warning: {note}")
     return data
+
 
 
 def read_examples(cfg: TrainConfig, tokenizer: Any, *, take: str) -> tuple[Any, Any]:
     """The examples of one split: ``train`` (minus a held-out ``--eval-fraction``), ``eval`` (that fraction)
     or, for ``--eval-data``, every row of that file."""
-    data, fraction = cfg.data.data, cfg.evaluation.eval_fraction
-    if take == "eval" and cfg.evaluation.eval_data:
-        data, fraction, take = cfg.evaluation.eval_data, 0.0, "all"
+    data, fraction, split = cfg.data.data, cfg.evaluation.eval_fraction, cfg.data.split
+    if take == "eval" and cfg.evaluation.eval_data:  # every file of an --eval-data folder is eval data
+        data, fraction, take, split = cfg.evaluation.eval_data, 0.0, "all", None
     return load_examples(
         data=data,
         tokenizer=tokenizer,
         block_size=cfg.packing.max_length,
         column=cfg.data.messages_column,
-        split=cfg.data.split,
+        split=split,
         overlong=cfg.packing.overlong,
         skip_bad_rows=cfg.data.skip_bad_rows,
         assistant_only=cfg.data.assistant_only_loss,
@@ -186,6 +199,13 @@ def check_resume_plan(cfg: TrainConfig, start: StartPlan, plan: Plan) -> dict[st
     if start.resume_from is None:
         return None
     saved = ckpt.read_trainer_state(start.resume_from)
+    if int(saved.get("step", 0)) >= plan.stop_step:
+        raise CheckpointError(
+            f"--resume: {start.resume_from} is at step {saved.get('step')}, and this run stops at step "
+            f"{plan.stop_step}: there is nothing left to train.",
+            fix=f"raise --max-steps above {saved.get('step')} to train further (with --schedule-steps to keep the "
+            "LR schedule), or use the checkpoint (or final/) as it is",
+        )
     now = {"num_blocks": len(plan.blocks), "schedule_steps": plan.schedule_steps}
     diffs = [
         f"{k}: was {saved[k]!r}, now {v!r}"
@@ -265,6 +285,8 @@ def train(
                 break
             micro, seq_lens = step_batches(cfg, info, data, step)
             (result, seconds), profile = profiler.run(step + 1, timed_step, state, micro)
+            if not result.finite:
+                raise diverged(cfg, step + 1, result)
             computed = sum(int(mb["input_ids"].numel()) for mb in micro)
             record = step_record(
                 info, step + 1, result, seconds, seq_lens, built.config, peak, computed_tokens=computed
@@ -313,6 +335,26 @@ def stop_for_sigterm(
     raise Preempted(
         f"kernelguard train: stopped by SIGTERM after step {step} of {plan.stop_step}; {what} (exit 143).",
         fix=f"rerun the same command with --resume to continue exactly from step {step}",
+    )
+
+
+def diverged(cfg: TrainConfig, step: int, result: StepResult) -> TrainingDiverged:
+    """The error for a step whose loss or gradient norm was not finite (its update was not applied)."""
+    which = ", ".join(
+        f"{name} is {value}" for name, value in (("loss", result.loss), ("gradient norm", result.grad_norm))
+        if not math.isfinite(value)
+    )
+    saved = ckpt.complete_checkpoints(cfg.checkpoint.output_dir)
+    kept = f"the last good checkpoint is {saved[-1][1]}" if saved else "no checkpoint was saved before it"
+    opt = cfg.optimizer
+    return TrainingDiverged(
+        f"step {step}: {which}; training diverged and stopped before applying that step. Nothing was saved or "
+        f"exported after it; {kept}.",
+        fix=f"lower --learning-rate (now {opt.learning_rate:g}) or raise --warmup-steps (now {opt.warmup_steps}); "
+        f"keep --max-grad-norm above 0 (now {opt.max_grad_norm:g})"
+        + ("; prefer --param-dtype bf16 to fp16" if cfg.runtime.param_dtype == "fp16" else "")
+        + "; then --resume from the last good checkpoint (or --overwrite to start again)",
+        details={"step": step, "loss": result.loss, "grad_norm": result.grad_norm},
     )
 
 

@@ -41,7 +41,12 @@ __all__ = [
 T = TypeVar("T")
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,22 +92,44 @@ def model_source(model: str) -> tuple[Any, Path | None]:
             raise ConfigError(
                 f"--model {model} is a file but not a config.json.", fix="pass a model directory"
             )
-        try:
-            raw = json.loads(path.read_text())
-            model_type = raw.pop("model_type")
-            return AutoConfig.for_model(model_type, **raw), None
-        except (ValueError, KeyError) as e:
-            raise ConfigError(
-                f"--model {model} is not a usable config.json: {e!r}", fix="check model_type"
-            ) from e
+        return _read_config(path, lambda raw: AutoConfig.for_model(raw.pop("model_type"), **raw)), None
     if path.is_dir() and (path / "config.json").exists():
-        config = AutoConfig.from_pretrained(str(path))
+        config = _read_config(path / "config.json", lambda raw: AutoConfig.from_pretrained(str(path)))
         has_weights = any((path / f).exists() for f in WEIGHT_FILES)
         return config, path if has_weights else None
     raise ConfigError(
         f"--model {model} is neither a model directory with config.json nor a config.json file.",
         fix="pass a local model directory or a config.json (no downloads are made)",
     )
+
+
+def _read_config(path: Path, make: Callable[[dict[str, Any]], Any]) -> Any:
+    """``make(raw)`` for a config.json read by us first, so every way it can be wrong (not JSON, not an
+    object, no or an unknown model_type, a value transformers rejects) is one ConfigError naming the file."""
+    from transformers import __version__
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--model: {path} is not valid JSON ({e}).", fix=f"fix or restore {path}") from None
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    if not isinstance(model_type, str):
+        raise ConfigError(
+            f"--model: {path} has no model_type string (found {type(raw).__name__}"
+            + (f" with model_type {model_type!r})." if isinstance(raw, dict) else ")."),
+            fix=f"restore {path} as saved with its model (it names a model_type such as qwen3_5)",
+        )
+    if model_type not in CONFIG_MAPPING:
+        raise ConfigError(
+            f"--model: {path} has model_type {model_type!r}, which transformers {__version__} does not know.",
+            fix="upgrade transformers (pip install -U transformers), or check the model_type spelling",
+        )
+    try:
+        return make(raw)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"--model: transformers rejects {path}: {first}", fix=f"fix {path}") from None
 
 
 def build_meta_model(config: Any, *, attn_implementation: str) -> nn.Module:
@@ -124,7 +151,14 @@ def full_state_on_rank0(
     from transformers import AutoModelForCausalLM
 
     if weights is not None:
-        model = AutoModelForCausalLM.from_pretrained(str(weights), config=config, dtype=torch.float32)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(weights), config=config, dtype=torch.float32)
+        except (RuntimeError, OSError, ValueError) as e:  # a shape mismatch, an unreadable or partial shard
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(
+                f"--model {weights}: transformers could not load the weights: {first}",
+                fix="restore the model folder as saved (config.json and weight files together), or --init random",
+            ) from None
     else:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

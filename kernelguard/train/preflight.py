@@ -10,6 +10,7 @@ the newest valid one) and its run identity must equal this one (``--resume-anywa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ from .parallel import model_source
 __all__ = [
     "RUN_ARTIFACTS",
     "StartPlan",
+    "check_checkpoint_shapes",
     "check_flags",
     "check_inputs",
     "check_output",
@@ -38,6 +40,7 @@ __all__ = [
     "preflight",
     "refuse_existing_run",
     "run_artifacts",
+    "weights_to_load",
 ]
 
 # What a run writes into its output folder; --overwrite removes exactly these.
@@ -69,13 +72,121 @@ def preflight(cfg: TrainConfig, *, world_size: int) -> StartPlan:
     """Every check that needs no model, no tokenizer load and no data parse. Raises ConfigError/DataError."""
     check_flags(cfg)
     check_inputs(cfg)
-    config, weights = model_source(cfg.model.model)
+    config, _ = model_source(cfg.model.model)
+    weights, notice = weights_to_load(cfg.model.model, init=cfg.model.init)
     check_output(cfg.checkpoint.output_dir, need_bytes=checkpoint_bytes_estimate(config, weights))
     identity = run_identity(cfg, world_size=world_size, model_config=config)
+    notes = (notice,) if notice else ()
     if not cfg.checkpoint.resume:
         refuse_existing_run(cfg)
-        return StartPlan(identity)
-    return plan_resume(cfg, identity)
+        return StartPlan(identity, warnings=notes)
+    plan = plan_resume(cfg, identity)
+    return StartPlan(plan.identity, plan.resume_from, notes + plan.warnings)
+
+
+# ---------------------------------------------------------------------------------------------- weights ---
+# The layouts transformers' from_pretrained reads, by format. Rank 0 loads either with transformers' own loader
+# (kernelguard.train.parallel.full_state_on_rank0), so sharded .bin checkpoints train as they would in
+# transformers; a reader that only understands safetensors asks weights_to_load which format it got.
+WEIGHT_LAYOUTS = {
+    "safetensors": ("model.safetensors", "model.safetensors.index.json"),
+    "bin": ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+}
+# Files that hold weights in a form transformers does not load from a folder (named when nothing loadable is).
+_OTHER_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".distcp")
+
+
+def weight_format(folder: Path) -> tuple[str | None, list[str]]:
+    """(``safetensors`` / ``bin`` / None, problems): the loadable layout a model folder holds, and what is
+    wrong with it (an index naming a shard that is not there) or, without one, the weight-like files found."""
+    for fmt, (single, index) in WEIGHT_LAYOUTS.items():
+        if (folder / index).is_file():
+            try:
+                shards = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                return None, [f"{index} is not a readable weight index ({type(e).__name__})"]
+            missing = [s for s in shards if not (folder / s).is_file()]
+            if missing:
+                return None, [f"{index} names {len(missing)} shard(s) that are not there: {', '.join(missing[:3])}"]
+            return fmt, []
+        if (folder / single).is_file():
+            return fmt, []
+    found = sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix in _OTHER_WEIGHTS)
+    return None, ([f"found {', '.join(found[:4])} but no {' / '.join(WEIGHT_LAYOUTS['safetensors'])}"]
+                  if found else [])
+
+
+def weights_to_load(model: str, *, init: str | None) -> tuple[Path | None, str | None]:
+    """(the folder whose weights rank 0 loads, or None for a seeded random init; a notice to log).
+
+    A fine-tune never starts from random weights by accident: a folder without loadable weights is refused
+    unless ``init`` is ``random``; a config.json means random init (``init`` unset or ``random``)."""
+    path = Path(model)
+    if path.is_file():
+        if init == "pretrained":
+            raise ConfigError(
+                f"--init pretrained: --model {model} is a config.json, which has no weights.",
+                fix="pass the model folder that holds the weights, or --init random",
+            )
+        notice = None if init == "random" else f"--model {path.name} is a config file: random init (--init random)"
+        return None, notice
+    if init == "random":
+        return None, f"--init random: the weights in {model} (if any) are not loaded; training from a seeded random init"
+    fmt, problems = weight_format(path)
+    if fmt is not None:
+        return path, None
+    listing = sorted(p.name for p in path.iterdir())[:8]
+    raise ConfigError(
+        f"--model {model} has no weights transformers can load ({'; '.join(problems) or 'found: ' + ', '.join(listing)}); "
+        "a fine-tune would start from random weights.",
+        fix="point --model at the folder with model.safetensors (or its index), convert other formats with "
+        "transformers' save_pretrained, or pass --init random to train from a random init on purpose",
+    )
+
+
+
+
+def check_checkpoint_shapes(model: Any, checkpoint: Path | None) -> None:
+    """Refuse resuming a checkpoint whose tensors have other shapes than this model's (a wider or deeper
+    config under --resume-anyway): no flag can continue across that, and the checkpoint itself is fine."""
+    if checkpoint is None:
+        return
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        meta = FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
+    except Exception:  # noqa: BLE001 - unreadable metadata is find_resumable's to report, not this check's
+        return
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    wrong = [
+        f"{name[6:]}: {tuple(entry.size)} in the checkpoint, {expected[name[6:]]} now"
+        for name, entry in meta.items()
+        if name.startswith("model.") and name[6:] in expected and hasattr(entry, "size")
+        and tuple(entry.size) != expected[name[6:]]
+    ]
+    if wrong:
+        raise CheckpointError(
+            f"--resume: {checkpoint} holds a model of another shape ({len(wrong)} tensor(s) differ, e.g. "
+            + "; ".join(wrong[:2]) + "); --resume-anyway cannot continue across a change of architecture.",
+            fix="resume with the model config it was trained with (the checkpoint is intact: keep it), or start "
+            "the new architecture in another --output-dir",
+        )
+
+
+def _weight_shapes(folder: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape from safetensors headers (no tensor data read); {} for other formats."""
+    index = folder / "model.safetensors.index.json"
+    files = [folder / "model.safetensors"]
+    if index.is_file():
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+            files = [folder / s for s in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    shapes: dict[str, list[int]] = {}
+    for path in files:
+        header = _safetensors_header(path) or {}
+        shapes.update(
+            {k: v.get("shape", []) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+        )
+    return shapes
 
 
 def check_flags(cfg: TrainConfig) -> None:
@@ -100,12 +211,19 @@ def check_inputs(cfg: TrainConfig) -> None:
     template = cfg.model.chat_template
     if template and (template.endswith(".jinja") or os.sep in template) and not Path(template).is_file():
         raise ConfigError(f"chat template file {template} does not exist.", fix="check --chat-template")
-    resolve_files(cfg.data.data)  # ConfigError for a missing local path; None for a dataset name
+    train_files = resolve_files(cfg.data.data, split=cfg.data.split)  # None for a dataset name
     if cfg.evaluation.eval_data:
         try:
-            resolve_files(cfg.evaluation.eval_data)
+            eval_files = resolve_files(cfg.evaluation.eval_data, split=None)
         except ConfigError as e:
             raise ConfigError(f"--eval-data: {e.message}", fix="check --eval-data") from e
+        same = {p.resolve() for p in train_files or ()} & {p.resolve() for p in eval_files or ()}
+        if same or cfg.evaluation.eval_data == cfg.data.data:
+            raise ConfigError(
+                f"--eval-data {cfg.evaluation.eval_data} is training data too ({', '.join(sorted(map(str, same)))[:200] or cfg.data.data}): "
+                "its eval loss would measure memorisation, not generalisation.",
+                fix="pass held-out rows as --eval-data, or --eval-fraction 0.05 to hold some out of --data",
+            )
 
 
 def check_output(output: Path, *, need_bytes: int) -> None:
@@ -159,7 +277,14 @@ def plan_resume(cfg: TrainConfig, identity: dict[str, Any]) -> StartPlan:
     path, problems = ckpt.find_resumable(cfg.checkpoint.output_dir)
     warnings = list(problems)
     if problems and path is not None:
-        warnings.append(f"falling back to {path.name}, the newest checkpoint that verifies")
+        done = ckpt.complete_checkpoints(cfg.checkpoint.output_dir)
+        kept = next(s for s, p in done if p == path)
+        newer = [p.name for s, p in done if s > kept]
+        warnings.append(
+            f"falling back to {path.name}, the newest checkpoint that verifies; the unusable "
+            f"{', '.join(newer) or 'newer checkpoint'} (all of its files, intact ones too) will be replaced when "
+            "this run saves that step again: copy it away now to keep it"
+        )
     reference, source = _reference_identity(cfg.checkpoint.output_dir, path)
     if reference is not None:
         diffs = differences(reference, identity)
@@ -233,13 +358,21 @@ def _params_from_weights(folder: Path) -> int | None:
     return binary.stat().st_size // 2 if binary.is_file() else None  # assume 16-bit weights
 
 
-def _safetensors_params(path: Path) -> int | None:
-    """Parameter count from a safetensors header (8-byte length, then JSON): no tensor data is read."""
+def _safetensors_header(path: Path) -> dict[str, Any] | None:
+    """A safetensors header (8-byte length, then JSON): no tensor data is read."""
     try:
         with path.open("rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(length))
     except (OSError, ValueError, struct.error):
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def _safetensors_params(path: Path) -> int | None:
+    """Parameter count from a safetensors header."""
+    header = _safetensors_header(path)
+    if header is None:
         return None
     total = 0
     for name, entry in header.items():

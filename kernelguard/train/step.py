@@ -174,6 +174,7 @@ class StepResult:
     loss_tokens: int  # global number of tokens with a label
     grad_norm: float  # before clipping
     lr: float  # the learning rate this step used
+    finite: bool = True  # False: loss or grad norm was NaN/inf on some rank, and the update was NOT applied
 
 
 def model_inputs(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -241,8 +242,15 @@ def optimizer_step(state: TrainState, micro: list[dict[str, Any]]) -> StepResult
     loss_sum, count = forward_backward(state.model, micro, info=state.info, head=state.head)
     grad_norm = clip_gradients(state.model, state.grad_clip)
     lr = float(state.optimizer.param_groups[0]["lr"])
-    state.optimizer.step()
-    state.scheduler.step()
-    state.optimizer.zero_grad(set_to_none=True)
     tokens = float(count)
-    return StepResult(float(loss_sum) / max(1.0, tokens), int(tokens), grad_norm, lr)
+    loss = float(loss_sum) / max(1.0, tokens)
+    # Both values are already global; the flag is still agreed on explicitly so that every rank skips the
+    # update and stops together even if one rank's reduction saw something the others did not.
+    bad = torch.tensor(0.0 if math.isfinite(loss) and math.isfinite(grad_norm) else 1.0, device=state.info.device)
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    finite = not bool(bad)
+    if finite:  # a NaN update would poison every weight and AdamW moment: never apply it
+        state.optimizer.step()
+        state.scheduler.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss, int(tokens), grad_norm, lr, finite)
