@@ -6,6 +6,12 @@ attribute) with a wrapper that, on entry into the torch reference, either raises
 it run (``"record"``: the pytest plugin, which then fails the test with one message naming every kernel). A
 call goes through when any active arming allows it (:class:`kernelguard.policy.AllowPolicy`).
 
+Cost: an entry is recorded (and an allowed one logged) once per site per arming; after that an allowed site
+costs one flag read per call, and no frame is read. Under ``torch.compile`` (fullgraph or not) dynamo traces
+the wrapper: the verdict is taken once, at trace time, when the reference is chosen for the graph (a refusal
+is raised to the caller as :class:`KernelFallbackError`; an allowed or recorded entry is recorded once per
+trace), and a graph traced under one arming is traced again under the next.
+
 Their state (armed and retired patches, events, layer paths, the scan cache) lives in
 :mod:`kernelguard.registry`; modules imported while armed are armed by :mod:`kernelguard.import_hook`.
 """
