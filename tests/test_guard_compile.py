@@ -74,7 +74,7 @@ def test_refused_fallback_raises_the_usual_error_from_the_compiled_region(
     assert error.layer == LAYER and error.kernel == "causal_conv1d_fn"  # the first kernel the GDN layer calls
     assert error.message.startswith(f"{LAYER} entered the torch reference path of `causal_conv1d_fn`")
     assert "allow=['causal_conv1d_fn']" in str(error)
-    assert [(e.kernel, e.allowed) for e in fallback_events()][0] == ("causal_conv1d_fn", False)
+    assert next((e.kernel, e.allowed) for e in fallback_events()) == ("causal_conv1d_fn", False)
 
 
 def test_refused_fallback_of_a_guarded_model_under_fullgraph_names_the_layer(

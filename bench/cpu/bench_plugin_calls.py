@@ -27,7 +27,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 # CPU time of this process (one torch thread): on a machine shared with other jobs, wall time measures them too.
@@ -99,8 +98,8 @@ def _suite_rounds(path: Path, rounds: int) -> dict[str, list[float]]:
 
 
 def _forward_micro(blocks: int, per_block: int = 10) -> dict[str, float]:
-    import torch
     import tiny_models
+    import torch
 
     from kernelguard.tripwires import arm_tripwires
 
