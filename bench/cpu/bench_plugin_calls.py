@@ -87,10 +87,11 @@ def _run(path: Path, plugin_on: bool) -> float:
     return elapsed
 
 
-def _suite_rounds(path: Path, rounds: int) -> dict[str, list[float]]:
+def _suite_rounds(path: Path, rounds: int, *, warm_up: bool = True) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {"off": [], "on": []}
-    _run(path, True)  # warm-up: imports, the one module scan, torch's first-call costs
-    _run(path, False)
+    if warm_up:  # imports, the one module scan, torch's first-call costs
+        _run(path, True)
+        _run(path, False)
     for r in range(rounds):
         for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):  # alternate: drift hits both alike
             times[mode].append(_run(path, mode == "on"))
@@ -147,8 +148,9 @@ def main() -> None:
     parser.add_argument("--forwards", type=int, default=3, help="forwards per test of the forward suite")
     parser.add_argument("--empty-tests", type=int, default=300, help="tests of the suite that calls nothing")
     parser.add_argument("--micro", type=int, default=40, help="blocks of the one-forward micro-benchmark")
-    parser.add_argument("--compile-tests", type=int, default=3,
+    parser.add_argument("--compile-tests", type=int, default=1,
                         help="tests of a third suite that torch.compile (default mode) the model; 0: none")
+    parser.add_argument("--compile-rounds", type=int, default=2, help="rounds of the compile suite (slow)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -171,7 +173,7 @@ def main() -> None:
         if args.compile_tests:
             compile_suite = Path(tmp) / "test_compile_suite.py"
             compile_suite.write_text(COMPILED.format(tests=args.compile_tests, forwards=args.forwards))
-            suites.append(("compile", _suite_rounds(compile_suite, args.rounds)))
+            suites.append(("compile", _suite_rounds(compile_suite, args.compile_rounds, warm_up=False)))
     micro = _forward_micro(args.micro)
     med = {f"{suite}_{mode}_s": statistics.median(t[mode]) for suite, t in suites for mode in ("off", "on")}
     result = {
