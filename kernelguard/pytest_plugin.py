@@ -2,6 +2,8 @@
 
 Enable for a run with ``pytest --kernelguard`` or the ini option ``kernelguard = true``; enable for one test
 with ``@pytest.mark.kernelguard``; opt one test out with ``@pytest.mark.kernelguard(False)``.
+A test that skips itself after a fallback fails (the slow path ran); ``@pytest.mark.kernelguard(skip_ok=True)``
+(or the ini option ``kernelguard_skip_ok = true``, for every test) lets such a test skip.
 Accepted fallbacks: ini ``kernelguard_allow`` (one item per line), ``--kernelguard-allow ITEM`` (repeatable),
 and ``@pytest.mark.kernelguard(allow=[...])`` (added to the run-wide list); items as in
 :class:`kernelguard.policy.AllowPolicy` (kernel name, known-issue ID, ``attention``, ``*``). An unknown item is
@@ -10,7 +12,8 @@ a usage error listing the valid ones.
 Tripwires are armed in setup (on every loaded transformers modeling module, scanned once per process) and
 removed in teardown. They record instead of raising, so a test runs on and then fails with ONE message naming
 every kernel that fell back, each call site once with its count, and the fix in pytest's terms. A test that
-caught the error, passed, or skipped itself after a fallback still fails (by contract: the slow path ran).
+caught the error, passed, or skipped itself after a fallback still fails (by contract: the slow path ran),
+unless skip_ok lets a skip stand.
 Loaded in every pytest run via the ``pytest11`` entry point, so nothing heavy (torch, transformers) is
 imported unless the plugin is enabled.
 """
@@ -41,7 +44,24 @@ __all__ = [
 if TYPE_CHECKING:
     from kernelguard.errors import KernelFallbackError
 
+__all__ = [
+    "SKIP_OK_INI",
+    "SKIP_OK_MARKER",
+    "Settings",
+    "fix_in_pytest_terms",
+    "pytest_addoption",
+    "pytest_configure",
+    "pytest_report_header",
+    "pytest_runtest_call",
+    "pytest_runtest_makereport",
+    "pytest_runtest_setup",
+    "pytest_runtest_teardown",
+    "settings_key",
+]
+
 _MARKER = "kernelguard"
+SKIP_OK_MARKER = "@pytest.mark.kernelguard(skip_ok=True)"
+SKIP_OK_INI = "kernelguard_skip_ok = true"
 _MAX_SITES_SHOWN = 6  # per kernel; the rest is summed on one line
 
 
@@ -50,6 +70,7 @@ class Settings:
     enabled: bool
     policy: Any  # kernelguard.policy.AllowPolicy (imported lazily: the plugin loads in every pytest run)
     transformers: bool  # transformers is importable: without it there is no reference path to fall back to
+    skip_ok: bool = False  # ini kernelguard_skip_ok: a test that skips after a fallback is reported skipped
     # Parsed @pytest.mark.kernelguard(allow=...) lists: per session, so no process-wide cache outlives it.
     marker_policies: dict[tuple[str, ...], Any] = field(default_factory=dict, compare=False)
 
@@ -62,6 +83,7 @@ class Settings:
 class _TestState:
     tripwires: Any
     reported: int  # index of the first registry event not yet turned into a failure
+    skip_ok: bool = False  # a skip after a fallback stands (the marker's or the ini's skip_ok)
     failures: list[Any] = field(default_factory=list)  # events that failed the call phase
 
 
@@ -79,6 +101,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   help="enable kernelguard for every test (same as --kernelguard)")
     parser.addini("kernelguard_allow", type="linelist", default=[],
                   help="fallbacks kernelguard accepts, one per line (kernel name, known-issue ID, 'attention')")
+    parser.addini("kernelguard_skip_ok", type="bool", default=False,
+                  help="a test that skips itself after a fallback is reported skipped instead of failed")
 
 
 def _parse(values: Any, source: str) -> Any:
@@ -94,14 +118,15 @@ def _parse(values: Any, source: str) -> Any:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "kernelguard(enabled=True, *, allow=()): fail the test if a torch reference kernel fallback is entered; "
-        "kernelguard(False) opts out",
+        "kernelguard(enabled=True, *, allow=(), skip_ok=False): fail the test if a torch reference kernel "
+        "fallback is entered; kernelguard(False) opts out; skip_ok=True lets a skip after a fallback stand",
     )
     flag = config.getoption("kernelguard", default=None)
     enabled = bool(flag) if flag is not None else bool(config.getini("kernelguard"))
     policy = _parse(config.getini("kernelguard_allow"), "ini option kernelguard_allow").merge(
         _parse(config.getoption("kernelguard_allow", default=[]), "--kernelguard-allow"))
-    config.stash[settings_key] = Settings(enabled, policy, importlib.util.find_spec("transformers") is not None)
+    config.stash[settings_key] = Settings(enabled, policy, importlib.util.find_spec("transformers") is not None,
+                                          bool(config.getini("kernelguard_skip_ok")))
 
 
 def _marker_policy(settings: Settings, values: tuple[str, ...]) -> Any:
@@ -114,35 +139,36 @@ def _marker_policy(settings: Settings, values: tuple[str, ...]) -> Any:
     return policy
 
 
-_MARKER_KEYWORDS = frozenset({"enabled", "allow"})
+_MARKER_KEYWORDS = frozenset({"enabled", "allow", "skip_ok"})
 
 
-def _item_settings(item: pytest.Item) -> tuple[bool, Any]:
+def _item_settings(item: pytest.Item) -> tuple[bool, Any, bool]:
     base = item.config.stash[settings_key]
     marker = item.get_closest_marker(_MARKER)
     if marker is None:
-        return base.enabled, base.policy
+        return base.enabled, base.policy, base.skip_ok
     unknown = sorted(set(marker.kwargs) - _MARKER_KEYWORDS)
     if unknown or len(marker.args) > 1:  # a typo (alow=) would otherwise be ignored and the allowance lost
         what = f"unknown keyword(s) {', '.join(unknown)}" if unknown else f"{len(marker.args)} positional arguments"
         pytest.fail(
             f"usage error: @pytest.mark.kernelguard got {what}; it takes kernelguard(enabled=True, *, "
-            f"allow=[...]) (keywords: {', '.join(sorted(_MARKER_KEYWORDS))})",
+            f"allow=[...], skip_ok=False) (keywords: {', '.join(sorted(_MARKER_KEYWORDS))})",
             pytrace=False,
         )
     enabled = bool(marker.args[0]) if marker.args else bool(marker.kwargs.get("enabled", True))
+    skip_ok = bool(marker.kwargs.get("skip_ok", base.skip_ok))
     extra = marker.kwargs.get("allow", ())
     if not extra:
-        return enabled, base.policy
+        return enabled, base.policy, skip_ok
     values = (extra,) if isinstance(extra, str) else tuple(extra)
-    return enabled, base.policy.merge(_marker_policy(base, values))
+    return enabled, base.policy.merge(_marker_policy(base, values)), skip_ok
 
 
 @pytest.hookimpl(tryfirst=True)  # before fixtures are set up: a fallback in a fixture counts too
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if not item.config.stash[settings_key].transformers:
         return
-    enabled, policy = _item_settings(item)
+    enabled, policy, skip_ok = _item_settings(item)
     if not enabled:
         return
     from kernelguard.registry import REGISTRY
@@ -150,7 +176,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
     index = REGISTRY.open_window()
     tripwires = arm_tripwires(allow=policy, on_fallback="record")
-    item.stash[_state_key] = _TestState(tripwires, index)
+    item.stash[_state_key] = _TestState(tripwires, index, skip_ok)
 
 
 def _new_failures(state: _TestState) -> list[Any]:
@@ -171,6 +197,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         result = yield
     except BaseException as exc:  # a hook wrapper: re-raised as is, or as our failure from it (skips too)
         state.failures = _new_failures(state)
+        if state.skip_ok and _is_skip(exc):
+            state.failures = []  # skip_ok: the skip stands
         if state.failures and not isinstance(exc, _fallback_error_type()):
             raise _failure(state.failures, "setup or the test call", skipped=_is_skip(exc)) from exc
         raise
@@ -186,7 +214,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     the report; put ours back (a skip after a fallback still fails) or add it as a section."""
     report = yield
     state = item.stash.get(_state_key, None)
-    if state is not None and call.when == "call" and state.failures:
+    if state is not None and call.when == "call" and state.failures and not (state.skip_ok and report.skipped):
         failure = _failure(state.failures, "setup or the test call", skipped=report.skipped)
         if report.skipped or report.passed:
             report.outcome = "failed"
@@ -288,8 +316,10 @@ def _kernel_lines(kernel: str, sites: list[Any]) -> list[str]:
 def _contract_line(skipped: bool) -> str:
     if skipped:
         return (
-            "The test then skipped itself; it fails anyway, by contract: the forward before the skip (skipTest / "
-            "pytest.skip) ran the slow path. Skip before the forward, or allow these kernels for this test."
+            "The test then skipped itself (pytest.skip / skipTest), but only after the torch reference had run: "
+            "it fails, because the slow path ran and a skip does not undo that.\n"
+            f"  To let it skip, add one line above the test: {SKIP_OK_MARKER}\n"
+            f"  (for every test: {SKIP_OK_INI} in pytest.ini), or skip before the first forward."
         )
     return "A test fails when a fallback ran, even if it caught the error or passed (the slow path ran)."
 

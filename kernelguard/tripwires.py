@@ -6,6 +6,12 @@ entry into the torch reference, either raises
 it run (``"record"``: the pytest plugin, which then fails the test with one message naming every kernel). A
 call goes through when any active arming allows it (:class:`kernelguard.policy.AllowPolicy`).
 
+Cost: an entry is recorded (and an allowed one logged) once per site per arming; after that an allowed site
+costs one flag read per call, and no frame is read. Under ``torch.compile`` (fullgraph or not) dynamo traces
+the wrapper: the verdict is taken once, at trace time, when the reference is chosen for the graph (a refusal
+is raised to the caller as :class:`KernelFallbackError`; an allowed or recorded entry is recorded once per
+trace), and a graph traced under one arming is traced again under the next.
+
 Their state (armed and retired patches, events, layer paths, the scan cache) lives in
 :mod:`kernelguard.registry`; modules imported while armed are armed by :mod:`kernelguard.import_hook`.
 """
@@ -13,16 +19,17 @@ Their state (armed and retired patches, events, layer paths, the scan cache) liv
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType, ModuleType, TracebackType
 from typing import Any
 
 from kernelguard import import_hook
 from kernelguard import transformers_compat as compat
-from kernelguard.errors import ConfigError
+from kernelguard.errors import ConfigError, KernelFallbackError
 from kernelguard.policy import AllowPolicy
 from kernelguard.registry import (
     REGISTRY,
@@ -42,6 +49,7 @@ __all__ = [
     "Tripwires",
     "arm_tripwires",
     "clear_fallback_events",
+    "compiled_error",
     "fallback_events",
     "layer_from_frames",
 ]
@@ -53,6 +61,7 @@ SLOW_PATH_NOTE = (
 # How far up the stack the layer and its root module are looked for (nn.Module and transformers' decorators
 # add a few frames per level; a 4-level model sits ~30 frames deep).
 _MAX_FRAMES = 200
+_MAX_TRACING_FRAMES = 2000  # dynamo adds ~15 frames of its own per function it inlines
 
 
 # ------------------------------------------------------------------------------------------ layer paths ---
@@ -66,19 +75,55 @@ def layer_from_frames(frame: FrameType | None) -> str:
     The layer is the nearest ``self`` that is a module; its path is read from the outermost module on the
     stack (the model being run), once per model, so it works without ``guard(model)``.
     """
-    layer = root = None
+    return _layer_of(_frame_selves(frame))
+
+
+def _frame_selves(frame: FrameType | None, limit: int = _MAX_FRAMES) -> Iterator[Any]:
     depth = 0
-    while frame is not None and depth < _MAX_FRAMES:
-        candidate = frame.f_locals.get("self")
-        if _is_module(candidate):
-            if layer is None:
-                layer = candidate
-                path = layer_path(layer)
-                if path is not None:
-                    return path
-            root = candidate
+    while frame is not None and depth < limit:
+        yield frame.f_locals.get("self")
         frame = frame.f_back
         depth += 1
+
+
+def _traced_selves() -> Iterator[Any]:
+    """While dynamo traces: the ``self`` of each function it is inlining, innermost first, then the real stack.
+
+    The functions dynamo inlines have no frames; the translator that traces the tripwire is the nearest frame
+    whose ``self`` has ``symbolic_locals`` and ``parent``, and its parents trace the callers. The real stack
+    past dynamo's own frames holds the callers of the frame being compiled (when dynamo compiles a frame
+    below the model's, after it ran the outer ones eagerly). Best effort: dynamo's internals may change, and
+    then the layer is found on the real stack only, or reported unknown.
+    """
+    frames = sys._getframe(1)
+    tx = next((s for s in _frame_selves(frames, _MAX_TRACING_FRAMES)
+               if hasattr(s, "symbolic_locals") and hasattr(s, "parent")), None)
+    while tx is not None:
+        var = getattr(tx, "symbolic_locals", {}).get("self")
+        module = getattr(var, "value", None)  # an unspecialized (inlined) module
+        key = getattr(var, "module_key", None)  # a specialized one is named by its key in the traced graph
+        if module is None and key is not None:
+            try:
+                module = tx.output.get_submodule(key)
+            except Exception:  # noqa: BLE001 - best effort, see above
+                module = None
+        yield module
+        tx = getattr(tx, "parent", None)
+    yield from _frame_selves(frames, _MAX_TRACING_FRAMES)
+
+
+def _layer_of(selves: Iterable[Any]) -> str:
+    layer = root = None
+    for candidate in selves:
+        if not _is_module(candidate):
+            continue
+        candidate = getattr(candidate, "_orig_mod", candidate)  # torch.compile's wrapper: the model it wraps
+        if layer is None:
+            layer = candidate
+            path = layer_path(layer)
+            if path is not None:
+                return path
+        root = candidate
     if layer is None:
         return "<not inside a layer forward>"
     if root is not None and root is not layer:
@@ -103,11 +148,25 @@ class _Patch:
     closure: compat.FallbackClosure | None
     wrapper: Any = None
     holders: list[Tripwires] = field(default_factory=list)
-    allowed_seen: bool = False  # an allowed entry is recorded (and logged) once per site, not per call
+    # Nothing to do on a call: no holders, or the entry was allowed and recorded (and logged) under the current
+    # holders. The one flag the eager hot path reads; any change of holders clears it.
+    quiet: bool = True
+    # A new value whenever the holders change. The compiled path passes it to the trace-time verdict, so
+    # dynamo guards the graph on it: a graph traced under an earlier arming is traced again. A string: dynamo
+    # compares it by value (an object would be compared by id, which a later object may reuse; an int may
+    # become a dynamic input).
+    arming: str = field(default_factory=lambda: _new_arming())
     _failure: compat.ImportFailure | None = None
+    _failure_key: tuple[Any, ...] = ()
 
     def failure(self) -> compat.ImportFailure:
-        if self._failure is None:
+        """Why the reference runs: the import re-run once per process, again only if the import state changed
+        (``sys.path``, or the provider's entry in ``sys.modules``): a failing import of a large package
+        re-executes all of it up to the error, too slow for every test."""
+        package = self.closure.package if self.closure is not None else ""
+        key = (tuple(sys.path), id(sys.modules.get(package)))
+        if self._failure is None or key != self._failure_key:
+            self._failure_key = key
             self._failure = (
                 compat.import_failure(self.closure) if self.closure is not None
                 else compat.ImportFailure(f"the layer chose the torch path at construction (`{self.name}`)")
@@ -120,6 +179,17 @@ class _Patch:
 
     def raises(self) -> bool:
         return any(h.on_fallback == "raise" for h in self.holders)
+
+    def holders_changed(self) -> None:
+        self.quiet = not self.holders
+        self.arming = _new_arming()
+
+
+_ARMINGS = itertools.count()
+
+
+def _new_arming() -> str:
+    return f"arming-{next(_ARMINGS)}"
 
 
 class _TripwireInfo:
@@ -137,43 +207,101 @@ def _install_fix(patch: _Patch) -> str:
     return compat.pip_fix(patch.closure.package) if patch.closure else "upgrade transformers"
 
 
-def _trip(patch: _Patch, frame: FrameType | None) -> None:
+def _trip(patch: _Patch, layer: Callable[[], str], *, tracing: bool = False) -> None:
+    """Record the entry; raise when refused and an arming raises. ``layer`` names the caller (called once)."""
+    if patch.closure is not None and patch.closure.func_module is not None and compat.hub_kernel(patch.closure):
+        patch.quiet = True  # kernelized onto a Hub kernel after arming: nothing falls back
+        return
     failure = patch.failure()
     allowed = patch.allowed()
-    layer = layer_from_frames(frame)
-    message = f"{layer} entered the torch reference path of `{patch.kernel}` ({patch.site}): {failure.reason}. "
+    where = layer()
+    message = f"{where} entered the torch reference path of `{patch.kernel}` ({patch.site}): {failure.reason}. "
     event = REGISTRY.record(FallbackEvent(
-        layer=layer, kernel=patch.kernel, site=patch.site, allowed=allowed, message=message + SLOW_PATH_NOTE,
+        layer=where, kernel=patch.kernel, site=patch.site, allowed=allowed, message=message + SLOW_PATH_NOTE,
         fix=_install_fix(patch), reason=failure.reason, time=time.time(), issues=failure.issues,
     ))
     if allowed:
-        patch.allowed_seen = True
+        patch.quiet = True
         REGISTRY.log_once(("trip", patch.kernel), f"kernelguard: allowed fallback: {event.message}")
     elif patch.raises():
-        raise event.to_error()
+        error = event.to_error()
+        raise compiled_error(error) if tracing else error
 
 
 def _make_wrapper(patch: _Patch) -> Callable[..., Any]:
     original = patch.original
-    closure = patch.closure
-    check_hub = closure is not None and closure.func_module is not None
+    is_compiling = _is_compiling_function()
+
+    def decide_while_tracing(arming: str) -> None:
+        # Marked for dynamo as a constant: it runs once, at trace time, when the reference is chosen for the
+        # compiled graph, and nothing in it is traced. A refusal is raised from here (see compiled_error).
+        if not patch.quiet and arming == patch.arming:
+            _trip(patch, lambda: _layer_of(_traced_selves()), tracing=True)
+
+    decide_while_tracing._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
     def kernelguard_tripwire(*args: Any, **kwargs: Any) -> Any:
-        # No holders: disarmed, but someone kept a reference to the wrapper; it is a plain pass-through.
-        # An allowed site already recorded costs one check, and nothing torch.compile cannot trace.
-        # A Func module may have been kernelized onto a Hub kernel after arming: then nothing falls back.
-        if (
-            patch.holders
-            and not (patch.allowed_seen and patch.allowed())
-            and not (check_hub and closure is not None and compat.hub_kernel(closure))
-        ):
-            _trip(patch, sys._getframe(1))
+        # Compiled: the only code dynamo traces here is the constant call and the original. Eager: one flag
+        # read per call once the site is allowed and recorded; frames are read only on a recorded entry.
+        if is_compiling():
+            decide_while_tracing(patch.arming)
+        elif not patch.quiet:
+            _trip(patch, functools.partial(layer_from_frames, sys._getframe(1)))
         return original(*args, **kwargs)
 
     functools.update_wrapper(kernelguard_tripwire, original, updated=())
     kernelguard_tripwire.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(kernelguard_tripwire, compat.TRIPWIRE_ATTR, _TripwireInfo(patch))
     return kernelguard_tripwire
+
+
+def _is_compiling_function() -> Callable[[], bool]:
+    """``torch.compiler.is_compiling`` (dynamo folds it to True while tracing), without importing torch: a
+    modeling module being armed has imported it already."""
+    compiler = getattr(sys.modules.get("torch"), "compiler", None)
+    return getattr(compiler, "is_compiling", None) or _never
+
+
+def _never() -> bool:
+    return False
+
+
+def compiled_error(error: KernelFallbackError) -> KernelFallbackError:
+    """``error`` as raised while dynamo traces: also a ``torch._dynamo.exc.UserError``, which dynamo hands to
+    the caller as it is (anything else it re-wraps as an internal error). Under ``fullgraph=True`` that is
+    the only way a refusal leaves the compiled region; without it dynamo runs the frame eagerly, where the
+    tripwire raises the plain error."""
+    cls = _compiled_error_type()
+    return error if cls is None else cls(error.message, fix=error.fix, details=error.details, layer=error.layer,
+                                         kernel=error.kernel, reason=error.reason)
+
+
+@functools.cache
+def _compiled_error_type() -> type[KernelFallbackError] | None:
+    try:
+        from torch._dynamo.exc import TorchDynamoException, UserError, UserErrorType
+        from torch._guards import TracingContext
+    except ImportError:
+        return None
+
+    class _DynamoUserError(UserError):
+        def __init__(self, rendered: str) -> None:
+            # UserError's fields, set here: its __init__ would also replace our `message` with the rendered text.
+            TorchDynamoException.__init__(self, rendered)
+            self.real_stack = TracingContext.extract_stack()
+            self.skip_frame = False
+            self.logged = False
+            self.error_type = UserErrorType.ANTI_PATTERN
+            self.msg = rendered
+
+    class CompiledKernelFallbackError(KernelFallbackError, _DynamoUserError):
+        """A :class:`KernelFallbackError` raised while torch.compile traced the call."""
+
+        def __reduce__(self) -> tuple[Any, ...]:  # a local class: travels as the plain error
+            return KernelFallbackError(self.message, fix=self.fix, details=self.details, layer=self.layer,
+                                       kernel=self.kernel, reason=self.reason).__reduce__()
+
+    return CompiledKernelFallbackError
 
 
 def _current(owner: Any, name: str) -> Any:
@@ -196,8 +324,6 @@ def _reinstall(owner: Any, name: str) -> _Patch | None:
     patch = REGISTRY.retired.pop((id(owner), name), None)
     if patch is None or patch.owner is not owner or _current(owner, name) is not patch.original:
         return None
-    patch.allowed_seen = False
-    patch._failure = None  # the reason is re-read on the next failure: the environment may have changed
     setattr(owner, name, patch.wrapper)
     return patch
 
@@ -238,6 +364,7 @@ class Tripwires:
                 REGISTRY.patches[key] = patch
             if self not in patch.holders:
                 patch.holders.append(self)
+                patch.holders_changed()
                 self._patches.append(patch)
 
     _arm = arm  # the name older callers used
@@ -257,6 +384,7 @@ class Tripwires:
             for patch in self._patches:
                 if self in patch.holders:
                     patch.holders.remove(self)
+                    patch.holders_changed()
                 if patch.holders:
                     continue
                 key = (id(patch.owner), patch.name)

@@ -16,7 +16,19 @@ import torch
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
 
 
+# Resolved once per name: torch.compile cannot trace the closure reading below, so a model is compiled only
+# after one eager forward has filled this.
+_REFERENCES: dict[str, Callable[..., Any]] = {}
+
+
 def _reference(name: str) -> Callable[..., Any]:
+    found = _REFERENCES.get(name)
+    if found is None:
+        found = _REFERENCES[name] = _resolve_reference(name)
+    return found
+
+
+def _resolve_reference(name: str) -> Callable[..., Any]:
     # Imported at call time: transformers imports *this* module while decorating those very functions.
     from transformers.models.qwen3_5 import modeling_qwen3_5
 
