@@ -272,5 +272,5 @@ def test_a_marker_keyword_typo_is_a_usage_error() -> None:
     item = SimpleNamespace(
         config=SimpleNamespace(stash={pytest_plugin.settings_key: settings}), get_closest_marker=lambda _: marker
     )
-    with pytest.raises(pytest.fail.Exception, match=r"unknown keyword\(s\) alow.*keywords: allow, enabled"):
+    with pytest.raises(pytest.fail.Exception, match=r"unknown keyword\(s\) alow.*keywords: allow, enabled, skip_ok"):
         pytest_plugin._item_settings(item)  # type: ignore[arg-type]
