@@ -118,7 +118,8 @@ def run_gate(
         raise GuardRefused(str(e)) from e
     if report.ok and not sections:
         return report
-    sections.append(report.render(syntax="cli"))  # `kernelguard train` prints it: fixes in its flags
+    # The table only: refusal_advice below is the trainer's why / fix block, in its flags.
+    sections.append(report.render(syntax="cli", padded=UNPACKED_FLAG, why=False))
     report.disarm()
     advice = refusal_advice(report, stack, packed=packed)
     raise GuardRefused("\n\n".join(sections), fix=advice or None)

@@ -139,12 +139,13 @@ class GuardReport:
 
     def render(
         self, *, verbose: bool = False, width: int | None = None, syntax: str = PYTHON, call: str | None = None,
-        padded: str | None = None, fixes: bool = True,
+        padded: str | None = None, fixes: bool = True, why: bool = True,
     ) -> str:
         """One line per kernel (status, provider, layer count), or with ``verbose`` the per-layer table; a
         report with slow paths ends with a "why / fix" block spelled for ``syntax`` (see :mod:`kernelguard.terms`).
         Lines fit ``width`` (default: the terminal's, 100 when not a terminal); ``call`` and ``padded`` as in
-        :meth:`why_and_fix`; ``fixes=False`` leaves the fix lines to the error that carries them."""
+        :meth:`why_and_fix`; ``fixes=False`` leaves the fix lines to the error that carries them, ``why=False`` the
+        why lines too (for a caller that prints its own block)."""
         verdict = "OK" if self.ok else "SLOW PATHS"
         if not self.kernel_sites:
             verdict += f" ({NO_SITES})"
@@ -153,9 +154,9 @@ class GuardReport:
             f"mode {self.mode}, packed={self.packed}: {verdict}"
         )
         rows = [(e.decision, _status(e, self.attention)) for e in self.entries]
-        why, fix = self.why_and_fix(syntax=syntax, call=call, padded=padded) if not self.ok else ([], [])
-        return render_call_sites(header, rows, notes=self.notes, verbose=verbose, width=width, why=why,
-                                 fixes=fix if fixes else [])
+        whys, fix = self.why_and_fix(syntax=syntax, call=call, padded=padded) if not self.ok else ([], [])
+        return render_call_sites(header, rows, notes=self.notes, verbose=verbose, width=width,
+                                 why=whys if why else [], fixes=fix if fixes and why else [])
 
     def why_and_fix(
         self, *, syntax: str = PYTHON, call: str | None = None, padded: str | None = None
