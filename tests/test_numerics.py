@@ -457,6 +457,7 @@ def test_train_throughput_tiny_cpu_times_the_product_step(variant: str, tmp_path
             "param_dtype": "fp32",
             "layout": "packed",
             "levers": [],
+            "activation_checkpointing_applied": True,  # what auto / the flag really did (the bench records it)
         }
 
 

@@ -221,7 +221,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.slow
-def test_check_without_kernels_reports_the_hub_extra(tmp_path: Path) -> None:
+def test_check_without_kernels_reports_what_turns_hub_kernels_on(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LOCAL_KERNELS")}
     env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.run(
@@ -236,7 +236,15 @@ def test_check_without_kernels_reports_the_hub_extra(tmp_path: Path) -> None:
     for candidate in hub:
         assert candidate["status"] == "rejected"
         assert "not installed" in candidate["reason"]
-        assert candidate["fix"] == "pip install 'kernelguard[hub]'"
+        # The fix is the one install_command builds for this transformers' kernels window: a kernels release
+        # inside it, or (no release inside, as for 5.23+) the pair of releases that does turn Hub kernels on.
+        from kernelguard import discovery
+        from kernelguard.install import install_command
+
+        window = discovery.kernels_version_window(discovery.transformers_source())
+        expected = install_command("kernels", torch_version=None, cuda_version=None, kernels_window=window)
+        assert candidate["fix"] == expected.fix_line()
+        assert "kernelguard[hub]" not in candidate["fix"] or window is None
 
 
 def test_the_docker_image_takes_the_triton_its_own_torch_requires() -> None:

@@ -709,7 +709,7 @@ def test_cpu_torch_build_rejects_torch_varlen_and_needs_allow_attention() -> Non
     assert torch_varlen.fix == "install a CUDA build of torch"
     sdpa = find(res, ATTN, "reference")
     assert (sdpa.provider, sdpa.status) == (SDPA, FALLBACK)
-    assert sdpa.reason.endswith("; used only when nothing above serves.")
+    assert sdpa.reason.endswith("; used only when nothing above serves (accept it with --allow attention).")
 
     allowed = resolve(facts, TRAIN, allow(H200, "attention"))
     assert find(allowed, ATTN).ok

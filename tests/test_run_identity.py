@@ -97,9 +97,8 @@ def test_resume_refuses_a_different_run_naming_each_difference(
     anyway = _cfg(assets, out, resume=True, resume_anyway=True, learning_rate=1e-3)
     plan = preflight(anyway, world_size=2)
     assert plan.resume_from == folder
-    # the first line is the config file's random-init notice
-    assert plan.warnings[1:] == (f"--resume-anyway: {folder} differs: learning_rate: was 0.003, now 0.001",)
-    assert "random init" in plan.warnings[0]
+    assert plan.warnings == (f"--resume-anyway: {folder} differs: learning_rate: was 0.003, now 0.001",)
+    assert "random init" in plan.notices[0]  # the config file's notice: said at info level, not a warning
 
 
 def test_resume_reads_an_old_run_json_by_the_new_setting_names(assets: dict[str, Path], tmp_path: Path) -> None:
@@ -128,7 +127,7 @@ def test_resume_of_the_same_run_picks_the_verified_checkpoint(
     (bad / "__0_0.distcp").write_bytes(b"y" * 100)  # same size, other content
     plan = preflight(_cfg(assets, out, resume=True, max_steps=9), world_size=2)
     assert plan.resume_from == good
-    assert plan.warnings[1:] == (  # after the config file's random-init notice
+    assert plan.warnings == (
         f"checkpoint step_4 is unusable: {bad / '__0_0.distcp'} does not match its sha256 in the manifest (corrupted)",
         ("falling back to step_2, the newest checkpoint that verifies; the unusable step_4 (all of its files, intact "
         "ones too) will be replaced when this run saves that step again: copy it away now to keep it"),

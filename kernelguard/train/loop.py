@@ -77,6 +77,8 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     start = on_main(info, lambda: preflight(cfg, world_size=info.world_size))
     for warning in start.warnings:
         log(info, warning, logging.WARNING)
+    for notice in start.notices:
+        log(info, notice)
     if cfg.packing.packing == LEAKY:
         log(info, LEAKY_WARNING, logging.WARNING)
     packed = cfg.packing.packing != PADDED  # padded batches carry no boundaries a torch reference could drop
@@ -199,7 +201,9 @@ def check_resume_plan(cfg: TrainConfig, start: StartPlan, plan: Plan) -> dict[st
     if start.resume_from is None:
         return None
     saved = ckpt.read_trainer_state(start.resume_from)
-    if int(saved.get("step", 0)) >= plan.stop_step:
+    export_pending = cfg.checkpoint.export and not (cfg.checkpoint.output_dir / "final").exists()
+    if int(saved.get("step", 0)) > plan.stop_step or (int(saved.get("step", 0)) == plan.stop_step
+                                                      and not export_pending):
         raise CheckpointError(
             f"--resume: {start.resume_from} is at step {saved.get('step')}, and this run stops at step "
             f"{plan.stop_step}: there is nothing left to train.",

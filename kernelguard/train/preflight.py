@@ -61,11 +61,13 @@ CHECKPOINT_BYTES_PER_PARAM = 12
 
 @dataclass(frozen=True, slots=True)
 class StartPlan:
-    """What preflight decided: this run's identity, the verified checkpoint to resume from, and warnings."""
+    """What preflight decided: this run's identity, the verified checkpoint to resume from, warnings, and
+    notices (what the user asked for, said once at info level: e.g. random init from a config file)."""
 
     identity: dict[str, Any]
     resume_from: Path | None = None
     warnings: tuple[str, ...] = field(default=())
+    notices: tuple[str, ...] = field(default=())
 
 
 def preflight(cfg: TrainConfig, *, world_size: int) -> StartPlan:
@@ -76,12 +78,12 @@ def preflight(cfg: TrainConfig, *, world_size: int) -> StartPlan:
     weights, notice = weights_to_load(cfg.model.model, init=cfg.model.init)
     check_output(cfg.checkpoint.output_dir, need_bytes=checkpoint_bytes_estimate(config, weights))
     identity = run_identity(cfg, world_size=world_size, model_config=config)
-    notes = (notice,) if notice else ()
+    notices = (notice,) if notice else ()
     if not cfg.checkpoint.resume:
         refuse_existing_run(cfg)
-        return StartPlan(identity, warnings=notes)
+        return StartPlan(identity, notices=notices)
     plan = plan_resume(cfg, identity)
-    return StartPlan(plan.identity, plan.resume_from, notes + plan.warnings)
+    return StartPlan(plan.identity, plan.resume_from, plan.warnings, notices)
 
 
 # ---------------------------------------------------------------------------------------------- weights ---
