@@ -28,19 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-__all__ = [
-    "Settings",
-    "fix_in_pytest_terms",
-    "pytest_addoption",
-    "pytest_configure",
-    "pytest_report_header",
-    "pytest_runtest_call",
-    "pytest_runtest_makereport",
-    "pytest_runtest_setup",
-    "pytest_runtest_teardown",
-    "settings_key",
-]
-
 if TYPE_CHECKING:
     from kernelguard.errors import KernelFallbackError
 

@@ -28,13 +28,22 @@ from typing import TYPE_CHECKING, Any
 from .decisions import ACCEPTED, ALLOWED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
 from .terms import CLI, in_terms
 
-__all__ = ["SCHEMA_VERSION", "fill", "layer_summary", "render", "render_call_sites", "short_provider", "terminal_width",
-           "to_dict", "to_json", "verdict_line", "why_fix_block"]
-
 if TYPE_CHECKING:  # report formats what check produced; it must not depend on check at run time
     from .check import CheckResult
 
-__all__ = ["SCHEMA_VERSION", "render", "render_call_sites", "to_dict", "to_json", "verdict_line"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "fill",
+    "layer_summary",
+    "render",
+    "render_call_sites",
+    "short_provider",
+    "terminal_width",
+    "to_dict",
+    "to_json",
+    "verdict_line",
+    "why_fix_block",
+]
 
 SCHEMA_VERSION = 1
 

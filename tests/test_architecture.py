@@ -134,8 +134,14 @@ def test_modules_and_functions_stay_small() -> None:
 
 
 def test_every_module_declares_its_public_names() -> None:
-    missing = sorted(
-        str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
-        if path.name != "__main__.py" and "__all__" not in path.read_text(encoding="utf-8")
+    def declarations(path: Path) -> int:  # module-level `__all__ = ...` / `__all__: list[str] = ...`
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        targets = [t for n in tree.body if isinstance(n, ast.Assign) for t in n.targets]
+        targets += [n.target for n in tree.body if isinstance(n, ast.AnnAssign)]
+        return sum(isinstance(t, ast.Name) and t.id == "__all__" for t in targets)
+
+    wrong = sorted(
+        f"{path.relative_to(PACKAGE)} ({count})" for path in PACKAGE.rglob("*.py")
+        if path.name != "__main__.py" and (count := declarations(path)) != 1
     )
-    assert missing == []
+    assert wrong == [], "each module declares __all__ exactly once"

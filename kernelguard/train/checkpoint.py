@@ -26,28 +26,8 @@ import torch.distributed as dist
 
 from kernelguard.errors import CheckpointError, KernelGuardError
 
-from .write_errors import describe, root_cause, write_failure
-
-__all__ = [
-    "MANIFEST",
-    "MARKER",
-    "TRAINER_STATE",
-    "checkpoint_root",
-    "complete_checkpoints",
-    "find_resumable",
-    "latest_checkpoint",
-    "load_checkpoint",
-    "prune_checkpoints",
-    "read_trainer_state",
-    "remove_incomplete",
-    "rng_state",
-    "save_checkpoint",
-    "set_rng_state",
-    "verify_checkpoint",
-    "write_manifest",
-]
-
 from .logs import logger
+from .write_errors import describe, root_cause, write_failure
 
 __all__ = [
     "MANIFEST",

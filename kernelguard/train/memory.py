@@ -44,20 +44,6 @@ from kernelguard.errors import ConfigError
 from .memory_probe import PROBE_ATTENTION, ActivationProbe, measure_activations
 from .metrics import human_count
 
-__all__ = [
-    "GIB",
-    "HEADROOM",
-    "PROBE_ATTENTION",
-    "ActivationProbe",
-    "CheckpointingChoice",
-    "MemoryEstimate",
-    "choose_checkpointing",
-    "combine",
-    "estimate",
-    "measure_activations",
-    "min_world_size",
-]
-
 GIB = 2**30
 HEADROOM = 0.92  # share of the card torch may allocate before "does not fit"
 COMMON_GPUS: tuple[tuple[str, float], ...] = (("80 GB (H100/A100)", 80e9), ("141 GB (H200)", 141e9))
