@@ -13,8 +13,12 @@ OUT=${OUT:-/tmp/kg-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/check_pins.log") 2>&1
 step() { echo; echo "================ $* ================ $(date +%T)"; }
 secs() { python3 -c "print(round($(date +%s.%N)-$1,1))"; }
-step "install the wheels"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+step "install the wheels (bytecode compiled, as a plain pip install does)"
+s=$(date +%s.%N)
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+echo "install: $(secs "$s") s"
+s=$(date +%s.%N); PYTHONPATH=/tmp/site python3 -c "import fla" 2>/dev/null; echo "import fla (first): $(secs "$s") s"
+s=$(date +%s.%N); PYTHONPATH=/tmp/site python3 -c "import fla" 2>/dev/null; echo "import fla (second): $(secs "$s") s"
 export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 ARGS="--model qwen3_5 --mode training --allow fla-640-refusal"
 if [ -z "${SKIP_RECORD:-}" ]; then
