@@ -61,6 +61,15 @@ def test_a_busy_gpu_is_not_flagged_and_figures_are_per_step() -> None:
     assert p.top_ops == (("aten::mm", 0.5),)
 
 
+def test_warm_up_steps_in_the_reference_do_not_make_a_busy_gpu_look_idle() -> None:
+    # Steps 1-2 autotuned (10 s each); the profiled step 3 took 0.1 s with the GPU busy 90 ms of it.
+    events = [Event("aten::mm", "op", 0, 5), Event("gemm", "kernel", 0, 90_000)]
+    p = summarize_events(events, step=3, wall_s=0.1, cpu_s=0.05, reference_step_s=10.0, gpu=True)
+    assert p.step_s == pytest.approx(0.1)
+    assert p.gpu_busy_pct == pytest.approx(90.0)
+    assert not p.launch_bound
+
+
 def test_without_launch_calls_kernels_are_ranked_by_name() -> None:
     events = [Event("triton_fused_a", "kernel", 0, 1)] * 3 + [Event("triton_b", "kernel", 5, 6)]
     p = summarize_events(events, step=3, wall_s=1.0, cpu_s=0.5, gpu=True)

@@ -71,10 +71,19 @@ class StepProfile:
     trace: str | None = None
 
     @property
+    def step_s(self) -> float:
+        """The step time busy is measured against: the recent unprofiled steps' median, but never more than
+        the profiled step itself (the profiler only slows a step down, so a larger median means those steps
+        were still compiling or autotuning, and would make a busy GPU look idle)."""
+        if self.reference_step_s and self.reference_step_s > 0:
+            return min(self.reference_step_s, self.wall_s)
+        return self.wall_s
+
+    @property
     def gpu_busy_pct(self) -> float | None:
         if self.gpu_busy_s is None:
             return None
-        wall = self.reference_step_s or self.wall_s
+        wall = self.step_s
         return min(100.0, 100.0 * self.gpu_busy_s / wall) if wall > 0 else None
 
     @property
@@ -275,8 +284,8 @@ class StepProfiler:
         trace = self._write_trace(prof, step)
         spent = time.perf_counter() - t0
         self.total_s += spent
-        overhead = max(0.0, spent - (reference if reference is not None else wall))
-        profile = replace(profile, overhead_s=overhead, trace=trace)
+        profile = replace(profile, trace=trace)
+        profile = replace(profile, overhead_s=max(0.0, spent - profile.step_s))
         self.profiles.append(profile)
         warning = profile.warning()
         if warning and self.log is not None:
