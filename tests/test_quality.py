@@ -60,13 +60,29 @@ def test_padded_batch_predicts_the_packed_blocks_tokens() -> None:
     examples = [([5, 6, 7], [-100, 6, 7]), ([8, 9], [8, 9]), ([1, 2, 3, 4], [1, 2, 3, 4])]
     packed = build_packed_block(examples, 12, pad_token_id=0)
     padded = build_batch(examples, 12, 0, packing="none")
-    assert padded["input_ids"].tolist() == [[5, 6, 7, 0], [8, 9, 0, 0], [1, 2, 3, 4]]
-    assert padded["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
-    assert label_count(padded) == label_count(packed) == 6
+    # 3 rows of at most 4 tokens, laid out [4, 4]: a filler row that attends to one pad token, predicts nothing
+    assert padded["input_ids"].tolist() == [[5, 6, 7, 0], [8, 9, 0, 0], [1, 2, 3, 4], [0, 0, 0, 0]]
+    assert padded["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert padded["labels"][3].tolist() == [-100] * 4
+    assert label_count(padded) == label_count(packed) == 6 and padded["num_real_tokens"] == 9
     leaky = build_batch(examples, 12, 0, packing="leaky")
     assert not set(BOUNDARY_KEYS) & set(leaky)
     assert leaky["position_ids"].tolist() == packed["position_ids"].tolist()
     assert leaky["labels"].tolist() == packed["labels"].tolist()
+
+
+def test_padded_shapes_are_powers_of_two_within_the_block() -> None:
+    from kernelguard.train.packing import padded_shape
+
+    assert padded_shape(1, 1, 8192) == (1, 1)
+    assert padded_shape(3, 700, 8192) == (4, 1024)
+    assert padded_shape(233, 35, 8192) == (256, 64)
+    assert padded_shape(2, 5000, 8192) == (2, 8192)
+    assert padded_shape(2, 5000, 6000) == (2, 6000)  # never past the block size ...
+    assert padded_shape(1, 7000, 6000) == (1, 7000)  # ... nor below the longest example
+    rows = {padded_shape(r, 1, 8192)[0] for r in range(1, 257)}
+    lengths = {padded_shape(1, n, 8192)[1] for n in range(1, 8193)}
+    assert len(rows) == 9 and len(lengths) == 14  # 126 shapes where exact ones would be 256 x 8,192
 
 
 # ---------------------------------------------------------------------------------------------- compare ---
