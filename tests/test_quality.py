@@ -71,6 +71,12 @@ def test_padded_batch_predicts_the_packed_blocks_tokens() -> None:
     assert leaky["labels"].tolist() == packed["labels"].tolist()
 
 
+def test_held_out_loss_is_measured_with_boundaries_for_the_leaky_control_only() -> None:
+    from kernelguard.train.packing import LEAKY, PACKED, PADDED, eval_layout
+
+    assert [eval_layout(m) for m in (PACKED, PADDED, LEAKY)] == [PACKED, PADDED, PACKED]
+
+
 def test_padded_shapes_are_powers_of_two_within_the_block() -> None:
     from kernelguard.train.packing import padded_shape
 

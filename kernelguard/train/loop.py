@@ -36,7 +36,15 @@ from .evaluate import evaluate, pack_eval_blocks
 from .export import export_run
 from .logs import log
 from .metrics import peak_flops, plot_metrics
-from .packing import LEAKY, LEAKY_WARNING, PADDED, build_batch, pack_best_fit_decreasing, packing_stats
+from .packing import (
+    LEAKY,
+    LEAKY_WARNING,
+    PADDED,
+    build_batch,
+    eval_layout,
+    pack_best_fit_decreasing,
+    packing_stats,
+)
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, check_checkpoint_shapes, claim_output, preflight
 from .profiling import StepProfiler
@@ -304,7 +312,7 @@ def train(
                     data.eval_blocks,
                     block_size=cfg.packing.max_length,
                     pad_id=data.pad_id,
-                    packing=cfg.packing.packing,
+                    packing=eval_layout(cfg.packing.packing),
                 )
                 out.write({"step": done, "eval_loss": loss, "eval_tokens": tokens})
             if _due(cfg.checkpoint.save_steps, done, plan.stop_step):

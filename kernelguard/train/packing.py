@@ -31,6 +31,7 @@ __all__ = [
     "build_batch",
     "build_packed_block",
     "build_padded_batch",
+    "eval_layout",
     "padded_shape",
     "pack_best_fit_decreasing",
     "pack_sequential_greedy",
@@ -50,7 +51,7 @@ PACKING_MODES = (PACKED, PADDED, LEAKY)
 LEAKY_WARNING = (
     "WARNING: --packing leaky is a deliberate bug for quality checks: example boundaries are withheld from the "
     "GDN layers and attention (position ids only), so GDN state and conv inputs leak across examples; never "
-    "train a model you keep this way"
+    "train a model you keep this way (its held-out loss is measured with the boundaries, as the model is used)"
 )
 BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
@@ -301,6 +302,13 @@ def build_padded_batch(
         "attention_mask": mask,
         "num_real_tokens": sum(len(ids) for ids, _ in examples),
     }
+
+
+def eval_layout(packing: str) -> str:
+    """The layout held-out loss is measured in for a run trained in ``packing``: the run's own, except that
+    the leaky control is measured with boundaries. A model is used one conversation at a time, so that is
+    the loss a user of the control's model would get; measured leaky, the control mostly grades its leak."""
+    return PACKED if packing == LEAKY else packing
 
 
 def build_batch(
