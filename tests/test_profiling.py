@@ -125,6 +125,16 @@ def test_a_real_profiler_window_on_a_tiny_cpu_model(tmp_path: Path) -> None:
     assert "profiling cost" in summary
 
 
+def test_a_window_with_an_autotune_search_inside_is_thrown_away_and_the_next_step_profiled() -> None:
+    import torch
+
+    held = iter([0, 2, 2, 2])  # the step-3 window gained two autotune results; the step-4 window none
+    prof = StepProfiler(first_step=3, every=0, device=torch.device("cpu"), searches=lambda: next(held))
+    figures = [prof.run(s, lambda: None)[1] for s in range(1, 7)]
+    assert [bool(f) for f in figures] == [False, False, False, True, False, False]
+    assert prof.retried == 1 and [p.step for p in prof.profiles] == [4]
+
+
 def _flags(tmp_path: Path, *extra: str) -> list[str]:
     return ["--model", "m", "--data", "d", "--output-dir", str(tmp_path / "o"), *extra]
 

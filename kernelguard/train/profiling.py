@@ -39,6 +39,7 @@ TOP_OPS = 4
 # Wrapper ranges that enclose whole steps: never the op to blame.
 _WRAPPERS = ("ProfilerStep", "## ", "kernelguard.profile")
 _RECENT = 5  # unprofiled step times kept as the reference wall time
+_MAX_RETRIES = 50  # windows skipped for autotuning before one is reported anyway
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,17 +230,30 @@ class StepProfiler:
     trace_dir: Path | None = None
     device: Any = None
     log: Callable[[str], None] | None = None
+    searches: Callable[[], int] | None = None  # autotune results held so far (default: fla's caches)
     profiles: list[StepProfile] = field(default_factory=list)
+    retried: int = 0  # windows thrown away because an autotune search ran inside them
     total_s: float = 0.0
     _recent: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT))
     _t0: float | None = None
     _cpu0: float = 0.0
     _prof: Any = None
+    _searches0: int = 0
+    _retry: bool = False
 
     def due(self, step: int) -> bool:
         if self.first_step <= 0 or step < self.first_step:
             return False
+        if self._retry:
+            return True
         return step == self.first_step or bool(self.every and (step - self.first_step) % self.every == 0)
+
+    def _search_count(self) -> int:
+        if self.searches is not None:
+            return self.searches()
+        from ..fla_autotune import fla_autotuners
+
+        return sum(len(getattr(tuner, "cache", ())) for _, tuner in fla_autotuners())
 
     @property
     def gpu(self) -> bool:
@@ -259,6 +273,7 @@ class StepProfiler:
 
             self._sync()
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.gpu else [])
+            self._searches0 = self._search_count()
             self._prof = profile(activities=activities)
             self._prof.__enter__()
         self._cpu0, self._t0 = time.process_time(), time.perf_counter()
@@ -276,6 +291,13 @@ class StepProfiler:
         self._sync()
         wall, cpu = time.perf_counter() - t0, time.process_time() - self._cpu0
         prof.__exit__(None, None, None)
+        # A search inside the window launches each candidate config many times: the figures would describe
+        # the autotuner, not the step (a busy GPU read launch-bound). Profile the next step instead.
+        self._retry = self._search_count() > self._searches0 and self.retried < _MAX_RETRIES
+        if self._retry:
+            self.retried += 1
+            self.total_s += wall
+            return {}
         reference = statistics.median(self._recent) if self._recent else None
         profile = summarize_events(
             events_from_profiler(prof), step=step, wall_s=wall, cpu_s=cpu, reference_step_s=reference,
