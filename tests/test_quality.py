@@ -138,6 +138,16 @@ def test_compare_writes_gaps_verdicts_and_plot(tmp_path: Path) -> None:
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_run_cut_short_is_compared_on_the_steps_both_ran(tmp_path: Path) -> None:
+    losses = [12.0 - 0.5 * i for i in range(10)]
+    packed = _metrics(tmp_path / "p", losses, {5: 8.0, 10: 6.0}, 200.0)
+    padded = _metrics(tmp_path / "n", [x * 1.001 for x in losses[:7]], {5: 8.004}, 100.0)  # stopped at step 7
+    result = compare.compare({"packed": compare.read_run(packed), "padded": compare.read_run(padded)}, None)
+    gaps = result["vs_packed"]["padded"]
+    assert gaps["common_eval_step"] == 5 and gaps["final_eval_loss_rel"] == pytest.approx(0.0005)
+    assert gaps["common_train_steps"] == 7 and gaps["median_step_train_loss_rel"] == pytest.approx(0.001)
+
+
 # ------------------------------------------------------------------------- kernelguard train, three modes ---
 STEPS = 4
 

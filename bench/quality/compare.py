@@ -66,14 +66,22 @@ def _rel(a: float, b: float) -> float:
 
 
 def _gaps(runs: dict[str, Any], summaries: dict[str, Any], name: str) -> dict[str, Any]:
-    """``name`` against packed: relative eval-loss gaps and the largest per-step train-loss gap."""
+    """``name`` against packed, on the steps both ran (a run cut short is compared on its prefix): eval-loss
+    gaps at the last eval step both have, and the median and largest per-step train-loss gaps."""
     ref, other = summaries["packed"], summaries[name]
     by_step = {r["step"]: r["loss"] for r in runs["packed"]["train"]}
     step_gaps = [_rel(r["loss"], by_step[r["step"]]) for r in runs[name]["train"] if r["step"] in by_step]
-    gaps: dict[str, Any] = {"max_step_train_loss_rel": max(step_gaps, default=None)}
-    for key in ("final_eval_loss", "min_eval_loss"):
-        if key in ref and key in other:
-            gaps[f"{key}_rel"] = _rel(other[key], ref[key])
+    gaps: dict[str, Any] = {
+        "common_train_steps": len(step_gaps),
+        "median_step_train_loss_rel": statistics.median(step_gaps) if step_gaps else None,
+        "max_step_train_loss_rel": max(step_gaps, default=None),
+    }
+    ref_eval = {r["step"]: r["eval_loss"] for r in runs["packed"]["eval"]}
+    common = [r for r in runs[name]["eval"] if r["step"] in ref_eval]
+    if common:
+        gaps["common_eval_step"] = common[-1]["step"]
+        gaps["final_eval_loss_rel"] = _rel(common[-1]["eval_loss"], ref_eval[common[-1]["step"]])
+        gaps["eval_loss_rel_by_step"] = {r["step"]: _rel(r["eval_loss"], ref_eval[r["step"]]) for r in common}
     gaps["speedup_packed_over"] = ref["tokens_per_s_median"] / other["tokens_per_s_median"]
     return gaps
 
