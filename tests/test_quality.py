@@ -77,6 +77,16 @@ def test_held_out_loss_is_measured_with_boundaries_for_the_leaky_control_only() 
     assert [eval_layout(m) for m in (PACKED, PADDED, LEAKY)] == [PACKED, PADDED, PACKED]
 
 
+def test_the_data_line_of_a_padded_run_says_padded_batches() -> None:
+    from kernelguard.train.packing import PADDED, packing_stats
+
+    stats = packing_stats([[0, 1], [2]], [3, 4, 5], 8)
+    assert stats.render().startswith("packed 3 examples (12 tokens) into 2 blocks of 8: fill 75.00%")
+    assert stats.render(PADDED) == (
+        "grouped 3 examples (12 tokens) into 2 padded batches of at most 8 real tokens: 0 truncated, 0 dropped"
+    )
+
+
 def test_padded_shapes_are_powers_of_two_within_the_block() -> None:
     from kernelguard.train.packing import padded_shape
 

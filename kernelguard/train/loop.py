@@ -125,7 +125,7 @@ def load_training_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     pstats = packing_stats(
         blocks, lengths, cfg.packing.max_length, truncated=dstats.truncated, dropped=dstats.dropped_overlong
     )
-    log(info, pstats.render())
+    log(info, pstats.render(cfg.packing.packing))
     plan = make_plan(
         blocks,
         world_size=info.world_size,

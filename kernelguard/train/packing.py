@@ -79,7 +79,13 @@ class PackingStats:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "fill": round(self.fill, 3), "padding": round(self.padding, 3)}
 
-    def render(self) -> str:
+    def render(self, packing: str = "packed") -> str:
+        """One line; ``packing`` ``none`` words it as the padded batches those groups become."""
+        if packing == PADDED:
+            return (
+                f"grouped {self.examples} examples ({self.tokens} tokens) into {self.blocks} padded batches "
+                f"of at most {self.block_size} real tokens: {self.truncated} truncated, {self.dropped} dropped"
+            )
         return (
             f"packed {self.examples} examples ({self.tokens} tokens) into {self.blocks} blocks of "
             f"{self.block_size}: fill {self.fill:.2f}%, {self.truncated} truncated, {self.dropped} dropped"
