@@ -22,6 +22,7 @@ import math
 import os
 import shutil
 import struct
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,7 +158,9 @@ class _Source:
                 f"{self.checkpoint} has no tensor {t.key}.", fix="export from a checkpoint of this run"
             )
         buffer = torch.empty(tuple(stored.size), dtype=stored.properties.dtype)
-        dcp.load({t.key: buffer}, storage_reader=self._cached_reader(), no_dist=True)
+        with warnings.catch_warnings():  # no_dist=True is this process's intent; DCP warns about it anyway
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load({t.key: buffer}, storage_reader=self._cached_reader(), no_dist=True)
         return buffer
 
     def _cached_reader(self) -> Any:
