@@ -18,7 +18,7 @@ set -u
 TINY=0; [ "${1:-}" = "--tiny" ] && TINY=1
 OUT=${OUT:-/tmp/kg-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
-BUDGET=${BUDGET_S:-470}  # whole script; the kernelguard train part runs only if it still fits
+BUDGET=${BUDGET_S:-560}  # whole script; the kernelguard train part runs only if it still fits
 START=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 step() { echo; echo "================ $* ================ $(date +%T) ($(left) s left)"; }
@@ -37,7 +37,9 @@ else
   export PYTHONPATH=/tmp/site:$PWD
   export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/kg-triton}; mkdir -p "$TRITON_CACHE_DIR"
   BENCH=(--steps 12 --warmup 4 --no-memory-estimate)
-  CHILD_TIMEOUT=170; TRAIN_ARGS=(--max-length 8192 --allow fla-640-refusal); FIXTURE=(--examples 400)
+  # stock_best calls fla with q/k repeated to the value heads: shapes no other variant warmed, so its cold
+  # compile + autotune alone took more than 170 s (bench/RESULTS.md 1a0).
+  CHILD_TIMEOUT=${CHILD_TIMEOUT:-240}; TRAIN_ARGS=(--max-length 8192 --allow fla-640-refusal); FIXTURE=(--examples 400)
   TRAIN_STEPS=15; PROFILE_EVERY=5; TRAIN_NEED=120
 fi
 export TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=error PYTHONUNBUFFERED=1
