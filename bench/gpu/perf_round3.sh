@@ -37,8 +37,8 @@ else
   export PYTHONPATH=/tmp/site:$PWD
   export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/kg-triton}; mkdir -p "$TRITON_CACHE_DIR"
   BENCH=(--steps 12 --warmup 4 --no-memory-estimate)
-  # stock_best calls fla with q/k repeated to the value heads: shapes no other variant warmed, so its cold
-  # compile + autotune alone took more than 170 s (bench/RESULTS.md 1a0).
+  # stock_best's cold Triton compile + autotune of its own call shapes took more than 170 s on the H200
+  # (bench/RESULTS.md 1a0).
   CHILD_TIMEOUT=${CHILD_TIMEOUT:-240}; TRAIN_ARGS=(--max-length 8192 --allow fla-640-refusal); FIXTURE=(--examples 400)
   TRAIN_STEPS=15; PROFILE_EVERY=5; TRAIN_NEED=120
 fi
