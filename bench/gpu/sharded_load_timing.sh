@@ -18,8 +18,9 @@
 # Both loads read a page cache the write just filled (the host has 128 GiB): the figures are the load's work,
 # not the disk's. Triton compiles its kernels in the first run's step 1 (step_time_s), not before it (start_s).
 #
-#   bench/gpu/sharded_load_timing.sh           # GPU machine, repository root, wheels in .whl/, < 240 s
-#   bench/gpu/sharded_load_timing.sh --tiny    # CPU logic check, tiny widths, fake kernels, ~1 minute
+#   bench/gpu/sharded_load_timing.sh           # GPU machine, repository root, < 240 s (no wheels needed)
+#   bench/gpu/sharded_load_timing.sh --tiny    # CPU logic check, tiny widths, ~1-2 minutes
+#   KERNELS=fla BUDGET_S=420 bench/gpu/sharded_load_timing.sh   # the packed fla path, wheels in .whl/
 #
 # $OUT (default /tmp/kg-out): run.log, checkpoint.json, sharded.stderr, rank0.stderr, sharded/metrics.jsonl,
 # rank0/metrics.jsonl, *.rc, *.wall, sharded_load_timing.json. BUDGET_S (230) bounds the whole script: each
@@ -36,23 +37,37 @@ PY=${PYTHON:-python3}
 WORK=${WORK:-/tmp/kg-sharded-load}; rm -rf "$WORK"; mkdir -p "$WORK"
 LAYERS=${LAYERS:-8}
 
+# KERNELS=reference (default): the step runs transformers' torch GDN reference, unpacked (--packing none, the two
+# slow paths --allow-ed), with no fla on the path: the figures are the load's and the export's, which do not
+# depend on the kernels, and a cold fla costs ~30 s of import and ~2 minutes of Triton compile in step 1 (H200
+# session 5: step 1 took 123 s), which would not fit the call. KERNELS=fla: the product's packed path with the
+# carried wheels (.whl/: fla-core, flash-linear-attention, causal-conv1d; --allow fla-640-refusal), for a
+# longer budget (BUDGET_S=420).
+KERNELS=${KERNELS:-reference}
 SITE=  # after this checkout on the path: a kernelguard wheel in .whl/ must not shadow the code under test
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ "$KERNELS" = fla ] && [ $TINY = 0 ]; then
   step "install carried wheels"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  "$PY" -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "wheel install failed"; exit 1; }
   SITE=:/tmp/site
 fi
 export PYTHONPATH=$PWD$SITE${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=error
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/kg-triton}; mkdir -p "$TRITON_CACHE_DIR"
+if [ "$KERNELS" = fla ]; then
+  TRAIN=(--packing packed --allow fla-640-refusal)
+else
+  TRAIN=(--packing none --allow causal_conv1d_fn chunk_gated_delta_rule)
+fi
 if [ $TINY = 1 ]; then
-  export CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} PYTHONPATH=$PYTHONPATH:$PWD/tests/fake_providers
-  MAKE=(--tiny --device cpu); TRAIN=(--param-dtype fp32 --max-length 256 --allow attention)
+  export CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+  [ "$KERNELS" = fla ] && export PYTHONPATH=$PYTHONPATH:$PWD/tests/fake_providers && TRAIN=(--packing packed)
+  MAKE=(--tiny --device cpu); TRAIN+=(--param-dtype fp32 --max-length 256 --allow attention)
   NEED_TRAIN=20
 else
-  MAKE=(--device cuda); TRAIN=(--param-dtype bf16 --max-length 4096 --allow fla-640-refusal)
+  MAKE=(--device cuda); TRAIN+=(--param-dtype bf16 --max-length 4096)
   NEED_TRAIN=60
 fi
+echo "KERNELS=$KERNELS; train flags: ${TRAIN[*]}"
 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
 "$PY" -c "import fla, triton; print('fla', fla.__version__, 'triton', triton.__version__)" 2>/dev/null || echo "fla/triton: not importable"
 df -h "$WORK" | tail -1; free -g | sed -n 2p
