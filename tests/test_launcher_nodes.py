@@ -117,3 +117,18 @@ def test_records_are_written_atomically_and_read_back(tmp_path: Path, monkeypatc
     assert cause is not None and cause["rank"] == 5
     failures.clear()
     assert not (tmp_path / "errs").exists()
+
+
+def test_a_launcher_that_hears_from_no_other_node_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernelguard.train import launch
+
+    lost = _record(0, 0, 5.0, type="RuntimeError", error="Connection closed by peer")
+    launch._say_unshared(tmp_path, [lost], local={0})
+    err = capsys.readouterr().err
+    assert f"no rank of another node left an error record in {tmp_path}" in err
+    assert "where --output-dir is not shared by the nodes, none can arrive" in err
+    other = _record(1, 1, 6.0, type="RuntimeError", error="Connection reset by peer")
+    launch._say_unshared(tmp_path, [lost, other], local={0})  # the other node's ranks only lost peers too
+    assert capsys.readouterr().err == ""

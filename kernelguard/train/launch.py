@@ -145,7 +145,7 @@ def launch(opts: LaunchOptions, train_argv: list[str], *, output: Path | None = 
                 cause, records = failures.wait_for_cause(shared, since=since)
                 if cause is not None:
                     return _print_cause(cause, records)
-                _say_unshared(shared, records, node_rank=opts.node_rank)
+                _say_unshared(shared, records, local={int(r) for r in e.failures})
             return _report_failure(e, Path(folder))
         except SignalException as e:  # Ctrl-C or a scheduler's SIGTERM: the agent already stopped the ranks
             record = _first_record(Path(folder))  # what the ranks saved before stopping, when they could
@@ -245,9 +245,10 @@ def _print_cause(cause: dict[str, Any], records: list[dict[str, Any]]) -> int:
     return int(cause["exit_code"])
 
 
-def _say_unshared(shared: Path, records: list[dict[str, Any]], *, node_rank: int) -> None:
-    """No rank left a root cause: say what that means before naming this node's own failure."""
-    if any(r.get("node") != node_rank for r in records):
+def _say_unshared(shared: Path, records: list[dict[str, Any]], *, local: set[int]) -> None:
+    """No rank left a root cause: say what that means before naming this node's own failure (``local``: the
+    global ranks of this node that failed; with c10d the node ranks are only known to the ranks)."""
+    if any(int(r["rank"]) not in local for r in records):
         return  # other nodes' records are there: their ranks only lost peers too
     print(
         f"kernelguard train: no rank of another node left an error record in {shared} (a rank killed by a "
