@@ -23,7 +23,9 @@
 #   KERNELS=fla BUDGET_S=420 bench/gpu/sharded_load_timing.sh   # the packed fla path, wheels in .whl/
 #
 # $OUT (default /tmp/kg-out): run.log, checkpoint.json, sharded.stderr, rank0.stderr, sharded/metrics.jsonl,
-# rank0/metrics.jsonl, *.rc, *.wall, sharded_load_timing.json. BUDGET_S (230) bounds the whole script: each
+# rank0/metrics.jsonl, *.rc, *.wall, sharded_load_timing.json; the model, the runs and final/ live under $WORK
+# (/tmp/kg-sharded-load, local disk: ~11 GB model + ~22 GB fp32 export pieces + ~11 GB final/ at the peak)
+# and are removed. BUDGET_S (230) bounds the whole script: each
 # part runs under `timeout` with what is left, a part that does not fit is skipped and said so.
 set -u
 TINY=0; [ "${1:-}" = "--tiny" ] && TINY=1
@@ -83,18 +85,20 @@ run() {
   local name=$1; shift
   if [ "$(left)" -lt "$NEED_TRAIN" ]; then echo "$name skipped: $(left) s left, $NEED_TRAIN s needed"; echo skipped > "$OUT/$name.rc"; return; fi
   step "$name"
-  rm -rf "$OUT/$name"
+  rm -rf "$OUT/$name" "$WORK/runs/$name"; mkdir -p "$OUT/$name"
   local t0; t0=$(date +%s.%N)
   timeout -k 10 $(( $(left) - 5 )) "$@" --model "$WORK/model" --tokenizer "$WORK/fixture/tokenizer" \
-    --data "$WORK/fixture/chat.jsonl" --output-dir "$OUT/$name" --max-steps 1 --no-progress --no-plot \
+    --data "$WORK/fixture/chat.jsonl" --output-dir "$WORK/runs/$name" --max-steps 1 --no-progress --no-plot \
     --max-shard-size 2GB "${TRAIN[@]}" 2> >(tee "$OUT/$name.stderr" >&2)
   local rc=$?
   echo "$rc" > "$OUT/$name.rc"
   "$PY" -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$t0" "$(date +%s.%N)" > "$OUT/$name.wall"
   echo "$name: rc=$rc, $(cat "$OUT/$name.wall") s wall"
+  ls -la "$WORK/runs/$name" "$WORK/runs/$name/final" 2>/dev/null
+  cp "$WORK/runs/$name"/*.json* "$OUT/$name/" 2>/dev/null  # metrics.jsonl, run.json: the GBs stay on local disk
+  rm -rf "$WORK/runs/$name"
 }
 run sharded "$PY" bench/gpu/sharded_load_timing.py train
-ls -la "$OUT/sharded/final" 2>/dev/null; rm -rf "$OUT/sharded/final" "$OUT/sharded/final.tmp"  # GBs: the figures are in the logs
 run rank0 "$PY" bench/gpu/sharded_load_timing.py train --rank0 --no-export
 
 step "summary"
