@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ def full_run(assets: dict[str, Path]) -> Path:
     out = assets["root"] / "full"
     r = h.run_train(_args(assets, out, "--max-steps", str(STEPS)))
     assert r.returncode == 0, r.stderr
+    (assets["root"] / "full.stderr").write_text(r.stderr)
     return out
 
 
@@ -70,6 +72,13 @@ def test_two_rank_fsdp2_loss_decreases_and_outputs(full_run: Path) -> None:
         assert r["mfu"] is None  # no known peak on CPU without --peak-tflops
     assert (full_run / "metrics.png").stat().st_size > 0
     assert sorted(p.name for p in (full_run / "checkpoints").iterdir()) == [f"step_{STEPS}"]
+    # The process's first step says how long the start took and how long the weights took (issue 18's figures).
+    first = recs[0]
+    assert 0 < first["load_s"] < first["start_s"], first
+    assert [r for r in recs[1:] if "start_s" in r or "load_s" in r] == []
+    log = (full_run.parent / "full.stderr").read_text()
+    assert re.search(r"weights: initialised \(rank 0's seeded random init, broadcast\) in \d+\.\d s", log), log
+    assert re.search(rf"exported {re.escape(str(full_run / 'final'))} in \d+\.\d s \(1 safetensors file\)", log)
 
 
 def test_export_loads_with_from_pretrained(full_run: Path) -> None:

@@ -45,12 +45,15 @@ def print_rank0(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def _fail(code: int, message: str, *, report: str | None = None, is_main: bool | None = None) -> int:
+def _fail(
+    code: int, message: str, *, report: str | None = None, is_main: bool | None = None,
+    error: BaseException | None = None,
+) -> int:
     """Report an error once: through the launcher's record file in a launched rank, else on rank 0."""
     from .launch import write_rank_error, write_torchelastic_error
 
     write_torchelastic_error(message)
-    if not write_rank_error(code, message, report) and (is_rank0() if is_main is None else is_main):
+    if not write_rank_error(code, message, report, error=error) and (is_rank0() if is_main is None else is_main):
         if report:
             print(report, file=sys.stderr)
         print(message, file=sys.stderr, flush=True)
@@ -85,7 +88,6 @@ def _train(cfg: Any) -> int:
     import torch.distributed as dist
 
     from .launch import launched_by_kernelguard, write_rank_error
-    from .lock import hold_for_run
     from .logs import setup_logging
     from .loop import run
     from .parallel import init_distributed, on_main
@@ -98,18 +100,20 @@ def _train(cfg: Any) -> int:
             info = init_distributed()
             setup_logging(level=cfg.metrics.log_level, is_main=info.is_main)  # type: ignore[attr-defined]
             held: list[Any] = []  # rank 0's lock stays in rank 0: on_main shares only the refusal
-            on_main(info, lambda: held.append(hold_for_run(cfg.checkpoint.output_dir)))
+            on_main(info, lambda: held.append(_claim(cfg.checkpoint.output_dir)))
             lock = held[0] if held else None
             return run(cfg, info)
     except Preempted as e:
-        return _fail(EXIT_PREEMPTED, str(e), is_main=info.is_main if info else None)
+        return _fail(EXIT_PREEMPTED, str(e), is_main=info.is_main if info else None, error=e)
     except GuardRefused as e:
         line = "kernelguard train: refused to start (exit 3)." + (f"\n{e.fix}" if e.fix else "")
-        return _fail(EXIT_GUARD, line, report=e.report, is_main=info.is_main if info else None)
+        return _fail(EXIT_GUARD, line, report=e.report, is_main=info.is_main if info else None, error=e)
     except (ConfigError, DataError) as e:
-        return _fail(EXIT_USAGE, f"kernelguard train: error: {e}", is_main=info.is_main if info else None)
+        return _fail(EXIT_USAGE, f"kernelguard train: error: {e}", is_main=info.is_main if info else None,
+                     error=e)
     except TrainingDiverged as e:
-        return _fail(EXIT_DIVERGED, f"kernelguard train: error: {e}", is_main=info.is_main if info else None)
+        return _fail(EXIT_DIVERGED, f"kernelguard train: error: {e}", is_main=info.is_main if info else None,
+                     error=e)
     except Exception as e:
         if not launched_by_kernelguard():
             raise
@@ -118,7 +122,7 @@ def _train(cfg: Any) -> int:
         import traceback
 
         line = f"kernelguard train: rank {info.rank if info else '?'} failed: {type(e).__name__}: {e}"
-        write_rank_error(EXIT_FAIL, line.splitlines()[0], traceback.format_exc().rstrip(), crash=True)
+        write_rank_error(EXIT_FAIL, line.splitlines()[0], traceback.format_exc().rstrip(), crash=True, error=e)
         return EXIT_FAIL
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line from rank 0 (or the launcher), no tracebacks
         if (info is None or info.is_main) and not launched_by_kernelguard():
@@ -129,6 +133,16 @@ def _train(cfg: Any) -> int:
             dist.destroy_process_group()
         if lock is not None:
             lock.release()
+
+
+def _claim(output: Any) -> Any:
+    """Rank 0: the run lock, then (a multi-node launch) the error records of an earlier run cleared under it."""
+    from .failures import clear
+    from .lock import hold_for_run
+
+    lock = hold_for_run(output)
+    clear()
+    return lock
 
 
 def _launch_world_size(opts: LaunchOptions | None) -> int | None:

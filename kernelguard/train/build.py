@@ -10,6 +10,7 @@ AdamW.
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ class BuiltModel:
     compiled: Any = None  # kernelguard.train.compile.RegionalCompile with --compile, once prepared
     weight_plan: Any = None  # kernelguard.train.weights.WeightPlan: the sharded load (None: rank 0 loads)
     weight_note: str | None = None  # why rank 0 loads, when it does
+    load_seconds: float | None = None  # the weight load's wall time, once prepared (all ranks done)
 
 
 def choose_attention(choice: str, device: torch.device, *, padded: bool = False) -> str:
@@ -184,15 +186,36 @@ def prepare_training(
         mp_policy=mixed_precision(cfg.runtime.param_dtype),
         reshard_after_forward=cfg.runtime.reshard_after_forward,
     )
-    load_weights(
+    t0 = time.perf_counter()
+    how = load_weights(
         model, plan=built.weight_plan, note=built.weight_note, info=info, config=built.config,
         weights=built.weights, seed=cfg.training.seed,
     )
+    built.load_seconds = _all_done(info, t0)
+    _log(info, f"weights: {_LOADED[how]} in {built.load_seconds:.1f} s")
     model.train()
     optimizer, scheduler = make_optimizer(
         model, optimizer=cfg.optimizer, device=info.device, schedule_steps=schedule_steps
     )
     return TrainState(model, optimizer, scheduler, info, head=head, grad_clip=cfg.optimizer.max_grad_norm)
+
+
+_LOADED = {
+    "sharded": "loaded (each rank read its own slices)",
+    "rank0": "loaded (rank 0 read them and broadcast)",
+    "random": "initialised (rank 0's seeded random init, broadcast)",
+}
+
+
+def _all_done(info: DistInfo, t0: float) -> float:
+    """Seconds since ``t0`` once every rank (and its device) has finished."""
+    import torch.distributed as dist
+
+    if info.device.type == "cuda":
+        torch.cuda.synchronize(info.device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+    return time.perf_counter() - t0
 
 
 def _log(info: DistInfo, message: str) -> None:

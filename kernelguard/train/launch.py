@@ -8,7 +8,9 @@ instead of printing it; when the ranks stop, the launcher prints the lowest fail
 exits with its code: 2 usage/config/data error, 3 the guard refused. A rank that dies otherwise (a Python
 traceback, a signal) is named with its exit code, and the launcher exits with that code (128 + N for
 signal N, as a shell does); a launcher stopped by a signal (Ctrl-C) exits 128 + N too; ranks that cannot
-rendezvous exit 1.
+rendezvous exit 1. With several nodes each rank's record also goes to the shared ``--output-dir``
+(kernelguard.train.failures), and every node's launcher prints the job's first root cause, naming its node,
+rank and host, instead of its own ranks' lost-peer errors.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from kernelguard.errors import ConfigError
 
+from . import failures
 from .config_cli import LaunchOptions
 from .lock import HOLDER_ENV, acquire
 
@@ -39,6 +42,7 @@ __all__ = [
 ]
 
 LAUNCH_DIR_ENV = "KERNELGUARD_LAUNCH_DIR"  # set for the ranks: where each writes its error record
+_CLOCK_SKEW_S = 120.0  # records of this job may carry another node's clock; older ones are an earlier run's
 _QUIET_LOGGERS = ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher")
 
 
@@ -47,9 +51,13 @@ def launched_by_kernelguard() -> bool:
     return bool(os.environ.get(LAUNCH_DIR_ENV))
 
 
-def write_rank_error(exit_code: int, message: str, report: str | None = None, *, crash: bool = False) -> bool:
+def write_rank_error(
+    exit_code: int, message: str, report: str | None = None, *, crash: bool = False,
+    error: BaseException | None = None,
+) -> bool:
     """In a rank started by :func:`launch`: record this rank's error for the launcher to print once
-    (``crash``: an unexpected exception, whose ``report`` is its traceback).
+    (``crash``: an unexpected exception, whose ``report`` is its traceback; ``error``: the exception, for the
+    multi-node record of :mod:`kernelguard.train.failures`).
 
     Returns False (nothing written) outside such a rank: the caller prints the error itself."""
     folder = os.environ.get(LAUNCH_DIR_ENV)
@@ -57,6 +65,7 @@ def write_rank_error(exit_code: int, message: str, report: str | None = None, *,
         return False
     rank = int(os.environ.get("RANK", "0"))
     record = {"rank": rank, "exit_code": exit_code, "message": message, "report": report, "crash": crash}
+    failures.write_record(record, error)
     path = Path(folder) / f"rank-{rank}.json"
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record))
@@ -118,16 +127,25 @@ def launch(opts: LaunchOptions, train_argv: list[str], *, output: Path | None = 
 
     args = get_args_parser().parse_args(torchrun_argv(opts, train_argv))
     single_node = opts.nnodes == "1"
+    shared = None if single_node or output is None else output / failures.ERRORS_DIR
+    since = time.time() - _CLOCK_SKEW_S
     with contextlib.ExitStack() as stack:
         if output is not None and single_node:
             stack.enter_context(acquire(output))
             stack.enter_context(_env(HOLDER_ENV, str(os.getpid())))
+        if shared is not None:
+            stack.enter_context(_env(failures.SHARED_ERRORS_ENV, str(shared)))
         folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="kernelguard-launch-"))
         stack.enter_context(_env(LAUNCH_DIR_ENV, folder))
         stack.enter_context(_quiet())
         try:
             run(args)
         except ChildFailedError as e:
+            if shared is not None:
+                cause, records = failures.wait_for_cause(shared, since=since)
+                if cause is not None:
+                    return _print_cause(cause, records)
+                _say_unshared(shared, records, local={int(r) for r in e.failures})
             return _report_failure(e, Path(folder))
         except SignalException as e:  # Ctrl-C or a scheduler's SIGTERM: the agent already stopped the ranks
             record = _first_record(Path(folder))  # what the ranks saved before stopping, when they could
@@ -216,3 +234,26 @@ def _report_failure(error: Any, folder: Path) -> int:
         flush=True,
     )
     return code
+
+
+def _print_cause(cause: dict[str, Any], records: list[dict[str, Any]]) -> int:
+    """The first failure of a multi-node job, with where it happened; its exit code (kernelguard.errors)."""
+    if cause.get("report"):
+        print(cause["report"], file=sys.stderr)
+    print(cause["message"], file=sys.stderr)
+    print(failures.where_line(cause, records), file=sys.stderr, flush=True)
+    return int(cause["exit_code"])
+
+
+def _say_unshared(shared: Path, records: list[dict[str, Any]], *, local: set[int]) -> None:
+    """No rank left a root cause: say what that means before naming this node's own failure (``local``: the
+    global ranks of this node that failed; with c10d the node ranks are only known to the ranks)."""
+    if any(int(r["rank"]) not in local for r in records):
+        return  # other nodes' records are there: their ranks only lost peers too
+    print(
+        f"kernelguard train: no rank of another node left an error record in {shared} (a rank killed by a "
+        "signal leaves none; where --output-dir is not shared by the nodes, none can arrive): the other "
+        "nodes' logs say what they saw.",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -48,7 +48,7 @@ from .packing import (
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, check_checkpoint_shapes, claim_output, preflight
 from .profiling import StepProfiler
-from .reporting import Reporter, step_record
+from .reporting import Reporter, process_age_s, step_record
 from .signals import Preempted, stop_request
 from .step import (
     Plan,
@@ -289,6 +289,7 @@ def train(
     profiler = step_profiler(cfg, info)
     stop = stop_request()
     stop.deferring = True  # SIGTERM from here on: finish the step, save, exit 143
+    once: dict[str, Any] = {}
     try:
         for step in range(start, plan.stop_step + 1):
             if stop.agreed(info.device):
@@ -296,6 +297,8 @@ def train(
             if step == plan.stop_step:
                 break
             micro, seq_lens = step_batches(cfg, info, data, step)
+            if step == start:  # this process's first step: how long the start and the weight load took
+                once = {"start_s": process_age_s(), "load_s": built.load_seconds}
             (result, seconds), profile = profiler.run(step + 1, timed_step, state, micro)
             if not result.finite:
                 raise diverged(cfg, step + 1, result)
@@ -303,7 +306,8 @@ def train(
             record = step_record(
                 info, step + 1, result, seconds, seq_lens, built.config, peak, computed_tokens=computed
             )
-            out.write(record | profile)
+            out.write(record | profile | once)
+            once = {}
             done = step + 1
             if data.eval_examples is not None and _due(cfg.evaluation.eval_every, done, plan.stop_step):
                 loss, tokens = evaluate(
@@ -419,7 +423,8 @@ def save(
 def finish(cfg: TrainConfig, info: DistInfo, state: TrainState, built: BuiltModel, data: TrainData) -> None:
     """Export ``final/`` (safetensors + config + tokenizer) and plot the metrics."""
     if cfg.checkpoint.export:
-        export_run(
+        t0 = time.perf_counter()
+        final = export_run(
             cfg.checkpoint.output_dir,
             model=state.model,
             built=built,
@@ -429,6 +434,9 @@ def finish(cfg: TrainConfig, info: DistInfo, state: TrainState, built: BuiltMode
             max_shard_size=cfg.checkpoint.max_shard_size,
             source=cfg.model.model,
         )
+        files = len(list(final.glob("*.safetensors"))) if info.is_main else 0
+        log(info, f"exported {final} in {time.perf_counter() - t0:.1f} s ({files} safetensors file"
+                  + ("s)" if files != 1 else ")"))
     if info.is_main and cfg.metrics.plot and (cfg.checkpoint.output_dir / "metrics.jsonl").exists():
         try:
             plot_metrics(

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,7 +21,7 @@ from .step import (
     StepResult,
 )
 
-__all__ = ["Reporter", "progress_bar", "step_line", "step_record"]
+__all__ = ["Reporter", "process_age_s", "progress_bar", "step_line", "step_record"]
 
 
 class Reporter:
@@ -138,3 +140,15 @@ def _peak_memory_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux's /proc: its start tick against the uptime, 10 ms
+    resolution); None where there is no /proc. A launched rank counts from its own start."""
+    try:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        stat = Path("/proc/self/stat").read_text()
+        start_ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22, after "pid (comm) "
+        return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 2)
+    except (OSError, ValueError, IndexError):
+        return None

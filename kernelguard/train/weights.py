@@ -206,8 +206,10 @@ def hf_reader_available() -> bool:
 
 
 def load_weights(model: nn.Module, *, plan: WeightPlan | None, note: str | None, info: Any, config: Any,
-                 weights: Path | None, seed: int) -> None:
-    """Fill the sharded ``model`` (after ``fully_shard``): from the plan on every rank, else rank 0's path."""
+                 weights: Path | None, seed: int) -> str:
+    """Fill the sharded ``model`` (after ``fully_shard``): from the plan on every rank, else rank 0's path.
+    Returns how: ``"sharded"`` (each rank read its own slices), ``"rank0"`` (rank 0 read the files and
+    broadcast) or ``"random"`` (rank 0's seeded random init, broadcast)."""
     from .parallel import materialize
 
     if plan is None or not hf_reader_available():
@@ -215,9 +217,10 @@ def load_weights(model: nn.Module, *, plan: WeightPlan | None, note: str | None,
             why = note or "this torch has no torch.distributed.checkpoint.HuggingFaceStorageReader"
             print(f"kernelguard train: weights: {why}", file=sys.stderr, flush=True)
         materialize(model, info=info, config=config, weights=weights, seed=seed)
-        return
+        return "random" if weights is None else "rank0"
     load_sharded(model, plan, device=info.device)
     restore_buffers(model, config)
+    return "sharded"
 
 
 def load_sharded(model: nn.Module, plan: WeightPlan, *, device: torch.device) -> None:
