@@ -326,7 +326,8 @@ def test_dry_run_prints_the_estimate_and_trains_nothing(
         def render(self) -> str:
             return "peak per GPU: 12.3 GiB"
 
-    def estimate(cfg: TrainConfig, *, world_size: int | None) -> Estimate:
+    def estimate(cfg: TrainConfig, *, world_size: int | None, model: object, progress: object) -> Estimate:
+        assert model == "the meta model"  # built once, shared with the host-memory figures
         seen.append((cfg, world_size))
         return Estimate()
 
@@ -336,7 +337,12 @@ def test_dry_run_prints_the_estimate_and_trains_nothing(
 
     monkeypatch.setitem(sys.modules, "kernelguard.train.memory", types.SimpleNamespace(estimate=estimate))
     monkeypatch.setitem(sys.modules, "kernelguard.train.host_memory",
-                        types.SimpleNamespace(host_memory=lambda cfg, *, world_size: Host()))
+                        types.SimpleNamespace(host_memory=lambda cfg, *, world_size, model, progress: Host()))
+    monkeypatch.setitem(sys.modules, "kernelguard.train.memory_probe",
+                        types.SimpleNamespace(build_probe_model=lambda config: "the meta model"))
+    from kernelguard.train import parallel
+
+    monkeypatch.setattr(parallel, "model_source", lambda model: (types.SimpleNamespace(model_type="qwen3_5"), None))
     assert main([*_base(tmp_path), "--dry-run", "--max-length", "128"]) == 0
     assert capsys.readouterr().out == "peak per GPU: 12.3 GiB\nhost memory per rank: 1.0 GiB\n"
     assert seen[0][0].packing.max_length == 128 and seen[0][1] is None and not (tmp_path / "out").exists()
