@@ -300,11 +300,27 @@ def test_dry_run_builds_the_model_once_and_names_each_stage_before_it_runs(
     assert entry.main(_dry_run(MOE, tmp_path, "--nproc-per-node", "64")) == 0
     out, err = capsys.readouterr()
     assert builds == [("Qwen3_5MoeTextConfig", memory.PROBE_ATTENTION)]
-    stages = [e for e in events if e != "build"]
+    stages = [e for e in events if e != "build" and "warning" not in e]
     assert [s.split("]: ", 1)[1].split(" ")[0] for s in stages] == ["loading", str(tmp_path / "moe.json:"), "measuring"]
     assert "qwen3_5_moe_text, 4 layers, hidden 64, vocab 512, 8 experts" in stages[1]
     assert events.index("build") == 2, "the meta build is announced before it starts"
     assert "over 64 rank(s)" in out and "host memory per rank over 64 rank(s)" in out and "Traceback" not in err
+    # It reads no data, but says when the run itself would be refused (here: no tokenizer folder, no data).
+    assert events[-1].startswith("kernelguard train --dry-run: warning: the run itself would be refused: tokenizer")
+
+
+def test_dry_run_says_when_the_run_itself_would_be_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kernelguard.train.__main__ import main
+
+    (tmp_path / "tok").mkdir()
+    argv = [*_dry_run(MOE, tmp_path), "--tokenizer", str(tmp_path / "tok")]
+    assert main(argv) == 0
+    assert ("warning: the run itself would be refused: data path unused.jsonl does not exist. Fix: check --data"
+            in capsys.readouterr().err)
+    (tmp_path / "data.jsonl").write_text("{}\n")
+    argv[argv.index("unused.jsonl")] = str(tmp_path / "data.jsonl")
+    assert main(argv) == 0
+    assert "would be refused" not in capsys.readouterr().err
 
 
 def test_dry_run_of_eager_moe_experts_measures_them_as_grouped_mm(

@@ -387,3 +387,17 @@ def test_a_saved_config_with_the_old_setting_names_still_loads(tmp_path: Path) -
     path.write_text(json.dumps({**old, "learning_rate": 0.1}))
     with pytest.raises(ConfigError, match="set the same option"):
         parse_command(["--config", str(path)])
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".toml"])
+def test_launcher_counts_may_be_integers_in_a_config_file(tmp_path: Path, suffix: str) -> None:
+    """``nproc_per_node: 8`` was refused as "expected a string" (the setting also takes gpu/auto): a number
+    is what the command line's ``--nproc-per-node 8`` gives. Other strings still refuse an integer."""
+    path = tmp_path / f"c{suffix}"
+    sep = ": " if suffix == ".yaml" else " = "
+    path.write_text("".join(f"{k}{sep}{v}\n" for k, v in (("nproc_per_node", 64), ("nnodes", 2), ("rdzv_id", 7))))
+    cmd = parse_command(["--config", str(path), *_base(tmp_path)])
+    assert cmd.launch is not None and (cmd.launch.nproc_per_node, cmd.launch.nnodes, cmd.launch.rdzv_id) == ("64", "2", "7")
+    path.write_text(f"nproc_per_node{sep}true\n")
+    with pytest.raises(ConfigError, match=r"nproc_per_node is True \(bool\); expected a string"):
+        parse_command(["--config", str(path), *_base(tmp_path)])

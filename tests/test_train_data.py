@@ -254,3 +254,14 @@ def test_rows_whose_loss_is_only_end_of_turn_tokens_are_dropped_and_counted(toke
     teaches = content_checker(tokenizer)
     im_end, newline = tokenizer.convert_tokens_to_ids(["<|im_end|>", "Ċ"])
     assert not teaches(im_end) and not teaches(newline) and teaches(tokenizer.convert_tokens_to_ids("y"))
+
+
+def test_an_eval_fraction_too_small_for_the_data_names_the_fraction_and_a_fix(tokenizer: Any, tmp_path: Path) -> None:
+    """--eval-fraction 1e-6 of 30 rows holds out nothing: the refusal said "no eval examples (?: ...)" with the
+    generic data fix; it names the fraction, the row count and a fraction that would hold some out."""
+    data = h.write_jsonl(tmp_path / "d.jsonl", [GOOD] * 30)
+    with pytest.raises(DataError) as info:
+        _load(tokenizer, data, eval_fraction=1e-6, take="eval")
+    assert str(info.value).startswith("--eval-fraction 1e-06 holds out none of the 30 rows of")
+    assert "raise --eval-fraction to at least 0.5 (about 15 rows), or pass held-out rows as --eval-data" in (
+        info.value.fix or "")

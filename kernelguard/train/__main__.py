@@ -167,7 +167,22 @@ def _dry_run(cfg: Any, *, world_size: int | None) -> int:
         return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
     if is_rank0():
         print(text, flush=True)
+    if (refusal := _would_refuse(cfg)) is not None:
+        print_rank0(f"kernelguard train --dry-run: warning: the run itself would be refused: {refusal}")
     return EXIT_OK
+
+
+def _would_refuse(cfg: Any) -> str | None:
+    """The refusal preflight's input and flag checks would give this run (the estimate needs neither data nor
+    a tokenizer, but a dry run that says "fits" for a run that cannot start would be a silent success)."""
+    from .preflight import check_flags, check_inputs
+
+    try:
+        check_flags(cfg)
+        check_inputs(cfg)
+    except (ConfigError, DataError) as e:
+        return str(e).replace("\n", " ")
+    return None
 
 
 def _stage_printer() -> Any:

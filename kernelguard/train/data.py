@@ -290,7 +290,7 @@ def load_examples(
     flush()
     stats.format = fmt
     stats.template = chat_template_name(tokenizer) if chats else ""
-    _finish_stats(examples, stats, data=data, column=column, take=take)
+    _finish_stats(examples, stats, data=data, column=column, take=take, fraction=eval_fraction)
     return examples, stats
 
 
@@ -317,9 +317,19 @@ def _bad_row_handler(stats: DataStats, *, skip: bool) -> Callable[[DataError], N
     return bad
 
 
-def _finish_stats(examples: ExampleStore, stats: DataStats, *, data: str, column: str, take: str) -> None:
+def _finish_stats(
+    examples: ExampleStore, stats: DataStats, *, data: str, column: str, take: str, fraction: float = 0.0
+) -> None:
     """Count the rows the reader skipped before parsing; refuse when nothing usable is left."""
     stats.rows += sum(stats.bad_rows[k] for k in ("not_utf8", "invalid_json"))
+    if take == "eval" and stats.rows == 0 and stats.held_out:
+        raise DataError(
+            f"--eval-fraction {fraction:g} holds out none of the {stats.held_out:,} rows of {data} (about "
+            f"{fraction * stats.held_out:.2g} expected): there is no eval set.",
+            fix=f"raise --eval-fraction to at least {(least := min(0.5, 20 / stats.held_out)):.2g} (about "
+            f"{round(least * stats.held_out)} rows), or pass held-out rows as --eval-data FILE",
+            details={"file": data, "row": None, "field": None},
+        )
     if len(examples) == 0:
         what = {"eval": "eval", "all": "usable"}.get(take, "usable training")
         raise DataError(
