@@ -282,3 +282,44 @@ def test_batched_rendering_keeps_each_rows_tools_and_isolates_a_bad_row(qwen: An
     assert ['"beta"' in t for t in texts] == [False, True, False, False]
     one_by_one, _ = load_examples(data=str(data), tokenizer=tok, block_size=4096, skip_bad_rows=True, chunk=1)
     assert list(one_by_one) == list(ex)
+
+
+EMPTY_ANSWERS = [
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " \n\t "}]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": [{"type": "text", "text": ""}]}]},
+]
+KEPT = [
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "."}]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "reasoning_content": "r"}]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": {}}}]}]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""},
+                  {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]},
+]
+
+
+@pytest.mark.parametrize("how", ["own Qwen3.5 template (its training variant)", "--chat-template qwen3_5_think"])
+def test_empty_answers_teach_only_end_of_turn_and_are_dropped_with_the_real_qwen3_5_template(
+    qwen: Any, tmp_path: Path, how: str
+) -> None:
+    """With the real Qwen3.5 template an empty (or whitespace) answer's loss tokens are only
+    ``<think>\\n\\n</think>\\n\\n<|im_end|>\\n``: the row teaches nothing but "stop", and is dropped with a count.
+    An answer of one character, reasoning alone, a tool call, or another real turn in the row keeps it."""
+    if how.startswith("own"):
+        tok = copy.copy(qwen)
+        tok.chat_template = chat_templates.read("qwen3_5_think")
+        assert set_chat_template(tok).name == "qwen3_5_think_training"
+        kept = KEPT
+    else:  # the original, located prefix by prefix: it rewrites earlier turns, so single-turn rows only
+        tok = with_template(qwen, "qwen3_5_think")
+        kept = KEPT[:3]
+    data = h.write_jsonl(tmp_path / "d.jsonl", EMPTY_ANSWERS + kept)
+    examples, stats = load_examples(data=str(data), tokenizer=tok, block_size=4096)
+    assert (stats.rows, stats.examples, stats.dropped_template_only, stats.dropped_no_loss) == (
+        3 + len(kept), len(kept), 3, 0)
+    trained = [tok.decode([t for t in labels if t != IGNORE_INDEX]) for _, labels in examples]
+    assert trained[0].endswith("</think>\n\n.<|im_end|>\n")  # the original opens <think> in the prompt
+    assert "3 dropped with loss only on template tokens (empty answers)" in stats.render()
+    with pytest.raises(DataError, match=r"no usable training examples .* 3 dropped with loss only on template"):
+        load_examples(data=str(h.write_jsonl(tmp_path / "e.jsonl", EMPTY_ANSWERS)), tokenizer=tok, block_size=4096)

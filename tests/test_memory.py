@@ -256,3 +256,89 @@ def test_auto_checkpointing_without_a_gpu_reports_its_choice_on_each_common_card
     auto = memory.estimate(_cfg(tiny, block_size=256), world_size=1)
     assert auto.activation_checkpointing is True and auto.peak_bytes == on.peak_bytes
     assert "(tiny card: on, bigger card: on)" in auto.notes[-1]
+
+
+# ---------------------------------------------------------------------------------------- --dry-run CLI ---
+MOE = {
+    **TINY,
+    "model_type": "qwen3_5_moe_text",
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+}
+
+
+def _dry_run(config: dict[str, object], tmp_path: Path, *extra: str) -> list[str]:
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps(config))
+    return ["--model", str(path), "--data", "unused.jsonl", "--output-dir", str(tmp_path / "out"), "--dry-run",
+            "--max-length", "1024", *extra]
+
+
+def test_dry_run_builds_the_model_once_and_names_each_stage_before_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--dry-run of a large config must never look hung: every stage (imports, the meta build, the activation
+    probe) is named on stderr as it starts, and the model is built once for both estimates (it was built
+    twice: once for the activation probe, once for the host-memory figures)."""
+    import kernelguard.train.__main__ as entry
+    from kernelguard.train import parallel
+
+    builds: list[tuple[str, str]] = []
+    events: list[str] = []
+    real = parallel.build_meta_model
+
+    def counting(config: object, *, attn_implementation: str) -> object:
+        builds.append((type(config).__name__, attn_implementation))
+        events.append("build")
+        return real(config, attn_implementation=attn_implementation)
+
+    monkeypatch.setattr(parallel, "build_meta_model", counting)
+    real_print = entry.print_rank0
+    monkeypatch.setattr(entry, "print_rank0", lambda m: (events.append(m), real_print(m)))
+    assert entry.main(_dry_run(MOE, tmp_path, "--nproc-per-node", "64")) == 0
+    out, err = capsys.readouterr()
+    assert builds == [("Qwen3_5MoeTextConfig", memory.PROBE_ATTENTION)]
+    stages = [e for e in events if e != "build" and "warning" not in e]
+    assert [s.split("]: ", 1)[1].split(" ")[0] for s in stages] == ["loading", str(tmp_path / "moe.json:"), "measuring"]
+    assert "qwen3_5_moe_text, 4 layers, hidden 64, vocab 512, 8 experts" in stages[1]
+    assert events.index("build") == 2, "the meta build is announced before it starts"
+    assert "over 64 rank(s)" in out and "host memory per rank over 64 rank(s)" in out and "Traceback" not in err
+    # It reads no data, but says when the run itself would be refused (here: no tokenizer folder, no data).
+    assert events[-1].startswith("kernelguard train --dry-run: warning: the run itself would be refused: tokenizer")
+
+
+def test_dry_run_says_when_the_run_itself_would_be_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kernelguard.train.__main__ import main
+
+    (tmp_path / "tok").mkdir()
+    argv = [*_dry_run(MOE, tmp_path), "--tokenizer", str(tmp_path / "tok")]
+    assert main(argv) == 0
+    assert ("warning: the run itself would be refused: data path unused.jsonl does not exist. Fix: check --data"
+            in capsys.readouterr().err)
+    (tmp_path / "data.jsonl").write_text("{}\n")
+    argv[argv.index("unused.jsonl")] = str(tmp_path / "data.jsonl")
+    assert main(argv) == 0
+    assert "would be refused" not in capsys.readouterr().err
+
+
+def test_dry_run_of_eager_moe_experts_measures_them_as_grouped_mm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config with ``experts_implementation: eager`` made --dry-run end in a NotImplementedError traceback
+    (eager's per-expert loop calls nonzero, which the meta device cannot answer)."""
+    from kernelguard.train.__main__ import main
+
+    assert main(_dry_run({**MOE, "experts_implementation": "eager"}, tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "note: experts_implementation eager: the experts' activations are measured as grouped_mm" in out
+    eager = memory.estimate(_cfg(_write(tmp_path / "e.json", {**MOE, "experts_implementation": "eager"}),
+                                 block_size=1024), world_size=1)
+    grouped = memory.estimate(_cfg(_write(tmp_path / "g.json", MOE), block_size=1024), world_size=1)
+    assert eager.activation_bytes == grouped.activation_bytes > 0 and not any("eager" in n for n in grouped.notes)
+
+
+def _write(path: Path, config: dict[str, object]) -> Path:
+    path.write_text(json.dumps(config))
+    return path

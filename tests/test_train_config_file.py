@@ -326,7 +326,8 @@ def test_dry_run_prints_the_estimate_and_trains_nothing(
         def render(self) -> str:
             return "peak per GPU: 12.3 GiB"
 
-    def estimate(cfg: TrainConfig, *, world_size: int | None) -> Estimate:
+    def estimate(cfg: TrainConfig, *, world_size: int | None, model: object, progress: object) -> Estimate:
+        assert model == "the meta model"  # built once, shared with the host-memory figures
         seen.append((cfg, world_size))
         return Estimate()
 
@@ -336,7 +337,12 @@ def test_dry_run_prints_the_estimate_and_trains_nothing(
 
     monkeypatch.setitem(sys.modules, "kernelguard.train.memory", types.SimpleNamespace(estimate=estimate))
     monkeypatch.setitem(sys.modules, "kernelguard.train.host_memory",
-                        types.SimpleNamespace(host_memory=lambda cfg, *, world_size: Host()))
+                        types.SimpleNamespace(host_memory=lambda cfg, *, world_size, model, progress: Host()))
+    monkeypatch.setitem(sys.modules, "kernelguard.train.memory_probe",
+                        types.SimpleNamespace(build_probe_model=lambda config: "the meta model"))
+    from kernelguard.train import parallel
+
+    monkeypatch.setattr(parallel, "model_source", lambda model: (types.SimpleNamespace(model_type="qwen3_5"), None))
     assert main([*_base(tmp_path), "--dry-run", "--max-length", "128"]) == 0
     assert capsys.readouterr().out == "peak per GPU: 12.3 GiB\nhost memory per rank: 1.0 GiB\n"
     assert seen[0][0].packing.max_length == 128 and seen[0][1] is None and not (tmp_path / "out").exists()
@@ -381,3 +387,17 @@ def test_a_saved_config_with_the_old_setting_names_still_loads(tmp_path: Path) -
     path.write_text(json.dumps({**old, "learning_rate": 0.1}))
     with pytest.raises(ConfigError, match="set the same option"):
         parse_command(["--config", str(path)])
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".toml"])
+def test_launcher_counts_may_be_integers_in_a_config_file(tmp_path: Path, suffix: str) -> None:
+    """``nproc_per_node: 8`` was refused as "expected a string" (the setting also takes gpu/auto): a number
+    is what the command line's ``--nproc-per-node 8`` gives. Other strings still refuse an integer."""
+    path = tmp_path / f"c{suffix}"
+    sep = ": " if suffix == ".yaml" else " = "
+    path.write_text("".join(f"{k}{sep}{v}\n" for k, v in (("nproc_per_node", 64), ("nnodes", 2), ("rdzv_id", 7))))
+    cmd = parse_command(["--config", str(path), *_base(tmp_path)])
+    assert cmd.launch is not None and (cmd.launch.nproc_per_node, cmd.launch.nnodes, cmd.launch.rdzv_id) == ("64", "2", "7")
+    path.write_text(f"nproc_per_node{sep}true\n")
+    with pytest.raises(ConfigError, match=r"nproc_per_node is True \(bool\); expected a string"):
+        parse_command(["--config", str(path), *_base(tmp_path)])

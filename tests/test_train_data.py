@@ -229,3 +229,39 @@ def test_stats_carry_format_template_and_split(tokenizer: Any, tmp_path: Path) -
     d = stats.to_dict()
     assert (d["format"], d["template"], d["take"], d["held_out"]) == ("messages", "tokenizer", "train", 0)
     assert stats.render().startswith("messages, chat template tokenizer: 2 rows -> 2 examples")
+
+
+def test_rows_whose_loss_is_only_end_of_turn_tokens_are_dropped_and_counted(tokenizer: Any, tmp_path: Path) -> None:
+    """An empty or whitespace answer leaves ``<|im_end|>\\n`` as its only labels: it teaches "stop" and nothing
+    else, so it is dropped with its own count, in every format (text and prompt/completion rows too). The
+    rule is on the trained tokens, not the row's fields: one real turn elsewhere in the row keeps it."""
+    from kernelguard.train.data import content_checker
+
+    empty = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}
+    blank = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " \n "}]}
+    mixed = {"messages": [*empty["messages"], {"role": "user", "content": "again"},
+                          {"role": "assistant", "content": "yo"}]}
+    rows = [GOOD, empty, blank, mixed, {"prompt": "p", "completion": "  "}, {"text": " \n"}, {"text": "é"}]
+    ex, stats = _load(tokenizer, h.write_jsonl(tmp_path / "d.jsonl", rows[:4]))
+    assert (stats.examples, stats.dropped_template_only, stats.dropped_no_loss) == (2, 2, 0)
+    assert [tokenizer.decode([t for t in lab if t != IGNORE_INDEX]) for _, lab in ex] == [
+        "yo<|im_end|>\n", "<|im_end|>\nyo<|im_end|>\n"]
+    assert stats.to_dict()["dropped_template_only"] == 2
+    good = {"prompt": "p", "completion": "ok"}, {"text": "ok"}, {"text": "ok"}
+    for row, other, kept in zip(rows[4:], good, (0, 0, 1)):  # "é" is two byte tokens: content
+        _, stats = _load(tokenizer, h.write_jsonl(tmp_path / "one.jsonl", [row, other]))
+        assert (stats.examples, stats.dropped_template_only) == (1 + kept, 1 - kept), row
+    teaches = content_checker(tokenizer)
+    im_end, newline = tokenizer.convert_tokens_to_ids(["<|im_end|>", "Ċ"])
+    assert not teaches(im_end) and not teaches(newline) and teaches(tokenizer.convert_tokens_to_ids("y"))
+
+
+def test_an_eval_fraction_too_small_for_the_data_names_the_fraction_and_a_fix(tokenizer: Any, tmp_path: Path) -> None:
+    """--eval-fraction 1e-6 of 30 rows holds out nothing: the refusal said "no eval examples (?: ...)" with the
+    generic data fix; it names the fraction, the row count and a fraction that would hold some out."""
+    data = h.write_jsonl(tmp_path / "d.jsonl", [GOOD] * 30)
+    with pytest.raises(DataError) as info:
+        _load(tokenizer, data, eval_fraction=1e-6, take="eval")
+    assert str(info.value).startswith("--eval-fraction 1e-06 holds out none of the 30 rows of")
+    assert "raise --eval-fraction to at least 0.5 (about 15 rows), or pass held-out rows as --eval-data" in (
+        info.value.fix or "")

@@ -51,6 +51,8 @@ def classify(proc: subprocess.CompletedProcess[str], expect: str, must_say: str 
         return "traceback"
     if expect == "refuse" and proc.returncode == 0:
         return "silent"
+    if expect == "ok":  # a valid (if extreme) input: it must work, and say what must_say names
+        return "unclear" if proc.returncode != 0 else ("silent" if must_say and must_say not in err else "clear")
     if expect == "warn" and (proc.returncode != 0):
         return "unclear"
     if must_say and must_say not in err:
@@ -225,7 +227,61 @@ def train_cases(work: Path) -> list[dict[str, Any]]:
     # torchtitan): starting from step 0 is right, but it must be said.
     fresh = next(r for r in result if r["name"] == "resume with nothing to resume")
     fresh.update(expect="warn", must_say="--resume: no complete checkpoint in")
-    return result + run_cases(work, base, other)
+    return result + round3_cases(work, base, model) + run_cases(work, base, other)
+
+
+# Extreme but valid widths (Qwen3.5-397B-A17B-like MoE, a 27B dense): sized on the meta device, never built.
+HUGE_MOE = {"model_type": "qwen3_5_moe_text", "vocab_size": 248320, "hidden_size": 4096, "num_hidden_layers": 60,
+            "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
+            "linear_num_value_heads": 64, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+            "moe_intermediate_size": 1024, "shared_expert_intermediate_size": 1024, "num_experts": 512,
+            "num_experts_per_tok": 10}
+HUGE_DENSE = {"model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 5120, "num_hidden_layers": 64,
+              "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 17408,
+              "linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_key_head_dim": 128,
+              "linear_value_head_dim": 128}
+
+
+def round3_cases(work: Path, base: list[str], model: Path) -> list[dict[str, Any]]:
+    """Issue 22, round 3: --dry-run on extreme configs (hang: it must print within its 120 s, naming each
+    stage), config files that spell a count as a number, and rows whose loss is only end-of-turn tokens."""
+    def write(name: str, body: str) -> str:
+        (work / "r3").mkdir(exist_ok=True)
+        (work / "r3" / name).write_text(body)
+        return str(work / "r3" / name)
+
+    moe, dense = write("moe.json", json.dumps(HUGE_MOE)), write("dense.json", json.dumps(HUGE_DENSE))
+    eager = write("eager.json", json.dumps({**HUGE_MOE, "experts_implementation": "eager"}))
+    nproc = write("nproc.yaml", "nproc_per_node: 64\nnnodes: 2\n")
+    user = {"role": "user", "content": "copy: abc"}
+    empty = [{"messages": [user, {"role": "assistant", "content": c}]} for c in ("", " ", "\n\n")] * 8
+    half = [*empty, *h.copy_task_rows(60)]
+    lines = {"empty": empty, "half": half, "blank_text": [{"text": " \n"}] * 10}
+    data = {k: write(f"{k}.jsonl", "".join(json.dumps(r) + "\n" for r in v)) for k, v in lines.items()}
+    dry = ["-m", "kernelguard", "train", "--dry-run", "--tokenizer", base[base.index("--tokenizer") + 1],
+           "--data", base[base.index("--data") + 1], "--output-dir", str(work / "runs" / "dry")]
+    out = lambda name: str(work / "runs" / name)  # noqa: E731
+    cases = [
+        ("dry run: 397B-class MoE, 1M-token blocks, 64 ranks", [*dry, "--model", moe, "--max-length", "1048576",
+         "--nproc-per-node", "64"], "ok", "building it on the meta device"),
+        ("dry run: 27B dense, 131k blocks, grad accum 10000, 1e9 steps", [*dry, "--model", dense, "--max-length",
+         "131072", "--gradient-accumulation-steps", "10000", "--max-steps", "1000000000"], "ok", "memory per rank"),
+        ("dry run: MoE experts_implementation eager", [*dry, "--model", eager], "ok", "measured as grouped_mm"),
+        ("dry run: --data missing", [*dry, "--model", str(model), "--data", str(work / "nope.jsonl")], "warn",
+         "the run itself would be refused"),
+        ("config file: nproc_per_node: 64 as a number", [*dry, "--model", str(model), "--config", nproc], "ok",
+         "over 128 rank(s)"),
+        ("only empty assistant answers", [*base, "--output-dir", out("r1"), "--data", data["empty"]], "refuse",
+         "24 dropped with loss only on template tokens"),
+        ("a quarter of the answers empty", [*base, "--output-dir", out("r2"), "--data", data["half"]], "warn",
+         "24 dropped with loss only on template tokens (empty answers)"),
+        ("whitespace-only text rows", [*base, "--output-dir", out("r3"), "--data", data["blank_text"]], "refuse",
+         "10 dropped with loss only on template tokens"),
+        ("eval fraction that holds out no row", [*base, "--output-dir", out("r4"), "--eval-fraction", "0.000001"],
+         "refuse", "holds out none of the"),
+    ]
+    return [{"class": "train: round 3 (dry run, config counts, stop-only rows)", "name": n, "argv": a,
+             "expect": e, "must_say": m, "fakes": True, "timeout": 120} for n, a, e, m in cases]
 
 
 def _bad_assets(work: Path, data: Path) -> dict[str, str]:
@@ -349,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         prepare(case, made, work)
         start = time.perf_counter()
         try:
-            proc = run(case["argv"], cwd=case.get("cwd", work), fakes=case.get("fakes", False))
+            proc = run(case["argv"], cwd=case.get("cwd", work), fakes=case.get("fakes", False),
+                       timeout=case.get("timeout", 600))
         except subprocess.TimeoutExpired as e:
             proc = subprocess.CompletedProcess(e.cmd, -9, "", "(no result before the timeout)")
             case = {**case, "expect": "hang"}

@@ -153,25 +153,71 @@ def _launch_world_size(opts: LaunchOptions | None) -> int | None:
     return int(opts.nproc_per_node) * int(nodes) if nodes.isdigit() else None
 
 
-def _dry_run(cfg: object, *, world_size: int | None) -> int:
-    """--dry-run: the memory estimate (kernelguard.train.memory), no process group, no training."""
+def _dry_run(cfg: Any, *, world_size: int | None) -> int:
+    """--dry-run: the memory estimate (kernelguard.train.memory), no process group, no training. Each stage is
+    named on stderr as it starts (rank 0): the imports and the meta build take seconds on a cold disk, and
+    a dry run must never look hung. The model is built once, for both estimates."""
     try:
         from .host_memory import host_memory
         from .memory import estimate
+        from .memory_probe import build_probe_model
     except ImportError:
         return _fail(
             EXIT_USAGE,
             "kernelguard train: error: --dry-run needs the memory estimate (kernelguard.train.memory), "
             "which this kernelguard does not have.\nFix: run without --dry-run, or upgrade kernelguard",
         )
+    say = _stage_printer()
     try:
-        text = estimate(cfg, world_size=world_size).render()
-        text += "\n" + host_memory(cfg, world_size=world_size).render()
+        say("loading torch and transformers")
+        from .parallel import model_source
+
+        hf_config, _ = model_source(str(cfg.model.model))
+        say(f"{cfg.model.model}: {_describe(hf_config)}; building it on the meta device (no memory is used)")
+        model = build_probe_model(hf_config)
+        text = estimate(cfg, world_size=world_size, model=model, progress=say).render()
+        text += "\n" + host_memory(cfg, world_size=world_size, model=model, progress=say).render()
     except (ConfigError, DataError) as e:
         return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
     if is_rank0():
         print(text, flush=True)
+    if (refusal := _would_refuse(cfg)) is not None:
+        print_rank0(f"kernelguard train --dry-run: warning: the run itself would be refused: {refusal}")
     return EXIT_OK
+
+
+def _would_refuse(cfg: Any) -> str | None:
+    """The refusal preflight's input and flag checks would give this run (the estimate needs neither data nor
+    a tokenizer, but a dry run that says "fits" for a run that cannot start would be a silent success)."""
+    from .preflight import check_flags, check_inputs
+
+    try:
+        check_flags(cfg)
+        check_inputs(cfg)
+    except (ConfigError, DataError) as e:
+        return str(e).replace("\n", " ")
+    return None
+
+
+def _stage_printer() -> Any:
+    import time
+
+    start = time.perf_counter()
+    return lambda what: print_rank0(f"kernelguard train --dry-run [{time.perf_counter() - start:.1f} s]: {what}")
+
+
+def _describe(hf_config: Any) -> str:
+    """``qwen3_5_moe_text, 60 layers, hidden 4096, vocab 248,320, 512 experts``: what is being sized."""
+    from kernelguard.geometry import text_config
+
+    text = text_config(hf_config)
+    parts = [str(getattr(text, "model_type", "?"))]
+    for label, name in (("layers", "num_hidden_layers"), ("hidden", "hidden_size"), ("vocab", "vocab_size"),
+                        ("experts", "num_experts")):
+        value = getattr(text, name, None)
+        if isinstance(value, int) and value:
+            parts.append(f"{label} {value:,}" if label in ("hidden", "vocab") else f"{value:,} {label}")
+    return ", ".join(parts)
 
 
 if __name__ == "__main__":

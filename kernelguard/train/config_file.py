@@ -148,6 +148,10 @@ def _type_name(kind: Any) -> str:
     return {int: "integer", float: "number"}.get(kind, "string")
 
 
+# Launcher settings that are strings only because they also take words (gpu, auto, MIN:MAX, a job name).
+_COUNTS_AS_TEXT = frozenset({"nproc_per_node", "nnodes", "rdzv_id"})
+
+
 def _scalar(action: argparse.Action, value: Any, wrong: Any) -> Any:
     kind = action.type
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
@@ -158,6 +162,8 @@ def _scalar(action: argparse.Action, value: Any, wrong: Any) -> Any:
             raise wrong("a number")
         value = float(value)
     if kind not in (int, float):
+        if action.dest in _COUNTS_AS_TEXT and isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # nproc_per_node: 8 is the command line's "8" (YAML and TOML read an int)
         if not isinstance(value, str):
             raise wrong("a string")
         value = Path(value) if kind is Path else value

@@ -34,6 +34,7 @@ __all__ = [
     "ExampleStore",
     "chat_template_name",
     "check_eval_overlap",
+    "content_checker",
     "in_eval_split",
     "load_examples",
     "load_tokenizer",
@@ -54,6 +55,7 @@ class DataStats:
     truncated: int = 0
     dropped_overlong: int = 0
     dropped_no_loss: int = 0
+    dropped_template_only: int = 0  # loss only on template tokens (an empty answer's <|im_end|>): see below
     bad_rows: Counter[str] = field(default_factory=Counter)
     format: str = ""  # one of FORMATS, as detected or given
     template: str = ""  # chat template used (chat_templates.TemplateChoice.name); "" for plain text
@@ -69,6 +71,7 @@ class DataStats:
             "truncated": self.truncated,
             "dropped_overlong": self.dropped_overlong,
             "dropped_no_loss": self.dropped_no_loss,
+            "dropped_template_only": self.dropped_template_only,
             "bad_rows": dict(self.bad_rows),
             "format": self.format,
             "template": self.template,
@@ -91,7 +94,8 @@ class DataStats:
             f"{kind}: {split}"
             f"{self.rows} rows -> {self.examples} examples ({self.tokens} tokens, {self.loss_tokens} with loss); "
             f"{self.truncated} truncated, {self.dropped_overlong} dropped as overlong, "
-            f"{self.dropped_no_loss} dropped without loss tokens, {bad} bad rows skipped"
+            f"{self.dropped_no_loss} dropped without loss tokens, {self.dropped_template_only} dropped with loss "
+            f"only on template tokens (empty answers), {bad} bad rows skipped"
             + (f" ({reasons})" if bad else "")
         )
 
@@ -261,6 +265,7 @@ def load_examples(
 
     keep = _split_keeper(stats, take=take, seed=seed, fraction=eval_fraction)
     bad = _bad_row_handler(stats, skip=skip_bad_rows)
+    teaches = content_checker(tokenizer)
 
     def flush() -> None:
         encoded = encode_items(
@@ -268,7 +273,7 @@ def load_examples(
         )
         pending.clear()
         for ids, labels in encoded:
-            _add_example(examples, stats, ids, labels, block_size=block_size, overlong=overlong)
+            _add_example(examples, stats, ids, labels, block_size=block_size, overlong=overlong, teaches=teaches)
 
     for row in iter_rows(data, split=split, skipped=stats.bad_rows, skip_bad=skip_bad_rows, keep=keep):
         stats.rows += 1
@@ -285,7 +290,7 @@ def load_examples(
     flush()
     stats.format = fmt
     stats.template = chat_template_name(tokenizer) if chats else ""
-    _finish_stats(examples, stats, data=data, column=column, take=take)
+    _finish_stats(examples, stats, data=data, column=column, take=take, fraction=eval_fraction)
     return examples, stats
 
 
@@ -312,9 +317,19 @@ def _bad_row_handler(stats: DataStats, *, skip: bool) -> Callable[[DataError], N
     return bad
 
 
-def _finish_stats(examples: ExampleStore, stats: DataStats, *, data: str, column: str, take: str) -> None:
+def _finish_stats(
+    examples: ExampleStore, stats: DataStats, *, data: str, column: str, take: str, fraction: float = 0.0
+) -> None:
     """Count the rows the reader skipped before parsing; refuse when nothing usable is left."""
     stats.rows += sum(stats.bad_rows[k] for k in ("not_utf8", "invalid_json"))
+    if take == "eval" and stats.rows == 0 and stats.held_out:
+        raise DataError(
+            f"--eval-fraction {fraction:g} holds out none of the {stats.held_out:,} rows of {data} (about "
+            f"{fraction * stats.held_out:.2g} expected): there is no eval set.",
+            fix=f"raise --eval-fraction to at least {(least := min(0.5, 20 / stats.held_out)):.2g} (about "
+            f"{round(least * stats.held_out)} rows), or pass held-out rows as --eval-data FILE",
+            details={"file": data, "row": None, "field": None},
+        )
     if len(examples) == 0:
         what = {"eval": "eval", "all": "usable"}.get(take, "usable training")
         raise DataError(
@@ -322,6 +337,28 @@ def _finish_stats(examples: ExampleStore, stats: DataStats, *, data: str, column
             fix="check the data, --dataset-format, --messages-column, --overlong and --eval-fraction",
             details={"file": data, "row": None, "field": column},
         )
+
+
+def content_checker(tokenizer: Any) -> Callable[[int], bool]:
+    """Whether a trained token carries content: not one of the tokenizer's added tokens (``<|im_end|>``,
+    ``<think>``, ``<tool_call>``...: what a chat template writes around a turn) and not whitespace only
+    (the newline after ``<|im_end|>``). An example whose every loss token fails this teaches nothing but
+    "end the turn" (an empty or whitespace-only answer) and is dropped with a count. Memoised per token id."""
+    added = set(getattr(tokenizer, "added_tokens_decoder", None) or ())
+    decode = getattr(tokenizer, "decode", None)
+    memo: dict[int, bool] = {}
+
+    def teaches(token: int) -> bool:
+        if token in added:
+            return False
+        if token not in memo:
+            try:
+                memo[token] = decode is None or bool(str(decode([token])).strip())
+            except Exception:  # noqa: BLE001 - an id the tokenizer cannot decode: count it as content
+                memo[token] = True
+        return memo[token]
+
+    return teaches
 
 
 def _add_example(
@@ -332,6 +369,7 @@ def _add_example(
     *,
     block_size: int,
     overlong: str,
+    teaches: Callable[[int], bool] = lambda _: True,
 ) -> None:
     if len(ids) > block_size:
         if overlong == "drop":
@@ -342,6 +380,9 @@ def _add_example(
     loss_tokens = sum(1 for x in labels[1:] if x != IGNORE_INDEX)
     if loss_tokens == 0:
         stats.dropped_no_loss += 1
+        return
+    if not any(teaches(x) for x in labels[1:] if x != IGNORE_INDEX):
+        stats.dropped_template_only += 1
         return
     stats.examples += 1
     stats.tokens += len(ids)

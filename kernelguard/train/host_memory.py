@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -59,16 +60,22 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def host_memory(cfg: TrainConfig, *, world_size: int | None = None) -> HostMemory:
-    """The figures for ``cfg`` (a TrainConfig): shapes from the model built on the meta device, dtypes and
-    carried tensors from the checkpoint's headers."""
+def host_memory(
+    cfg: TrainConfig, *, world_size: int | None = None, model: Any = None,
+    progress: Callable[[str], None] | None = None,
+) -> HostMemory:
+    """The figures for ``cfg`` (a TrainConfig): shapes from the model built on the meta device (``model``, when
+    the caller built it already: --dry-run builds it once), dtypes and carried tensors from the checkpoint's
+    headers."""
     from .parallel import DTYPES, build_meta_model, model_source
     from .weights import plan_weights
 
     ranks = max(1, int(world_size or os.environ.get("WORLD_SIZE") or 1))
     config, weights = model_source(str(cfg.model.model))
-    meta = build_meta_model(config, attn_implementation="sdpa")
+    meta = model if model is not None else build_meta_model(config, attn_implementation="sdpa")
     sizes = [p.numel() for p in meta.parameters()]
+    if weights is not None and progress is not None:
+        progress(f"reading the safetensors headers in {weights} (no tensor data)")
     plan, note = plan_weights(meta, weights) if weights is not None else (None, "random init: rank 0 builds it")
     file_bytes = 4
     carried = 0

@@ -143,6 +143,8 @@ def estimate(
     *,
     world_size: int | None = None,
     gpu_bytes: int | None = None,
+    model: Any = None,
+    progress: Callable[[str], None] | None = None,
 ) -> MemoryEstimate:
     """Estimate per-rank memory for ``cfg`` (a :class:`kernelguard.train.config.TrainConfig`).
 
@@ -150,8 +152,12 @@ def estimate(
     visible GPU's memory; with no GPU the verdict is given for 80 GB and 141 GB cards. With
     ``activation_checkpointing=None`` (auto) the estimate is for the setting :func:`choose_checkpointing` picks
     on that GPU, with its reason in the notes; with no GPU, for the setting it picks on the largest of
-    ``COMMON_GPUS``, and the notes give its choice on each."""
-    estimate_for, gpu, source = _estimator(cfg, world_size=world_size, gpu_bytes=gpu_bytes)
+    ``COMMON_GPUS``, and the notes give its choice on each. ``model``: the run's model from
+    :func:`kernelguard.train.memory_probe.build_probe_model`, when the caller has it (else it is built);
+    ``progress`` hears each stage (``--dry-run`` prints them)."""
+    estimate_for, gpu, source = _estimator(
+        cfg, world_size=world_size, gpu_bytes=gpu_bytes, model=model, progress=progress
+    )
     if cfg.runtime.activation_checkpointing is not None:
         return estimate_for(bool(cfg.runtime.activation_checkpointing))
     if gpu is None:  # the job's GPU decides; shown: what auto picks on the largest common card
@@ -209,15 +215,17 @@ def _choose(estimate_for: Callable[[bool], MemoryEstimate], gpu: int, source: st
 
 
 def _estimator(
-    cfg: Any, *, world_size: int | None, gpu_bytes: int | None, gpu_source: str = "the given GPU memory"
+    cfg: Any, *, world_size: int | None, gpu_bytes: int | None, gpu_source: str = "the given GPU memory",
+    model: Any = None, progress: Callable[[str], None] | None = None,
 ) -> tuple[Callable[[bool], MemoryEstimate], int | None, str]:
     """(checkpointing on/off -> the estimate, GPU bytes, where they came from): the model is probed once."""
     from .parallel import model_source
 
     ranks = _world_size(world_size)
-    hf_config, _ = model_source(str(cfg.model.model))
+    hf_config = model.config if model is not None else model_source(str(cfg.model.model))[0]
     probe = measure_activations(
-        hf_config, tokens=int(cfg.packing.max_length), param_dtype=cfg.runtime.param_dtype
+        hf_config, tokens=int(cfg.packing.max_length), param_dtype=cfg.runtime.param_dtype, model=model,
+        progress=progress,
     )
     gpu, source = (gpu_bytes, gpu_source) if gpu_bytes else _visible_gpu()
 

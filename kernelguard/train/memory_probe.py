@@ -20,7 +20,7 @@ from kernelguard.catalog import is_decode_only
 from kernelguard.errors import ConfigError
 from kernelguard.geometry import text_config
 
-__all__ = ["DTYPE_BYTES", "PROBE_ATTENTION", "ActivationProbe", "measure_activations"]
+__all__ = ["DTYPE_BYTES", "PROBE_ATTENTION", "ActivationProbe", "build_probe_model", "measure_activations"]
 
 PROBE_ATTENTION = "kernelguard_memory_probe"
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -44,26 +44,45 @@ class ActivationProbe:
     notes: tuple[str, ...] = ()
 
 
-def measure_activations(hf_config: Any, *, tokens: int, param_dtype: str = "bf16") -> ActivationProbe:
-    """Run the model's forward on the meta device with one packed block and measure the saved tensors."""
+def build_probe_model(hf_config: Any) -> Any:
+    """The model the probe runs: on the meta device (no memory), with the probe's attention stand-in. Its
+    parameter shapes are the run's, so --dry-run sizes the host memory from the same model (built once)."""
+    from .parallel import build_meta_model
+
+    _register_probe_attention()
+    with _quiet_transformers():  # its "falling back to the torch reference" line is about this host, not the job
+        return build_meta_model(hf_config, attn_implementation=PROBE_ATTENTION)
+
+
+def measure_activations(
+    hf_config: Any, *, tokens: int, param_dtype: str = "bf16", model: Any = None,
+    progress: Callable[[str], None] | None = None,
+) -> ActivationProbe:
+    """Run the model's forward on the meta device with one packed block and measure the saved tensors.
+    ``model``: one :func:`build_probe_model` made (else it is built here); ``progress`` hears each stage."""
     import torch
 
-    from .parallel import build_meta_model, decoder_layers
+    from .parallel import decoder_layers
 
     if param_dtype not in DTYPE_BYTES:
         raise ConfigError(
             f"param_dtype {param_dtype!r} is not one of {', '.join(DTYPE_BYTES)}.", fix="--param-dtype bf16"
         )
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[param_dtype]
-    _register_probe_attention()
-    with (
-        _quiet_transformers()
-    ):  # its "falling back to the torch reference" line is about this host, not the job
-        model = build_meta_model(hf_config, attn_implementation=PROBE_ATTENTION)
+    say = progress or (lambda _: None)
+    if model is None:
+        say("building the model on the meta device (no memory is used)")
+        model = build_probe_model(hf_config)
+    else:
+        _register_probe_attention()
+    with _quiet_transformers():
         num_params = sum(p.numel() for p in model.parameters())
         layers = decoder_layers(model)
         layer_params = [sum(p.numel() for p in layer.parameters()) for layer in layers]
         model.to(dtype)
+        experts = _meta_experts(model)
+        say(f"measuring activations: one forward of a {tokens:,}-token block through {len(layers)} layers "
+            "on the meta device")
         with _kernel_stand_ins(model) as notes:
             per_layer, root = _saved_by_layer(model, layers, tokens)
     text = text_config(hf_config)
@@ -79,8 +98,25 @@ def measure_activations(hf_config: Any, *, tokens: int, param_dtype: str = "bf16
         max_layer_saved=max(per_layer, default=0),
         root_saved=root,
         compute_bytes=DTYPE_BYTES[param_dtype],
-        notes=tuple(notes),
+        notes=(*experts, *notes),
     )
+
+
+def _meta_experts(model: Any) -> list[str]:
+    """MoE experts set to ``eager`` (a config's ``experts_implementation``) loop over the experts a batch hits,
+    which needs real routing data: on the meta device that loop cannot run (``nonzero``). The probe measures
+    them as ``grouped_mm`` (transformers' default: the same expert matmuls over the tokens each expert gets)."""
+    # transformers' experts decorator gives the class _apply_gate; a dense model says "eager" but has none
+    if not any(hasattr(type(m), "_apply_gate") for m in model.modules()):
+        return []
+    try:
+        if "eager" not in dict(model.get_experts_implementation()).values():
+            return []
+        model.set_experts_implementation("grouped_mm")
+    except Exception:  # noqa: BLE001 - a transformers without the switch: measured as configured
+        return []
+    return ["experts_implementation eager: the experts' activations are measured as grouped_mm (eager's "
+            "per-expert loop needs real routing, which the meta device has not)"]
 
 
 @contextmanager
