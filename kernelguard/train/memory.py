@@ -5,7 +5,7 @@ What `kernelguard train` holds per rank (FSDP2, ``MixedPrecisionPolicy(param_dty
 - **parameters**: fp32 shards, ``4 N / world`` bytes;
 - **gradients**: fp32 shards, ``4 N / world``; they exist from the first backward of a step until
   ``zero_grad(set_to_none=True)``, so they are part of the peak only when the peak falls inside the backward
-  (activation checkpointing) or a later micro-batch (``--grad-accum`` > 1);
+  or a later micro-batch (``--grad-accum`` > 1);
 - **optimizer state**: AdamW ``exp_avg`` + ``exp_avg_sq`` in fp32, ``8 N / world``;
 - **unsharded compute copies** (``param_dtype``): the root module (embeddings, final norm, LM head) stays
   gathered for the whole step (``reshard_after_forward=False``), plus up to two decoder layers in flight
@@ -25,7 +25,8 @@ checkpointing off when the peak without it fits the card (keeping the 8% below f
 (:func:`choose_checkpointing`; kernelguard.train.build logs the choice with both figures).
 
 The peak is the larger of two moments: the loss's forward (all saved activations + the loss buffers) and the
-backward (with checkpointing: gradients + the layer being recomputed). CUDA context, NCCL buffers and
+backward, where each layer's saved tensors are freed as its gradients appear, so the larger of all saved and
+all gradients (with checkpointing: plus the layer being recomputed). CUDA context, NCCL buffers and
 allocator slack are not in torch's ``max_memory_allocated``; "fits" keeps 8% of the card free for them.
 Checked on an H200 against the measured peak of the product's step (bench/RESULTS.md, 2026-12-01): within
 5% for the 1.16 B proxy with and without checkpointing, at 8k and 16k tokens.
@@ -293,12 +294,15 @@ def combine(
         activations = saved_fwd + probe.max_layer_saved  # plus the layer being recomputed in the backward
     else:
         saved_fwd = activations = probe.total_saved
-    # Two candidate moments: the loss's forward (everything saved + its chunk buffers) and the backward
-    # (gradients accumulate while checkpointed layers are recomputed). Gradients of an earlier micro-batch
-    # are alive in both when --grad-accum > 1; otherwise zero_grad(set_to_none=True) freed the last step's.
+    # Two candidate moments: the loss's forward (everything saved + its chunk buffers) and the backward.
+    # Going down the layers the backward frees each layer's saved tensors as its gradients appear, so saved +
+    # gradients is largest at one end: all saved (its start) or all gradients (its end); with checkpointing,
+    # one recomputed layer on top. Gradients of an earlier micro-batch are alive throughout when --grad-accum
+    # > 1; otherwise zero_grad(set_to_none=True) freed the last step's.
     accum_grads = grads if grad_accum > 1 else 0
     at_loss = static + saved_fwd + kept + transient + accum_grads
-    in_backward = static + activations + kept + (grads if activation_checkpointing else accum_grads)
+    saved_and_grads = saved_fwd + grads if grad_accum > 1 else max(saved_fwd, grads)
+    in_backward = static + kept + saved_and_grads + (activations - saved_fwd)
     peak = max(at_loss, in_backward)
     notes = list(probe.notes)
     notes.append(
