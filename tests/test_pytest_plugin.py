@@ -440,3 +440,13 @@ def test_xdist_workers_send_the_one_line_summary_and_the_whole_explanation(
     failures = _failures_section(result)
     assert failures.count("import causal_conv1d` failed") == 3
     assert failures.count(SKIP_CONTRACT) == 2
+
+
+def test_docs_quote_the_skip_after_fallback_message_as_the_plugin_prints_it() -> None:
+    from pathlib import Path
+
+    from kernelguard.pytest_plugin import _contract_line
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "pytest.md").read_text()
+    for line in _contract_line(skipped=True).splitlines():
+        assert line in docs, line
