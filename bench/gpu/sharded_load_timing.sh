@@ -24,7 +24,7 @@
 #
 # $OUT (default /tmp/kg-out): run.log, checkpoint.json, sharded.stderr, rank0.stderr, sharded/metrics.jsonl,
 # rank0/metrics.jsonl, *.rc, *.wall, sharded_load_timing.json; the model, the runs and final/ live under $WORK
-# (/tmp/kg-sharded-load, local disk: ~11 GB model + ~22 GB fp32 export pieces + ~11 GB final/ at the peak)
+# (/tmp/kg-sharded-load, local disk: ~11 GB model + ~11 GB final/ at the peak)
 # and are removed. BUDGET_S (230) bounds the whole script: each
 # part runs under `timeout` with what is left, a part that does not fit is skipped and said so.
 set -u
