@@ -389,13 +389,21 @@ def test_real_kernels_on_gpu_qwen3_5_shapes(fla_refusal_lifted: list[bool]) -> N
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_fla_issue_640_is_caught_by_numbers_at_key_dim_64(fla_refusal_lifted: list[bool]) -> None:
+def test_fla_issue_640_is_caught_by_numbers_at_key_dim_64(
+    fla_refusal_lifted: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On the known-bad stack (Hopper, Triton 3.4-3.7.0) with fla's refusal lifted: wrong dk/dg at key head
     dim 64 must FAIL, key head dim 128 must PASS."""
     if fla_refusal_lifted != [True, True, False]:
         pytest.skip(f"not the fla issue 640 stack (Hopper, Triton 3.4-3.7.0): {fla_refusal_lifted}")
+    # One config per autotuned kernel: no search (a cold one took minutes). The bug is in the key-dim tile,
+    # which follows the head dim, not in the warps/stages the autotuner chooses between.
+    from kernelguard.fla_autotune import fla_autotuners
+
+    for _, tuner in fla_autotuners():
+        monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
     shapes = numerics.generic_shapes()
-    k64 = run_numerics(["chunk_gated_delta_rule"], shapes=[s for s in shapes if s.key_dim == 64])
+    k64 = run_numerics(["chunk_gated_delta_rule"], shapes=[s for s in shapes if s.key_dim == 64][:1])
     k128 = run_numerics(["chunk_gated_delta_rule"], shapes=[s for s in shapes if s.key_dim == 128])
     assert {c.tensor for c in k64.failures} & {"dk", "dg"}, k64.render()
     assert k128.ok, k128.render()

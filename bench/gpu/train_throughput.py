@@ -411,25 +411,53 @@ def profile_counts(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> 
     }
 
 
-def detector_figures(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> dict[str, Any]:
-    """`kernelguard train`'s launch-bound detector (kernelguard.train.profiling) on this variant's step, as the
-    loop runs it: two unprofiled steps give the reference step time, the third is profiled."""
+def detector_figures(
+    step_fn: Any, batches: list[dict[str, Any]], device: Any, *, config: Any, dump: Path | None = None
+) -> dict[str, Any]:
+    """`kernelguard train`'s step diagnosis (kernelguard.train.profiling) on this variant's step, as the loop
+    runs it: the references armed and allowed as the gate arms them under --allow, unprofiled steps until three
+    agree, then one profiled step. ``dump``: the window's kernel records (gzipped JSON), for the CPU tests."""
+    import gzip
+
     import torch
 
+    from kernelguard.geometry import layer_types
+    from kernelguard.train.metrics import peak_flops, step_flops
     from kernelguard.train.profiling import StepProfiler
+    from kernelguard.train.step_diagnosis import attribute_kernels
+    from kernelguard.tripwires import arm_tripwires
 
     said: list[str] = []
-    detector = StepProfiler(first_step=3, every=0, device=torch.device(device), log=said.append)
-    for step in range(1, 4):
-        detector.run(step, step_fn, batches[step % len(batches)])
-    (window,) = detector.profiles
+    kept: list[Any] = []
+    detector = StepProfiler(
+        first_step=4, every=0, device=torch.device(device), log=said.append,
+        layers=len(layer_types(config)) or None, peak_flops=peak_flops(torch.device(device)) or None,
+        on_events=(lambda events: kept.append(attribute_kernels(events))) if dump is not None else None,
+    )
+    with arm_tripwires(allow=["*"], source="bench/gpu/train_throughput.py"):
+        for step in range(1, 4 + 12):
+            b = batches[step % len(batches)]
+            detector.run(step, step_fn, b, flops=step_flops(config, b["_seq_lens"]))
+            if detector.profiles:
+                break
+    window = detector.profiles[-1]
+    if dump is not None and kept:
+        dump.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "step_s": window.step_s, "layers": detector.layers, "peak_flops": detector.peak_flops,
+            "flops_per_step": step_flops(config, batches[window.step % len(batches)]["_seq_lens"]),
+            "device": torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu",
+            "kernels": [k.to_list() for k in kept[-1]],
+        }
+        with gzip.open(dump, "wt") as f:
+            json.dump(payload, f)
     return {
         **window.record(),
-        "launch_bound": window.launch_bound,
         "says": said,
         "summary": detector.summary(),
         "reference_step_s": window.reference_step_s,
         "profiled_step_s": round(window.wall_s, 4),
+        "profiled_at_step": window.step,
     }
 
 
@@ -566,7 +594,8 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - keep the throughput figures even if profiling fails
         prof = {"profiler_error": f"{type(exc).__name__}: {exc}"}
     try:
-        result["detector"] = detector_figures(one_step, measured, device)
+        dump = Path(args.profile_dump) / f"{name}.json.gz" if args.profile_dump else None
+        result["detector"] = detector_figures(one_step, measured, device, config=built.config, dump=dump)
     except Exception as exc:  # noqa: BLE001 - keep the throughput figures even if the detector fails
         result["detector"] = {"error": f"{type(exc).__name__}: {exc}"}
     # Warm-up and measured steps together through the one statistic: outliers (autotune, recompile) are listed
@@ -714,7 +743,9 @@ def summarize(combined: dict[str, Any]) -> None:
         v: r.get("mfu_vs_measured_matmul") for v, r in combined["variants"].items()
     }
     combined["detector"] = {
-        v: {k: r["detector"].get(k) for k in ("gpu_busy_pct", "launch_bound", "kernels_per_step", "cpu_s_per_step")}
+        v: {k: r["detector"].get(k) for k in ("verdict", "verdict_line", "gpu_busy_pct", "reference_pct",
+                                                  "gpu_time_by_class_pct", "kernels_per_step", "kernels_per_layer",
+                                                  "profile_mfu", "cpu_s_per_step", "profile_overhead_s")}
         for v, r in combined["variants"].items()
         if isinstance(r.get("detector"), dict)
     }
@@ -746,6 +777,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--steps", type=int, default=12, help="timed steps after warm-up (>= 10 steady steps wanted)")
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--profile-steps", type=int, default=2)
+    p.add_argument("--profile-dump", default=None, help="folder for each variant's profiled kernels (json.gz)")
     p.add_argument("--tokens-per-batch", type=int, default=None)
     p.add_argument("--examples", type=int, default=None, help="synthetic epoch size (layout statistics)")
     p.add_argument("--median-len", type=float, default=None)

@@ -303,11 +303,13 @@ class MetricsSection:
     plot: bool = setting(True, "write metrics.png")
     progress: bool = setting(True, "progress bar")
     # One profiled step every few hundred keeps the cost far below the 2% a run can spare (measured and
-    # reported with the figures); step 3 comes after the first steps' compilation and autotuning.
-    profile_step: int = setting(
-        3,
-        "profile this step (0: never): GPU busy % of the step, kernels and CPU time per step into metrics.jsonl, "
-        "and a one-line warning naming the launch-heavy ops when the GPU runs kernels < 70% of the step",
+    # reported with the figures). The first window waits for steady steps (after compilation, autotuning and
+    # the first evals); a CPU-only run has no GPU to judge, so it profiles only when asked.
+    profile_step: int | None = setting(
+        None,
+        "profile this step (default: from step 10 on a GPU, once steps are steady; never on a CPU-only run; "
+        "0: never): where GPU time goes (by kernel class, and how much was launched from torch reference "
+        "paths), MFU and a verdict into metrics.jsonl, and one warning line when the step is on a slow path",
         metavar="N",
     )
     profile_every: int = setting(500, "profile again every N steps after --profile-step (0: once)", metavar="N")

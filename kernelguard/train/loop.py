@@ -19,6 +19,7 @@ import torch
 
 from kernelguard.errors import CheckpointError, TrainingDiverged
 from kernelguard.gate import check_stack, run_gate
+from kernelguard.geometry import layer_types
 from kernelguard.policy import AllowPolicy
 
 from . import checkpoint as ckpt
@@ -35,7 +36,7 @@ from .data import (
 from .evaluate import evaluate, pack_eval_blocks
 from .export import export_run
 from .logs import log
-from .metrics import peak_flops, plot_metrics
+from .metrics import peak_flops, plot_metrics, step_flops
 from .packing import (
     LEAKY,
     LEAKY_WARNING,
@@ -47,7 +48,7 @@ from .packing import (
 )
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, check_checkpoint_shapes, claim_output, preflight
-from .profiling import StepProfiler
+from .profiling import DEFAULT_FIRST_STEP, StepProfiler
 from .reporting import Reporter, process_age_s, step_record
 from .signals import Preempted, stop_request
 from .step import (
@@ -286,7 +287,7 @@ def train(
     """Steps ``start`` .. ``plan.stop_step``: a metrics record per step, eval and checkpoints when due."""
     plan = data.plan
     peak = cfg.runtime.peak_tflops * 1e12 if cfg.runtime.peak_tflops else peak_flops(info.device)
-    profiler = step_profiler(cfg, info)
+    profiler = step_profiler(cfg, info, built.config, peak)
     stop = stop_request()
     stop.deferring = True  # SIGTERM from here on: finish the step, save, exit 143
     once: dict[str, Any] = {}
@@ -299,7 +300,8 @@ def train(
             micro, seq_lens = step_batches(cfg, info, data, step)
             if step == start:  # this process's first step: how long the start and the weight load took
                 once = {"start_s": process_age_s(), "load_s": built.load_seconds}
-            (result, seconds), profile = profiler.run(step + 1, timed_step, state, micro)
+            flops = step_flops(built.config, seq_lens) / info.world_size if profiler.due(step + 1) else None
+            (result, seconds), profile = profiler.run(step + 1, timed_step, state, micro, flops=flops)
             if not result.finite:
                 raise diverged(cfg, step + 1, result)
             computed = sum(int(mb["input_ids"].numel()) for mb in micro)
@@ -329,14 +331,21 @@ def train(
             ckpt.remove_incomplete(cfg.checkpoint.output_dir)
 
 
-def step_profiler(cfg: TrainConfig, info: DistInfo) -> StepProfiler:
-    """Rank 0's launch-bound detector (kernelguard.train.profiling); the other ranks never profile."""
+def step_profiler(cfg: TrainConfig, info: DistInfo, hf_config: Any = None, peak: float = 0.0) -> StepProfiler:
+    """Rank 0's step diagnosis (kernelguard.train.profiling); the other ranks never profile. Without
+    --profile-step: from step 10 on a GPU, never on a CPU-only run (no GPU to judge; a trace asks for it)."""
+    first = cfg.metrics.profile_step
+    if first is None:
+        wanted = getattr(info.device, "type", None) == "cuda" or cfg.metrics.profile_trace is not None
+        first = DEFAULT_FIRST_STEP if wanted else 0
     return StepProfiler(
-        first_step=cfg.metrics.profile_step if info.is_main else 0,
+        first_step=first if info.is_main else 0,
         every=cfg.metrics.profile_every,
         trace_dir=cfg.metrics.profile_trace,
         device=info.device,
         log=lambda message: log(info, message),
+        layers=len(layer_types(hf_config)) or None if hf_config is not None else None,
+        peak_flops=peak or None,
     )
 
 
