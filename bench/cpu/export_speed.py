@@ -6,6 +6,9 @@
   written by its rank's writer thread while the next is gathered (written once);
 - ``pieces``: the path before round 4: an fp32 DCP copy of the whole model (``.pieces``), read back one tensor
   at a time and cast (what ``kernelguard export`` still does from a training checkpoint);
+- ``from_checkpoint`` / ``from_checkpoint_in_turn``: ``kernelguard export``'s path from a training checkpoint
+  (DCP, fp32, saved beforehand and not timed), reading ahead while the writer thread writes, or one tensor at a
+  time (read, then write: the order before round 4);
 - ``hf_consolidated``: torch DCP's ``HuggingFaceStorageWriter(save_distributed=True, enable_consolidation=True)``
   (torchtitan's way): each rank writes its bf16 shards, then rank 0 consolidates them into full-tensor files.
 
@@ -103,8 +106,26 @@ def main() -> None:
             thread_count_consolidation=2))
         del low
 
+    checkpoint = args.out / "checkpoint"  # a training checkpoint's model part, saved once, untimed
+    if rank == 0:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    dist.barrier()
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, checkpoint_id=str(checkpoint))
+    dist.barrier()
+
+    def from_checkpoint(folder: Path, budget: int = ex.IN_FLIGHT) -> None:
+        ex.write_shards(folder, tensors, ex._Source(checkpoint, None), max_bytes=max_bytes, rank=rank, world=world,
+                        budget=budget)
+
+    def from_checkpoint_in_turn(folder: Path) -> None:
+        from_checkpoint(folder, budget=0)  # one tensor at a time: read, then write (the pre-round-4 order)
+
+    paths = (("gathered", gathered), ("pieces", pieces), ("hf_consolidated", hf_consolidated),
+             ("from_checkpoint", from_checkpoint), ("from_checkpoint_in_turn", from_checkpoint_in_turn))
     reference: dict[str, torch.Tensor] | None = None
-    for name, fn in (("gathered", gathered), ("pieces", pieces), ("hf_consolidated", hf_consolidated)):
+    for name, fn in paths:
         folder = args.out / name
         if rank == 0:
             shutil.rmtree(folder, ignore_errors=True)

@@ -25,11 +25,11 @@ left opaque: kernelguard.train.compile); ``no_reshard`` is ``--no-reshard-after-
 layer's gathered weights from forward to backward: on one GPU the "all-gather" is a copy, done twice per step
 otherwise); ``accum2`` is ``--gradient-accumulation-steps 2`` (two micro-batches per optimizer step: the
 optimizer and clipping are paid once per 2 blocks); ``tokens2x`` is ``--max-length 2 x --tokens-per-batch``
-(one block of twice the tokens). Bench-side patches `kernelguard train` does not run (product_path: false):
-``liger`` (Liger-Kernel's fused linear cross-entropy instead of the chunked loss), ``liger_norms`` (Liger's fused
-RMSNorm with Qwen3.5's 1 + weight offset, and its fused SiLU x up for the MLP), ``sac2`` (activation
-checkpointing on every 2nd layer). The liger levers need ``liger-kernel`` importable (a pure-Python wheel) and
-CUDA.
+(one block of twice the tokens); ``fused_norms`` is ``--fused-norms`` (Liger-Kernel's fused RMSNorm and SiLU x up,
+kernelguard.train.fused_norms). Bench-side patches `kernelguard train` does not run (product_path: false):
+``liger`` (Liger-Kernel's fused linear cross-entropy instead of the chunked loss), ``sac2`` (activation
+checkpointing on every 2nd layer). ``liger`` and ``fused_norms`` need ``liger-kernel`` importable (a pure-Python
+wheel) and CUDA.
 
 ``--widths 27b``: Qwen3.5-27B's real widths (bench/configs/qwen3_5_27b_text.json: hidden 5120, vocab 248,320,
 48 value heads...) with ``--layers`` of its layers, instead of the 1.16 B proxy.
@@ -91,7 +91,8 @@ VARIANTS: dict[str, Variant] = {
     "product_noac": Variant("packed", "auto", False, "chunked", product_path=True),
     "product_default": Variant("packed", "auto", None, "chunked", product_path=True),
 }
-LEVERS = ("compile", "liger", "sac2", "no_reshard", "accum2", "tokens2x", "liger_norms")
+LEVERS = ("compile", "liger", "sac2", "no_reshard", "accum2", "tokens2x", "fused_norms")
+PRODUCT_LEVERS = {"compile", "no_reshard", "accum2", "tokens2x", "fused_norms"}  # flags of `kernelguard train`
 CONFIG_27B = ROOT / "bench" / "configs" / "qwen3_5_27b_text.json"
 
 
@@ -312,32 +313,14 @@ def apply_levers(levers: list[str], notes: list[str]) -> None:
 
         step.linear_cross_entropy = liger_loss  # type: ignore[assignment]
         notes.append("lever liger: Liger-Kernel fused linear cross-entropy replaces the chunked loss")
-    if "liger_norms" in levers:
-        patch_liger_norms()
-        notes.append("lever liger_norms: Liger fused RMSNorm (offset 1.0, gemma casting) for every Qwen3.5 "
-                     "RMSNorm and Liger fused SiLU x up in every MLP")
+    if "fused_norms" in levers:  # the product's --fused-norms (TrainConfig.runtime.fused_norms, set in run_variant)
+        notes.append("lever fused_norms: `kernelguard train --fused-norms` (kernelguard.train.fused_norms): Liger's "
+                     "fused RMSNorm for every norm that computes what it computes, and its fused SiLU x up in every MLP")
     if "compile" in levers:  # the product's --compile (TrainConfig.compile, set in run_variant)
         notes.append(
             "lever compile: `kernelguard train --compile` (kernelguard.train.compile.compile_layers): "
             "torch.compile per decoder layer before fully_shard; GDN kernels, conv and attention opaque"
         )
-
-
-def patch_liger_norms() -> None:
-    """Qwen3.5's RMSNorm (``x * rsqrt(mean(x^2) + eps) * (1 + w)`` in fp32) and SwiGLU MLP on Liger's fused
-    Triton kernels, class-wide, before the model is built."""
-    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
-
-    def norm_forward(self: Any, x: Any) -> Any:
-        return LigerRMSNormFunction.apply(x, self.weight, self.eps, 1.0, "gemma", False)
-
-    def mlp_forward(self: Any, x: Any) -> Any:
-        return self.down_proj(LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
-
-    m.Qwen3_5RMSNorm.forward = norm_forward
-    m.Qwen3_5MLP.forward = mlp_forward
 
 
 # ----------------------------------------------------------------------------------------- measuring
@@ -667,6 +650,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     cfg = train_config(args, variant, tmp / "config.json", tmp / "out")
     cfg.runtime.compile = "compile" in levers
     cfg.runtime.reshard_after_forward = "no_reshard" not in levers
+    cfg.runtime.fused_norms = "fused_norms" in levers
     cfg.training.gradient_accumulation_steps = micro
     lifted, note = (
         (False, "fla hidden")
@@ -731,7 +715,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     result.update(
         {
             "ok": bool(losses) and all(math.isfinite(x) for x in losses),
-            "product_path": variant.product_path and not set(levers) - {"compile"},  # --compile is a flag
+            "product_path": variant.product_path and not set(levers) - PRODUCT_LEVERS,  # flags of kernelguard train
             "step": "kernelguard.train.step.optimizer_step after kernelguard.train.build.setup_training "
             f"(FSDP2 fully_shard, world size {info.world_size})",
             "device": torch.cuda.get_device_name(device)
