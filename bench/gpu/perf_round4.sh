@@ -6,7 +6,9 @@
 #           one process each; each profiles its own step (GPU time by kernel class, the matmul ops' achieved
 #           TFLOP/s, kernelguard.train.kernel_classes when importable) and runs the step diagnosis.
 #   levers  product_default + one lever each, one process each (--no-detector): no_reshard, accum2, tokens2x,
-#           compile, then fused_norms and liger when liger_kernel is importable (a carried wheel in .whl/).
+#           compile, then fused_norms and liger when liger_kernel is importable (a carried wheel in .whl/);
+#           LEVERS=product_default+X,... picks others. Each variant's JSON is kept as soon as it ends, so a budget
+#           that runs out keeps the levers measured so far (in this order: the expected largest first).
 #   real    product_default at Qwen3.5-27B's widths (--widths 27b) with REAL_LAYERS (8) layers, profiled the
 #           same way (the model is initialised on the host first: ~1 minute of the part).
 #   export  bench/gpu/sharded_load_timing.sh RUNS=sharded at 27B widths, EXPORT_LAYERS (8) layers: `kernelguard
@@ -78,8 +80,8 @@ throughput() {
 want proxy && throughput proxy stock_best,product_default --profile-dump "$OUT/profiles"
 
 if want levers; then
-  LEVERS=product_default+no_reshard,product_default+accum2,product_default+tokens2x,product_default+compile
-  [ $LIGER = 1 ] && LEVERS=$LEVERS,product_default+fused_norms,product_default+liger
+  LEVERS=${LEVERS:-product_default+no_reshard,product_default+accum2,product_default+tokens2x,product_default+compile}
+  [ $LIGER = 1 ] && [[ $LEVERS != *fused_norms* ]] && LEVERS=$LEVERS,product_default+fused_norms,product_default+liger
   throughput levers "$LEVERS" --no-detector
 fi
 
