@@ -42,7 +42,9 @@ TOP_OPS = 4
 # Wrapper ranges that enclose whole steps: never the op to blame.
 _WRAPPERS = ("ProfilerStep", "## ", "kernelguard.profile")
 _RECENT = 5  # unprofiled step times kept as the reference wall time
-_STEADY_SPREAD = 1.5  # recent steps steady when the slowest is within this factor of the fastest
+# Recent steps are steady when the slowest is within this factor of the fastest: a compile, autotune or first
+# eval shape makes a step many times slower (bench/lib/step_stats.py calls > 3x the median an outlier).
+_STEADY_SPREAD = 3.0
 _MAX_RETRIES = 50  # windows postponed (autotune inside, steps not steady yet) before one is reported anyway
 
 
@@ -243,6 +245,7 @@ class StepProfiler:
     peak_flops: float | None = None
     fix: str | None = None
     on_events: Callable[[list[Event]], None] | None = None  # each reported window's events (benches keep them)
+    clock: Callable[[], float] = time.perf_counter
     profiles: list[StepProfile] = field(default_factory=list)
     retried: int = 0  # windows postponed: an autotune search inside, or steps not steady yet
     total_s: float = 0.0
@@ -309,7 +312,7 @@ class StepProfiler:
             self._searches0 = self._search_count()
             self._prof = profile(activities=activities)
             self._prof.__enter__()
-        self._cpu0, self._t0 = time.process_time(), time.perf_counter()
+        self._cpu0, self._t0 = time.process_time(), self.clock()
 
     def end(self, step: int) -> dict[str, Any]:
         if self._t0 is None:
@@ -317,12 +320,12 @@ class StepProfiler:
         prof, t0 = self._prof, self._t0
         self._prof = self._t0 = None
         if prof is None:
-            wall = time.perf_counter() - t0
+            wall = self.clock() - t0
             self._recent.append(wall)
             self.total_s += wall
             return {}
         self._sync()
-        wall, cpu = time.perf_counter() - t0, time.process_time() - self._cpu0
+        wall, cpu = self.clock() - t0, time.process_time() - self._cpu0
         prof.__exit__(None, None, None)
         # A search inside the window launches each candidate config many times: the figures would describe
         # the autotuner, not the step (a busy GPU read launch-bound). Profile the next step instead.
@@ -341,7 +344,7 @@ class StepProfiler:
             fix=self.fix or _allowed_fallback_fixes(),
         )
         trace = self._write_trace(prof, step)
-        spent = time.perf_counter() - t0
+        spent = self.clock() - t0
         self.total_s += spent
         profile = replace(profile, trace=trace)
         profile = replace(profile, overhead_s=max(0.0, spent - profile.step_s))
