@@ -108,9 +108,8 @@ def test_a_real_profiler_window_attributes_the_reference_and_its_backward(tiny: 
     torch.manual_seed(0)
     model = tiny.tiny_model("qwen3_5").train()
     ids = torch.randint(3, 100, (1, 32))
-    with arm_tripwires(allow=["*"], source="test"):
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    with arm_tripwires(allow=["*"], source="test"), profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     events = events_from_profiler(prof)
     children = {e.parent for e in events if e.parent is not None}
     leaves = [i for i, e in enumerate(events) if e.kind == "op" and i not in children]
