@@ -5,10 +5,11 @@
 #   2. the whole `pytest -m gpu tests` suite, each test bounded (pytest-timeout), the Triton cache of 1 reused;
 #   3. the step diagnosis (kernelguard.train.step_diagnosis) on the fallback, the product and the stock recipe:
 #      bench/gpu/train_throughput.py, one process each, a short timed run (a product-vs-stock-best ratio) and
-#      one profiled window each, whose kernel records land in $OUT/profiles/ (the CPU tests' fixtures);
+#      one profiled window each, whose kernel records land in profiles/ (the CPU tests' fixtures);
 #   4. extra GPU checks other issues add to EXTRA_SCRIPTS (each `bash SCRIPT` with its own budget), if time is left.
 #
-# One JSON summary: $OUT/acceptance.json (the line to quote: $OUT/acceptance.txt). Run it at the start and the
+# One JSON summary: $OUT/acceptance.json (the line to quote: $OUT/acceptance.txt), every part and log in
+# $OUT/acceptance_parts.tgz (extra scripts write under acceptance_parts/extra_NAME/). Run it at the start and the
 # end of every session that touches GPU-facing code.
 #
 #   bash bench/gpu/acceptance.sh            # on the GPU machine, repository root, wheels in .whl/
@@ -79,27 +80,32 @@ export TRITON_CACHE_DIR=/tmp/kg-triton-check  # the suite and the benches reuse 
 
 step "pytest -m gpu (each test <= ${PYTEST_TIMEOUT} s)"
 s=$(date +%s)
-TIMEOUT_OPT=(); "$PY" -c "import pytest_timeout" 2>/dev/null && TIMEOUT_OPT=(-p pytest_timeout --timeout "$PYTEST_TIMEOUT")
+# pytest-timeout registers itself through its entry point once installed: only its option is passed.
+TIMEOUT_OPT=(); "$PY" -c "import pytest_timeout" 2>/dev/null && TIMEOUT_OPT=(--timeout "$PYTEST_TIMEOUT")
 timeout $(( $(left) > 330 ? 300 : $(left) - 30 )) "$PY" -m pytest -q -m gpu -p no:cacheprovider "${TIMEOUT_OPT[@]}" \
   --junitxml "$RESULTS/gpu_tests.xml" -rA "${PYTEST_SELECT[@]}" 2>&1 | tail -n 60 | tee "$RESULTS/gpu_tests.tail"
 echo "gpu tests: rc=${PIPESTATUS[0]} wall $(( $(date +%s) - s )) s"
 
-step "step diagnosis: product_default, fallback, stock_best"
-for variant in product_default fallback stock_best; do
+step "step diagnosis: product_default, fallback, stock_best, product_noac+compile"
+for variant in product_default fallback stock_best product_noac+compile; do
   budget=$(( $(left) - 20 ))
   if [ "$budget" -lt 60 ]; then echo "skipped $variant: $(left) s left"; continue; fi
   t=$(( budget < CHILD_TIMEOUT ? budget : CHILD_TIMEOUT ))
   timeout $((t + 15)) "$PY" bench/gpu/train_throughput.py --all --child-timeout "$t" --variants "$variant" "${BENCH[@]}" \
-    --profile-dump "$OUT/profiles" --out "$RESULTS/bench_$variant.json" > "$RESULTS/bench_$variant.log" 2>&1
+    --profile-dump "$RESULTS/profiles" --out "$RESULTS/bench_$variant.json" > "$RESULTS/bench_$variant.log" 2>&1
   echo "$variant: rc=$?"; tail -n 3 "$RESULTS/bench_$variant.log" | cut -c1-300
 done
 
 for script in ${EXTRA_SCRIPTS:-}; do
   if [ "$(left)" -lt 40 ]; then echo "skipped $script: $(left) s left"; continue; fi
   step "extra: $script"
-  timeout $(( $(left) - 20 )) bash "$script" $([ $TINY = 1 ] && echo --tiny) > "$RESULTS/extra_$(basename "$script").log" 2>&1
+  mkdir -p "$RESULTS/extra_$(basename "$script" .sh)"
+  OUT="$RESULTS/extra_$(basename "$script" .sh)" timeout $(( $(left) - 20 )) bash "$script" $([ $TINY = 1 ] && echo --tiny) \
+    > "$RESULTS/extra_$(basename "$script").log" 2>&1
   echo "$script: rc=$?"; tail -n 5 "$RESULTS/extra_$(basename "$script").log" | cut -c1-300
 done
 
 step "summary"
 "$PY" bench/gpu/acceptance_summary.py "$RESULTS" "$OUT/acceptance.json" | tee "$OUT/acceptance.txt"
+# Few files come back from the machine: every part goes home in one archive.
+tar czf "$OUT/acceptance_parts.tgz" -C "$OUT" acceptance_parts && rm -rf "$RESULTS"

@@ -196,31 +196,61 @@ def summarize_events(
 
 def events_from_profiler(prof: Any) -> list[Event]:
     """A finished ``torch.profiler.profile``'s events as :class:`Event` records: CPU events nested by their
-    CPU parent, each GPU kernel linked to the op that launched it (the profiler's correlation id)."""
+    CPU parent, each GPU kernel linked to the op that launched it.
+
+    The link is the profiler's correlation id: a kernel's ``linked_correlation_id`` is the ``id`` of the op
+    that launched it. It is read from the raw Kineto events, which carry it in every supported torch (the
+    parsed device events do not in all of them)."""
     from torch.autograd import DeviceType
 
     raw = list(prof.events())
     index = {id(e): i for i, e in enumerate(raw)}
+    out: list[Event] = []
     by_correlation: dict[int, int] = {}
-    for i, e in enumerate(raw):
-        if e.device_type == DeviceType.CPU and not getattr(e, "linked_correlation_id", 0):
-            by_correlation.setdefault(e.id, i)
-    out = []
     for e in raw:
+        if e.device_type != DeviceType.CPU:
+            continue
         name = e.name
-        if e.device_type == DeviceType.CPU:
-            runtime = name.startswith(("cuda", "cu", "hip"))
-            kind = ("launch" if "Launch" in name else "runtime") if runtime else "op"
-            parent = index.get(id(e.cpu_parent)) if e.cpu_parent is not None else None
-        else:
-            if getattr(e, "is_user_annotation", False):
-                kind = "annotation"  # a GPU-side range around kernels that are counted themselves
-            else:
-                kind = "copy" if "memcpy" in name.lower() or "memset" in name.lower() else "kernel"
-            parent = by_correlation.get(getattr(e, "linked_correlation_id", 0) or -1)
+        runtime = name.startswith(("cuda", "cu", "hip"))
+        kind = ("launch" if "Launch" in name else "runtime") if runtime else "op"
+        if kind == "op":
+            by_correlation.setdefault(e.id, len(out))
         seq = getattr(e, "sequence_nr", -1)
-        out.append(Event(name, kind, float(e.time_range.start), float(e.time_range.end), parent,
+        out.append(Event(name, kind, float(e.time_range.start), float(e.time_range.end), None,
                          seq if isinstance(seq, int) else -1))
+    cpu_index = {i_raw: i_out for i_out, i_raw in enumerate(
+        i for i, e in enumerate(raw) if e.device_type == DeviceType.CPU)}
+    for i_raw, i_out in cpu_index.items():
+        parent = raw[i_raw].cpu_parent
+        if parent is not None and index.get(id(parent)) in cpu_index:
+            out[i_out] = replace(out[i_out], parent=cpu_index[index[id(parent)]])
+    out.extend(_device_events(prof, raw, by_correlation))
+    return out
+
+
+def _device_events(prof: Any, parsed: list[Any], by_correlation: dict[int, int]) -> list[Event]:
+    """GPU kernels and memcpy/memset, from the raw Kineto events when the profiler kept them."""
+    from torch.autograd import DeviceType
+
+    results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    if results is not None:
+        start = results.trace_start_ns()
+        rows = [
+            (k.name(), (k.start_ns() - start) / 1e3, (k.end_ns() - start) / 1e3, k.linked_correlation_id())
+            for k in results.events()
+            if k.device_type() != DeviceType.CPU and not k.is_user_annotation()
+            and not getattr(k, "is_hidden_event", lambda: False)()
+        ]
+    else:
+        rows = [
+            (e.name, float(e.time_range.start), float(e.time_range.end), getattr(e, "linked_correlation_id", 0))
+            for e in parsed
+            if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)
+        ]
+    out = []
+    for name, start_us, end_us, corr in rows:
+        kind = "copy" if "memcpy" in name.lower() or "memset" in name.lower() else "kernel"
+        out.append(Event(name, kind, start_us, end_us, by_correlation.get(corr) if corr else None))
     return out
 
 
