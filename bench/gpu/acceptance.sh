@@ -6,7 +6,9 @@
 #   3. the step diagnosis (kernelguard.train.step_diagnosis) on the fallback, the product and the stock recipe:
 #      bench/gpu/train_throughput.py, one process each, a short timed run (a product-vs-stock-best ratio) and
 #      one profiled window each, whose kernel records land in profiles/ (the CPU tests' fixtures);
-#   4. extra GPU checks other issues add to EXTRA_SCRIPTS (each `bash SCRIPT` with its own budget), if time is left.
+#   4. extra GPU checks, if time is left: EXTRA_SCRIPTS (default bench/gpu/train_diagnosis.sh: a healthy
+#      `kernelguard train` run with eval and checkpoints must raise no alarm), each `bash SCRIPT`, OUT set to its
+#      own folder; a script's JSON files go into the summary under "extras".
 #
 # One JSON summary: $OUT/acceptance.json (the line to quote: $OUT/acceptance.txt), every part and log in
 # $OUT/acceptance_parts.tgz (extra scripts write under acceptance_parts/extra_NAME/). Run it at the start and the
@@ -96,7 +98,7 @@ for variant in product_default fallback stock_best product_noac+compile; do
   echo "$variant: rc=$?"; tail -n 3 "$RESULTS/bench_$variant.log" | cut -c1-300
 done
 
-for script in ${EXTRA_SCRIPTS:-}; do
+for script in ${EXTRA_SCRIPTS-bench/gpu/train_diagnosis.sh}; do
   if [ "$(left)" -lt 40 ]; then echo "skipped $script: $(left) s left"; continue; fi
   step "extra: $script"
   mkdir -p "$RESULTS/extra_$(basename "$script" .sh)"

@@ -51,8 +51,20 @@ def bench(results: Path) -> dict[str, Any]:
     return out
 
 
+def extras(results: Path) -> dict[str, Any]:
+    """Every JSON an extra script wrote (acceptance_parts/extra_NAME/*.json), by script and file name."""
+    out: dict[str, Any] = {}
+    for path in sorted(results.glob("extra_*/*.json")):
+        try:
+            out.setdefault(path.parent.name.removeprefix("extra_"), {})[path.stem] = json.loads(path.read_text())
+        except ValueError:
+            out.setdefault(path.parent.name.removeprefix("extra_"), {})[path.stem] = "unreadable"
+    return out
+
+
 def main(results: Path, dest: Path) -> int:
-    summary: dict[str, Any] = {"check": {}, "gpu_tests": gpu_tests(results), "diagnosis": bench(results)}
+    summary: dict[str, Any] = {"check": {}, "gpu_tests": gpu_tests(results), "diagnosis": bench(results),
+                               "extras": extras(results)}
     for name in ("cold", "warm"):
         part = results / f"check_{name}.json"
         summary["check"][name] = json.loads(part.read_text()) if part.exists() else {"missing": True}
@@ -70,6 +82,9 @@ def main(results: Path, dest: Path) -> int:
         "check_run": all(summary["check"][n].get("rc") == 0 for n in ("cold", "warm")),
         "diagnosis": all(verdicts_right.values()),
     }
+    train = (summary["extras"].get("train_diagnosis") or {}).get("train_diagnosis")
+    if train is not None:
+        checks["train_no_alarm"] = bool(train.get("no_alarm"))
     summary.update(verdicts=verdicts, verdicts_right=verdicts_right, product_vs_stock_best=ratio, green=all(
         checks.values()), checks=checks)
     dest.write_text(json.dumps(summary, indent=2, default=str))
@@ -81,6 +96,8 @@ def main(results: Path, dest: Path) -> int:
         f"(rc {warm.get('rc')}); diagnosis "
         + ", ".join(f"{v}={verdicts[v]}{'' if verdicts_right[v] else ' (WRONG)'}" for v in EXPECTED_VERDICTS)
         + f"; product {ratio}x stock best"
+        + (f"; kernelguard train: {'no alarm' if checks['train_no_alarm'] else 'ALARM or failure'} "
+           f"({len(train.get('windows', []))} windows)" if train is not None else "")
     )
     print(line)
     for case in tests.get("cases", []):
