@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from .capability import ComputeCapability
-from .facts import FlaBackend
+from .facts import Facts, FlaBackend
 
-__all__ = ["FLA_VARIABLES", "Candidate", "GdnShape", "decide", "probe"]
+__all__ = ["FLA_VARIABLES", "Candidate", "GdnShape", "backward_for", "decide", "probe"]
 
 FLASH_QLA = "flash_qla"
 TILELANG = "tilelang"
@@ -142,6 +142,22 @@ def _at_least(version: str | None, minimum: str) -> bool:
         return version is not None and Version(version) >= Version(minimum)
     except InvalidVersion:
         return False
+
+
+def backward_for(facts: Facts, archs: Iterable[str], targets: Iterable[ComputeCapability], *, training: bool) -> str | None:
+    """fla's GDN backward backend on the first target among ``archs`` (any target when empty), as probed; for
+    made-up facts without a probe, fla's default on them: TileLang when it is installed, else Triton."""
+    wanted = {ComputeCapability.parse(a, source="a known issue's archs") for a in archs}
+    targets = list(targets)
+    for arch in targets:
+        probed = facts.fla_backends.get(str(arch))
+        if probed is not None and (not wanted or arch.base in wanted):
+            return probed.backward
+    if not targets and "" in facts.fla_backends:
+        return facts.fla_backends[""].backward
+    if not training:
+        return None
+    return TILELANG if facts.env.version_of("tilelang") else TRITON
 
 
 # ------------------------------------------------------------------------------------------------- probe ---

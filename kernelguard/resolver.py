@@ -17,6 +17,7 @@ from .capability import ComputeCapability, parse_all
 from .catalog import PACKED_REFERENCE, VARLEN_ATTENTION, KernelRequirement, Requirements
 from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
 from .facts import Facts, PackageFacts
+from .fla_backend import backward_for
 from .install import install_command, upgrade_command
 from .known_issues import KNOWN_ISSUES, KnownIssue
 from .policy import AllowPolicy
@@ -112,7 +113,8 @@ def _issue_matches(
         return False, None
     if issue.provider_version is not None and not _version_in(_base_version(provider_version), issue.provider_version):
         return False, None
-    if issue.fla_backends and _fla_backward(issue, facts, target, requirements) not in issue.fla_backends:
+    if issue.fla_backends and backward_for(facts, issue.archs, target.archs,
+                                           training=requirements.mode == "training") not in issue.fla_backends:
         return False, None
     key_dim = requirements.key_head_dim
     if issue.key_head_dim_max is not None or issue.key_head_dim_min is not None:
@@ -131,21 +133,6 @@ def _issue_matches(
         }:
             return False, None
     return True, None
-
-
-def _fla_backward(issue: KnownIssue, facts: Facts, target: Target, requirements: Requirements) -> str | None:
-    """fla's GDN backward backend on the issue's arch (kernelguard.fla_backend); without a probed fact (made-up
-    facts), fla's default on these facts: TileLang when it is installed, else Triton."""
-    wanted = {ComputeCapability.parse(a, source=f"known issue {issue.id}") for a in issue.archs}
-    for arch in target.archs:
-        probed = facts.fla_backends.get(str(arch))
-        if probed is not None and (not wanted or arch.base in wanted):
-            return probed.backward
-    if facts.fla_backends.get("") is not None and not target.archs:
-        return facts.fla_backends[""].backward
-    if requirements.mode != "training":
-        return None
-    return "tilelang" if facts.env.version_of("tilelang") else "triton"
 
 
 def _issue_sentence(issue: KnownIssue, allowed: bool) -> str:
@@ -182,10 +169,10 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
         return rejected(f"{outside}.", _install_fix("kernels", facts, Target()))
     for issue in KNOWN_ISSUES:
         if issue.provider == "hub" and issue.kernels_version and issue.detector is None \
-                and _version_in(_base_version(facts.env.version_of("kernels")), issue.kernels_version):
-            if not target.allow.allows_issue(issue.id):
-                return Decision(req.kernel, label, "hub", REJECTED, _issue_sentence(issue, allowed=False),
-                                _install_fix("kernels", facts, Target()), (issue.id,))
+                and _version_in(_base_version(facts.env.version_of("kernels")), issue.kernels_version) \
+                and not target.allow.allows_issue(issue.id):
+            return Decision(req.kernel, label, "hub", REJECTED, _issue_sentence(issue, allowed=False),
+                            _install_fix("kernels", facts, Target()), (issue.id,))
     probe = facts.hub.get(req.hub.repo_id)
     if probe is None:
         return rejected("the Hub repository was not probed.")

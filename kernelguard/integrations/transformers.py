@@ -338,8 +338,10 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         profile_step: int = 3,
         profile_every: int = 500,
         profile_trace: str | Path | None = None,
+        lock: str | Path | None = None,
     ) -> None:
         self.allow = _parse_allow(allow)
+        self.lock = lock  # None: KERNELGUARD_LOCK, when set
         self.model_ref = model
         self.packed = packed
         self.verbose = verbose
@@ -358,6 +360,8 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         self.packing = detect_packing(args, _collator_of(kwargs.get("train_dataloader")), packed=self.packed)
         error: KernelGuardError | None = None
         try:
+            # The image's lock first: a node whose stack differs stops here, whatever the guard would say.
+            gate.check_lock(self.lock, allow=self.allow or None, syntax="python", option="KernelGuardCallback(lock=...)")
             self.report, self.check_result = training_gate(
                 model, allow=self.allow, packing=self.packing, model_ref=self.model_ref, verbose=self.verbose
             )
