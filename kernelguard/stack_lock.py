@@ -102,7 +102,9 @@ def _package_entry(result: CheckResult, module: str) -> dict[str, Any]:
         return {}
     spec = PACKAGES.get(found.import_name)
     names = spec.distributions if spec is not None else (found.distribution,)
-    versions = {d: result.env.version_of(d) or _installed(d) for d in names if d}
+    versions = {d: result.env.version_of(d) for d in names if d}
+    if not any(versions.values()) and found.distribution:
+        versions = {found.distribution: found.version}
     return {
         "version": found.version,
         "distributions": {d: v for d, v in versions.items() if v is not None},
@@ -113,13 +115,6 @@ def _package_entry(result: CheckResult, module: str) -> dict[str, Any]:
     }
 
 
-def _installed(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def _kernel_entries(result: CheckResult) -> dict[str, Any]:
     res = result.resolution
     modules = {req.kernel: req.module for req in res.requirements.kernels}
@@ -127,8 +122,10 @@ def _kernel_entries(result: CheckResult) -> dict[str, Any]:
     entries: dict[str, Any] = {}
     for verdict in res.verdicts:
         chosen = verdict.selected
-        if chosen is None:
-            entries[verdict.kernel] = {"provider": None, "kind": None}
+        if chosen is None:  # what is installed still says why: its versions and builds
+            module = modules.get(verdict.kernel)
+            entries[verdict.kernel] = {"provider": None, "kind": None,
+                                       **(_package_entry(result, module) if module else {})}
             continue
         entry: dict[str, Any] = {"provider": chosen.provider, "kind": chosen.kind}
         if chosen.kind == "package":
@@ -146,7 +143,7 @@ def _pins(result: CheckResult) -> list[dict[str, Any]]:
     """The fla autotune pins kernelguard applies on the lock's target (kernelguard.fla_autotune)."""
     from .fla_autotune import load_pins
 
-    fla = _installed("fla-core")
+    fla = result.env.version_of("fla-core")
     archs = {str(a.base) for a in result.resolution.target.archs}
     out = []
     for entry in load_pins().get("entries", []):
@@ -230,9 +227,15 @@ def _stack_fix(name: str, locked: Any, stack: Mapping[str, Any]) -> str:
 
 
 def _kernel_differences(kernel: str, locked: Mapping[str, Any], here: Mapping[str, Any]) -> list[Difference]:
-    if (locked.get("kind"), locked.get("provider")) != (here.get("kind"), here.get("provider")):
-        return [Difference(f"{kernel} provider", _show(locked.get("provider")), _show(here.get("provider")),
-                           _provider_fix(locked))]
+    """The most precise differences first (a version, a build, a Hub revision); the provider only when none."""
+    out = _identity_differences(kernel, locked, here)
+    if not out and (locked.get("kind"), locked.get("provider")) != (here.get("kind"), here.get("provider")):
+        out.append(Difference(f"{kernel} provider", _show(locked.get("provider")), _show(here.get("provider")),
+                              _provider_fix(locked)))
+    return out
+
+
+def _identity_differences(kernel: str, locked: Mapping[str, Any], here: Mapping[str, Any]) -> list[Difference]:
     out = []
     had, has = locked.get("distributions", {}), here.get("distributions", {})
     for name in sorted(set(had) | set(has)):
@@ -245,7 +248,7 @@ def _kernel_differences(kernel: str, locked: Mapping[str, Any], here: Mapping[st
                               "put the image's copy of this package back on sys.path"))
     if not out:  # same versions: the build itself must be the same
         out += _extension_differences(kernel, locked, here)
-    for key in ("repo", "revision", "variant"):
+    for key in ("repo", "revision", "variant") if locked.get("kind") == "hub" else ():
         if locked.get(key) != here.get(key):
             out.append(Difference(f"{kernel}: Hub {key}", _show(locked.get(key)), _show(here.get(key)),
                                   _hub_fix(locked)))
@@ -335,11 +338,12 @@ def _gpu_differences(result: CheckResult, locked: Mapping[str, Any], model: str)
     archs = [ComputeCapability.parse(a, source="the lock's target_archs") for a in locked.get("target_archs", [])]
     out = []
     for gpu in result.env.gpus:
-        if archs and gpu.capability.base not in {a.base for a in archs}:
+        here = ComputeCapability.parse(gpu.capability, source="a visible GPU")
+        if archs and here.base not in {a.base for a in archs}:
             out.append(Difference(
-                f"GPU {gpu.index} ({gpu.name}) arch", ", ".join(map(str, archs)), str(gpu.capability),
+                f"GPU {gpu.index} ({gpu.name}) arch", ", ".join(map(str, archs)), str(here),
                 f"run on a GPU the lock targets, or write a lock for this one where the image is built: "
-                f"kernelguard lock --model {model} --arch {gpu.capability.base}"))
+                f"kernelguard lock --model {model} --arch {here.base}"))
     return out
 
 
