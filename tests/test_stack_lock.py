@@ -125,20 +125,20 @@ def test_a_swapped_build_of_the_same_version_is_caught_by_its_hash(tmp_path: Pat
 
     error = _refusal(monkeypatch, lock, node, allow=None)
     # the node's build lacks sm_90: the check itself would reject it too, but the lock says why first
-    assert error.differences == (
+    assert error.differences == ((
         f"causal_conv1d_fn: causal_conv1d_cuda.cpython-312-x86_64-linux-gnu.so sha256: lock says sha256 "
         f"{image_hash[:12]}, here sha256 {hashlib.sha256(other).hexdigest()[:12]} (sm_80, sm_90 -> sm_80); "
-        f"restore: {CONV} (the lock's build; a different build of the same version has other GPU code)",
-    )
+        f"restore: {CONV} (the lock's build; a different build of the same version has other GPU code)"
+    ),)
 
 
 def test_a_gpu_of_another_arch_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lock = _lock(tmp_path, _facts(tmp_path))
     error = _refusal(monkeypatch, lock, _facts(tmp_path, gpus=("8.0",)))
-    assert error.differences == (
+    assert error.differences == ((
         "GPU 0 (GPU sm 8.0) arch: lock says 9.0, here 8.0; restore: run on a GPU the lock targets, or write a lock "
-        "for this one where the image is built: kernelguard lock --model qwen3_5 --arch 8.0",
-    )
+        "for this one where the image is built: kernelguard lock --model qwen3_5 --arch 8.0"
+    ),)
 
 
 def test_a_missing_package_is_refused_with_its_exact_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,10 +150,10 @@ def test_a_missing_package_is_refused_with_its_exact_pin(tmp_path: Path, monkeyp
 def test_allow_items_must_be_the_locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lock = _lock(tmp_path, _facts(tmp_path), allow=("attention",))
     error = _refusal(monkeypatch, lock, _facts(tmp_path), allow=["attention", "fla-640-wrong-grads"])
-    assert error.differences == (
+    assert error.differences == ((
         "allow items: lock says [attention], here [attention, fla-640-wrong-grads]; restore: pass exactly the "
-        "lock's: --allow attention",
-    )
+        "lock's: --allow attention"
+    ),)
     python = _refusal(monkeypatch, lock, _facts(tmp_path), allow=[], syntax="python")
     assert python.differences == (
         "allow items: lock says [attention], here none; restore: pass exactly the lock's: allow=['attention']",)
@@ -162,10 +162,10 @@ def test_allow_items_must_be_the_locks(tmp_path: Path, monkeypatch: pytest.Monke
 def test_fla_choosing_another_backend_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lock = _lock(tmp_path, _facts(tmp_path))  # the image had tilelang + nvcc: fla's TileLang backward
     error = _refusal(monkeypatch, lock, _facts(tmp_path, backward="triton"))
-    assert error.differences == (
+    assert error.differences == ((
         "fla GDN backward backend on sm 9.0: lock says tilelang, here triton; restore: pip install tilelang "
-        "z3-solver and put nvcc on PATH (fla's TileLang backend compiles with it); unset FLA_TILELANG=0",
-    )
+        "z3-solver and put nvcc on PATH (fla's TileLang backend compiles with it); unset FLA_TILELANG=0"
+    ),)
 
 
 def test_a_moved_hub_revision_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,11 +179,11 @@ def test_a_moved_hub_revision_is_refused(tmp_path: Path, monkeypatch: pytest.Mon
     lock = _lock(tmp_path, _facts(tmp_path, hub=probe("aaaa1111")), hub=True)
     assert json.loads(lock.read_text())["kernels"]["chunk_gated_delta_rule"]["revision"] == "aaaa1111"
     error = _refusal(monkeypatch, lock, _facts(tmp_path, hub=probe("bbbb2222")))
-    assert error.differences == (
+    assert error.differences == ((
         f"chunk_gated_delta_rule: Hub revision: lock says aaaa1111, here bbbb2222; restore: python -c \"from kernels "
         f"import get_kernel; get_kernel('{repo}', revision='aaaa1111')\" with HF_HUB_OFFLINE unset, then run "
-        "offline again",
-    )
+        "offline again"
+    ),)
 
 
 def test_every_difference_is_one_line_and_the_error_pickles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
