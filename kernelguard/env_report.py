@@ -8,7 +8,7 @@ comes from one ``kernelguard check`` (its probes and its resolution); nothing is
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .check import CheckOptions, CheckResult, run_check
@@ -62,7 +62,7 @@ def from_result(result: CheckResult, *, variables: Mapping[str, str], kernelguar
                 "backend": {arch: b.to_dict() for arch, b in fla_backends(result).items()}},
         "causal-conv1d": {
             "version": env.version_of("causal-conv1d"),
-            "extensions": [{"file": e.path.rsplit("/", 1)[-1], "sass": sorted(e.sass), "ptx": sorted(e.ptx),
+            "extensions": [{"file": e.path.rsplit("/", 1)[-1], "sass": _by_arch(e.sass), "ptx": _by_arch(e.ptx),
                             "load_error": e.load_error} for e in (conv.extensions if conv else ())],
         },
         "others": {name: env.version_of(name) for name in _EXTRAS},
@@ -72,6 +72,11 @@ def from_result(result: CheckResult, *, variables: Mapping[str, str], kernelguar
         "model": f"{result.resolution.requirements.family.name}, {result.resolution.requirements.mode}"
                  + (", packed" if result.resolution.requirements.packed else ""),
     }
+
+
+def _by_arch(targets: Iterable[str]) -> list[str]:
+    """sm_80 before sm_100: by the number, as a reader expects."""
+    return sorted(targets, key=lambda t: (int("".join(c for c in t if c.isdigit()) or 0), t))
 
 
 def _or(value: object, missing: str = "not installed") -> str:
