@@ -162,3 +162,27 @@ def test_kernels_before_0_14_finds_no_hub_kernel() -> None:
     assert hub.reason.startswith("known issue kernels-before-0.14 (https://github.com/huggingface/kernels/issues/757")
     assert find(_resolve("tilelang", kernels="0.18.2", hub=True), "chunk_gated_delta_rule", "hub").issues == ()
     assert find(_resolve("tilelang"), "chunk_gated_delta_rule").selected.status == SELECTED
+
+
+def test_the_guard_names_fla_s_backend_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    import torch
+
+    guard_module = importlib.import_module("kernelguard.guard")  # kernelguard.guard is the public function
+
+    site = types.SimpleNamespace(fast=True, implementation="fla.ops.gated_delta_rule.chunk_gated_delta_rule 0.6.0",
+                                 kernel="chunk_gated_delta_rule")
+    report = guard_module.GuardReport([site], types.SimpleNamespace(sites=[]), device="cuda:0", mode="training", packed=True,  # type: ignore[list-item, arg-type]
+                                      attention="error", transformers_version="5.23.0", mechanism="call-time")
+    model = types.SimpleNamespace(config=types.SimpleNamespace(linear_num_key_heads=16, linear_num_value_heads=32,
+                                                               linear_key_head_dim=128, linear_value_head_dim=128))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    _fake_fla(monkeypatch, {"gated_delta_rule": {"flash_qla": _Backend(True, True)}})
+    monkeypatch.setattr(fla_backend, "_live_arch", lambda: None)  # no real GPU to run fla's verifier on
+    report.fla_backend = guard_module._fla_backend(model, report, "training")
+    assert report.notes == [("fla runs the GDN op on its flash_qla backend (fla.backends' registered backends; "
+                             "verifier conditions applied to target 9.0)")]
+    assert report.fla_backend.backward == "flash_qla"
+    report.device = "cpu"
+    assert guard_module._fla_backend(model, report, "training") is None
