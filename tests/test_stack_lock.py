@@ -213,3 +213,17 @@ def test_kernelguard_lock_env_names_the_lock(monkeypatch: pytest.MonkeyPatch) ->
     assert stack_lock.lock_path("own.lock") == "own.lock"
     monkeypatch.setenv("KERNELGUARD_LOCK", " ")
     assert stack_lock.lock_path(None) is None
+
+
+def test_require_enforces_a_lock_in_python_terms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kernelguard
+
+    lock = _lock(tmp_path, _facts(tmp_path))
+    monkeypatch.setattr(stack_lock, "run_check", lambda options: _result(_facts(tmp_path), options))
+    assert kernelguard.require(lock=lock).ok
+    monkeypatch.setenv("KERNELGUARD_LOCK", str(lock))
+    monkeypatch.setenv("KERNELGUARD_ALLOW", "attention")
+    with pytest.raises(LockMismatch) as info:
+        kernelguard.require()
+    assert info.value.differences == (
+        "allow items: lock says none, here [attention]; restore: pass no allow items",)
