@@ -113,6 +113,12 @@ def _check(args: argparse.Namespace) -> int:
     if args.lock:
         from .stack_lock import verify_lock
 
+        given = [flag for flag, value in (("--model", args.model), ("--mode", args.mode), ("--arch", args.arch),
+                                          ("--packed/--no-packed", args.packed), ("--hub", args.hub)) if value is not None]
+        if given:
+            raise ConfigError(f"--lock checks the model, mode, target and Hub use the lock was written for; "
+                              f"{', '.join(given)} cannot change them.",
+                              fix=f"drop {', '.join(given)}, or write a new lock with them: kernelguard lock {' '.join(given)} ...")
         result = verify_lock(args.lock, allow=tuple(args.allow) if args.allow else None)
     else:
         result = run_check(_check_options(args))  # type: ignore[arg-type]

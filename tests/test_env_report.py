@@ -90,7 +90,8 @@ def test_lock_then_check_lock_then_drift(fake_providers: Path, tmp_path: Path, m
     assert main(["lock", "--arch", "9.0", "--allow", "attention"]) == 0
     assert capsys.readouterr().out.startswith("kernelguard lock: wrote kernelguard.lock (3 kernels, target sm 9.0)")
     assert main(["check", "--lock", "kernelguard.lock"]) == 0
-    capsys.readouterr()
+    assert main(["check", "--lock", "kernelguard.lock", "--arch", "8.0"]) == 2  # the lock's target, not another
+    assert "--arch cannot change them" in capsys.readouterr().err
     lock = json.loads(Path("kernelguard.lock").read_text())
     lock["stack"]["transformers"] = "5.17.0"
     Path("kernelguard.lock").write_text(json.dumps(lock))
