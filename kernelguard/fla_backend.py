@@ -232,6 +232,16 @@ def _verify_on_this_gpu(shape: GdnShape, training: bool) -> tuple[bool, str | No
         return None
 
 
+def _without_dispatch() -> bool:
+    """An imported fla that has no ``fla.backends`` (releases before 0.5.2): nothing to dispatch to."""
+    if "fla" not in sys.modules or "fla.backends" in sys.modules:
+        return False
+    try:
+        return importlib.util.find_spec("fla.backends") is None
+    except (ImportError, ValueError):
+        return True
+
+
 def _live_arch() -> ComputeCapability | None:
     torch = sys.modules.get("torch")
     try:
@@ -248,6 +258,12 @@ def probe(
     """fla's GDN backend for each target arch ("" when none is targeted); {} when fla is not installed."""
     if not _find("fla"):
         return {}
+    if _without_dispatch():
+        version = getattr(sys.modules.get("fla"), "__version__", "?")
+        return {str(a) if a else "": FlaBackend(str(a) if a else None, TRITON, TRITON if training else None,
+                                               (f"fla {version} has no fla.backends: its own Triton kernels run",),
+                                               "fla's modules (no backend dispatch before fla 0.5.2)")
+                for a in list(archs) or [None]}
     qla, qla_from_fla = _candidate("gated_delta_rule", FLASH_QLA, "FLA_FLASH_QLA", needs_nvcc=False)
     tile, tile_from_fla = _candidate("common", TILELANG, "FLA_TILELANG", needs_nvcc=True)
     module = sys.modules.get("fla.backends")

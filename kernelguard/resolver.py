@@ -164,15 +164,15 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
         )
     if facts.env.version_of("kernels") is None:
         return rejected("the kernels package is not installed.", _install_fix("kernels", facts, target))
-    outside = _kernels_outside_window(facts)
-    if outside:
-        return rejected(f"{outside}.", _install_fix("kernels", facts, Target()))
-    for issue in KNOWN_ISSUES:
+    for issue in KNOWN_ISSUES:  # before the window: "loads nothing at all" says more than "outside the window"
         if issue.provider == "hub" and issue.kernels_version and issue.detector is None \
                 and _version_in(_base_version(facts.env.version_of("kernels")), issue.kernels_version) \
                 and not target.allow.allows_issue(issue.id):
             return Decision(req.kernel, label, "hub", REJECTED, _issue_sentence(issue, allowed=False),
                             _install_fix("kernels", facts, Target()), (issue.id,))
+    outside = _kernels_outside_window(facts)
+    if outside:
+        return rejected(f"{outside}.", _install_fix("kernels", facts, Target()))
     probe = facts.hub.get(req.hub.repo_id)
     if probe is None:
         return rejected("the Hub repository was not probed.")

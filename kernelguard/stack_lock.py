@@ -222,7 +222,7 @@ def _stack_fix(name: str, locked: Any, stack: Mapping[str, Any]) -> str:
     if name in ("cuda", "cxx11_abi"):
         return pin_command("torch", stack.get("torch"))
     if name == "kernelguard":
-        return f"pip install 'kernelguard=={locked}'"
+        return f"install kernelguard {locked}, the release the lock was written with (its known issues decided)"
     return pin_command(name, locked)
 
 
@@ -322,7 +322,7 @@ def compare(locked: Mapping[str, Any], here: Mapping[str, Any], *, syntax: str =
     if locked.get("fla_autotune_pins", []) != here.get("fla_autotune_pins", []):
         version = had_stack.get("kernelguard")
         out.append(Difference("fla autotune pins", _pins_text(locked), _pins_text(here),
-                              f"pip install 'kernelguard=={version}' (its pins file is the lock's)"))
+                              f"install kernelguard {version}, the release the lock was written with (its pins file)"))
     return out
 
 

@@ -132,14 +132,14 @@ def test_probe_without_fla_reads_the_same_facts_itself(monkeypatch: pytest.Monke
 
 
 # ---------------------------------------------------------------------------------- known issues on it ---
-def _resolve(backward: str | None, *, tilelang: bool = False, kernels: str = "0.18.2", hub: bool = False) -> Any:
+def _resolve(backward: str | None, *, tilelang: bool = False, kernels: str = "0.16.2", hub: bool = False) -> Any:
     spec = discovery.resolve_model("qwen3_5", discovery.transformers_source())
     requirements = catalog.requirements(spec, "training", packed=True, transformers_version="5.23.0")
     facts = Facts(
         env=make_env(gpus=("9.0",), triton="3.6.0", kernels=kernels,
                      packages={"tilelang": "0.1.6", "z3-solver": "4.15.0"} if tilelang else {}),
         packages={"fla.ops.gated_delta_rule": make_pkg("fla", "0.6.0")},
-        kernels_window=("0.13.0", "0.19.0"),
+        kernels_window=("0.16", "0.17"),  # transformers 5.17's
         fla_backends={"9.0": FlaBackend("9.0", "triton", backward, (), "test")} if backward else {},
     )
     return resolve(facts, requirements, Target(archs=("9.0",), use_hub=hub))
@@ -160,7 +160,8 @@ def test_kernels_before_0_14_finds_no_hub_kernel() -> None:
     hub = find(_resolve("tilelang", kernels="0.13.0", hub=True), "chunk_gated_delta_rule", "hub")
     assert hub.status == REJECTED and hub.issues == ("kernels-before-0.14",)
     assert hub.reason.startswith("known issue kernels-before-0.14 (https://github.com/huggingface/kernels/issues/757")
-    assert find(_resolve("tilelang", kernels="0.18.2", hub=True), "chunk_gated_delta_rule", "hub").issues == ()
+    assert hub.fix == "pip install 'kernels>=0.16,<0.17'"
+    assert find(_resolve("tilelang", kernels="0.16.2", hub=True), "chunk_gated_delta_rule", "hub").issues == ()
     assert find(_resolve("tilelang"), "chunk_gated_delta_rule").selected.status == SELECTED
 
 
@@ -186,3 +187,12 @@ def test_the_guard_names_fla_s_backend_on_a_gpu(monkeypatch: pytest.MonkeyPatch)
     assert report.fla_backend.backward == "flash_qla"
     report.device = "cpu"
     assert guard_module._fla_backend(model, report, "training") is None
+
+
+def test_an_fla_without_backend_dispatch_runs_triton(fake_providers: Any) -> None:
+    import fla  # the test double: an fla with no fla.backends, as releases before 0.5.2
+
+    assert fla.__version__
+    chosen = fla_backend.probe([H200], training=True, shape=QWEN35, triton_version="3.6.0")["9.0"]
+    assert (chosen.forward, chosen.backward) == ("triton", "triton")
+    assert chosen.reasons == (f"fla {fla.__version__} has no fla.backends: its own Triton kernels run",)
