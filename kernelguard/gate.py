@@ -83,7 +83,8 @@ def check_lock(
     option: str = "--lock",
 ) -> CheckResult | None:
     """Before the model is built, on any device: refuse a node whose stack differs from the lock
-    (:class:`~kernelguard.errors.LockMismatch`, one line per difference). ``allow`` None: the lock's own items.
+    (:class:`~kernelguard.errors.LockMismatch`, one line per difference). ``allow``: the run's items, which must be
+    the lock's (None: the lock's own, for a caller that only checks).
     Returns the check (None without a lock); a failing verdict is the caller's to report, as for check_stack."""
     from kernelguard.stack_lock import lock_path, verify_lock
 

@@ -380,7 +380,15 @@ def test_the_callback_refuses_a_node_that_differs_from_its_lock(tmp_path: Path, 
     with pytest.raises(LockMismatch) as info:
         KernelGuardCallback(lock=lock).on_train_begin(args, state, None, model=torch.nn.Linear(2, 2))
     assert info.value.differences[0].startswith("triton: lock says 3.6.0, here ")
-    assert seen[0].allow == () and seen[0].model == "qwen3_5"  # the lock's own allow items and model
+    assert list(seen[0].allow) == [] and seen[0].model == "qwen3_5"  # the run's allow items (none), the lock's model
     monkeypatch.setenv("KERNELGUARD_LOCK", str(lock))
     with pytest.raises(LockMismatch):
         KernelGuardCallback().on_train_begin(args, state, None, model=torch.nn.Linear(2, 2))
+    # the run's allow items are the guard's: a lock that accepted more than the run does is a difference too
+    monkeypatch.delenv("KERNELGUARD_LOCK")
+    lock.write_text(json.dumps({"kernelguard_lock": 1, "target_archs": [], "allow": ["attention"], "kernels": {},
+                                "model": {"name": "qwen3_5", "family": "qwen3_5", "mode": "training"}, "stack": {}}))
+    with pytest.raises(LockMismatch) as info:
+        KernelGuardCallback(lock=lock).on_train_begin(args, state, None, model=torch.nn.Linear(2, 2))
+    assert info.value.differences == (
+        "allow items: lock says [attention], here none; restore: pass exactly the lock's: allow=['attention']",)

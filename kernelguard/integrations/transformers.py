@@ -20,6 +20,7 @@ resolved providers are recorded in ``trainer.state.log_history`` (saved in every
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -361,7 +362,10 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         error: KernelGuardError | None = None
         try:
             # The image's lock first: a node whose stack differs stops here, whatever the guard would say.
-            gate.check_lock(self.lock, allow=self.allow or None, syntax="python", option="KernelGuardCallback(lock=...)")
+            # The run's own allow items (as the stack check reads them): they must be the lock's.
+            env_allow = tuple(a.strip() for a in os.environ.get("KERNELGUARD_ALLOW", "").split(",") if a.strip())
+            gate.check_lock(self.lock, allow=self.allow + env_allow, syntax="python",
+                            option="KernelGuardCallback(lock=...)")
             self.report, self.check_result = training_gate(
                 model, allow=self.allow, packing=self.packing, model_ref=self.model_ref, verbose=self.verbose
             )

@@ -422,12 +422,13 @@ def check_packed_segments(counts: list[int], *, config: Any, fla_version: str | 
 
 def check_image_lock(lock: str | None, policy: Any) -> None:
     """--lock / KERNELGUARD_LOCK, on every device and before the model is built: a node whose stack differs from
-    the image's lock is refused (exit 3) with one line per difference; so is one where the lock's check fails."""
+    the image's lock is refused (exit 3) with one line per difference; so is one where the lock's check fails.
+    The run's --allow items are compared with the lock's: the guard will run with them."""
     from kernelguard.errors import GuardRefused, LockMismatch
     from kernelguard.gate import check_lock
 
     try:
-        result = check_lock(lock, allow=policy if policy else None)
+        result = check_lock(lock, allow=policy)  # the run's own --allow: it must be the lock's
     except LockMismatch as e:
         raise GuardRefused(str(e)) from e
     if result is not None and not result.ok:
