@@ -178,7 +178,8 @@ def _issues(as_json: bool = False) -> int:
     if as_json:
         import json
 
-        fields = ("id", "title", "effect", "evidence", "fix", "source", "kernels", "provider", "archs", "modes", "triton")
+        fields = ("id", "title", "effect", "evidence", "fix", "source", "kernels", "provider", "archs", "modes", "triton",
+                  "provider_version", "kernels_version", "fla_backends", "detector")
         data = {
             "schema_version": 1,
             "known_issues": [{name: getattr(issue, name) for name in fields} for issue in KNOWN_ISSUES],
