@@ -1,6 +1,7 @@
 """Which of fla's own backends runs the gated-delta op: fla's dispatch asked, without running a kernel.
 
-fla 0.5.2+ routes ``chunk_gated_delta_rule`` through ``fla.backends`` (read in fla-core 0.6.0's source:
+fla 0.5.2+ routes ``chunk_gated_delta_rule`` through its backend dispatch (``fla.ops.backends`` in 0.5.2,
+``fla.backends`` in 0.6.0; the rules below were read in fla-core 0.6.0's source:
 ``fla/backends.py``, ``fla/ops/gated_delta_rule/backends/flash_qla.py``,
 ``fla/ops/common/backends/tilelang/__init__.py``):
 
@@ -181,10 +182,22 @@ def _usable_nvcc() -> bool:
     return Path("/usr/local/cuda/bin/nvcc").exists()
 
 
+def _dispatch_module() -> Any | None:
+    """fla's dispatch module once fla is imported: ``fla.backends`` (0.6.0), ``fla.ops.backends`` (0.5.2)."""
+    return sys.modules.get("fla.backends") or sys.modules.get("fla.ops.backends")
+
+
 def _registered(operation: str, backend_type: str) -> Any | None:
     """fla's registered backend object of ``backend_type`` for ``operation`` (only if fla is already imported)."""
-    module = sys.modules.get("fla.backends")
-    registries = getattr(module, "_operation_registries", None)
+    module = _dispatch_module()
+    registries = getattr(module, "_operation_registries", None)  # fla 0.6.0
+    if registries is None and hasattr(module, "BackendRegistry"):  # fla 0.5.2 registers lazily, at first call
+        cls = module.BackendRegistry
+        try:
+            cls.ensure_initialized(operation)
+        except Exception:  # noqa: BLE001, S110 - its registration failing is what the rules below then say
+            pass
+        registries = getattr(cls, "_registries", None)
     registry = registries.get(operation) if isinstance(registries, dict) else None
     backends = getattr(registry, "_backends", None)
     return backends.get(backend_type) if isinstance(backends, dict) else None
@@ -233,13 +246,10 @@ def _verify_on_this_gpu(shape: GdnShape, training: bool) -> tuple[bool, str | No
 
 
 def _without_dispatch() -> bool:
-    """An imported fla that has no ``fla.backends`` (releases before 0.5.2): nothing to dispatch to."""
-    if "fla" not in sys.modules or "fla.backends" in sys.modules:
+    """An imported fla without backend dispatch (releases before 0.5.2): nothing to dispatch to."""
+    if "fla" not in sys.modules or _dispatch_module() is not None:
         return False
-    try:
-        return importlib.util.find_spec("fla.backends") is None
-    except (ImportError, ValueError):
-        return True
+    return not any(_find(name) for name in ("fla.backends", "fla.ops.backends"))
 
 
 def _live_arch() -> ComputeCapability | None:
@@ -261,24 +271,24 @@ def probe(
     if _without_dispatch():
         version = getattr(sys.modules.get("fla"), "__version__", "?")
         return {str(a) if a else "": FlaBackend(str(a) if a else None, TRITON, TRITON if training else None,
-                                               (f"fla {version} has no fla.backends: its own Triton kernels run",),
+                                               (f"fla {version} has no backend dispatch: its own Triton kernels run",),
                                                "fla's modules (no backend dispatch before fla 0.5.2)")
                 for a in list(archs) or [None]}
     qla, qla_from_fla = _candidate("gated_delta_rule", FLASH_QLA, "FLA_FLASH_QLA", needs_nvcc=False)
     tile, tile_from_fla = _candidate("common", TILELANG, "FLA_TILELANG", needs_nvcc=True)
-    module = sys.modules.get("fla.backends")
+    module = _dispatch_module()
     disabled = bool(getattr(module, "_DISPATCH_DISABLED", os.environ.get("FLA_DISABLE_BACKEND_DISPATCH") == "1"))
     live = _live_arch()
     out: dict[str, FlaBackend] = {}
     for arch in list(archs) or [None]:
-        asked = "fla.backends' registered backends" if qla_from_fla or tile_from_fla else "fla's dispatch rules"
+        asked = "fla's registered backends" if qla_from_fla or tile_from_fla else "fla's dispatch rules"
         source = f"{asked}; verifier conditions applied to target {arch}" if arch else asked
         backend = decide(arch, training=training, shape=shape, triton_version=triton_version, flash_qla=qla,
                          tilelang=tile, dispatch_disabled=disabled, source=source)
         if arch is not None and live is not None and live.base == arch.base and qla.available and not disabled:
             verdict = _verify_on_this_gpu(shape, training)
             if verdict is not None:
-                source = "fla.backends on this GPU (FlashQLABackend's verifier on meta tensors of the model's shapes)"
+                source = "fla's dispatch on this GPU (FlashQLABackend's verifier on meta tensors of the model's shapes)"
                 backend = _with_flash_qla_verdict(backend, verdict, qla, source, training, arch, shape,
                                                   triton_version, tile)
         out[str(arch) if arch else ""] = backend

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import types
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from check_helpers import find, make_env, make_pkg
@@ -109,7 +109,7 @@ def test_probe_asks_fla_s_registered_backends(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delenv("FLA_TILELANG", raising=False)
     [(arch, chosen)] = fla_backend.probe([H200], training=True, shape=QWEN35, triton_version="3.6.0").items()
     assert arch == "9.0" and chosen.label == "triton (backward: tilelang)"
-    assert chosen.source == "fla.backends' registered backends; verifier conditions applied to target 9.0"
+    assert chosen.source == "fla's registered backends; verifier conditions applied to target 9.0"
     assert chosen.reasons[0] == "flash_qla: passed over (fla's _Backend.is_available() is False)"
     # fla's own switch reading wins when the variable is set
     monkeypatch.setenv("FLA_TILELANG", "0")
@@ -120,8 +120,30 @@ def test_probe_asks_fla_s_registered_backends(monkeypatch: pytest.MonkeyPatch) -
         "FLA_DISABLE_BACKEND_DISPATCH=1: fla bypasses every backend",)
 
 
+def test_fla_0_5_2_registers_its_backends_at_first_call_and_is_asked_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = types.SimpleNamespace(_backends={"flash_qla": _Backend(True, True)})
+
+    class BackendRegistry:  # fla 0.5.2's fla.ops.backends: registries fill on ensure_initialized
+        _registries: ClassVar[dict[str, Any]] = {}
+
+        @classmethod
+        def ensure_initialized(cls, operation: str) -> None:
+            if operation == "gated_delta_rule":
+                cls._registries[operation] = registry
+
+    module = types.ModuleType("fla.ops.backends")
+    module.BackendRegistry = BackendRegistry  # type: ignore[attr-defined]
+    monkeypatch.delitem(sys.modules, "fla.backends", raising=False)
+    monkeypatch.setitem(sys.modules, "fla.ops.backends", module)
+    monkeypatch.setattr(fla_backend, "_find", lambda name: name == "fla")
+    monkeypatch.setattr(fla_backend, "_live_arch", lambda: None)
+    chosen = fla_backend.probe([H200], training=True, shape=QWEN35, triton_version="3.6.0")["9.0"]
+    assert chosen.label == "flash_qla" and chosen.source.startswith("fla's registered backends")
+
+
 def test_probe_without_fla_reads_the_same_facts_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "fla.backends", raising=False)
+    monkeypatch.delitem(sys.modules, "fla.ops.backends", raising=False)
     monkeypatch.setattr(fla_backend, "_find", lambda name: name in ("fla", "tilelang"))
     monkeypatch.setattr(fla_backend, "_usable_nvcc", lambda: False)
     chosen = fla_backend.probe([H200], training=True, shape=QWEN35, triton_version="3.6.0")["9.0"]
@@ -182,7 +204,7 @@ def test_the_guard_names_fla_s_backend_on_a_gpu(monkeypatch: pytest.MonkeyPatch)
     _fake_fla(monkeypatch, {"gated_delta_rule": {"flash_qla": _Backend(True, True)}})
     monkeypatch.setattr(fla_backend, "_live_arch", lambda: None)  # no real GPU to run fla's verifier on
     report.fla_backend = guard_module._fla_backend(model, report, "training")
-    assert report.notes == [("fla runs the GDN op on its flash_qla backend (fla.backends' registered backends; "
+    assert report.notes == [("fla runs the GDN op on its flash_qla backend (fla's registered backends; "
                              "verifier conditions applied to target 9.0)")]
     assert report.fla_backend.backward == "flash_qla"
     report.device = "cpu"
@@ -195,4 +217,4 @@ def test_an_fla_without_backend_dispatch_runs_triton(fake_providers: Any) -> Non
     assert fla.__version__
     chosen = fla_backend.probe([H200], training=True, shape=QWEN35, triton_version="3.6.0")["9.0"]
     assert (chosen.forward, chosen.backward) == ("triton", "triton")
-    assert chosen.reasons == (f"fla {fla.__version__} has no fla.backends: its own Triton kernels run",)
+    assert chosen.reasons == (f"fla {fla.__version__} has no backend dispatch: its own Triton kernels run",)
