@@ -211,7 +211,9 @@ def _candidate(operation: str, backend_type: str, switch: str, *, needs_nvcc: bo
             available = bool(backend.is_available())
             # fla's own default_enable was computed for the live GPU; a target arch's default is decide()'s.
             enabled = bool(backend.is_enabled()) if os.environ.get(switch) is not None else None
-            why = "" if available else f"fla's {type(backend).__name__}.is_available() is False"
+            why = "" if available else f"fla's {type(backend).__name__}.is_available() is False" + (
+                f": {backend_type} is not importable" if not _find(backend_type)
+                else ": no usable nvcc" if needs_nvcc and not _usable_nvcc() else "")
             return Candidate(available, enabled, why), True
         except Exception:  # noqa: BLE001, S110 - a changed fla internals: read the facts ourselves below
             pass

@@ -110,7 +110,8 @@ def test_probe_asks_fla_s_registered_backends(monkeypatch: pytest.MonkeyPatch) -
     [(arch, chosen)] = fla_backend.probe([H200], training=True, shape=QWEN35, triton_version="3.6.0").items()
     assert arch == "9.0" and chosen.label == "triton (backward: tilelang)"
     assert chosen.source == "fla's registered backends; verifier conditions applied to target 9.0"
-    assert chosen.reasons[0] == "flash_qla: passed over (fla's _Backend.is_available() is False)"
+    assert chosen.reasons[0] == ("flash_qla: passed over (fla's _Backend.is_available() is False: flash_qla is not "
+                                 "importable)")
     # fla's own switch reading wins when the variable is set
     monkeypatch.setenv("FLA_TILELANG", "0")
     _fake_fla(monkeypatch, {"common": {"tilelang": _Backend(True, False)}})
