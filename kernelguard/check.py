@@ -41,6 +41,8 @@ class CheckResult:
     model_origin: str
     numerics: Any | None = None  # numerics.NumericsReport
     extra_notes: tuple[str, ...] = field(default_factory=tuple)
+    facts: Facts | None = None  # what the resolver decided from (the lock reads its identities)
+    spec: catalog.ModelSpec | None = None
 
     @property
     def ok(self) -> bool:
@@ -213,6 +215,7 @@ def run_check(options: CheckOptions) -> CheckResult:
     packages = _probe_packages(requirements)
     env = with_gpus(env)
     target = _target(options, env)
+    packages = _probe_packages(requirements)
     facts = Facts(
         env=env,
         packages=packages,
@@ -220,10 +223,31 @@ def run_check(options: CheckOptions) -> CheckResult:
         kernels_window=discovery.kernels_version_window(source),
         transformers_min_versions={name: discovery.transformers_min_version(name, source) for name in catalog.PACKAGES},
         torch_varlen_attention=_torch_has_varlen(env),
+        fla_backends=_probe_fla_backends(requirements, packages, target, env, spec),
     )
     resolution = resolve(facts, requirements, target)
     numerics = _run_numerics(resolution, spec, env, target) if options.run else None
-    return CheckResult(options, env, resolution, spec.origin, numerics)
+    return CheckResult(options, env, resolution, spec.origin, numerics, facts=facts, spec=spec)
+
+
+def _probe_fla_backends(requirements: catalog.Requirements, packages: dict[str, PackageFacts], target: Target,
+                        env: Environment, spec: catalog.ModelSpec) -> dict[str, Any]:
+    """fla's own choice of backend for the GDN op on each target arch, when fla would serve it."""
+    fla = [p for p in packages.values() if p.import_name == "fla" and p.import_error is None]
+    if not fla:
+        return {}
+    from . import fla_backend, geometry
+
+    config = _numerics_config(spec)
+    dims = geometry.gdn_dims(config) if config is not None else None
+    shape = fla_backend.GdnShape(
+        key_dim=dims.key_dim if dims else requirements.key_head_dim,
+        value_dim=dims.value_dim if dims else None,
+        num_k_heads=dims.num_k_heads if dims else None,
+        num_v_heads=dims.num_v_heads if dims else None,
+    )
+    return fla_backend.probe(target.archs, training=requirements.mode == "training", shape=shape,
+                             triton_version=env.triton_version)
 
 
 def _run_numerics(resolution: Resolution, spec: catalog.ModelSpec, env: Environment, target: Target) -> Any:

@@ -20,6 +20,7 @@ resolved providers are recorded in ``trainer.state.log_history`` (saved in every
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -349,8 +350,10 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         profile_step: int | None = None,
         profile_every: int = 500,
         profile_trace: str | Path | None = None,
+        lock: str | Path | None = None,
     ) -> None:
         self.allow = _parse_allow(allow)
+        self.lock = lock  # None: KERNELGUARD_LOCK, when set
         self.model_ref = model
         self.packed = packed
         self.verbose = verbose
@@ -369,6 +372,11 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         self.packing = detect_packing(args, _collator_of(kwargs.get("train_dataloader")), packed=self.packed)
         error: KernelGuardError | None = None
         try:
+            # The image's lock first: a node whose stack differs stops here, whatever the guard would say.
+            # The run's own allow items (as the stack check reads them): they must be the lock's.
+            env_allow = tuple(a.strip() for a in os.environ.get("KERNELGUARD_ALLOW", "").split(",") if a.strip())
+            gate.check_lock(self.lock, allow=self.allow + env_allow, syntax="python",
+                            option="KernelGuardCallback(lock=...)")
             self.report, self.check_result = training_gate(
                 model, allow=self.allow, packing=self.packing, model_ref=self.model_ref, verbose=self.verbose
             )

@@ -227,6 +227,12 @@ class RuntimeSection:
         "a known-issue ID; repeatable",
         metavar="ID",
     )
+    lock: str | None = setting(
+        None,
+        "the image's kernelguard.lock (kernelguard lock): refuse to start, before the model is built, on a node "
+        "whose stack differs from it (default: KERNELGUARD_LOCK when set)",
+        metavar="FILE",
+    )
     param_dtype: str = setting("bf16", "FSDP2 compute/parameter dtype")
     attention: str = setting("auto", "full-attention implementation")
     # None: auto, decided per run from kernelguard.train.memory's estimate (build.resolve_activation_checkpointing)

@@ -45,9 +45,17 @@ from .packing import (
     eval_layout,
     pack_best_fit_decreasing,
     packing_stats,
+    segment_counts,
 )
 from .parallel import DTYPES, DistInfo, on_main
-from .preflight import StartPlan, check_checkpoint_shapes, claim_output, preflight
+from .preflight import (
+    StartPlan,
+    check_checkpoint_shapes,
+    check_image_lock,
+    check_packed_segments,
+    claim_output,
+    preflight,
+)
 from .profiling import DEFAULT_FIRST_STEP, StepProfiler
 from .reporting import Reporter, process_age_s, step_record
 from .signals import Preempted, stop_request
@@ -91,6 +99,7 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     if cfg.packing.packing == LEAKY:
         log(info, LEAKY_WARNING, logging.WARNING)
     packed = cfg.packing.packing != PADDED  # padded batches carry no boundaries a torch reference could drop
+    on_main(info, lambda: check_image_lock(cfg.runtime.lock, policy))
     stack = check_stack(str(cfg.model.model), allow=policy, packed=packed, device=info.device)
     built = build_model(model=cfg.model, runtime=cfg.runtime, info=info, padded=not packed)
     on_main(info, lambda: check_checkpoint_shapes(built.model, start.resume_from))  # before anything is written
@@ -99,6 +108,9 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
         # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.
         log(info, f"guard passed; attention={built.attention}\n{report.render()}")
         data = load_training_data(cfg, info)
+        if info.device.type == "cuda" and packed:  # fla runs only there, and only packed blocks hold many segments
+            on_main(info, lambda: check_packed_segments(
+                segment_counts(data.plan.blocks, data.lengths, cfg.packing.max_length), config=built.model.config))
         saved = on_main(info, lambda: check_resume_plan(cfg, start, data.plan))
         claim(cfg, info, start)
         first = int(saved["step"]) if saved else 0

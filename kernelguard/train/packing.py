@@ -36,6 +36,7 @@ __all__ = [
     "pack_best_fit_decreasing",
     "pack_sequential_greedy",
     "packing_stats",
+    "segment_counts",
     "shard_blocks",
 ]
 
@@ -101,6 +102,12 @@ def _check_lengths(lengths: Sequence[int], block_size: int) -> None:
             raise ValueError(
                 f"example {i} has length {n}; every length must be in [1, block_size={block_size}]"
             )
+
+
+def segment_counts(blocks: Sequence[Sequence[int]], lengths: Sequence[int], block_size: int) -> list[int]:
+    """Segments per packed block as the GDN kernels see them (cu_seqlens): its examples, plus the padding tail,
+    which is one more segment whenever the examples do not fill the block."""
+    return [len(b) + (sum(lengths[i] for i in b) < block_size) for b in blocks]
 
 
 def pack_best_fit_decreasing(lengths: Sequence[int], block_size: int, *, seed: int = 0) -> list[list[int]]:

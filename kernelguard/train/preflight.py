@@ -32,8 +32,10 @@ __all__ = [
     "StartPlan",
     "check_checkpoint_shapes",
     "check_flags",
+    "check_image_lock",
     "check_inputs",
     "check_output",
+    "check_packed_segments",
     "checkpoint_bytes_estimate",
     "claim_output",
     "plan_resume",
@@ -389,3 +391,52 @@ def _safetensors_params(path: Path) -> int | None:
                 n *= int(dim)
             total += n
     return total
+
+
+def check_packed_segments(counts: list[int], *, config: Any, fla_version: str | None = None) -> None:
+    """fla < 0.6.0 (fla PR #1077) launches its GDN state kernels with N * HV on a grid axis CUDA caps at 65,535:
+    a block with more than 65,535 // HV segments fails at its first step. Refused here, before step 1."""
+    from packaging.version import InvalidVersion, Version
+
+    from kernelguard.env import distribution_version
+    from kernelguard.errors import GuardRefused
+    from kernelguard.geometry import gdn_dims
+    from kernelguard.known_issues import FLA_1077_GRID_LIMIT, by_id
+
+    issue = by_id("fla-1077-too-many-segments")
+    version = fla_version or distribution_version("fla-core") or distribution_version("flash-linear-attention")
+    dims = gdn_dims(config)
+    try:
+        affected = version is not None and Version(Version(version).base_version) < Version("0.6.0")
+    except InvalidVersion:
+        affected = False
+    if issue is None or dims is None or not counts or not affected:
+        return
+    limit = FLA_1077_GRID_LIMIT // dims.num_v_heads
+    over = [(i, n) for i, n in enumerate(counts) if n > limit]
+    if not over:
+        return
+    worst = max(over, key=lambda item: item[1])
+    raise GuardRefused(
+        f"known issue {issue.id} ({issue.source}): {len(over)} packed block(s) hold more than {limit} segments "
+        f"(65,535 // {dims.num_v_heads} value heads), the most {worst[1]} in block {worst[0]}; fla {version} "
+        "would fail the launch of that step with 'Triton Error [CUDA]: invalid argument'.",
+        fix=issue.fix,
+    )
+
+
+def check_image_lock(lock: str | None, policy: Any) -> None:
+    """--lock / KERNELGUARD_LOCK, on every device and before the model is built: a node whose stack differs from
+    the image's lock is refused (exit 3) with one line per difference; so is one where the lock's check fails.
+    The run's --allow items are compared with the lock's: the guard will run with them."""
+    from kernelguard.errors import GuardRefused, LockMismatch
+    from kernelguard.gate import check_lock
+
+    try:
+        result = check_lock(lock, allow=policy)  # the run's own --allow: it must be the lock's
+    except LockMismatch as e:
+        raise GuardRefused(str(e)) from e
+    if result is not None and not result.ok:
+        from kernelguard.report import render
+
+        raise GuardRefused(render(result))

@@ -42,7 +42,9 @@ TOP_OPS = 4
 # Wrapper ranges that enclose whole steps: never the op to blame.
 _WRAPPERS = ("ProfilerStep", "## ", "kernelguard.profile")
 _RECENT = 5  # unprofiled step times kept as the reference wall time
-_STEADY_SPREAD = 1.5  # recent steps steady when the slowest is within this factor of the fastest
+# Recent steps are steady when the slowest is within this factor of the fastest: a compile, autotune or first
+# eval shape makes a step many times slower (bench/lib/step_stats.py calls > 3x the median an outlier).
+_STEADY_SPREAD = 3.0
 _MAX_RETRIES = 50  # windows postponed (autotune inside, steps not steady yet) before one is reported anyway
 
 
@@ -194,31 +196,61 @@ def summarize_events(
 
 def events_from_profiler(prof: Any) -> list[Event]:
     """A finished ``torch.profiler.profile``'s events as :class:`Event` records: CPU events nested by their
-    CPU parent, each GPU kernel linked to the op that launched it (the profiler's correlation id)."""
+    CPU parent, each GPU kernel linked to the op that launched it.
+
+    The link is the profiler's correlation id: a kernel's ``linked_correlation_id`` is the ``id`` of the op
+    that launched it. It is read from the raw Kineto events, which carry it in every supported torch (the
+    parsed device events do not in all of them)."""
     from torch.autograd import DeviceType
 
     raw = list(prof.events())
     index = {id(e): i for i, e in enumerate(raw)}
+    out: list[Event] = []
     by_correlation: dict[int, int] = {}
-    for i, e in enumerate(raw):
-        if e.device_type == DeviceType.CPU and not getattr(e, "linked_correlation_id", 0):
-            by_correlation.setdefault(e.id, i)
-    out = []
     for e in raw:
+        if e.device_type != DeviceType.CPU:
+            continue
         name = e.name
-        if e.device_type == DeviceType.CPU:
-            runtime = name.startswith(("cuda", "cu", "hip"))
-            kind = ("launch" if "Launch" in name else "runtime") if runtime else "op"
-            parent = index.get(id(e.cpu_parent)) if e.cpu_parent is not None else None
-        else:
-            if getattr(e, "is_user_annotation", False):
-                kind = "annotation"  # a GPU-side range around kernels that are counted themselves
-            else:
-                kind = "copy" if "memcpy" in name.lower() or "memset" in name.lower() else "kernel"
-            parent = by_correlation.get(getattr(e, "linked_correlation_id", 0) or -1)
+        runtime = name.startswith(("cuda", "cu", "hip"))
+        kind = ("launch" if "Launch" in name else "runtime") if runtime else "op"
+        if kind == "op":
+            by_correlation.setdefault(e.id, len(out))
         seq = getattr(e, "sequence_nr", -1)
-        out.append(Event(name, kind, float(e.time_range.start), float(e.time_range.end), parent,
+        out.append(Event(name, kind, float(e.time_range.start), float(e.time_range.end), None,
                          seq if isinstance(seq, int) else -1))
+    cpu_index = {i_raw: i_out for i_out, i_raw in enumerate(
+        i for i, e in enumerate(raw) if e.device_type == DeviceType.CPU)}
+    for i_raw, i_out in cpu_index.items():
+        parent = raw[i_raw].cpu_parent
+        if parent is not None and index.get(id(parent)) in cpu_index:
+            out[i_out] = replace(out[i_out], parent=cpu_index[index[id(parent)]])
+    out.extend(_device_events(prof, raw, by_correlation))
+    return out
+
+
+def _device_events(prof: Any, parsed: list[Any], by_correlation: dict[int, int]) -> list[Event]:
+    """GPU kernels and memcpy/memset, from the raw Kineto events when the profiler kept them."""
+    from torch.autograd import DeviceType
+
+    results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    if results is not None:
+        start = results.trace_start_ns()
+        rows = [
+            (k.name(), (k.start_ns() - start) / 1e3, (k.end_ns() - start) / 1e3, k.linked_correlation_id())
+            for k in results.events()
+            if k.device_type() != DeviceType.CPU and not k.is_user_annotation()
+            and not getattr(k, "is_hidden_event", lambda: False)()
+        ]
+    else:
+        rows = [
+            (e.name, float(e.time_range.start), float(e.time_range.end), getattr(e, "linked_correlation_id", 0))
+            for e in parsed
+            if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)
+        ]
+    out = []
+    for name, start_us, end_us, corr in rows:
+        kind = "copy" if "memcpy" in name.lower() or "memset" in name.lower() else "kernel"
+        out.append(Event(name, kind, start_us, end_us, by_correlation.get(corr) if corr else None))
     return out
 
 
@@ -243,6 +275,7 @@ class StepProfiler:
     peak_flops: float | None = None
     fix: str | None = None
     on_events: Callable[[list[Event]], None] | None = None  # each reported window's events (benches keep them)
+    clock: Callable[[], float] = time.perf_counter
     profiles: list[StepProfile] = field(default_factory=list)
     retried: int = 0  # windows postponed: an autotune search inside, or steps not steady yet
     total_s: float = 0.0
@@ -309,7 +342,7 @@ class StepProfiler:
             self._searches0 = self._search_count()
             self._prof = profile(activities=activities)
             self._prof.__enter__()
-        self._cpu0, self._t0 = time.process_time(), time.perf_counter()
+        self._cpu0, self._t0 = time.process_time(), self.clock()
 
     def end(self, step: int) -> dict[str, Any]:
         if self._t0 is None:
@@ -317,12 +350,12 @@ class StepProfiler:
         prof, t0 = self._prof, self._t0
         self._prof = self._t0 = None
         if prof is None:
-            wall = time.perf_counter() - t0
+            wall = self.clock() - t0
             self._recent.append(wall)
             self.total_s += wall
             return {}
         self._sync()
-        wall, cpu = time.perf_counter() - t0, time.process_time() - self._cpu0
+        wall, cpu = self.clock() - t0, time.process_time() - self._cpu0
         prof.__exit__(None, None, None)
         # A search inside the window launches each candidate config many times: the figures would describe
         # the autotuner, not the step (a busy GPU read launch-bound). Profile the next step instead.
@@ -341,7 +374,7 @@ class StepProfiler:
             fix=self.fix or _allowed_fallback_fixes(),
         )
         trace = self._write_trace(prof, step)
-        spent = time.perf_counter() - t0
+        spent = self.clock() - t0
         self.total_s += spent
         profile = replace(profile, trace=trace)
         profile = replace(profile, overhead_s=max(0.0, spent - profile.step_s))

@@ -64,8 +64,8 @@ __all__ = [
 ]
 
 SLOW_PATH_PCT = 5.0
-SMALL_KERNEL_PCT = 60.0
-SMALL_KERNELS_PER_LAYER = 500.0
+SMALL_KERNEL_PCT = 50.0
+SMALL_KERNELS_PER_LAYER = 700.0
 IDLE_BUSY_PCT = 40.0
 IDLE_GAP_PCT = 25.0
 _BACKWARD_NODE = "autograd::engine::evaluate_function: "
@@ -215,7 +215,17 @@ def diagnose(
 
     ``step_s``: the steady (unprofiled) step time, for busy, gaps and MFU; ``layers``: decoder layers, for
     kernels per layer; ``fix``: what the guard would print for the slow path (its install command)."""
-    steps = max(1, steps)
+    figures, small_pct = _measure(records, max(1, steps), step_s, layers)
+    mfu = (flops_per_step / step_s / peak_flops) if (flops_per_step and step_s and peak_flops) else None
+    figures["mfu"] = mfu
+    verdict, line = _judge(figures, small_pct, fix)
+    return Diagnosis(verdict, line=line, **figures)
+
+
+def _measure(
+    records: Sequence[KernelRecord], steps: int, step_s: float | None, layers: int | None
+) -> tuple[dict[str, Any], float]:
+    """Diagnosis's figures (all but MFU) and the share of kernel time in elementwise/copy kernels."""
     kernel_us = sum(r.duration_us for r in records)
     by_class: dict[str, float] = dict.fromkeys(KERNEL_CLASSES, 0.0)
     per_ref: dict[str, float] = defaultdict(float)
@@ -233,50 +243,54 @@ def diagnose(
         if cls in ("elementwise", "copy"):
             small_us += r.duration_us
             small_ops[r.op] += 1
-    pct = (lambda us: 100.0 * us / kernel_us) if kernel_us > 0 else (lambda us: 0.0)
-    by_class_pct = {k: pct(v) for k, v in by_class.items()}
+
+    def pct(us: float) -> float:
+        return 100.0 * us / kernel_us if kernel_us > 0 else 0.0
+
     references = tuple(
         sorted(((f, layer_span(ref_layers[f]), pct(us)) for f, us in per_ref.items()), key=lambda t: -t[2])
     )
-    reference_pct = pct(sum(per_ref.values()))
     busy_pct, gap_pct = _busy_and_gap(records, steps=steps, step_s=step_s)
     kernels = len(records) / steps
-    per_layer = kernels / layers if layers else None
-    mfu = (flops_per_step / step_s / peak_flops) if (flops_per_step and step_s and peak_flops) else None
-    small_pct = pct(small_us)
-    top_small = tuple((op, n / steps) for op, n in small_ops.most_common(3))
     figures: dict[str, Any] = {
         "kernels": kernels, "kernel_s": kernel_us / 1e6 / steps, "busy_pct": busy_pct,
-        "largest_gap_pct": gap_pct, "by_class_pct": by_class_pct, "reference_pct": reference_pct,
-        "references": references, "kernels_per_layer": per_layer, "mfu": mfu, "small_kernel_ops": top_small,
+        "largest_gap_pct": gap_pct, "by_class_pct": {k: pct(v) for k, v in by_class.items()},
+        "reference_pct": pct(sum(per_ref.values())), "references": references,
+        "kernels_per_layer": kernels / layers if layers else None,
+        "small_kernel_ops": tuple((op, n / steps) for op, n in small_ops.most_common(3)),
     }
-    if reference_pct >= SLOW_PATH_PCT:
-        names = "; ".join(f"`{f}` {p:.0f}%" + (f" (layers {span})" if span else "") for f, span, p in references)
-        line = (
-            f"slow path: {reference_pct:.0f}% of GPU time is in kernels launched from transformers' torch "
-            f"reference functions: {names}"
-            + (f". Fix: {fix}" if fix else "")
+    return figures, pct(small_us)
+
+
+def _judge(f: dict[str, Any], small_pct: float, fix: str | None) -> tuple[str, str]:
+    """(verdict, line), most severe first; see the module docstring."""
+    if f["reference_pct"] >= SLOW_PATH_PCT:
+        names = "; ".join(
+            f"`{fn}` {p:.0f}%" + (f" (layers {span})" if span else "") for fn, span, p in f["references"]
         )
-        return Diagnosis("slow_path", line=line, **figures)
+        return "slow_path", (
+            f"slow path: {f['reference_pct']:.0f}% of GPU time is in kernels launched from transformers' torch "
+            f"reference functions: {names}" + (f". Fix: {fix}" if fix else "")
+        )
+    per_layer = f["kernels_per_layer"]
     if small_pct >= SMALL_KERNEL_PCT and per_layer is not None and per_layer > SMALL_KERNELS_PER_LAYER:
-        ops = ", ".join(f"{op} x{n:,.0f}" for op, n in top_small)
-        line = (
+        ops = ", ".join(f"{op} x{n:,.0f}" for op, n in f["small_kernel_ops"])
+        return "small_kernels", (
             f"small-kernel bound: {small_pct:.0f}% of GPU time in elementwise/copy kernels, {per_layer:,.0f} "
             f"kernels per decoder layer per step; most launched by: {ops}"
         )
-        return Diagnosis("small_kernels", line=line, **figures)
-    if busy_pct is not None and gap_pct is not None and busy_pct < IDLE_BUSY_PCT and gap_pct >= IDLE_GAP_PCT:
-        line = (
-            f"GPU idle: kernels ran {busy_pct:.0f}% of a steady step and the GPU waited {gap_pct:.0f}% of it in "
-            "one stretch: the host (input pipeline, a sync, Python work) is holding it up"
+    busy, gap = f["busy_pct"], f["largest_gap_pct"]
+    if busy is not None and gap is not None and busy < IDLE_BUSY_PCT and gap >= IDLE_GAP_PCT:
+        return "gpu_idle", (
+            f"GPU idle: kernels ran {busy:.0f}% of a steady step and the GPU waited {gap:.0f}% of it in one "
+            "stretch: the host (input pipeline, a sync, Python work) is holding it up"
         )
-        return Diagnosis("gpu_idle", line=line, **figures)
-    top = sorted(((v, k) for k, v in by_class_pct.items() if v > 0), reverse=True)[:3]
+    by_class = f["by_class_pct"]
+    top = sorted(((v, k) for k, v in by_class.items() if v > 0), reverse=True)[:3]
     classes = ", ".join(f"{k} {v:.0f}%" for v, k in top) or "no kernels"
-    mfu_text = f"MFU {100 * mfu:.1f}%" if mfu is not None else "MFU n/a"
-    fused = sum(by_class_pct[k] for k in FUSED_CLASSES)
-    line = f"healthy: {mfu_text}; GPU time: {classes}; fused GDN/conv/attention {fused:.0f}%"
-    return Diagnosis("healthy", line=line, **figures)
+    mfu_text = f"MFU {100 * f['mfu']:.1f}%" if f["mfu"] is not None else "MFU n/a"
+    fused = sum(by_class[k] for k in FUSED_CLASSES)
+    return "healthy", f"healthy: {mfu_text}; GPU time: {classes}; fused GDN/conv/attention {fused:.0f}%"
 
 
 def _busy_and_gap(
