@@ -215,7 +215,6 @@ def run_check(options: CheckOptions) -> CheckResult:
     packages = _probe_packages(requirements)
     env = with_gpus(env)
     target = _target(options, env)
-    packages = _probe_packages(requirements)
     facts = Facts(
         env=env,
         packages=packages,
