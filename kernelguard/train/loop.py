@@ -19,7 +19,6 @@ import torch
 
 from kernelguard.errors import CheckpointError, TrainingDiverged
 from kernelguard.gate import check_stack, run_gate
-from kernelguard.geometry import layer_types
 from kernelguard.policy import AllowPolicy
 
 from . import checkpoint as ckpt
@@ -56,7 +55,7 @@ from .preflight import (
     claim_output,
     preflight,
 )
-from .profiling import DEFAULT_FIRST_STEP, StepProfiler
+from .profiling import step_profiler
 from .reporting import Reporter, process_age_s, step_record
 from .signals import Preempted, stop_request
 from .step import (
@@ -299,7 +298,7 @@ def train(
     """Steps ``start`` .. ``plan.stop_step``: a metrics record per step, eval and checkpoints when due."""
     plan = data.plan
     peak = cfg.runtime.peak_tflops * 1e12 if cfg.runtime.peak_tflops else peak_flops(info.device)
-    profiler = step_profiler(cfg, info, built.config, peak)
+    profiler = step_profiler(cfg, info, built.config, peak, log=lambda message: log(info, message))
     stop = stop_request()
     stop.deferring = True  # SIGTERM from here on: finish the step, save, exit 143
     once: dict[str, Any] = {}
@@ -341,24 +340,6 @@ def train(
         stop.deferring, stop.when = False, "during the final export; the last checkpoint is complete"
         if info.is_main:
             ckpt.remove_incomplete(cfg.checkpoint.output_dir)
-
-
-def step_profiler(cfg: TrainConfig, info: DistInfo, hf_config: Any = None, peak: float = 0.0) -> StepProfiler:
-    """Rank 0's step diagnosis (kernelguard.train.profiling); the other ranks never profile. Without
-    --profile-step: from step 10 on a GPU, never on a CPU-only run (no GPU to judge; a trace asks for it)."""
-    first = cfg.metrics.profile_step
-    if first is None:
-        wanted = getattr(info.device, "type", None) == "cuda" or cfg.metrics.profile_trace is not None
-        first = DEFAULT_FIRST_STEP if wanted else 0
-    return StepProfiler(
-        first_step=first if info.is_main else 0,
-        every=cfg.metrics.profile_every,
-        trace_dir=cfg.metrics.profile_trace,
-        device=info.device,
-        log=lambda message: log(info, message),
-        layers=len(layer_types(hf_config)) or None if hf_config is not None else None,
-        peak_flops=peak or None,
-    )
 
 
 def stop_for_sigterm(
