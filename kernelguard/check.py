@@ -10,7 +10,7 @@ from typing import Any
 
 from . import catalog, discovery
 from .capability import ComputeCapability, parse_all
-from .env import Environment, probe
+from .env import Environment, probe, with_gpus
 from .errors import ConfigError
 from .facts import Facts
 from .policy import AllowPolicy
@@ -130,15 +130,17 @@ def _target(options: CheckOptions, env: Environment) -> Target:
 
 
 def _probe_packages(requirements: catalog.Requirements) -> dict[str, PackageFacts]:
-    facts: dict[str, PackageFacts] = {}
+    wanted: dict[str, tuple[catalog.PackageSpec, str]] = {}
     for req in requirements.kernels:
-        spec = req.package_spec
-        if spec is None or req.module is None or req.module in facts:
-            continue
-        facts[req.module] = probe_package(spec, req.module, req.kernel)
+        if req.package_spec is not None and req.module is not None and req.module not in wanted:
+            wanted[req.module] = (req.package_spec, req.kernel)
     if requirements.needs_varlen_attention:
-        facts["flash_attn"] = probe_package(catalog.PACKAGES["flash_attn"], "flash_attn", "flash_attn_varlen_func")
-    return facts
+        wanted["flash_attn"] = (catalog.PACKAGES["flash_attn"], "flash_attn_varlen_func")
+    # Compiled packages first: their import probe forks only while CUDA is uninitialised, and importing a
+    # Triton package (fla reads the GPU's name at import) initialises it.
+    order = sorted(wanted, key=lambda module: not wanted[module][0].compiled)
+    facts = {module: probe_package(wanted[module][0], module, wanted[module][1]) for module in order}
+    return {module: facts[module] for module in wanted}
 
 
 def _hub_target(env: Environment, capability: ComputeCapability | None) -> Any:
@@ -209,7 +211,9 @@ def run_check(options: CheckOptions) -> CheckResult:
     spec = discovery.resolve_model(options.model, source)
     packed = options.mode == "training" if options.packed is None else options.packed
     requirements = catalog.requirements(spec, options.mode, packed=packed, transformers_version=source.version)
-    env = probe()
+    env = probe(read_gpus=False)  # torch imported, CUDA not yet initialised: the import probes can fork
+    packages = _probe_packages(requirements)
+    env = with_gpus(env)
     target = _target(options, env)
     packages = _probe_packages(requirements)
     facts = Facts(

@@ -165,6 +165,10 @@ def prepare_training(
     # Compile before fully_shard (torchtitan's order) and before AC: dynamo cannot trace a checkpoint region
     # with graph breaks in it (the opaque kernels), so a compiled checkpoint wrapper would run all eager; a
     # checkpoint of the compiled layer recomputes the compiled forward instead.
+    if cfg.runtime.fused_norms:  # before compile: the compiled layers trace the fused forwards
+        from .fused_norms import fuse_norms
+
+        _log(info, fuse_norms(model).describe())
     if cfg.runtime.compile:
         from .compile import compile_layers
 

@@ -250,6 +250,13 @@ class RuntimeSection:
         "conv and attention left opaque (speedups measured: bench/RESULTS.md); the first steps pause to compile",
         negatable=True,
     )
+    # Off by default until measured on the GPU (bench/gpu/perf_round4.sh, lever fused_norms).
+    fused_norms: bool = setting(
+        False,
+        "Liger-Kernel's fused RMSNorm and SiLU-gate kernels for every norm and MLP that computes exactly what "
+        "they compute (kernelguard.train.fused_norms); CUDA only, needs pip install liger-kernel",
+        negatable=True,
+    )
     loss: str = setting(
         "chunked",
         "chunked: cross-entropy from the final hidden states in 4,096-token chunks, never materialising the fp32 "

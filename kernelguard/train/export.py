@@ -3,16 +3,19 @@
     export_run(output, model=..., built=..., tokenizer=..., dtype=..., info=...)   # end of a run
     export_checkpoint(Path("OUT/checkpoints/step_40"))                             # `kernelguard export`
 
-Both read the trained tensors from a DCP checkpoint (the run first saves its model's shards as one, into
-``final.tmp/.pieces``, all ranks in parallel; ``kernelguard export`` reads a training checkpoint), so an
-export after the fact is byte-identical to the run's own. The tensors are planned into shards of at most
-``max_shard_size`` (``model.safetensors`` alone, else ``model-0000i-of-0000N.safetensors`` plus
-``model.safetensors.index.json``, as ``save_pretrained`` names them); rank ``r`` writes shards ``r, r + world,
-...``, one full tensor in host memory at a time, in the export dtype. The names are the source checkpoint's
-(``model.language_model.*`` for the multimodal Qwen3.5 layout) and the tensors the text model does not have
-(vision tower) are copied unchanged from the source files, so the class the user started from loads the
-folder. Rank 0 then writes the index, config.json (with ``dtype``), the tokenizer and its chat template, and
-renames ``final.tmp/`` to ``final/``: there is never a half-written ``final/``.
+The tensors are planned into shards of at most ``max_shard_size`` (``model.safetensors`` alone, else
+``model-0000i-of-0000N.safetensors`` plus ``model.safetensors.index.json``, as ``save_pretrained`` names them);
+rank ``r`` writes shards ``r, r + world, ...`` in the export dtype. At the end of a run each trained tensor is
+cast to the export dtype on its shards and gathered whole (every rank takes part, in one order); only the rank
+that writes it keeps it, and a writer thread streams it to disk while the next ones are gathered, so nothing is
+written twice and host memory holds at most ``IN_FLIGHT`` bytes (or the largest tensor) per rank. ``kernelguard
+export`` reads the same tensors from a training checkpoint (DCP, fp32) instead, cast the same way: both exports
+are byte-identical. A parameter the model holds in fp32 while it computes the rest in a lower precision stays
+fp32. The names are the source checkpoint's (``model.language_model.*`` for the multimodal Qwen3.5 layout) and
+the tensors the text model does not have (vision tower) are copied unchanged from the source files, so the class
+the user started from loads the folder. Rank 0 then writes the index, config.json (with ``dtype``), the
+tokenizer and its chat template, and renames ``final.tmp/`` to ``final/``: there is never a half-written
+``final/``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import os
 import shutil
 import struct
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,7 @@ import torch.distributed as dist
 from kernelguard.errors import EXIT_OK, EXIT_USAGE, CheckpointError, ConfigError
 
 from .config_rules import DEFAULT_MAX_SHARD_SIZE, parse_size
+from .export_stream import IN_FLIGHT, Gathered, feed, held_in_fp32, stream_files
 from .write_errors import write_failure
 
 __all__ = [
@@ -45,7 +49,6 @@ __all__ = [
     "write_safetensors",
 ]
 
-PIECES = ".pieces"
 GENERATION_CONFIG = "generation_config.json"
 _CODES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -114,11 +117,14 @@ def write_safetensors(path: Path, tensors: list[OutTensor], fetch: Callable[[Out
 
 # ---------------------------------------------------------------------------------------- the tensors ---
 def export_tensors(
-    shapes: dict[str, tuple[int, ...]], *, plan: Any, tied: bool, dtype: torch.dtype, key_prefix: str = ""
+    shapes: dict[str, tuple[int, ...]], *, plan: Any, tied: bool, dtype: torch.dtype, key_prefix: str = "",
+    keep_fp32: Collection[str] = (),
 ) -> list[OutTensor]:
-    """The trained tensors (named as in the source files) then the carried ones (copied, in their dtype)."""
+    """The trained tensors (named as in the source files) then the carried ones (copied, in their dtype); the
+    keys in ``keep_fp32`` stay fp32."""
     out = [
-        OutTensor(plan.layout.file_key(k) if plan is not None else k, shape, dtype, key_prefix + k)
+        OutTensor(plan.layout.file_key(k) if plan is not None else k, shape,
+                  torch.float32 if k in keep_fp32 else dtype, key_prefix + k)
         for k, shape in shapes.items()
         if not (tied and k == "lm_head.weight")
     ]
@@ -128,9 +134,19 @@ def export_tensors(
     return out
 
 
+def _read_carried(plan: Any, t: OutTensor) -> torch.Tensor:
+    from safetensors import safe_open
+
+    entry = plan.layout.tensors[t.key]
+    with safe_open(str(plan.layout.folder / entry.file), framework="pt") as f:
+        return f.get_tensor(t.key)
+
+
 class _Source:
     """Full tensors by key: trained ones from a DCP checkpoint (this process alone), carried ones from the
     source safetensors."""
+
+    collective = False
 
     def __init__(self, checkpoint: Path, plan: Any) -> None:
         from torch.distributed.checkpoint import FileSystemReader
@@ -140,13 +156,9 @@ class _Source:
         self.metadata = FileSystemReader(str(checkpoint)).read_metadata()
         self._reader: Any = None
 
-    def __call__(self, t: OutTensor) -> torch.Tensor:
+    def __call__(self, t: OutTensor, keep: bool = True) -> torch.Tensor:
         if t.carried:
-            from safetensors import safe_open
-
-            entry = self.plan.layout.tensors[t.key]
-            with safe_open(str(self.plan.layout.folder / entry.file), framework="pt") as f:
-                return f.get_tensor(t.key)
+            return _read_carried(self.plan, t)
         return self._trained(t).to(t.dtype)
 
     def _trained(self, t: OutTensor) -> torch.Tensor:
@@ -177,13 +189,14 @@ class _Source:
         return self._reader
 
 
-def write_shards(folder: Path, tensors: list[OutTensor], source: _Source, *, max_bytes: int, rank: int,
-                 world: int) -> list[list[OutTensor]]:
-    """This rank's shards of the plan (every rank computes the same plan)."""
+def write_shards(folder: Path, tensors: list[OutTensor], source: Any, *, max_bytes: int, rank: int,
+                 world: int, budget: int = IN_FLIGHT) -> list[list[OutTensor]]:
+    """This rank's shards of the plan (every rank computes the same plan), written while the next tensors are
+    fetched; with a collective ``source`` this rank also takes part in fetching the tensors other ranks write."""
     shards = plan_shards(tensors, max_bytes)
-    for i, (name, shard) in enumerate(zip(shard_names(len(shards)), shards)):
-        if i % world == rank:
-            write_safetensors(folder / name, shard, source)
+    names = shard_names(len(shards))
+    mine = [(folder / names[i], s) for i, s in enumerate(shards) if i % world == rank]
+    stream_files(mine, feed(shards, world), source, rank=rank, write=write_safetensors, budget=budget)
     return shards
 
 
@@ -191,7 +204,6 @@ def finalize(tmp: Path, final: Path, shards: list[list[OutTensor]], *, config: A
              dtype: torch.dtype, source: str | Path | None = None) -> Path:
     """Rank 0: index, config.json with ``dtype``, tokenizer + chat template, the source model folder's
     generation_config.json (its sampling defaults and stop tokens, what generate() uses), then the rename."""
-    shutil.rmtree(tmp / PIECES, ignore_errors=True)
     names = shard_names(len(shards))
     if len(shards) > 1:
         index = {
@@ -236,9 +248,8 @@ def _all_ok(error: BaseException | None, *, tmp: Path, is_main: bool) -> None:
 # ----------------------------------------------------------------------------------------- entry points ---
 def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: torch.dtype, info: Any,
                max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE, source: str | Path | None = None) -> Path:
-    """All ranks: the model's shards as a DCP checkpoint in ``final.tmp/.pieces``, then the HF shards;
-    ``source`` is the run's --model (its generation_config.json is kept)."""
-    import torch.distributed.checkpoint as dcp
+    """All ranks: the model's tensors gathered one at a time and written as HF shards in ``final.tmp/``, then
+    renamed; ``source`` is the run's --model (its generation_config.json is kept)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     tmp, final = output / "final.tmp", output / "final"
@@ -247,19 +258,18 @@ def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: t
         tmp.mkdir(parents=True)
     dist.barrier()
     state = get_model_state_dict(model)
-    dcp.save(state, checkpoint_id=str(tmp / PIECES))
     tied = bool(getattr(built.config.get_text_config(), "tie_word_embeddings", False))
     tensors = export_tensors({k: tuple(v.shape) for k, v in state.items()}, plan=built.weight_plan, tied=tied,
-                             dtype=dtype)
-    del state
+                             dtype=dtype, keep_fp32=held_in_fp32(model))
     shards: list[list[OutTensor]] = []
     error: BaseException | None = None
     after = "--resume (the last checkpoint is complete; the resumed run only exports)"
     try:
-        shards = write_shards(tmp, tensors, _Source(tmp / PIECES, built.weight_plan),
+        shards = write_shards(tmp, tensors, Gathered(state, built.weight_plan, _read_carried),
                               max_bytes=parse_size(max_shard_size), rank=info.rank, world=info.world_size)
     except Exception as e:  # noqa: BLE001 - disk full, permissions, safetensors' own error: every rank hears
         error = _failure(tmp, e, output=output, tensors=tensors, after=after)
+    del state
     _all_ok(error, tmp=tmp, is_main=info.is_main)
     if info.is_main:
         try:

@@ -194,6 +194,11 @@ def _weight_shapes(folder: Path) -> dict[str, list[int]]:
 
 
 def check_flags(cfg: TrainConfig) -> None:
+    if cfg.runtime.fused_norms:
+        from .fused_norms import LIGER_FIX, liger_missing
+
+        if (why := liger_missing()) is not None:
+            raise ConfigError(why, fix=LIGER_FIX)
     if cfg.evaluation.eval_every and not (cfg.evaluation.eval_data or cfg.evaluation.eval_fraction):
         raise ConfigError(
             f"--eval-every {cfg.evaluation.eval_every} needs an eval set.",
