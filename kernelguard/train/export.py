@@ -42,6 +42,7 @@ __all__ = [
     "export_run",
     "plan_shards",
     "shard_names",
+    "tensor_dtype",
     "write_safetensors",
 ]
 
@@ -116,9 +117,11 @@ def write_safetensors(path: Path, tensors: list[OutTensor], fetch: Callable[[Out
 def export_tensors(
     shapes: dict[str, tuple[int, ...]], *, plan: Any, tied: bool, dtype: torch.dtype, key_prefix: str = ""
 ) -> list[OutTensor]:
-    """The trained tensors (named as in the source files) then the carried ones (copied, in their dtype)."""
+    """The trained tensors (named as in the source files) then the carried ones (copied, in their dtype).
+    The parameters training keeps in fp32 (:data:`kernelguard.train.parallel.FP32_PARAM_NAMES`, the GDN
+    decay) are written in fp32 whatever ``dtype`` says, as the checkpoints they come from store them."""
     out = [
-        OutTensor(plan.layout.file_key(k) if plan is not None else k, shape, dtype, key_prefix + k)
+        OutTensor(plan.layout.file_key(k) if plan is not None else k, shape, tensor_dtype(k, dtype), key_prefix + k)
         for k, shape in shapes.items()
         if not (tied and k == "lm_head.weight")
     ]
@@ -126,6 +129,14 @@ def export_tensors(
         entry = plan.layout.tensors[key]
         out.append(OutTensor(key, entry.shape, _DTYPES[entry.dtype], key, carried=True))
     return out
+
+
+def tensor_dtype(key: str, dtype: torch.dtype) -> torch.dtype:
+    """The export dtype of the trained tensor ``key``: ``dtype``, or fp32 for a parameter kept in fp32."""
+    from .parallel import FP32_PARAM_NAMES
+
+    keep = key.rsplit(".", 1)[-1] in FP32_PARAM_NAMES and dtype.itemsize < torch.float32.itemsize
+    return torch.float32 if keep else dtype
 
 
 class _Source:
