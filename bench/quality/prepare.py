@@ -147,6 +147,15 @@ def unigram_baseline(*, train_data: str, eval_data: str, tokenizer: Any, block_s
     }
 
 
+def eval_counts(*, eval_data: str, tokenizer: Any, block_size: int) -> dict[str, Any]:
+    """The eval file's example, token and loss-token counts (what ``--no-unigram`` still checks)."""
+    from kernelguard.train.data import load_examples
+
+    held, _ = load_examples(data=eval_data, tokenizer=tokenizer, block_size=block_size, take="all")
+    return {"eval_examples": len(held), "eval_tokens": sum(len(ids) for ids, _ in held),
+            "eval_loss_tokens": sum(_loss_token_counts(held).values())}  # fmt: skip
+
+
 def split_rows(rows: list[Any], *, eval_fraction: float, seed: int) -> tuple[list[Any], list[Any]]:
     """(train, eval) rows: a seeded choice of ``eval_fraction`` of the rows (at least one) held out, each side
     in the file's order."""
@@ -173,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-fraction", type=float, default=0.03)
     p.add_argument("--min-eval-tokens", type=int, default=0, help="refuse an eval file with fewer loss tokens")
     p.add_argument("--seed", type=int, default=0, help="the split's seed (training seeds are the runs' own)")
+    p.add_argument("--no-unigram", action="store_true", help="skip the baseline (tokenize the eval file only)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     data = json.loads(chitchat_to_jsonl.dataset_path().read_text(encoding="utf-8"))
@@ -186,18 +196,22 @@ def main(argv: list[str] | None = None) -> int:
     from kernelguard.train.data import load_tokenizer
 
     tok = load_tokenizer(str(args.out / "tokenizer"))
-    baseline = unigram_baseline(train_data=str(train), eval_data=str(held), tokenizer=tok, block_size=args.block_size)
+    if args.no_unigram:
+        baseline = eval_counts(eval_data=str(held), tokenizer=tok, block_size=args.block_size)
+    else:
+        baseline = unigram_baseline(train_data=str(train), eval_data=str(held), tokenizer=tok, block_size=args.block_size)
     baseline.update(
         rows=counts["rows"], train_rows=len(train_rows), eval_rows=len(eval_rows), block_size=args.block_size,
         eval_fraction=args.eval_fraction, seed=args.seed, max_turns=args.max_turns,
-        train_blocks_estimate=baseline["train_tokens"] / args.block_size,
     )  # fmt: skip
-    (args.out / "unigram.json").write_text(json.dumps(baseline, indent=1) + "\n")
+    (args.out / ("eval_counts.json" if args.no_unigram else "unigram.json")).write_text(json.dumps(baseline, indent=1) + "\n")
+    what = "no unigram baseline" if args.no_unigram else (
+        f"unigram eval cross-entropy {baseline['eval_cross_entropy']:.4f} (alpha {baseline['alpha']}, uniform "
+        f"{baseline['uniform_cross_entropy']:.4f})"
+    )
     print(
-        f"prepare: {counts['rows']} conversations ({len(train_rows)} train, {baseline['train_tokens']} tokens; "
-        f"{len(eval_rows)} eval, {baseline['eval_loss_tokens']} loss tokens), unigram eval cross-entropy "
-        f"{baseline['eval_cross_entropy']:.4f} (alpha {baseline['alpha']}, uniform "
-        f"{baseline['uniform_cross_entropy']:.4f}) in {time.perf_counter() - t0:.1f} s -> {args.out}",
+        f"prepare: {counts['rows']} conversations ({len(train_rows)} train; {len(eval_rows)} eval, "
+        f"{baseline['eval_loss_tokens']} loss tokens), {what} in {time.perf_counter() - t0:.1f} s -> {args.out}",
         file=sys.stderr,
     )
     if baseline["eval_loss_tokens"] < args.min_eval_tokens:
