@@ -83,3 +83,22 @@ def test_decay_parameters_stay_fp32_in_compute_on_two_ranks_and_in_the_export(tm
     for key, value in after.items():
         assert tensors[key].dtype == torch.float32 and torch.equal(tensors[key], value), key
     assert tensors["model.layers.0.linear_attn.in_proj_qkv.weight"].dtype == torch.bfloat16
+
+
+@pytest.mark.slow
+def test_bf16_run_with_fp32_decay_checkpoints_resumes_and_exports_on_two_ranks(tmp_path: Path) -> None:
+    """The parameters kept whole go through kernelguard train's DCP checkpoint, --resume and export."""
+    assets = h.write_train_assets(tmp_path, rows=120)
+    args = ["--model", str(assets["model"]), "--tokenizer", str(assets["tok"]), "--data", str(assets["data"]),
+            "--block-size", "128", "--param-dtype", "bf16", "--learning-rate", "1e-2", "--no-progress", "--no-plot",
+            "--allow", "attention", "--save-steps", "2", "--output-dir", str(tmp_path / "out")]  # fmt: skip
+    first = h.run_train([*args, "--max-steps", "2"], nproc=2)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = h.run_train([*args, "--max-steps", "3", "--resume"], nproc=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [json.loads(x)["step"] for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    with safe_open(str(next((tmp_path / "out" / "final").glob("*.safetensors"))), framework="pt") as f:
+        dtypes = {k: f.get_tensor(k).dtype for k in f.keys() if k.startswith("model.layers.0.linear_attn.")}  # noqa: SIM118
+    assert dtypes["model.layers.0.linear_attn.A_log"] == dtypes["model.layers.0.linear_attn.dt_bias"] == torch.float32
+    assert dtypes["model.layers.0.linear_attn.in_proj_qkv.weight"] == torch.bfloat16

@@ -1,6 +1,7 @@
-"""The quality comparison (bench/quality): the chitchat converter, the compare driver, the padded and leaky
-layouts, and `kernelguard train` in its three --packing modes on real conversations with the real Qwen3.5
-vocabulary: packed == padded per step (fp32, CPU) and the leaky negative control measurably different."""
+"""The quality comparison (bench/quality): the chitchat converter, the compare driver (seeds, spreads,
+verdicts), the padded, leaky and naive layouts, and `kernelguard train` in its four --packing modes on real
+conversations with the real Qwen3.5 vocabulary: packed == padded per step (fp32, CPU) and both negative
+controls (leaky, naive; each needs --allow packed-without-boundaries) measurably different."""
 
 from __future__ import annotations
 
@@ -171,12 +172,12 @@ def test_compare_reads_seeds_and_judges_the_gaps_against_their_spread(tmp_path: 
     assert naive["in_spreads"] == pytest.approx(9.5) and naive["detected"]
     assert result["method_gap"]["first_k"]["packed_minus_padded"] == pytest.approx(-0.01)
     assert result["verdict_lines"] == [
-        ("method (eval loss): packed vs padded AGREE: difference of means -0.0100 (0.17%) against a seed spread "
+        ("method (eval loss at step 10): packed vs padded AGREE: difference of means -0.0100 (0.17%) against a seed spread "
         "of 0.0200 (3 + 3 seeds)"),
-        "control naive (eval loss): DETECTED: +0.1900 (3.16%) from packed, 9.5 seed spreads (detected above 3)",
-        ("method (eval loss on the first K label tokens): packed vs padded AGREE: difference of means -0.0100 "
+        "control naive (eval loss at step 10): DETECTED: +0.1900 (3.16%) from packed, 9.5 seed spreads (detected above 3)",
+        ("method (eval loss on the first K label tokens at step 10): packed vs padded AGREE: difference of means -0.0100 "
         "(0.14%) against a seed spread of 0.0200 (3 + 3 seeds)"),
-        ("control naive (eval loss on the first K label tokens): DETECTED: +0.1900 (2.71%) from packed, 9.5 seed "
+        ("control naive (eval loss on the first K label tokens at step 10): DETECTED: +0.1900 (2.71%) from packed, 9.5 seed "
         "spreads (detected above 3)"),
         "schedule: eval loss still falling at the end in 6 of 7 runs",
         ("learning: every run's final eval loss below its first train loss: True; below the unigram baseline "
@@ -196,7 +197,16 @@ def test_a_gap_beyond_the_spread_or_half_a_percent_disagrees(tmp_path: Path) -> 
     assert "packed vs padded DIFFER" in result["verdict_lines"][0]
 
 
-# ------------------------------------------------------------------------- kernelguard train, three modes ---
+def test_runs_are_compared_at_the_last_eval_step_all_of_them_reached(tmp_path: Path) -> None:
+    _seeded(tmp_path, "packed", [6.00, 6.02])
+    _metrics(tmp_path / "none.s0.metrics.jsonl", [12.0 - 0.5 * i for i in range(7)], {5: 6.5})  # cut at step 7
+    result = compare.compare(compare.read_dirs([tmp_path]), None)
+    assert result["eval_step"] == 5
+    assert result["modes"]["whole"]["packed"]["values"] == [7.0, 7.02]  # their step-5 evals, not their last
+    assert result["method_gap"]["whole"]["packed_minus_padded"] == pytest.approx(0.51)
+
+
+# -------------------------------------------------------------------------- kernelguard train, four modes ---
 STEPS = 4
 
 

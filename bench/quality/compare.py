@@ -9,7 +9,10 @@ Per run: the final and minimum eval loss (whole examples and their first K label
 was still falling at the end (the last eval below every earlier one), first/final train loss, median tokens/s
 over the steady steps. Per mode: mean, standard deviation and spread (max - min) over seeds. Then:
 
-- **method gap** (padded vs packed): the difference of the mean final eval losses against the seed spread
+Every mode is compared at the last eval step that every run reached (a run cut by its time limit keeps what it
+wrote; the others are read at the same step, ``eval_step`` in the JSON).
+
+- **method gap** (padded vs packed): the difference of the mean eval losses against the seed spread
   (the larger of the two modes' max - min). They *agree* when the difference is within that spread AND within
   ``AGREE_REL`` (0.5%) of padded's mean;
 - **control gap** (each control vs packed): the difference against packed's mean, in units of the seed spread;
@@ -88,6 +91,7 @@ def summarize(run: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 eval_tokens_first_k=evals[-1]["eval_tokens_first_k"],
                 first_k=evals[-1]["eval_first_k"],
             )
+        out["by_step"] = {r["step"]: {k: r[k] for k in ("eval_loss", "eval_loss_first_k") if k in r} for r in evals}
     return out
 
 
@@ -101,10 +105,16 @@ def _stats(values: list[float]) -> dict[str, Any]:
     }
 
 
-def _by_mode(summaries: dict[str, dict[int, Any]], key: str) -> dict[str, dict[str, Any]]:
+def common_eval_step(summaries: dict[str, dict[int, Any]]) -> int | None:
+    """The last eval step every run reached (a run cut by its time limit is compared where all others were)."""
+    lasts = [max(s["by_step"]) for seeds in summaries.values() for s in seeds.values() if s.get("by_step")]
+    return min(lasts) if lasts else None
+
+
+def _by_mode(summaries: dict[str, dict[int, Any]], key: str, step: int) -> dict[str, dict[str, Any]]:
     out = {}
     for mode, seeds in summaries.items():
-        values = [s[key] for _, s in sorted(seeds.items()) if key in s]
+        values = [s["by_step"][step][key] for _, s in sorted(seeds.items()) if key in s.get("by_step", {}).get(step, {})]
         if values:
             out[mode] = _stats(values)
     return out
@@ -148,9 +158,10 @@ def _control_gaps(stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def compare(runs: dict[str, dict[int, Any]], unigram: dict[str, Any] | None) -> dict[str, Any]:
     summaries = {mode: {seed: summarize(run) for seed, run in seeds.items()} for mode, seeds in runs.items()}
-    result: dict[str, Any] = {"runs": summaries, "modes": {}, "method_gap": {}, "control_gap": {}}
-    for key, label in (("final_eval_loss", "whole"), ("final_eval_loss_first_k", "first_k")):
-        stats = _by_mode(summaries, key)
+    step = common_eval_step(summaries)
+    result: dict[str, Any] = {"runs": summaries, "eval_step": step, "modes": {}, "method_gap": {}, "control_gap": {}}
+    for key, label in (("eval_loss", "whole"), ("eval_loss_first_k", "first_k")):
+        stats = _by_mode(summaries, key, step) if step is not None else {}
         result["modes"][label] = stats
         result["method_gap"][label] = _method_gap(stats)
         result["control_gap"][label] = _control_gaps(stats)
@@ -163,7 +174,9 @@ def compare(runs: dict[str, dict[int, Any]], unigram: dict[str, Any] | None) -> 
 
 def verdict_lines(result: dict[str, Any], summaries: dict[str, Any], unigram: dict[str, Any] | None) -> list[str]:
     lines = []
-    for label, words in (("whole", "eval loss"), ("first_k", "eval loss on the first K label tokens")):
+    step = result["eval_step"]
+    for label, words in ((("whole", f"eval loss at step {step}"),
+                          ("first_k", f"eval loss on the first K label tokens at step {step}"))):
         gap = result["method_gap"][label]
         if gap is not None:
             lines.append(
