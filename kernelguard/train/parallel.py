@@ -216,10 +216,12 @@ def apply_fsdp(
 
     The parameters named in ``keep_fp32`` (a few hundred values per layer) are left out of every FSDP2 unit
     when the policy computes in a lower dtype: they stay whole, fp32, on every rank, so the forward reads
-    them in fp32. FSDP2 casts a unit's parameters to one dtype, and a separate unit cannot hold parameters
-    of a module whose other parameters are in another unit (``A_log`` sits beside the GDN projections);
-    the price of leaving them out is that their gradients are not reduced by FSDP2:
-    :func:`sync_replicated_grads` averages them, and the optimizer and the clip treat them as plain tensors."""
+    them in fp32. FSDP2 casts a unit's parameters to one dtype, and a unit is a module with everything under
+    it not already in a unit: ``A_log`` sits on the GDN module beside its projections, and the GDN forward
+    reads ``conv1d.weight`` without calling ``conv1d`` (so its children cannot be units of their own, which
+    would leave the GDN unit holding the decay alone). The price of leaving them out is that FSDP2 does not
+    reduce their gradients: :func:`sync_replicated_grads` averages them, and the optimizer and the clip treat
+    them as plain tensors."""
     from torch.distributed.fsdp import fully_shard
 
     low = mp_policy.param_dtype is not None and mp_policy.param_dtype.itemsize < torch.float32.itemsize
