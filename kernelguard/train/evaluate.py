@@ -88,10 +88,10 @@ def evaluate(
                 model, batch, [batch["labels"], first["labels"]], device=info.device, head=state.head
             )
             if b is not None:
-                totals += torch.tensor(
-                    [float(whole), label_count(batch), float(head_k), label_count(first)],
-                    dtype=torch.float64, device=info.device,
-                )  # fmt: skip
+                totals[0] += whole.double()
+                totals[1] += label_count(batch)
+                totals[2] += head_k.double()
+                totals[3] += label_count(first)
     finally:
         model.train(was_training)
     dist.all_reduce(totals)
