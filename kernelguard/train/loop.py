@@ -39,8 +39,11 @@ from .metrics import peak_flops, plot_metrics, step_flops
 from .packing import (
     LEAKY,
     LEAKY_WARNING,
+    NAIVE,
+    NAIVE_WARNING,
     PADDED,
     build_batch,
+    check_control_allowed,
     eval_layout,
     pack_best_fit_decreasing,
     packing_stats,
@@ -90,13 +93,15 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     as it was."""
     torch.manual_seed(cfg.training.seed)
     policy = AllowPolicy.parse(cfg.runtime.allow, source="--allow")
+    check_control_allowed(cfg.packing.packing, allowed=policy.allows_packed_without_boundaries())
     start = on_main(info, lambda: preflight(cfg, world_size=info.world_size))
     for warning in start.warnings:
         log(info, warning, logging.WARNING)
     for notice in start.notices:
         log(info, notice)
-    if cfg.packing.packing == LEAKY:
-        log(info, LEAKY_WARNING, logging.WARNING)
+    warning = {LEAKY: LEAKY_WARNING, NAIVE: NAIVE_WARNING}.get(cfg.packing.packing)
+    if warning:
+        log(info, warning, logging.WARNING)
     packed = cfg.packing.packing != PADDED  # padded batches carry no boundaries a torch reference could drop
     on_main(info, lambda: check_image_lock(cfg.runtime.lock, policy))
     stack = check_stack(str(cfg.model.model), allow=policy, packed=packed, device=info.device)
@@ -156,9 +161,8 @@ def load_training_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     data = TrainData(tokenizer, examples, lengths, plan, pad_token_id(tokenizer))
     if cfg.evaluation.eval_data or cfg.evaluation.eval_fraction:
         data.eval_examples, estats = read_examples(cfg, tokenizer, take="eval")
-        data.eval_blocks = pack_eval_blocks(
-            data.eval_examples, cfg.packing.max_length, seed=cfg.training.seed
-        )
+        # Seed 0, not --seed: runs of several seeds measure the same eval blocks.
+        data.eval_blocks = pack_eval_blocks(data.eval_examples, cfg.packing.max_length, seed=0)
         log(info, f"eval data: {estats.render()}; {len(data.eval_blocks)} blocks")
         note = check_eval_overlap(data.examples, data.eval_examples, source=cfg.evaluation.eval_data or cfg.data.data)
         if note:
@@ -323,7 +327,7 @@ def train(
             once = {}
             done = step + 1
             if data.eval_examples is not None and _due(cfg.evaluation.eval_every, done, plan.stop_step):
-                loss, tokens = evaluate(
+                result = evaluate(
                     state,
                     data.eval_examples,
                     data.eval_blocks,
@@ -331,7 +335,7 @@ def train(
                     pad_id=data.pad_id,
                     packing=eval_layout(cfg.packing.packing),
                 )
-                out.write({"step": done, "eval_loss": loss, "eval_tokens": tokens})
+                out.write({"step": done} | result.record())
             if _due(cfg.checkpoint.save_steps, done, plan.stop_step):
                 save(cfg, info, state, done, plan, identity)
         if profiler.summary():
