@@ -14,9 +14,15 @@ import torch
 
 from kernelguard.errors import ConfigError
 from kernelguard.train.config_cli import parse_args
-from kernelguard.train.loop import step_profiler
 from kernelguard.train.parallel import DistInfo
-from kernelguard.train.profiling import DEFAULT_FIRST_STEP, Event, StepProfiler, busy_us, summarize_events
+from kernelguard.train.profiling import (
+    DEFAULT_FIRST_STEP,
+    Event,
+    StepProfiler,
+    busy_us,
+    step_profiler,
+    summarize_events,
+)
 
 
 def test_busy_time_is_the_union_of_kernel_intervals() -> None:

@@ -114,6 +114,15 @@ def make_optimizer(
         {"params": decay, "weight_decay": optimizer.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    # Parameters FSDP2 keeps whole (parallel.apply_fsdp's fp32 ones) get a group of their own: a fused or
+    # foreach AdamW step takes DTensors or plain tensors, not both in one group.
+    from torch.distributed.tensor import DTensor
+
+    whole = [p for p in decay + no_decay if not isinstance(p, DTensor)]
+    if whole and len(whole) < len(decay) + len(no_decay):
+        for group in groups:
+            group["params"] = [p for p in group["params"] if isinstance(p, DTensor)]
+        groups.append({"params": whole, "weight_decay": 0.0})  # the GDN decay: never weight-decayed
     opt = torch.optim.AdamW(
         groups, lr=optimizer.learning_rate, betas=optimizer.adam_betas, fused=device.type == "cuda"
     )

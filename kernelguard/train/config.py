@@ -163,7 +163,8 @@ class PackingSection:
         "right-padded batch with an attention mask (no packing; lets an --allow'ed torch GDN reference run). "
         "leaky: a deliberate bug, for quality checks only - packed blocks with the boundaries withheld "
         "(position ids only, as a stock flattening collator sends by default), so GDN state leaks across "
-        "examples",
+        "examples. naive: the same control with no boundaries at all (positions not reset either), what plain "
+        "concatenation gives. Both controls need --allow packed-without-boundaries",
     )
 
     def __post_init__(self) -> None:

@@ -46,6 +46,7 @@ __all__ = [
     "export_run",
     "plan_shards",
     "shard_names",
+    "tensor_dtype",
     "write_safetensors",
 ]
 
@@ -120,11 +121,13 @@ def export_tensors(
     shapes: dict[str, tuple[int, ...]], *, plan: Any, tied: bool, dtype: torch.dtype, key_prefix: str = "",
     keep_fp32: Collection[str] = (),
 ) -> list[OutTensor]:
-    """The trained tensors (named as in the source files) then the carried ones (copied, in their dtype); the
-    keys in ``keep_fp32`` stay fp32."""
+    """The trained tensors (named as in the source files) then the carried ones (copied, in their dtype).
+    The keys in ``keep_fp32`` (the model's fp32 parameters) and the parameters training keeps in fp32
+    (:data:`kernelguard.train.parallel.FP32_PARAM_NAMES`, the GDN decay) are written in fp32 whatever ``dtype``
+    says, as the checkpoints they come from store them."""
     out = [
         OutTensor(plan.layout.file_key(k) if plan is not None else k, shape,
-                  torch.float32 if k in keep_fp32 else dtype, key_prefix + k)
+                  torch.float32 if k in keep_fp32 else tensor_dtype(k, dtype), key_prefix + k)
         for k, shape in shapes.items()
         if not (tied and k == "lm_head.weight")
     ]
@@ -140,6 +143,14 @@ def _read_carried(plan: Any, t: OutTensor) -> torch.Tensor:
     entry = plan.layout.tensors[t.key]
     with safe_open(str(plan.layout.folder / entry.file), framework="pt") as f:
         return f.get_tensor(t.key)
+
+
+def tensor_dtype(key: str, dtype: torch.dtype) -> torch.dtype:
+    """The export dtype of the trained tensor ``key``: ``dtype``, or fp32 for a parameter kept in fp32."""
+    from .parallel import FP32_PARAM_NAMES
+
+    keep = key.rsplit(".", 1)[-1] in FP32_PARAM_NAMES and dtype.itemsize < torch.float32.itemsize
+    return torch.float32 if keep else dtype
 
 
 class _Source:

@@ -19,7 +19,6 @@ import torch
 
 from kernelguard.errors import CheckpointError, TrainingDiverged
 from kernelguard.gate import check_stack, run_gate
-from kernelguard.geometry import layer_types
 from kernelguard.policy import AllowPolicy
 
 from . import checkpoint as ckpt
@@ -40,8 +39,11 @@ from .metrics import peak_flops, plot_metrics, step_flops
 from .packing import (
     LEAKY,
     LEAKY_WARNING,
+    NAIVE,
+    NAIVE_WARNING,
     PADDED,
     build_batch,
+    check_control_allowed,
     eval_layout,
     pack_best_fit_decreasing,
     packing_stats,
@@ -56,7 +58,7 @@ from .preflight import (
     claim_output,
     preflight,
 )
-from .profiling import DEFAULT_FIRST_STEP, StepProfiler
+from .profiling import step_profiler
 from .reporting import Reporter, process_age_s, step_record
 from .signals import Preempted, stop_request
 from .step import (
@@ -91,13 +93,15 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     as it was."""
     torch.manual_seed(cfg.training.seed)
     policy = AllowPolicy.parse(cfg.runtime.allow, source="--allow")
+    check_control_allowed(cfg.packing.packing, allowed=policy.allows_packed_without_boundaries())
     start = on_main(info, lambda: preflight(cfg, world_size=info.world_size))
     for warning in start.warnings:
         log(info, warning, logging.WARNING)
     for notice in start.notices:
         log(info, notice)
-    if cfg.packing.packing == LEAKY:
-        log(info, LEAKY_WARNING, logging.WARNING)
+    warning = {LEAKY: LEAKY_WARNING, NAIVE: NAIVE_WARNING}.get(cfg.packing.packing)
+    if warning:
+        log(info, warning, logging.WARNING)
     packed = cfg.packing.packing != PADDED  # padded batches carry no boundaries a torch reference could drop
     on_main(info, lambda: check_image_lock(cfg.runtime.lock, policy))
     stack = check_stack(str(cfg.model.model), allow=policy, packed=packed, device=info.device)
@@ -157,9 +161,8 @@ def load_training_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     data = TrainData(tokenizer, examples, lengths, plan, pad_token_id(tokenizer))
     if cfg.evaluation.eval_data or cfg.evaluation.eval_fraction:
         data.eval_examples, estats = read_examples(cfg, tokenizer, take="eval")
-        data.eval_blocks = pack_eval_blocks(
-            data.eval_examples, cfg.packing.max_length, seed=cfg.training.seed
-        )
+        # Seed 0, not --seed: runs of several seeds measure the same eval blocks.
+        data.eval_blocks = pack_eval_blocks(data.eval_examples, cfg.packing.max_length, seed=0)
         log(info, f"eval data: {estats.render()}; {len(data.eval_blocks)} blocks")
         note = check_eval_overlap(data.examples, data.eval_examples, source=cfg.evaluation.eval_data or cfg.data.data)
         if note:
@@ -299,7 +302,7 @@ def train(
     """Steps ``start`` .. ``plan.stop_step``: a metrics record per step, eval and checkpoints when due."""
     plan = data.plan
     peak = cfg.runtime.peak_tflops * 1e12 if cfg.runtime.peak_tflops else peak_flops(info.device)
-    profiler = step_profiler(cfg, info, built.config, peak)
+    profiler = step_profiler(cfg, info, built.config, peak, log=lambda message: log(info, message))
     stop = stop_request()
     stop.deferring = True  # SIGTERM from here on: finish the step, save, exit 143
     once: dict[str, Any] = {}
@@ -324,7 +327,7 @@ def train(
             once = {}
             done = step + 1
             if data.eval_examples is not None and _due(cfg.evaluation.eval_every, done, plan.stop_step):
-                loss, tokens = evaluate(
+                result = evaluate(
                     state,
                     data.eval_examples,
                     data.eval_blocks,
@@ -332,7 +335,7 @@ def train(
                     pad_id=data.pad_id,
                     packing=eval_layout(cfg.packing.packing),
                 )
-                out.write({"step": done, "eval_loss": loss, "eval_tokens": tokens})
+                out.write({"step": done} | result.record())
             if _due(cfg.checkpoint.save_steps, done, plan.stop_step):
                 save(cfg, info, state, done, plan, identity)
         if profiler.summary():
@@ -341,24 +344,6 @@ def train(
         stop.deferring, stop.when = False, "during the final export; the last checkpoint is complete"
         if info.is_main:
             ckpt.remove_incomplete(cfg.checkpoint.output_dir)
-
-
-def step_profiler(cfg: TrainConfig, info: DistInfo, hf_config: Any = None, peak: float = 0.0) -> StepProfiler:
-    """Rank 0's step diagnosis (kernelguard.train.profiling); the other ranks never profile. Without
-    --profile-step: from step 10 on a GPU, never on a CPU-only run (no GPU to judge; a trace asks for it)."""
-    first = cfg.metrics.profile_step
-    if first is None:
-        wanted = getattr(info.device, "type", None) == "cuda" or cfg.metrics.profile_trace is not None
-        first = DEFAULT_FIRST_STEP if wanted else 0
-    return StepProfiler(
-        first_step=first if info.is_main else 0,
-        every=cfg.metrics.profile_every,
-        trace_dir=cfg.metrics.profile_trace,
-        device=info.device,
-        log=lambda message: log(info, message),
-        layers=len(layer_types(hf_config)) or None if hf_config is not None else None,
-        peak_flops=peak or None,
-    )
 
 
 def stop_for_sigterm(

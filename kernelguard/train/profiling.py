@@ -34,6 +34,7 @@ __all__ = [
     "busy_us",
     "classify_kernel",
     "events_from_profiler",
+    "step_profiler",
     "summarize_events",
 ]
 
@@ -418,3 +419,26 @@ def _allowed_fallback_fixes() -> str | None:
 
     fixes = sorted({e.fix for e in fallback_events() if e.allowed and e.fix})
     return "; ".join(fixes) or None
+
+
+def step_profiler(
+    cfg: Any, info: Any, hf_config: Any = None, peak: float = 0.0, *, log: Callable[[str], None] | None = None
+) -> StepProfiler:
+    """`kernelguard train`'s profiler for this rank (``cfg``: its TrainConfig, ``info``: its DistInfo): rank 0
+    only. Without --profile-step: from step 10 on a GPU, never on a CPU-only run (no GPU to judge; asking for a
+    trace asks for profiling)."""
+    from kernelguard.geometry import layer_types
+
+    first = cfg.metrics.profile_step
+    if first is None:
+        wanted = getattr(info.device, "type", None) == "cuda" or cfg.metrics.profile_trace is not None
+        first = DEFAULT_FIRST_STEP if wanted else 0
+    return StepProfiler(
+        first_step=first if info.is_main else 0,
+        every=cfg.metrics.profile_every,
+        trace_dir=cfg.metrics.profile_trace,
+        device=info.device,
+        log=log,
+        layers=(len(layer_types(hf_config)) or None) if hf_config is not None else None,
+        peak_flops=peak or None,
+    )
