@@ -96,7 +96,9 @@ if want export && fits export $NEED_EXPORT; then
   step "export at 27B widths (bench/gpu/sharded_load_timing.sh, RUNS=sharded)"
   budget=$(( $(left) - 10 )); [ $budget -gt 300 ] && budget=300
   TINY_ARG=(); [ $TINY = 1 ] && TINY_ARG=(--tiny)
-  OUT=$OUT/export RUNS=sharded LAYERS=${EXPORT_LAYERS:-8} BUDGET_S=$budget PYTHON=$PY \
+  # Without the carried wheels on the path: the step runs transformers' torch GDN reference (what is timed is
+  # the load and the export), and an importable fla on Triton 3.6 would need --allow fla-640-refusal.
+  PYTHONPATH= OUT=$OUT/export RUNS=sharded LAYERS=${EXPORT_LAYERS:-8} BUDGET_S=$budget PYTHON=$PY \
     bash bench/gpu/sharded_load_timing.sh "${TINY_ARG[@]}" > "$OUT/export.out" 2>&1
   echo "export: rc=$?"; tail -n 25 "$OUT/export.out"
 fi
