@@ -191,8 +191,8 @@ def _registered(operation: str, backend_type: str) -> Any | None:
     """fla's registered backend object of ``backend_type`` for ``operation`` (only if fla is already imported)."""
     module = _dispatch_module()
     registries = getattr(module, "_operation_registries", None)  # fla 0.6.0
-    if registries is None and hasattr(module, "BackendRegistry"):  # fla 0.5.2 registers lazily, at first call
-        cls = module.BackendRegistry
+    cls = getattr(module, "BackendRegistry", None)
+    if registries is None and cls is not None:  # fla 0.5.2 registers lazily, at first call
         try:
             cls.ensure_initialized(operation)
         except Exception:  # noqa: BLE001, S110 - its registration failing is what the rules below then say
@@ -234,12 +234,12 @@ def _verify_on_this_gpu(shape: GdnShape, training: bool) -> tuple[bool, str | No
         import torch
 
         heads, v_heads = shape.num_k_heads or 1, shape.num_v_heads or shape.num_k_heads or 1
-        meta = {"device": "meta", "dtype": torch.bfloat16, "requires_grad": training}
-        q = torch.empty(1, 64, heads, shape.key_dim, **meta)
-        k = torch.empty(1, 64, heads, shape.key_dim, **meta)
-        v = torch.empty(1, 64, v_heads, shape.value_dim, **meta)
-        g = torch.empty(1, 64, v_heads, **meta)
-        beta = torch.empty(1, 64, v_heads, **meta)
+
+        def meta(*size: int) -> Any:
+            return torch.empty(size, device="meta", dtype=torch.bfloat16, requires_grad=training)
+
+        q, k = meta(1, 64, heads, shape.key_dim), meta(1, 64, heads, shape.key_dim)
+        v, g, beta = meta(1, 64, v_heads, shape.value_dim), meta(1, 64, v_heads), meta(1, 64, v_heads)
         with torch.set_grad_enabled(training):
             accepted, reason = backend.verify("chunk_gated_delta_rule", q, k, v, g, beta)
         return bool(accepted), reason
@@ -268,6 +268,7 @@ def probe(
     archs: Iterable[ComputeCapability], *, training: bool, shape: GdnShape, triton_version: str | None
 ) -> dict[str, FlaBackend]:
     """fla's GDN backend for each target arch ("" when none is targeted); {} when fla is not installed."""
+    targets: list[ComputeCapability | None] = [*archs] or [None]
     if not _find("fla"):
         return {}
     if _without_dispatch():
@@ -275,14 +276,14 @@ def probe(
         return {str(a) if a else "": FlaBackend(str(a) if a else None, TRITON, TRITON if training else None,
                                                (f"fla {version} has no backend dispatch: its own Triton kernels run",),
                                                "fla's modules (no backend dispatch before fla 0.5.2)")
-                for a in list(archs) or [None]}
+                for a in targets}
     qla, qla_from_fla = _candidate("gated_delta_rule", FLASH_QLA, "FLA_FLASH_QLA", needs_nvcc=False)
     tile, tile_from_fla = _candidate("common", TILELANG, "FLA_TILELANG", needs_nvcc=True)
     module = _dispatch_module()
     disabled = bool(getattr(module, "_DISPATCH_DISABLED", os.environ.get("FLA_DISABLE_BACKEND_DISPATCH") == "1"))
     live = _live_arch()
     out: dict[str, FlaBackend] = {}
-    for arch in list(archs) or [None]:
+    for arch in targets:
         asked = "fla's registered backends" if qla_from_fla or tile_from_fla else "fla's dispatch rules"
         source = f"{asked}; verifier conditions applied to target {arch}" if arch else asked
         backend = decide(arch, training=training, shape=shape, triton_version=triton_version, flash_qla=qla,
