@@ -15,6 +15,10 @@ fla's #640 refusal: ``fla-640-refusal``; ...), ``"attention"`` (the packed sdpa/
 Each call site is a :class:`~kernelguard.decisions.Decision` with ``layer`` set (kind ``package``, ``hub`` or
 ``reference``), rendered by :func:`kernelguard.report.render_call_sites`.
 
+``guard()`` also arms :mod:`kernelguard.boundaries` on the model: a packed row whose GDN kernels get no example
+boundaries raises :class:`~kernelguard.errors.PackedWithoutBoundariesError` at that forward (allow item
+``packed-without-boundaries``).
+
 Strict mode (the default) raises :class:`ConfigError` for a module with no kernel call site and no attention
 layer (``nn.Sequential``, a sub-module, a wrapper that hides the model): guarding nothing is almost surely a
 mistake. ``strict=False`` returns the report, which says "no gated-delta call sites found".
@@ -34,6 +38,7 @@ from kernelguard import transformers_compat as compat
 from kernelguard.catalog import MODES
 from kernelguard.decisions import REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError
+from kernelguard.boundaries import watch_boundaries
 from kernelguard.layer_guard import VARLEN_ATTENTION_IMPLEMENTATIONS, CallSite, collect_call_sites
 from kernelguard.policy import AllowPolicy
 from kernelguard.registry import FallbackEvent, clear_fallback_events, fallback_events
@@ -90,6 +95,7 @@ class GuardReport:
         self.attention = attention
         self.transformers_version = transformers_version
         self.mechanism = mechanism
+        self.boundaries: Any = None  # kernelguard.boundaries.BoundaryWatch, armed by guard()
 
     @property
     def kernel_sites(self) -> list[CallSite]:
@@ -113,6 +119,8 @@ class GuardReport:
 
     def disarm(self) -> None:
         self.tripwires.disarm()
+        if self.boundaries is not None:
+            self.boundaries.disarm()
 
     def __enter__(self) -> GuardReport:  # noqa: PYI034 - final in practice; py3.10 has no typing.Self
         return self
@@ -329,6 +337,7 @@ def guard(
     quiet_transformers_duplicates()
     for owner, name, kernel, site, closure in found.to_arm:
         report.tripwires.arm(owner, name, kernel, site, closure)
+    report.boundaries = watch_boundaries(model, report.tripwires.policy, mode=mode)
     return report
 
 

@@ -9,7 +9,9 @@ Sources (all parse through :meth:`AllowPolicy.parse`): ``kernelguard check --all
 - ``attention`` (also spelled ``varlen_attention``, the name of the row ``kernelguard check`` prints for it): accept
   an O(T^2) block-mask attention in packed training;
 - ``untrusted-hub-repo``: accept Kernel Hub repositories outside the trusted organisations;
-- ``*``: accept every slow path (debugging only; everything stays visible in reports).
+- ``packed-without-boundaries``: accept packed rows whose GDN kernels get no example boundaries (``cu_seqlens``,
+  ``seq_idx``): state leaks across examples. Wrong results, not a slow path: only this item accepts it;
+- ``*``: accept every slow path (debugging only; everything stays visible in reports); not the item above.
 
 An unknown item is a usage error (exit 2) listing the valid ones: a typo must never silently allow nothing.
 """
@@ -24,16 +26,19 @@ from .catalog import VARLEN_ATTENTION
 from .errors import ConfigError
 from .known_issues import KNOWN_ISSUES, by_id
 
-__all__ = ["ALIASES", "ATTENTION", "EVERYTHING", "POLICY_ITEMS", "UNTRUSTED_HUB_REPO", "AllowPolicy",
-           "known_kernel_names"]
+__all__ = ["ALIASES", "ATTENTION", "EVERYTHING", "PACKED_WITHOUT_BOUNDARIES", "POLICY_ITEMS", "UNTRUSTED_HUB_REPO",
+           "AllowPolicy", "known_kernel_names"]
 
 ATTENTION = "attention"
 UNTRUSTED_HUB_REPO = "untrusted-hub-repo"
 EVERYTHING = "*"
+PACKED_WITHOUT_BOUNDARIES = "packed-without-boundaries"
 
 POLICY_ITEMS: dict[str, str] = {
     ATTENTION: "accept sdpa/eager attention (O(T^2) block mask) in packed training",
     UNTRUSTED_HUB_REPO: "accept Kernel Hub repositories outside the trusted organisations",
+    PACKED_WITHOUT_BOUNDARIES: "accept packed rows whose GDN kernels get no example boundaries (state leaks "
+    "across examples; wrong, not slow: `*` does not include it)",
     EVERYTHING: "accept every slow path (debugging only)",
 }
 # Other spellings of a policy item: `check` names the attention row after what it needs (a varlen attention),
@@ -62,6 +67,8 @@ class AllowPolicy:
     attention: bool = False
     untrusted_hub: bool = False
     everything: bool = False
+    # Explicit only: `*` accepts slow paths, and this one is a wrong result.
+    packed_without_boundaries: bool = False
 
     @classmethod
     def parse(
@@ -85,7 +92,7 @@ class AllowPolicy:
         known = frozenset(kernel_names) if kernel_names is not None else None
         issues: set[str] = set()
         kernels: set[str] = set()
-        flags = {ATTENTION: False, UNTRUSTED_HUB_REPO: False, EVERYTHING: False}
+        flags = {ATTENTION: False, UNTRUSTED_HUB_REPO: False, EVERYTHING: False, PACKED_WITHOUT_BOUNDARIES: False}
         for raw in items:
             if not isinstance(raw, str):
                 raise _unknown(raw, source, known, expected_type=True)
@@ -101,7 +108,8 @@ class AllowPolicy:
                 kernels.add(item)
             else:
                 raise _unknown(item, source, known if known is not None else known_kernel_names())
-        return cls(frozenset(issues), frozenset(kernels), flags[ATTENTION], flags[UNTRUSTED_HUB_REPO], flags[EVERYTHING])
+        return cls(frozenset(issues), frozenset(kernels), flags[ATTENTION], flags[UNTRUSTED_HUB_REPO], flags[EVERYTHING],
+                   flags[PACKED_WITHOUT_BOUNDARIES])
 
     # ----------------------------------------------------------------------------------------- queries ---
     def allows_issue(self, issue_id: str) -> bool:
@@ -116,6 +124,10 @@ class AllowPolicy:
 
     def allows_untrusted_hub(self) -> bool:
         return self.everything or self.untrusted_hub
+
+    def allows_packed_without_boundaries(self) -> bool:
+        """Packed rows whose GDN kernels get no boundaries are accepted: by this explicit item only."""
+        return self.packed_without_boundaries
 
     def allows_site(self, kernel: str, issue_ids: Iterable[str] = ()) -> bool:
         """A slow call site is accepted by its kernel name or by any known issue that explains it."""
@@ -135,16 +147,19 @@ class AllowPolicy:
             self.attention or other.attention,
             self.untrusted_hub or other.untrusted_hub,
             self.everything or other.everything,
+            self.packed_without_boundaries or other.packed_without_boundaries,
         )
 
     def values(self) -> list[str]:
         """The items as a user writes them, sorted (for reports, JSON and round-tripping)."""
         flags = [name for name, on in ((ATTENTION, self.attention), (UNTRUSTED_HUB_REPO, self.untrusted_hub),
-                                       (EVERYTHING, self.everything)) if on]
+                                       (EVERYTHING, self.everything),
+                                       (PACKED_WITHOUT_BOUNDARIES, self.packed_without_boundaries)) if on]
         return sorted([*self.issues, *self.kernels, *flags])
 
     def __bool__(self) -> bool:
-        return bool(self.issues or self.kernels or self.attention or self.untrusted_hub or self.everything)
+        return bool(self.issues or self.kernels or self.attention or self.untrusted_hub or self.everything
+                    or self.packed_without_boundaries)
 
     def __str__(self) -> str:
         return ", ".join(self.values()) or "nothing"

@@ -181,6 +181,8 @@ class GuardRegistry:
         # Layer module -> path: filled by guard(model), or from the root module when a tripwire fires.
         self.layer_paths: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.varlen = VarlenBinding()
+        # key -> kernelguard.boundaries' BoundaryWatch (that module owns the type): the pre-hooks armed now.
+        self.boundary_watches: dict[str, Any] = {}
 
     def log_once(self, key: tuple[str, ...], message: str) -> None:
         """Log ``message`` once per process, and only on rank 0 of a torchrun/accelerate job (``RANK``): every
@@ -244,6 +246,8 @@ class GuardRegistry:
             holders.update({id(w): w for w in self.watchers})
         for tripwires in holders.values():
             tripwires.disarm()
+        for watch in list(self.boundary_watches.values()):
+            watch.disarm()
         with self.lock:
             self.patches.clear()
             self.retired.clear()

@@ -1,0 +1,259 @@
+"""Packed rows that reach GDN layers without example boundaries: the check, and arming it on a model.
+
+GDN layers never infer example boundaries from position ids: the gated-delta kernels read them from
+``cu_seqlens`` (transformers passes the batch's ``cu_seq_lens_q``), the causal conv from ``seq_idx``. A row
+packed by its position ids alone (``DataCollatorWithFlattening()`` with its defaults, TRL's
+``padding_free=True``, a hand-written concatenating collator) runs as one long sequence: recurrent state and
+the conv window carry from each example into the next, and nothing raises. Attention is not the problem:
+transformers recovers its boundaries from the position ids.
+
+A :class:`BoundaryWatch` is a forward pre-hook on the model's top module (the call a collator's batch
+reaches). Per call it reads the call's keyword arguments: when the batch carries ``cu_seq_lens_q`` and
+``seq_idx`` and every GDN kernel accepts its one (read once, at arming, from the implementation transformers
+bound), it returns after a few dict reads. Otherwise it counts the examples in each row: from
+``cu_seq_lens_q``'s length (no device read), else from ``position_ids`` (one device read per forward); no
+position ids, or an attention mask (a padded batch: one example per row, as transformers' own mask code
+assumes), means nothing to count. More than one example in a row raises
+:class:`~kernelguard.errors.PackedWithoutBoundariesError` unless the policy holds ``packed-without-boundaries``.
+
+Under ``torch.compile`` dynamo traces the hook: which boundaries are missing is decided at trace time (dynamo
+guards the graph on which keyword arguments are None), and the count runs inside the graph as the custom op
+``kernelguard::check_packed_row``, so every compiled call is checked and a refusal is raised from that op.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kernelguard import transformers_compat as compat
+from kernelguard.catalog import is_decode_only
+from kernelguard.errors import PackedWithoutBoundariesError
+from kernelguard.policy import PACKED_WITHOUT_BOUNDARIES, AllowPolicy
+from kernelguard.registry import REGISTRY, log_once
+from kernelguard.terms import PYTHON, allow_hint
+
+__all__ = [
+    "BOUNDARY_PARAMS",
+    "FIX",
+    "BoundaryWatch",
+    "GdnBoundaries",
+    "examples_per_row",
+    "gdn_boundaries",
+    "watch_boundaries",
+]
+
+# Kernel -> (the kernel's boundary parameter, the batch keyword transformers feeds it from).
+BOUNDARY_PARAMS: dict[str, tuple[str, str]] = {
+    "chunk_gated_delta_rule": ("cu_seqlens", "cu_seq_lens_q"),
+    "fused_recurrent_gated_delta_rule": ("cu_seqlens", "cu_seq_lens_q"),
+    "chunk_kda": ("cu_seqlens", "cu_seq_lens_q"),
+    "fused_recurrent_kda": ("cu_seqlens", "cu_seq_lens_q"),
+    "causal_conv1d_fn": ("seq_idx", "seq_idx"),
+}
+FIX = "DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True), or padding_free=False"
+_OP = "kernelguard::check_packed_row"
+_SEP_ROW, _SEP_FIELD = "\x1e", "\x1f"
+
+
+# ---------------------------------------------------------------------------------------- static facts ---
+@dataclass(frozen=True, slots=True)
+class GdnBoundaries:
+    """What the GDN layers of one model can be given: per batch keyword, whether every kernel fed from it
+    accepts it, and why not. ``layers`` are the GDN layer paths, first one first."""
+
+    layers: tuple[str, ...]
+    # batch keyword ("cu_seq_lens_q" / "seq_idx") -> (kernel parameter, None when accepted, else the reason)
+    feeds: dict[str, tuple[str, str | None]]
+
+
+def _accepts(closure: compat.FallbackClosure, param: str) -> str | None:
+    """None when the implementation transformers calls takes ``param``; else why it does not."""
+    hub = compat.hub_kernel(closure)
+    if hub is None and closure.is_torch_reference:
+        return f"`{closure.kernel}` runs its torch reference, which ignores `{param}`"
+    impl = closure.func_module.forward if hub is not None else closure.implementation
+    try:
+        params = inspect.signature(impl).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: it gets what the layer passes
+        return None
+    if param in params:
+        return None
+    # transformers' wrapper passes only the parameters named in the signature; a Hub layer gets every keyword.
+    if hub is not None and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    where = hub or f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}"
+    return f"`{closure.kernel}` -> {where} has no `{param}` parameter"
+
+
+def gdn_boundaries(layers: Iterable[tuple[str, Any]], *, mode: str = "training") -> GdnBoundaries:
+    """The boundary facts of the GDN layers among ``layers`` ((path, module) pairs)."""
+    paths: list[str] = []
+    feeds: dict[str, tuple[str, str | None]] = {}
+    for path, module in layers:
+        sites = [s for s in compat.layer_global_sites(module) if s.closure.kernel in BOUNDARY_PARAMS]
+        sites = [s for s in sites if mode == "inference" or not is_decode_only(s.closure.kernel)]
+        if not sites:
+            continue
+        paths.append(path)
+        for site in sites:
+            param, keyword = BOUNDARY_PARAMS[site.closure.kernel]
+            why = _accepts(site.closure, param)
+            if keyword not in feeds or (why is not None and feeds[keyword][1] is None):
+                feeds[keyword] = (param, why)
+    return GdnBoundaries(tuple(paths), feeds)
+
+
+# -------------------------------------------------------------------------------------------- counting ---
+def examples_per_row(position_ids: Any) -> list[int]:
+    """Examples in each row of a batch, by where its position ids do not continue (a restart at 0, a jump).
+    ``position_ids``: [B, T], or [3 or 4, B, T] (multimodal rope: the first plane is the text positions)."""
+    positions = position_ids[0] if position_ids.dim() == 3 else position_ids
+    if positions.dim() == 1:
+        positions = positions.unsqueeze(0)
+    if positions.shape[-1] < 2:
+        return [1] * positions.shape[0]
+    starts = (positions[:, 1:] != positions[:, :-1] + 1).sum(-1) + 1
+    return [int(n) for n in starts.tolist()]
+
+
+# ---------------------------------------------------------------------------------------------- watch ---
+_WATCH_IDS = itertools.count()
+
+
+class BoundaryWatch:
+    """The pre-hook on one model's top module; ``disarm()`` (or leaving the ``with`` block) removes it."""
+
+    def __init__(self, root: Any, facts: GdnBoundaries, policy: AllowPolicy, *, syntax: str = PYTHON,
+                 allow_fix: str | None = None) -> None:
+        self.facts = facts
+        self.policy = policy
+        self.key = f"watch-{next(_WATCH_IDS)}"
+        self._allow_fix = allow_fix or f"accept it explicitly with {allow_hint([PACKED_WITHOUT_BOUNDARIES], syntax)}"
+        self._positional = _positional_index(root)
+        self._op = _row_check_op()  # registered here, eagerly: dynamo cannot trace the registration
+        self._handle = root.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+        REGISTRY.boundary_watches[self.key] = self
+
+    @property
+    def armed(self) -> bool:
+        return self._handle is not None
+
+    def disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        REGISTRY.boundary_watches.pop(self.key, None)
+
+    def __enter__(self) -> BoundaryWatch:  # noqa: PYI034 - final in practice
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.disarm()
+
+    # ------------------------------------------------------------------------------------ per call ---
+    def missing(self, kwargs: dict[str, Any]) -> list[tuple[str, str]]:
+        """(kernel parameter, why) for each boundary this call's GDN kernels would not get."""
+        out = []
+        for keyword, (param, why) in sorted(self.facts.feeds.items()):  # cu_seq_lens_q (gated delta), then seq_idx
+            if kwargs.get(keyword) is None:
+                out.append((param, f"the batch has no `{keyword}`"))
+            elif why is not None:
+                out.append((param, why))
+        return out
+
+    def _before_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        missing = self.missing(kwargs)
+        if not missing:
+            return None
+        cu_seq_lens = kwargs.get("cu_seq_lens_q")
+        if cu_seq_lens is not None:  # its length is a shape: no device read
+            self.judge(int(cu_seq_lens.shape[-1]) - 1, "cu_seq_lens_q", missing)
+            return None
+        positions = kwargs.get("position_ids")
+        if positions is None and self._positional is not None and len(args) > self._positional:
+            positions = args[self._positional]
+        mask = kwargs.get("attention_mask")
+        if positions is None or mask is not None or not hasattr(positions, "dim"):
+            return None
+        if _is_compiling():
+            self._op(positions, self.key, _SEP_ROW.join(f"{p}{_SEP_FIELD}{why}" for p, why in missing))
+        else:
+            self.judge(max(examples_per_row(positions)), "position_ids", missing)
+        return None
+
+    def judge(self, examples: int, source: str, missing: list[tuple[str, str]]) -> None:
+        if examples <= 1:
+            return
+        error = self._error(examples, source, missing)
+        if self.policy.allows_packed_without_boundaries():
+            log_once(("packed-without-boundaries", self.key),
+                     f"kernelguard: allowed ({PACKED_WITHOUT_BOUNDARIES}): {error.message}")
+            return
+        raise error
+
+    def _error(self, examples: int, source: str, missing: list[tuple[str, str]]) -> PackedWithoutBoundariesError:
+        layers = self.facts.layers
+        first = layers[0] if layers else "<GDN layer>"
+        more = f" (and {len(layers) - 1} more GDN layer{'s' if len(layers) > 2 else ''})" if len(layers) > 1 else ""
+        gets = " and ".join(
+            f"{'its gated-delta kernels get' if p == 'cu_seqlens' else 'its conv gets'} no `{p}` ({why})"
+            for p, why in missing
+        )
+        message = (
+            f"kernelguard: {first}{more} got a packed row of {examples} examples (by its {source}) but "
+            f"{gets}: recurrent and conv state would carry from each example into the next. The results are "
+            "wrong, not only slow, and nothing else raises."
+        )
+        return PackedWithoutBoundariesError(
+            message, fix=f"{FIX}; or {self._allow_fix}", layer=first, examples=examples,
+            missing=tuple(p for p, _ in missing), details={"layers": list(layers), "source": source},
+        )
+
+
+def watch_boundaries(model: Any, policy: AllowPolicy, *, mode: str = "training", syntax: str = PYTHON,
+                     allow_fix: str | None = None) -> BoundaryWatch | None:
+    """Arm the check on ``model`` (its top module); None when it has no GDN layer."""
+    facts = gdn_boundaries(((path or type(model).__name__, m) for path, m in model.named_modules()), mode=mode)
+    if not facts.layers:
+        return None
+    return BoundaryWatch(model, facts, policy, syntax=syntax, allow_fix=allow_fix)
+
+
+def _positional_index(root: Any) -> int | None:
+    """Where ``position_ids`` sits among the forward's positional parameters (after ``self``), or None."""
+    try:
+        names = list(inspect.signature(type(root).forward).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("position_ids") - 1 if "position_ids" in names[1:] else None
+
+
+# ------------------------------------------------------------------------------------- torch.compile ---
+def _is_compiling() -> bool:
+    import torch
+
+    return bool(torch.compiler.is_compiling())
+
+
+@functools.cache
+def _row_check_op() -> Any:
+    """The count as a custom op: opaque to dynamo, run with the real values on every compiled call. Declared
+    as mutating its input so no graph drops it when the position ids are otherwise unused; it mutates nothing."""
+    import torch
+
+    @torch.library.custom_op(_OP, mutates_args=("position_ids",),
+                             schema="(Tensor(a!) position_ids, str watch, str missing) -> ()")
+    def check_packed_row(position_ids: Any, watch: str, missing: str) -> None:
+        found = REGISTRY.boundary_watches.get(watch)
+        if found is not None:  # `missing` was decided at trace time, under the graph's guards
+            pairs = [row.split(_SEP_FIELD, 1) for row in missing.split(_SEP_ROW)]
+            found.judge(max(examples_per_row(position_ids)), "position_ids", [(p, why) for p, why in pairs])
+
+    return check_packed_row
+
+
