@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,9 @@ from kernelguard.terms import PYTHON, allow_hint
 __all__ = [
     "BOUNDARY_PARAMS",
     "FIX",
+    "BoundaryCheck",
     "BoundaryWatch",
+    "ModelCallWatch",
     "GdnBoundaries",
     "examples_per_row",
     "gdn_boundaries",
@@ -121,41 +124,27 @@ def examples_per_row(position_ids: Any) -> list[int]:
     return [int(n) for n in starts.tolist()]
 
 
-# ---------------------------------------------------------------------------------------------- watch ---
-_WATCH_IDS = itertools.count()
+# ---------------------------------------------------------------------------------------------- check ---
+_CHECK_IDS = itertools.count()
 
 
-class BoundaryWatch:
-    """The pre-hook on one model's top module; ``disarm()`` (or leaving the ``with`` block) removes it."""
+class BoundaryCheck:
+    """The per-call check of one model: :meth:`check_call` with the arguments of a call of its top module."""
 
     def __init__(self, root: Any, facts: GdnBoundaries, policy: AllowPolicy, *, syntax: str = PYTHON,
                  allow_fix: str | None = None) -> None:
         self.facts = facts
         self.policy = policy
-        self.key = f"watch-{next(_WATCH_IDS)}"
+        self.key = f"boundaries-{next(_CHECK_IDS)}"
         self._allow_fix = allow_fix or f"accept it explicitly with {allow_hint([PACKED_WITHOUT_BOUNDARIES], syntax)}"
-        self._positional = _positional_index(root)
+        self._positions_at = _positional_index(root, "position_ids")
+        self._mask_at = _positional_index(root, "attention_mask")
         self._op = _row_check_op()  # registered here, eagerly: dynamo cannot trace the registration
-        self._handle = root.register_forward_pre_hook(self._before_forward, with_kwargs=True)
-        REGISTRY.boundary_watches[self.key] = self
+        REGISTRY.boundary_checks[self.key] = self
 
-    @property
-    def armed(self) -> bool:
-        return self._handle is not None
+    def forget(self) -> None:
+        REGISTRY.boundary_checks.pop(self.key, None)
 
-    def disarm(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
-        REGISTRY.boundary_watches.pop(self.key, None)
-
-    def __enter__(self) -> BoundaryWatch:  # noqa: PYI034 - final in practice
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.disarm()
-
-    # ------------------------------------------------------------------------------------ per call ---
     def missing(self, kwargs: dict[str, Any]) -> list[tuple[str, str]]:
         """(kernel parameter, why) for each boundary this call's GDN kernels would not get."""
         out = []
@@ -166,25 +155,23 @@ class BoundaryWatch:
                 out.append((param, why))
         return out
 
-    def _before_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def check_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         missing = self.missing(kwargs)
         if not missing:
-            return None
+            return
         cu_seq_lens = kwargs.get("cu_seq_lens_q")
         if cu_seq_lens is not None:  # its length is a shape: no device read
             self.judge(int(cu_seq_lens.shape[-1]) - 1, "cu_seq_lens_q", missing)
-            return None
-        positions = kwargs.get("position_ids")
-        if positions is None and self._positional is not None and len(args) > self._positional:
-            positions = args[self._positional]
-        mask = kwargs.get("attention_mask")
-        if positions is None or mask is not None or not hasattr(positions, "dim"):
-            return None
+            return
+        positions = _argument(args, kwargs, "position_ids", self._positions_at)
+        if positions is None or not hasattr(positions, "dim"):
+            return
+        if _argument(args, kwargs, "attention_mask", self._mask_at) is not None:
+            return  # a padded batch: one example per row, as transformers' own mask code assumes
         if _is_compiling():
             self._op(positions, self.key, _SEP_ROW.join(f"{p}{_SEP_FIELD}{why}" for p, why in missing))
         else:
             self.judge(max(examples_per_row(positions)), "position_ids", missing)
-        return None
 
     def judge(self, examples: int, source: str, missing: list[tuple[str, str]]) -> None:
         if examples <= 1:
@@ -215,6 +202,112 @@ class BoundaryWatch:
         )
 
 
+# ---------------------------------------------------------------------------------------------- watches ---
+class BoundaryWatch:
+    """The check as a pre-hook on one model's top module; ``disarm()`` (or leaving ``with``) removes it."""
+
+    def __init__(self, root: Any, facts: GdnBoundaries, policy: AllowPolicy, *, syntax: str = PYTHON,
+                 allow_fix: str | None = None) -> None:
+        self.check = BoundaryCheck(root, facts, policy, syntax=syntax, allow_fix=allow_fix)
+        self.key = self.check.key
+        self._handle: Any = root.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+        REGISTRY.boundary_watches[self.key] = self
+
+    @property
+    def armed(self) -> bool:
+        return self._handle is not None
+
+    def _before_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.check.check_call(args, kwargs)
+
+    def disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        self.check.forget()
+        REGISTRY.boundary_watches.pop(self.key, None)
+
+    def __enter__(self) -> BoundaryWatch:  # noqa: PYI034 - final in practice
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.disarm()
+
+
+_WATCH_IDS = itertools.count()
+
+
+class ModelCallWatch:
+    """The check on every transformers model called while armed, without a model in hand (the pytest plugin):
+    ``PreTrainedModel.__call__`` is wrapped; each model's GDN facts are read at its first call. ``disarm()``
+    restores the original where the wrapper is still ours."""
+
+    def __init__(self, policy: AllowPolicy, *, syntax: str = PYTHON, allow_fix: str | None = None) -> None:
+        from transformers import PreTrainedModel
+
+        self.policy = policy
+        self.key = f"models-{next(_WATCH_IDS)}"
+        self.depth = 0  # model calls in progress (one thread: a forward of another thread is its own)
+        self._options = {"syntax": syntax, "allow_fix": allow_fix}
+        self._checks: weakref.WeakKeyDictionary[Any, BoundaryCheck | None] = weakref.WeakKeyDictionary()
+        self._owner = PreTrainedModel
+        self._original = PreTrainedModel.__dict__.get("__call__")
+        inherited = self._original or PreTrainedModel.__call__
+        watch = self
+
+        def kernelguard_boundaries_call(model: Any, *args: Any, **kwargs: Any) -> Any:
+            # The outermost model call only (a causal LM calls its base model, a PreTrainedModel too).
+            if watch.depth:
+                return inherited(model, *args, **kwargs)
+            check = watch.check_for(model)
+            if check is not None:
+                check.check_call(args, kwargs)
+            watch.depth += 1
+            try:
+                return inherited(model, *args, **kwargs)
+            finally:
+                watch.depth -= 1
+
+        self._wrapper = kernelguard_boundaries_call
+        PreTrainedModel.__call__ = kernelguard_boundaries_call  # type: ignore[method-assign]
+        REGISTRY.boundary_watches[self.key] = self
+
+    def check_for(self, model: Any) -> BoundaryCheck | None:
+        try:
+            return self._checks[model]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable model: no check rather than a crash
+            return None
+        facts = gdn_boundaries((path or type(model).__name__, m) for path, m in model.named_modules())
+        check = BoundaryCheck(model, facts, self.policy, **self._options) if facts.layers else None
+        self._checks[model] = check
+        return check
+
+    @property
+    def armed(self) -> bool:
+        return self._wrapper is not None
+
+    def disarm(self) -> None:
+        if self._wrapper is not None and self._owner.__dict__.get("__call__") is self._wrapper:
+            if self._original is None:
+                del self._owner.__call__
+            else:
+                self._owner.__call__ = self._original  # type: ignore[method-assign]
+        self._wrapper = None
+        for check in list(self._checks.values()):
+            if check is not None:
+                check.forget()
+        self._checks = weakref.WeakKeyDictionary()
+        REGISTRY.boundary_watches.pop(self.key, None)
+
+    def __enter__(self) -> ModelCallWatch:  # noqa: PYI034 - final in practice
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.disarm()
+
+
 def watch_boundaries(model: Any, policy: AllowPolicy, *, mode: str = "training", syntax: str = PYTHON,
                      allow_fix: str | None = None) -> BoundaryWatch | None:
     """Arm the check on ``model`` (its top module); None when it has no GDN layer."""
@@ -224,13 +317,20 @@ def watch_boundaries(model: Any, policy: AllowPolicy, *, mode: str = "training",
     return BoundaryWatch(model, facts, policy, syntax=syntax, allow_fix=allow_fix)
 
 
-def _positional_index(root: Any) -> int | None:
-    """Where ``position_ids`` sits among the forward's positional parameters (after ``self``), or None."""
+def _positional_index(root: Any, name: str) -> int | None:
+    """Where ``name`` sits among the forward's positional parameters (after ``self``), or None."""
     try:
         names = list(inspect.signature(type(root).forward).parameters)
     except (TypeError, ValueError):
         return None
-    return names.index("position_ids") - 1 if "position_ids" in names[1:] else None
+    return names.index(name) - 1 if name in names[1:] else None
+
+
+def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, at: int | None) -> Any:
+    value = kwargs.get(name)
+    if value is None and at is not None and len(args) > at:
+        value = args[at]
+    return value
 
 
 # ------------------------------------------------------------------------------------- torch.compile ---
@@ -249,7 +349,7 @@ def _row_check_op() -> Any:
     @torch.library.custom_op(_OP, mutates_args=("position_ids",),
                              schema="(Tensor(a!) position_ids, str watch, str missing) -> ()")
     def check_packed_row(position_ids: Any, watch: str, missing: str) -> None:
-        found = REGISTRY.boundary_watches.get(watch)
+        found = REGISTRY.boundary_checks.get(watch)
         if found is not None:  # `missing` was decided at trace time, under the graph's guards
             pairs = [row.split(_SEP_FIELD, 1) for row in missing.split(_SEP_ROW)]
             found.judge(max(examples_per_row(position_ids)), "position_ids", [(p, why) for p, why in pairs])

@@ -181,8 +181,9 @@ class GuardRegistry:
         # Layer module -> path: filled by guard(model), or from the root module when a tripwire fires.
         self.layer_paths: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.varlen = VarlenBinding()
-        # key -> kernelguard.boundaries' BoundaryWatch (that module owns the type): the pre-hooks armed now.
+        # key -> kernelguard.boundaries' watches armed now, and the per-model checks the compiled op looks up.
         self.boundary_watches: dict[str, Any] = {}
+        self.boundary_checks: dict[str, Any] = {}
 
     def log_once(self, key: tuple[str, ...], message: str) -> None:
         """Log ``message`` once per process, and only on rank 0 of a torchrun/accelerate job (``RANK``): every
@@ -255,6 +256,7 @@ class GuardRegistry:
             self.layer_paths = weakref.WeakKeyDictionary()
             self.scan.clear()
             self.varlen = VarlenBinding()
+            self.boundary_checks.clear()
         self.clear_events()
 
 
