@@ -35,10 +35,10 @@ from typing import Any
 
 from kernelguard import registry
 from kernelguard import transformers_compat as compat
+from kernelguard.boundaries import watch_boundaries
 from kernelguard.catalog import MODES
 from kernelguard.decisions import REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError
-from kernelguard.boundaries import watch_boundaries
 from kernelguard.layer_guard import VARLEN_ATTENTION_IMPLEMENTATIONS, CallSite, collect_call_sites
 from kernelguard.policy import AllowPolicy
 from kernelguard.registry import FallbackEvent, clear_fallback_events, fallback_events

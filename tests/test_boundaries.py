@@ -212,3 +212,13 @@ def test_compiled_model_is_checked_on_every_call(fake_providers: Any, tiny: Any,
     finally:
         torch._dynamo.reset()
     assert info.value.message == _message(2, "position_ids", BOTH, more="")
+
+
+def test_train_leaky_packing_adds_the_allow_item_and_its_warning_says_so() -> None:
+    from kernelguard.train.packing import LEAKY_WARNING, packing_policy
+
+    given = AllowPolicy.parse(["attention"])
+    assert packing_policy(given, "leaky").values() == ["attention", "packed-without-boundaries"]
+    assert packing_policy(given, "packed") is given and packing_policy(given, "none") is given
+    assert LEAKY_WARNING.endswith(
+        "It implies --allow packed-without-boundaries, which the guard otherwise requires for such rows")

@@ -43,6 +43,7 @@ from .packing import (
     build_batch,
     eval_layout,
     pack_best_fit_decreasing,
+    packing_policy,
     packing_stats,
 )
 from .parallel import DTYPES, DistInfo, on_main
@@ -81,7 +82,7 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     """The whole run. Refusals (GuardRefused: exit 3; ConfigError/DataError: exit 2) leave the output folder
     as it was."""
     torch.manual_seed(cfg.training.seed)
-    policy = AllowPolicy.parse(cfg.runtime.allow, source="--allow")
+    policy = packing_policy(AllowPolicy.parse(cfg.runtime.allow, source="--allow"), cfg.packing.packing)
     start = on_main(info, lambda: preflight(cfg, world_size=info.world_size))
     for warning in start.warnings:
         log(info, warning, logging.WARNING)

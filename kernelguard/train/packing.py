@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from kernelguard.policy import PACKED_WITHOUT_BOUNDARIES, AllowPolicy
+
 if TYPE_CHECKING:
     import torch
 
@@ -32,10 +34,11 @@ __all__ = [
     "build_packed_block",
     "build_padded_batch",
     "eval_layout",
-    "padded_shape",
     "pack_best_fit_decreasing",
     "pack_sequential_greedy",
+    "packing_policy",
     "packing_stats",
+    "padded_shape",
     "shard_blocks",
 ]
 
@@ -51,9 +54,18 @@ PACKING_MODES = (PACKED, PADDED, LEAKY)
 LEAKY_WARNING = (
     "WARNING: --packing leaky is a deliberate bug for quality checks: example boundaries are withheld from the "
     "GDN layers and attention (position ids only), so GDN state and conv inputs leak across examples; never "
-    "train a model you keep this way (its held-out loss is measured with the boundaries, as the model is used)"
+    "train a model you keep this way (its held-out loss is measured with the boundaries, as the model is used). "
+    "It implies --allow packed-without-boundaries, which the guard otherwise requires for such rows"
 )
 BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+def packing_policy(policy: AllowPolicy, packing: str) -> AllowPolicy:
+    """The run's allow policy: the leaky control withholds the boundaries on purpose, so it adds the allow item
+    the guard's per-forward check (kernelguard.boundaries) would otherwise refuse its rows without."""
+    if packing != LEAKY:
+        return policy
+    return policy.merge(AllowPolicy.parse([PACKED_WITHOUT_BOUNDARIES], source="--packing leaky"))
 
 
 @dataclass(kw_only=True, slots=True)
