@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import sys
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -93,6 +94,19 @@ def _accepts(closure: compat.FallbackClosure, param: str) -> str | None:
     return f"`{closure.kernel}` -> {where} has no `{param}` parameter"
 
 
+def _layer_passes(site: compat.GlobalSite, param: str) -> str | None:
+    """None when the layer's call of the kernel hands it ``param`` (by name, or through ``**kwargs`` when the
+    batch keyword has the same name); else why not. Read from the modeling source; unreadable: assumed passed."""
+    source = getattr(sys.modules.get(site.module), "__file__", None)
+    shape = compat.call_shape(source, site.name) if source else None
+    if shape is None or param in shape.keywords:
+        return None
+    keyword = BOUNDARY_PARAMS[site.closure.kernel][1]
+    if shape.spreads and keyword == param:
+        return None
+    return f"transformers' layer does not pass `{param}` to `{site.closure.kernel}`"
+
+
 def gdn_boundaries(layers: Iterable[tuple[str, Any]], *, mode: str = "training") -> GdnBoundaries:
     """The boundary facts of the GDN layers among ``layers`` ((path, module) pairs)."""
     paths: list[str] = []
@@ -105,7 +119,7 @@ def gdn_boundaries(layers: Iterable[tuple[str, Any]], *, mode: str = "training")
         paths.append(path)
         for site in sites:
             param, keyword = BOUNDARY_PARAMS[site.closure.kernel]
-            why = _accepts(site.closure, param)
+            why = _layer_passes(site, param) or _accepts(site.closure, param)
             if keyword not in feeds or (why is not None and feeds[keyword][1] is None):
                 feeds[keyword] = (param, why)
     return GdnBoundaries(tuple(paths), feeds)

@@ -222,3 +222,26 @@ def test_train_leaky_packing_adds_the_allow_item_and_its_warning_says_so() -> No
     assert packing_policy(given, "packed") is given and packing_policy(given, "none") is given
     assert LEAKY_WARNING.endswith(
         "It implies --allow packed-without-boundaries, which the guard otherwise requires for such rows")
+
+
+def test_a_layer_that_does_not_pass_the_boundary_is_named(fake_providers: Any, tiny: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older modeling file whose GDN call has no ``cu_seqlens=``: the batch carries it, the kernel never
+    gets it (read from the modeling source, as ``check --hub`` reads it)."""
+    from kernelguard import transformers_compat as compat
+
+    real = compat.call_shape
+
+    def without_cu_seqlens(source: str, call_site: str) -> Any:
+        shape = real(source, call_site)
+        if shape is None or "cu_seqlens" not in shape.keywords:
+            return shape
+        return compat.CallShape(shape.function, shape.positional,
+                                tuple(k for k in shape.keywords if k != "cu_seqlens"), (), False)
+
+    monkeypatch.setattr(compat, "call_shape", without_cu_seqlens)
+    model, _ = _guarded(tiny)
+    error = _refused(model, _flatten(return_flash_attn_kwargs=True, return_seq_idx=True))
+    assert error.message == _message(3, "cu_seq_lens_q", (
+        "its gated-delta kernels get no `cu_seqlens` (transformers' layer does not pass `cu_seqlens` to "
+        "`chunk_gated_delta_rule`)"))
