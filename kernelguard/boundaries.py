@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from kernelguard import transformers_calls
 from kernelguard import transformers_compat as compat
 from kernelguard.catalog import is_decode_only
 from kernelguard.errors import PackedWithoutBoundariesError
@@ -98,7 +99,7 @@ def _layer_passes(site: compat.GlobalSite, param: str) -> str | None:
     """None when the layer's call of the kernel hands it ``param`` (by name, or through ``**kwargs`` when the
     batch keyword has the same name); else why not. Read from the modeling source; unreadable: assumed passed."""
     source = getattr(sys.modules.get(site.module), "__file__", None)
-    shape = compat.call_shape(source, site.name) if source else None
+    shape = transformers_calls.call_shape(source, site.name) if source else None
     if shape is None or param in shape.keywords:
         return None
     keyword = BOUNDARY_PARAMS[site.closure.kernel][1]

@@ -184,7 +184,7 @@ def _check_hub_layers(requirements: catalog.Requirements, probes: dict[str, Any]
     """For each mapped op whose repository resolved to a variant: the layer is there and takes transformers'
     call (read from the variant's files; see :mod:`kernelguard.providers.hub_layers`)."""
     from .providers.hub_layers import check_hub_layer, variant_folder
-    from .transformers_compat import call_shape
+    from .transformers_calls import call_shape
 
     checks: dict[str, Any] = {}
     for req in requirements.kernels:

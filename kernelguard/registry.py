@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
-from kernelguard import discovery
+from kernelguard import discovery, transformers_calls
 from kernelguard import transformers_compat as compat
 from kernelguard.errors import KernelFallbackError
 
@@ -268,6 +268,7 @@ def reset() -> None:
     REGISTRY.reset()
     discovery.clear_caches()
     compat.clear_caches()
+    transformers_calls.clear_caches()
 
 
 def fallback_events() -> list[FallbackEvent]:

@@ -228,18 +228,18 @@ def test_a_layer_that_does_not_pass_the_boundary_is_named(fake_providers: Any, t
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """An older modeling file whose GDN call has no ``cu_seqlens=``: the batch carries it, the kernel never
     gets it (read from the modeling source, as ``check --hub`` reads it)."""
-    from kernelguard import transformers_compat as compat
+    from kernelguard import transformers_calls as calls
 
-    real = compat.call_shape
+    real = calls.call_shape
 
     def without_cu_seqlens(source: str, call_site: str) -> Any:
         shape = real(source, call_site)
         if shape is None or "cu_seqlens" not in shape.keywords:
             return shape
-        return compat.CallShape(shape.function, shape.positional,
+        return calls.CallShape(shape.function, shape.positional,
                                 tuple(k for k in shape.keywords if k != "cu_seqlens"), (), False)
 
-    monkeypatch.setattr(compat, "call_shape", without_cu_seqlens)
+    monkeypatch.setattr(calls, "call_shape", without_cu_seqlens)
     model, _ = _guarded(tiny)
     error = _refused(model, _flatten(return_flash_attn_kwargs=True, return_seq_idx=True))
     assert error.message == _message(3, "cu_seq_lens_q", (

@@ -12,7 +12,7 @@ import pytest
 
 from kernelguard import discovery
 from kernelguard.providers.hub_layers import check_hub_layer
-from kernelguard.transformers_compat import CallShape, call_shape
+from kernelguard.transformers_calls import CallShape, call_shape
 
 pytest.importorskip("kernels", reason="the Hub tests need the hub extra: pip install -e '.[dev]'")
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..facts import HubLayerCheck
-from ..transformers_compat import CallShape
+from ..transformers_calls import CallShape
 
 __all__ = ["PACKED_KEYWORDS", "check_hub_layer", "variant_folder"]
 
