@@ -23,7 +23,6 @@ guards the graph on which keyword arguments are None), and the count runs inside
 
 from __future__ import annotations
 
-import functools
 import inspect
 import itertools
 import sys
@@ -355,11 +354,15 @@ def _is_compiling() -> bool:
     return bool(torch.compiler.is_compiling())
 
 
-@functools.cache
 def _row_check_op() -> Any:
     """The count as a custom op: opaque to dynamo, run with the real values on every compiled call. Declared
-    as mutating its input so no graph drops it when the position ids are otherwise unused; it mutates nothing."""
+    as mutating its input so no graph drops it when the position ids are otherwise unused; it mutates nothing.
+    Registered once per process (torch's op registry is the memo)."""
     import torch
+
+    namespace = torch.ops.kernelguard
+    if hasattr(namespace, "check_packed_row"):
+        return namespace.check_packed_row
 
     @torch.library.custom_op(_OP, mutates_args=("position_ids",),
                              schema="(Tensor(a!) position_ids, str watch, str missing) -> ()")
