@@ -271,7 +271,7 @@ class ModelCallWatch:
 
         def kernelguard_boundaries_call(model: Any, *args: Any, **kwargs: Any) -> Any:
             # The outermost model call only (a causal LM calls its base model, a PreTrainedModel too).
-            if watch.depth:
+            if watch.depth or watch._wrapper is None:  # nested, or disarmed under a later watch's wrapper
                 return inherited(model, *args, **kwargs)
             check = watch.check_for(model)
             if check is not None:
@@ -282,7 +282,7 @@ class ModelCallWatch:
             finally:
                 watch.depth -= 1
 
-        self._wrapper = kernelguard_boundaries_call
+        self._wrapper: Any = kernelguard_boundaries_call
         PreTrainedModel.__call__ = kernelguard_boundaries_call  # type: ignore[method-assign]
         REGISTRY.boundary_watches[self.key] = self
 
