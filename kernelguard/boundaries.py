@@ -75,10 +75,13 @@ class GdnBoundaries:
     feeds: dict[str, tuple[str, str | None]]
 
 
-def _accepts(closure: compat.FallbackClosure, param: str) -> str | None:
-    """None when the implementation transformers calls takes ``param``; else why it does not."""
+def _accepts(closure: compat.FallbackClosure, param: str, policy: AllowPolicy) -> str | None:
+    """None when the implementation transformers calls takes ``param``; else why it does not. A torch reference
+    the policy refuses counts as taking it: its tripwire refuses the call first, with the install fix."""
     hub = compat.hub_kernel(closure)
     if hub is None and closure.is_torch_reference:
+        if not policy.allows_site(closure.kernel, compat.import_failure(closure).issues):
+            return None
         return f"`{closure.kernel}` runs its torch reference, which ignores `{param}`"
     impl = closure.func_module.forward if hub is not None else closure.implementation
     try:
@@ -107,8 +110,8 @@ def _layer_passes(site: compat.GlobalSite, param: str) -> str | None:
     return f"transformers' layer does not pass `{param}` to `{site.closure.kernel}`"
 
 
-def gdn_boundaries(layers: Iterable[tuple[str, Any]], *, mode: str = "training") -> GdnBoundaries:
-    """The boundary facts of the GDN layers among ``layers`` ((path, module) pairs)."""
+def gdn_boundaries(layers: Iterable[tuple[str, Any]], policy: AllowPolicy, *, mode: str = "training") -> GdnBoundaries:
+    """The boundary facts of the GDN layers among ``layers`` ((path, module) pairs), under ``policy``."""
     paths: list[str] = []
     feeds: dict[str, tuple[str, str | None]] = {}
     for path, module in layers:
@@ -119,7 +122,7 @@ def gdn_boundaries(layers: Iterable[tuple[str, Any]], *, mode: str = "training")
         paths.append(path)
         for site in sites:
             param, keyword = BOUNDARY_PARAMS[site.closure.kernel]
-            why = _layer_passes(site, param) or _accepts(site.closure, param)
+            why = _layer_passes(site, param) or _accepts(site.closure, param, policy)
             if keyword not in feeds or (why is not None and feeds[keyword][1] is None):
                 feeds[keyword] = (param, why)
     return GdnBoundaries(tuple(paths), feeds)
@@ -293,7 +296,7 @@ class ModelCallWatch:
             pass
         except TypeError:  # an unhashable model: no check rather than a crash
             return None
-        facts = gdn_boundaries((path or type(model).__name__, m) for path, m in model.named_modules())
+        facts = gdn_boundaries(((path or type(model).__name__, m) for path, m in model.named_modules()), self.policy)
         check = BoundaryCheck(model, facts, self.policy, **self._options) if facts.layers else None
         self._checks[model] = check
         return check
@@ -325,7 +328,8 @@ class ModelCallWatch:
 def watch_boundaries(model: Any, policy: AllowPolicy, *, mode: str = "training", syntax: str = PYTHON,
                      allow_fix: str | None = None) -> BoundaryWatch | None:
     """Arm the check on ``model`` (its top module); None when it has no GDN layer."""
-    facts = gdn_boundaries(((path or type(model).__name__, m) for path, m in model.named_modules()), mode=mode)
+    facts = gdn_boundaries(((path or type(model).__name__, m) for path, m in model.named_modules()), policy,
+                           mode=mode)
     if not facts.layers:
         return None
     return BoundaryWatch(model, facts, policy, syntax=syntax, allow_fix=allow_fix)

@@ -70,6 +70,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model, few repeats (a smoke run)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--tokens", type=int, default=None, help="tokens per batch (default 64 tiny, 1024 else)")
     args = parser.parse_args()
     if args.device == "cpu" or args.tiny:
         sys.path.insert(0, str(TESTS / "fake_providers"))
@@ -82,8 +83,8 @@ def main() -> None:
 
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     size = {"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]} if args.tiny else SIZE
-    tokens = 64 if args.tiny else 1024
-    repeats, inner, forwards = (3, 50, 3) if args.tiny else (9, 500, 8)
+    tokens = args.tokens or (64 if args.tiny else 1024)
+    repeats, inner, forwards = (3, 50, 3) if args.tiny else (9, 500, 6)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     model = tiny_models.tiny_model("qwen3_5", **size).to(args.device, dtype)
     report = inspect(model, packed=False)
