@@ -18,6 +18,7 @@ from .errors import (
     DataError,
     KernelFallbackError,
     KernelGuardError,
+    PackedWithoutBoundariesError,
     ResolutionError,
     UnsupportedTransformersError,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "DataError",
     "KernelFallbackError",
     "KernelGuardError",
+    "PackedWithoutBoundariesError",
     "ResolutionError",
     "UnsupportedTransformersError",
     "__version__",

@@ -184,6 +184,24 @@ def _probe_hub(requirements: catalog.Requirements, target: Target, env: Environm
     return probes
 
 
+def _check_hub_layers(requirements: catalog.Requirements, probes: dict[str, Any]) -> dict[str, Any]:
+    """For each mapped op whose repository resolved to a variant: the layer is there and takes transformers'
+    call (read from the variant's files; see :mod:`kernelguard.providers.hub_layers`)."""
+    from .providers.hub_layers import check_hub_layer, variant_folder
+    from .transformers_calls import call_shape
+
+    checks: dict[str, Any] = {}
+    for req in requirements.kernels:
+        probe = probes.get(req.hub.repo_id) if req.hub is not None else None
+        folder = variant_folder(probe.location, probe.chosen_variant) if probe is not None else None
+        shape = call_shape(requirements.family.source, req.call_site)
+        if req.hub is None or folder is None or shape is None:
+            continue
+        checks[req.kernel] = check_hub_layer(req.kernel, req.hub.repo_id, req.hub.layer_name, folder, shape,
+                                             packed=requirements.packed)
+    return checks
+
+
 def _torch_has_varlen(env: Environment) -> bool:
     if env.torch_error or env.torch_version.value is None:
         return False
@@ -215,10 +233,12 @@ def run_check(options: CheckOptions) -> CheckResult:
     packages = _probe_packages(requirements)
     env = with_gpus(env)
     target = _target(options, env)
+    hub = _probe_hub(requirements, target, env)
     facts = Facts(
         env=env,
         packages=packages,
-        hub=_probe_hub(requirements, target, env),
+        hub=hub,
+        hub_layers=_check_hub_layers(requirements, hub),
         kernels_window=discovery.kernels_version_window(source),
         transformers_min_versions={name: discovery.transformers_min_version(name, source) for name in catalog.PACKAGES},
         torch_varlen_attention=_torch_has_varlen(env),

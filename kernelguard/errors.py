@@ -37,6 +37,7 @@ __all__ = [
     "KernelFallbackError",
     "KernelGuardError",
     "LockMismatch",
+    "PackedWithoutBoundariesError",
     "ResolutionError",
     "TrainingDiverged",
     "UnsupportedTransformersError",
@@ -157,6 +158,35 @@ class GuardRefused(KernelFallbackError):
     def __init__(self, report: str, **fields: Any) -> None:
         self.report = report
         super().__init__(report, **fields)
+
+
+class PackedWithoutBoundariesError(KernelGuardError):
+    """A packed row (several examples, by its position ids or ``cu_seq_lens``) reached GDN layers whose kernels
+    get no example boundaries (``cu_seqlens`` for the gated-delta kernels, ``seq_idx`` for the conv): recurrent
+    and conv state would carry from one example into the next. Wrong results, not a slow path, so only the
+    allow item ``packed-without-boundaries`` accepts it (``*`` does not).
+
+    ``layer`` is the first GDN layer's path, ``examples`` the number of examples in the row, ``missing`` the
+    boundary kwargs its kernels do not get (``("cu_seqlens", "seq_idx")``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        fix: str | None = None,
+        details: dict[str, Any] | None = None,
+        layer: str = "",
+        examples: int = 0,
+        missing: tuple[str, ...] = (),
+    ) -> None:
+        self.layer = layer
+        self.examples = examples
+        self.missing = tuple(missing)
+        super().__init__(message, fix=fix, details=details)
+
+    def _state(self) -> dict[str, Any]:
+        return {**super()._state(), "layer": self.layer, "examples": self.examples, "missing": self.missing}
 
 
 class DataError(KernelGuardError):

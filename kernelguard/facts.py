@@ -21,6 +21,7 @@ __all__ = [
     "FlaBackend",
     "Gpu",
     "HubKernelProbe",
+    "HubLayerCheck",
     "HubTarget",
     "PackageFacts",
     "VariantVerdict",
@@ -193,12 +194,27 @@ class FlaBackend:
 
 
 @dataclass(frozen=True, slots=True)
+class HubLayerCheck:
+    """Whether the variant a Hub mapping resolves to has the mapped layer, and whether its ``forward`` takes the
+    call transformers makes; read from the variant's files, never run. ``problem`` is None when both hold."""
+
+    kernel: str  # the mapped op, e.g. "chunk_gated_delta_rule"
+    repo_id: str
+    layer_name: str
+    variant: str
+    call: str  # the call transformers makes, e.g. "chunk_gated_delta_rule(3 positional, g=, beta=, ...)"
+    problem: str | None  # which check failed, in a sentence
+    file: str | None = None  # where the layer's forward was read
+
+
+@dataclass(frozen=True, slots=True)
 class Facts:
     """Everything the resolver decides from, collected once by ``check``."""
 
     env: Environment
     packages: Mapping[str, PackageFacts] = field(default_factory=dict)  # by module path
     hub: Mapping[str, HubKernelProbe] = field(default_factory=dict)  # by repo_id
+    hub_layers: Mapping[str, HubLayerCheck] = field(default_factory=dict)  # by kernel, for resolved variants
     kernels_window: tuple[str, str] | None = None  # [min, max) of kernels this transformers uses
     transformers_min_versions: Mapping[str, str | None] = field(default_factory=dict)
     torch_varlen_attention: bool = False

@@ -15,6 +15,10 @@ fla's #640 refusal: ``fla-640-refusal``; ...), ``"attention"`` (the packed sdpa/
 Each call site is a :class:`~kernelguard.decisions.Decision` with ``layer`` set (kind ``package``, ``hub`` or
 ``reference``), rendered by :func:`kernelguard.report.render_call_sites`.
 
+``guard()`` also arms :mod:`kernelguard.boundaries` on the model: a packed row whose GDN kernels get no example
+boundaries raises :class:`~kernelguard.errors.PackedWithoutBoundariesError` at that forward (allow item
+``packed-without-boundaries``).
+
 Strict mode (the default) raises :class:`ConfigError` for a module with no kernel call site and no attention
 layer (``nn.Sequential``, a sub-module, a wrapper that hides the model): guarding nothing is almost surely a
 mistake. ``strict=False`` returns the report, which says "no gated-delta call sites found".
@@ -31,6 +35,7 @@ from typing import Any
 
 from kernelguard import registry
 from kernelguard import transformers_compat as compat
+from kernelguard.boundaries import watch_boundaries
 from kernelguard.catalog import MODES
 from kernelguard.decisions import REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError
@@ -91,6 +96,7 @@ class GuardReport:
         self.transformers_version = transformers_version
         self.mechanism = mechanism
         self.fla_backend: Any = None  # kernelguard.facts.FlaBackend when fla serves a GDN site on a GPU
+        self.boundaries: Any = None  # kernelguard.boundaries.BoundaryWatch, armed by guard()
 
     @property
     def kernel_sites(self) -> list[CallSite]:
@@ -115,6 +121,8 @@ class GuardReport:
 
     def disarm(self) -> None:
         self.tripwires.disarm()
+        if self.boundaries is not None:
+            self.boundaries.disarm()
 
     def __enter__(self) -> GuardReport:  # noqa: PYI034 - final in practice; py3.10 has no typing.Self
         return self
@@ -353,6 +361,7 @@ def guard(
     quiet_transformers_duplicates()
     for owner, name, kernel, site, closure in found.to_arm:
         report.tripwires.arm(owner, name, kernel, site, closure)
+    report.boundaries = watch_boundaries(model, report.tripwires.policy, mode=mode)
     return report
 
 

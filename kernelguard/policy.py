@@ -9,7 +9,9 @@ Sources (all parse through :meth:`AllowPolicy.parse`): ``kernelguard check --all
 - ``attention`` (also spelled ``varlen_attention``, the name of the row ``kernelguard check`` prints for it): accept
   an O(T^2) block-mask attention in packed training;
 - ``untrusted-hub-repo``: accept Kernel Hub repositories outside the trusted organisations;
-- ``*``: accept every slow path (debugging only; everything stays visible in reports).
+- ``packed-without-boundaries``: accept packed rows whose GDN kernels get no example boundaries (``cu_seqlens``,
+  ``seq_idx``): state leaks across examples. Wrong results, not a slow path: only this item accepts it;
+- ``*``: accept every slow path (debugging only; everything stays visible in reports); not the item above.
 
 An unknown item is a usage error (exit 2) listing the valid ones: a typo must never silently allow nothing.
 """
@@ -31,12 +33,13 @@ ATTENTION = "attention"
 UNTRUSTED_HUB_REPO = "untrusted-hub-repo"
 PACKED_WITHOUT_BOUNDARIES = "packed-without-boundaries"
 EVERYTHING = "*"
+PACKED_WITHOUT_BOUNDARIES = "packed-without-boundaries"
 
 POLICY_ITEMS: dict[str, str] = {
     ATTENTION: "accept sdpa/eager attention (O(T^2) block mask) in packed training",
     UNTRUSTED_HUB_REPO: "accept Kernel Hub repositories outside the trusted organisations",
-    PACKED_WITHOUT_BOUNDARIES: "accept packed rows whose GDN layers get no example boundaries (wrong results; "
-    "quality controls only)",
+    PACKED_WITHOUT_BOUNDARIES: "accept packed rows whose GDN kernels get no example boundaries (state leaks "
+    "across examples; wrong, not slow: `*` does not include it)",
     EVERYTHING: "accept every slow path (debugging only)",
 }
 # Other spellings of a policy item: `check` names the attention row after what it needs (a varlen attention),
@@ -65,6 +68,7 @@ class AllowPolicy:
     attention: bool = False
     untrusted_hub: bool = False
     everything: bool = False
+    # Explicit only: `*` accepts slow paths, and this one is a wrong result.
     packed_without_boundaries: bool = False
 
     @classmethod
@@ -123,7 +127,8 @@ class AllowPolicy:
         return self.everything or self.untrusted_hub
 
     def allows_packed_without_boundaries(self) -> bool:
-        return self.everything or self.packed_without_boundaries
+        """Packed rows whose GDN kernels get no boundaries are accepted: by this explicit item only."""
+        return self.packed_without_boundaries
 
     def allows_site(self, kernel: str, issue_ids: Iterable[str] = ()) -> bool:
         """A slow call site is accepted by its kernel name or by any known issue that explains it."""

@@ -9,6 +9,9 @@ and ``@pytest.mark.kernelguard(allow=[...])`` (added to the run-wide list); item
 :class:`kernelguard.policy.AllowPolicy` (kernel name, known-issue ID, ``attention``, ``*``). An unknown item is
 a usage error listing the valid ones.
 
+A transformers model called with a packed row whose GDN kernels get no example boundaries raises
+:class:`kernelguard.errors.PackedWithoutBoundariesError` in the test (allow item ``packed-without-boundaries``).
+
 Tripwires are armed in setup (on every loaded transformers modeling module, scanned once per process) and
 removed in teardown. They record instead of raising, so a test runs on and then fails with ONE message naming
 every kernel that fell back, each call site once with its count, and the fix in pytest's terms. A test that
@@ -69,6 +72,7 @@ class Settings:
 @dataclass(slots=True)
 class _TestState:
     tripwires: Any
+    boundaries: Any  # kernelguard.boundaries.ModelCallWatch, or None before transformers is imported
     reported: int  # index of the first registry event not yet turned into a failure
     skip_ok: bool = False  # a skip after a fallback stands (the marker's or the ini's skip_ok)
     failures: list[Any] = field(default_factory=list)  # events that failed the call phase
@@ -163,7 +167,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
     index = REGISTRY.open_window()
     tripwires = arm_tripwires(allow=policy, on_fallback="record")
-    item.stash[_state_key] = _TestState(tripwires, index, skip_ok)
+    item.stash[_state_key] = _TestState(tripwires, _watch_boundaries(policy), index, skip_ok)
+
+
+_BOUNDARIES_ALLOW = ("accept it explicitly with @pytest.mark.kernelguard(allow=['packed-without-boundaries']) or "
+                     "--kernelguard-allow packed-without-boundaries")
+
+
+def _watch_boundaries(policy: Any) -> Any:
+    """Packed rows without GDN boundaries raise in the test (kernelguard.boundaries), for every transformers
+    model it calls; not before transformers is imported (the plugin never imports it for a test that does not)."""
+    if "transformers.modeling_utils" not in sys.modules:
+        return None
+    from kernelguard.boundaries import ModelCallWatch
+
+    return ModelCallWatch(policy, allow_fix=_BOUNDARIES_ALLOW)
 
 
 def _new_failures(state: _TestState) -> list[Any]:
@@ -245,6 +263,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     finally:
         if state is not None:
             state.tripwires.disarm()
+            if state.boundaries is not None:
+                state.boundaries.disarm()
             del item.stash[_state_key]
     if state is not None:
         failures = _new_failures(state)

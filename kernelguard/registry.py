@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
-from kernelguard import discovery
+from kernelguard import discovery, transformers_calls
 from kernelguard import transformers_compat as compat
 from kernelguard.errors import KernelFallbackError
 
@@ -181,6 +181,9 @@ class GuardRegistry:
         # Layer module -> path: filled by guard(model), or from the root module when a tripwire fires.
         self.layer_paths: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.varlen = VarlenBinding()
+        # key -> kernelguard.boundaries' watches armed now, and the per-model checks the compiled op looks up.
+        self.boundary_watches: dict[str, Any] = {}
+        self.boundary_checks: dict[str, Any] = {}
 
     def log_once(self, key: tuple[str, ...], message: str) -> None:
         """Log ``message`` once per process, and only on rank 0 of a torchrun/accelerate job (``RANK``): every
@@ -244,6 +247,8 @@ class GuardRegistry:
             holders.update({id(w): w for w in self.watchers})
         for tripwires in holders.values():
             tripwires.disarm()
+        for watch in list(self.boundary_watches.values()):
+            watch.disarm()
         with self.lock:
             self.patches.clear()
             self.retired.clear()
@@ -251,6 +256,7 @@ class GuardRegistry:
             self.layer_paths = weakref.WeakKeyDictionary()
             self.scan.clear()
             self.varlen = VarlenBinding()
+            self.boundary_checks.clear()
         self.clear_events()
 
 
@@ -262,6 +268,7 @@ def reset() -> None:
     REGISTRY.reset()
     discovery.clear_caches()
     compat.clear_caches()
+    transformers_calls.clear_caches()
 
 
 def fallback_events() -> list[FallbackEvent]:

@@ -190,6 +190,14 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
             f"no build variant matches this system ({where}).{detail}{note}",
             f"kernels download {req.hub.repo_id}  (or set LOCAL_KERNELS={req.hub.repo_id}=PATH)",
         )
+    layer = facts.hub_layers.get(req.kernel)
+    if layer is not None and layer.problem is not None:
+        return rejected(
+            f"build variant {probe.chosen_variant} from {probe.source} does not fit transformers' call "
+            f"{layer.call}: {layer.problem}; kernelize() would fall back or fail at the first call.",
+            f"use a revision of {req.hub.repo_id} whose `{req.hub.layer_name}` layer takes this call, or load "
+            "without use_kernels=True and install the package",
+        )
     return Decision(
         req.kernel, label, "hub", ACCEPTED, f"build variant {probe.chosen_variant} from {probe.source}.", None
     )

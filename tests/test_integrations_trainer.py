@@ -202,6 +202,7 @@ def test_flattening_without_boundaries_is_refused_for_gdn_models(
     assert "carry no cu_seq_lens_q/seq_idx" in info.value.message
     assert "chunk_gated_delta_rule" in info.value.message
     assert "return_seq_idx=True" in info.value.fix
+    assert info.value.fix.endswith("or accept it explicitly with KernelGuardCallback(allow=['packed-without-boundaries'])")
     assert trainer.state.global_step == 0
     assert callback.report is None
 
@@ -392,3 +393,39 @@ def test_the_callback_refuses_a_node_that_differs_from_its_lock(tmp_path: Path, 
         KernelGuardCallback(lock=lock).on_train_begin(args, state, None, model=torch.nn.Linear(2, 2))
     assert info.value.differences == (
         "allow items: lock says [attention], here none; restore: pass exactly the lock's: allow=['attention']",)
+
+
+def test_flattening_without_boundaries_passes_with_the_explicit_allow_item(
+    fake_providers: Path, tiny: Any, tmp_path: Path
+) -> None:
+    from transformers import DataCollatorWithFlattening
+
+    model = tiny.tiny_model("qwen3_5").train()
+    callback = KernelGuardCallback(allow=["attention", "packed-without-boundaries"])
+    trainer = _trainer(model, tmp_path, callback, collator=DataCollatorWithFlattening(), rows=_flattened_rows(),
+                       steps=1)
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_a_collator_the_callback_cannot_read_is_refused_at_the_first_forward(
+    fake_providers: Path, tiny: Any, tmp_path: Path
+) -> None:
+    """A hand-written concatenating collator: nothing to probe before step 1, so the guard's per-call check
+    refuses the first packed row."""
+    from kernelguard.errors import PackedWithoutBoundariesError
+
+    def concatenate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        ids = [t for r in rows for t in r["input_ids"]]
+        positions = [p for r in rows for p in range(len(r["input_ids"]))]
+        return {"input_ids": torch.tensor([ids]), "labels": torch.tensor([ids]), "position_ids": torch.tensor([positions])}
+
+    model = tiny.tiny_model("qwen3_5").train()
+    callback = KernelGuardCallback(allow=["attention"], packed=True)
+    trainer = _trainer(model, tmp_path, callback, collator=concatenate, rows=_flattened_rows())
+    with pytest.raises(PackedWithoutBoundariesError) as info:
+        trainer.train()
+    assert info.value.message.startswith(
+        "kernelguard: model.layers.0.linear_attn (and 2 more GDN layers) got a packed row of 2 examples (by its "
+        "position_ids) but its gated-delta kernels get no `cu_seqlens`")
+    assert trainer.state.global_step == 0

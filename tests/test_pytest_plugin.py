@@ -450,3 +450,46 @@ def test_docs_quote_the_skip_after_fallback_message_as_the_plugin_prints_it() ->
     docs = (Path(__file__).resolve().parents[1] / "docs" / "pytest.md").read_text()
     for line in _contract_line(skipped=True).splitlines():
         assert line in docs, line
+
+
+PACKED_ROW_TEST = """
+import pytest
+import torch
+import tiny_models
+from transformers import PreTrainedModel  # noqa: F401 - a suite that has transformers loaded at collection
+
+GDN = ["chunk_gated_delta_rule", "causal_conv1d_fn"]
+IDS, PACKED = torch.randint(0, 256, (1, 8)), torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+
+@pytest.mark.kernelguard(allow=GDN)
+def test_packed_row():
+    tiny_models.tiny_model("qwen3_5")(IDS, position_ids=PACKED)
+
+@pytest.mark.kernelguard(allow=[*GDN, "packed-without-boundaries"])
+def test_packed_row_allowed():
+    tiny_models.tiny_model("qwen3_5")(IDS, position_ids=PACKED)
+
+@pytest.mark.kernelguard(allow=GDN)
+def test_single_row():
+    tiny_models.tiny_model("qwen3_5")(IDS, position_ids=torch.arange(8)[None])
+"""
+
+
+def test_packed_row_without_boundaries_fails_the_test_with_the_fix_in_pytest_terms(inner: pytest.Pytester) -> None:
+    inner.makepyfile(PACKED_ROW_TEST)
+    result = inner.runpytest("--kernelguard", "-v")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*::test_packed_row FAILED*"])
+    text = result.stdout.str()  # brackets in the fix would be fnmatch character classes
+    assert ("PackedWithoutBoundariesError: kernelguard: model.layers.0.linear_attn (and 2 more GDN layers) got a "
+            "packed row of 2 examples (by its position_ids) but its gated-delta kernels get no `cu_seqlens` (the "
+            "batch has no `cu_seq_lens_q`) and its conv gets no `seq_idx` (the batch has no `seq_idx`): recurrent "
+            "and conv state would carry from each example into the next.") in text
+    assert ("Fix: DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True), or "
+            "padding_free=False; or accept it explicitly with "
+            "@pytest.mark.kernelguard(allow=['packed-without-boundaries']) or --kernelguard-allow "
+            "packed-without-boundaries") in text
+    assert " layers.0.linear_attn (and 2 more" not in text  # the outermost model call only: no base-model repeat
+    from transformers import PreTrainedModel
+
+    assert "__call__" not in PreTrainedModel.__dict__  # disarmed after each test

@@ -33,6 +33,8 @@ from transformers import TrainerCallback
 from kernelguard import gate
 from kernelguard.attention import VARLEN_NAME, register_varlen_attention
 from kernelguard.errors import ConfigError, KernelFallbackError, KernelGuardError
+from kernelguard.policy import PACKED_WITHOUT_BOUNDARIES, AllowPolicy
+from kernelguard.terms import PYTHON, allow_hint
 
 __all__ = [
     "VARLEN_NAME",
@@ -188,10 +190,12 @@ def _callback_refusal(
     )
 
 
-def _check_packed_sequences(report: Any, packing: Packing) -> None:
-    """A flattened row must carry its example boundaries (``cu_seq_lens_q`` / ``seq_idx``) for GDN layers."""
+def _check_packed_sequences(report: Any, packing: Packing, *, allowed: bool = False) -> None:
+    """A flattened row must carry its example boundaries (``cu_seq_lens_q`` / ``seq_idx``) for GDN layers.
+    Known from the collator before step 1; a collator this cannot read is checked at each forward by the guard
+    (kernelguard.boundaries). ``allowed``: the allow item ``packed-without-boundaries`` was given."""
     # GDN torch references on packed rows are refused by the guard itself (allowed or not).
-    if not packing.packed:
+    if not packing.packed or allowed:
         return
     gdn = sorted({e.kernel for e in report.entries if e.kernel != "attention"})
     if packing.boundaries is not False or not gdn:
@@ -202,7 +206,8 @@ def _check_packed_sequences(report: Any, packing: Packing) -> None:
         f"cu_seq_lens_q/seq_idx, and this model's {', '.join(gdn)} layers find example boundaries only there: "
         "recurrent and conv state would leak from each example into the next (silently wrong training).",
         fix="DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True), or TRL's "
-        "SFTConfig(padding_free=True)",
+        "SFTConfig(padding_free=True); or accept it explicitly with "
+        f"{CALLBACK_ALLOW.format(allow_hint([PACKED_WITHOUT_BOUNDARIES], PYTHON))}",
     )
 
 
@@ -214,7 +219,8 @@ def training_gate(
     allowed = tuple(allow)
     result = check_stack(model, allow=allowed, packed=packing.packed, model_ref=model_ref)
     report = guard_model(model, allow=allowed, packed=packing.packed, verbose=verbose)
-    _check_packed_sequences(report, packing)
+    _check_packed_sequences(report, packing,
+                            allowed=AllowPolicy.parse(allowed).allows_packed_without_boundaries())
     return report, result
 
 
@@ -266,8 +272,6 @@ def _stop_everywhere(error: KernelGuardError | None, args: Any) -> None:
 # ------------------------------------------------------------------------------------------- callback ---
 def _parse_allow(values: Iterable[str]) -> tuple[str, ...]:
     """Parsed once, at construction: an unknown ID is a ConfigError listing the valid ones, not a silent no-op."""
-    from kernelguard.policy import AllowPolicy
-
     return tuple(AllowPolicy.parse(values, source="KernelGuardCallback(allow=...)").values())
 
 

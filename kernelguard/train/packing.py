@@ -60,7 +60,8 @@ NO_BOUNDARIES = (LEAKY, NAIVE)
 LEAKY_WARNING = (
     "WARNING: --packing leaky is a deliberate bug for quality checks: example boundaries are withheld from the "
     "GDN layers and attention (position ids only), so GDN state and conv inputs leak across examples; never "
-    "train a model you keep this way (its held-out loss is measured with the boundaries, as the model is used)"
+    "train a model you keep this way (its held-out loss is measured with the boundaries, as the model is used). "
+    "It needs --allow packed-without-boundaries, which the guard otherwise requires for such rows"
 )
 NAIVE_WARNING = (
     "WARNING: --packing naive is a deliberate bug for quality checks: examples are concatenated with no "

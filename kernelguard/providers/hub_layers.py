@@ -1,0 +1,173 @@
+"""Does a Hub kernel variant fit the call transformers makes? Read from the variant's files, never run.
+
+transformers maps each GDN op to a Kernel Hub repository and layer name (``chunk_gated_delta_rule`` ->
+``kernels-community/fla``, layer ``chunk_gated_delta_rule``). ``kernelize()`` loads the variant, takes
+``<variant>.layers.<layer_name>`` and makes its ``forward`` the op; when the layer is missing, or its ``forward``
+does not take the arguments the model passes, the job falls back or fails far from the cause (transformers
+#47526: "got multiple values for argument 'seq_idx'"). Two checks, each named when it fails:
+
+1. the variant's ``layers`` module defines (or imports) a class ``<layer_name>`` with a ``forward``;
+2. that ``forward``'s parameters bind the call transformers makes (:class:`~kernelguard.transformers_compat.CallShape`:
+   positional count, keywords, and in packed training the batch's packed-sequence keywords its ``**kwargs``
+   passes on), as Python would bind them.
+
+The files are parsed with :mod:`ast`; nothing of the variant is imported or executed.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..facts import HubLayerCheck
+from ..transformers_calls import CallShape
+
+__all__ = ["PACKED_KEYWORDS", "check_hub_layer", "variant_folder"]
+
+# What a packed batch adds to every layer's keyword arguments (transformers' flash-attention kwargs + seq_idx).
+PACKED_KEYWORDS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+def variant_folder(location: str | None, variant: str | None) -> Path | None:
+    """The chosen variant's folder, from a probe's location (a repository root, its build/, or the variant)."""
+    if location is None or variant is None:
+        return None
+    base = Path(location)
+    for candidate in (base / variant, base / "build" / variant, base):
+        if candidate.name == variant and candidate.is_dir():
+            return candidate
+    return None
+
+
+def check_hub_layer(kernel: str, repo_id: str, layer_name: str, folder: Path, call: CallShape, *,
+                    packed: bool) -> HubLayerCheck:
+    spread = tuple(k for k in PACKED_KEYWORDS if k not in call.popped) if packed and call.spreads else ()
+    shown = _describe(kernel, call, spread)
+
+    def result(problem: str | None, file: Path | None = None) -> HubLayerCheck:
+        return HubLayerCheck(kernel, repo_id, layer_name, folder.name, shown, problem, str(file) if file else None)
+
+    layers = _layers_files(folder)
+    if not layers:
+        return result(f"check 1 (the layer exists) failed: variant {folder.name} has no `layers` module "
+                      "(no layers.py or layers/__init__.py), so kernels finds no layer in it")
+    found = _find_class(layers, layer_name)
+    if isinstance(found, str):
+        return result(f"check 1 (the layer exists) failed: {found}")
+    cls, file = found
+    forward = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
+    if forward is None:
+        return result(f"check 1 (the layer exists) failed: class `{layer_name}` in {_rel(file, folder)} has no "
+                      "`forward` of its own", file)
+    problem = _bind(forward.args, call.positional, (*call.keywords, *spread))
+    if problem is not None:
+        return result(f"check 2 (its forward takes transformers' call) failed: `{layer_name}.forward` in "
+                      f"{_rel(file, folder)} {problem}", file)
+    return result(None, file)
+
+
+def _describe(kernel: str, call: CallShape, spread: tuple[str, ...]) -> str:
+    parts = [f"{call.positional} positional"] + [f"{k}=" for k in (*call.keywords, *spread)]
+    return f"{kernel}({', '.join(parts)})"
+
+
+def _rel(file: Path, folder: Path) -> str:
+    try:
+        return str(file.relative_to(folder.parent))
+    except ValueError:
+        return str(file)
+
+
+def _layers_files(folder: Path) -> list[Path]:
+    """Where kernels' ``<variant>.layers`` would come from: the variant package, or one package folder in it."""
+    roots = [folder, *sorted(p for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").is_file())]
+    for root in roots:
+        for candidate in (root / "layers.py", root / "layers" / "__init__.py"):
+            if candidate.is_file():
+                return [candidate]
+    return []
+
+
+def _parse(file: Path) -> ast.Module | None:
+    try:
+        return ast.parse(file.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _find_class(files: list[Path], name: str, depth: int = 0) -> tuple[ast.ClassDef, Path] | str:
+    file = files[0]
+    tree = _parse(file)
+    if tree is None:
+        return f"{file.name} of the variant cannot be parsed"
+    defined = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            if node.name == name:
+                return node, file
+            defined.append(node.name)
+        if isinstance(node, ast.ImportFrom) and node.level >= 1 and depth < 3:
+            for alias in node.names:
+                if (alias.asname or alias.name) != name:
+                    continue
+                target = _relative(file, node.level, node.module)
+                if target is None:
+                    return f"`{name}` is imported in {file.name} from a module the variant does not contain"
+                return _find_class([target], alias.name, depth + 1)
+            defined += [a.asname or a.name for a in node.names]
+    listed = ", ".join(sorted(set(defined))) or "nothing"
+    return f"the variant's `layers` ({file.name}) has no layer `{name}` (it defines: {listed})"
+
+
+def _relative(file: Path, level: int, module: str | None) -> Path | None:
+    base = file.parent
+    for _ in range(level - 1):
+        base = base.parent
+    target = base.joinpath(*(module or "__init__").split("."))
+    for candidate in (target.with_suffix(".py"), target / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Params:
+    positional: list[str]  # positional-only + positional-or-keyword, after self
+    positional_only: set[str]
+    keyword_only: list[str]
+    required: set[str]
+    var_positional: bool
+    var_keyword: bool
+
+
+def _params(args: ast.arguments) -> _Params:
+    posonly = [a.arg for a in args.posonlyargs]
+    plain = [a.arg for a in args.args]
+    positional = (posonly + plain)[1:]  # drop self
+    defaults = len(args.defaults)
+    required = set(positional[: len(positional) - defaults] if defaults else positional)
+    kwonly = [a.arg for a in args.kwonlyargs]
+    required |= {a for a, d in zip(kwonly, args.kw_defaults) if d is None}
+    return _Params(positional, set(posonly) - {"self"}, kwonly, required, args.vararg is not None,
+                   args.kwarg is not None)
+
+
+def _bind(args: ast.arguments, positional: int, keywords: tuple[str, ...]) -> str | None:
+    """Why Python would refuse ``forward(self, <positional>..., **{keywords})``, or None when it binds."""
+    p = _params(args)
+    if positional > len(p.positional) and not p.var_positional:
+        return f"takes {len(p.positional)} positional arguments after self, but the call passes {positional}"
+    filled = set(p.positional[:positional])
+    for name in keywords:
+        if name in filled:
+            return f"got multiple values for argument '{name}': the call passes it by position and by name"
+        if name in p.positional_only:
+            return f"takes '{name}' by position only, but the call passes it by name"
+        if name not in p.positional and name not in p.keyword_only and not p.var_keyword:
+            return f"got an unexpected keyword argument '{name}' (no such parameter and no **kwargs)"
+        filled.add(name)
+    missing = sorted(p.required - filled)
+    if missing:
+        return f"is missing required argument(s) {', '.join(repr(m) for m in missing)} that the call does not pass"
+    return None

@@ -1,0 +1,253 @@
+"""Packed rows without example boundaries (kernelguard.boundaries): refused at the forward, per call, compiled too.
+
+The fake fla and causal-conv1d honour ``cu_seqlens`` / ``seq_idx``, so a row that carries them runs each example
+on its own, and one that does not is exactly the silent leak the check refuses.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+from kernelguard.boundaries import examples_per_row
+from kernelguard.errors import ConfigError, PackedWithoutBoundariesError
+from kernelguard.guard import guard, inspect
+from kernelguard.policy import AllowPolicy
+from kernelguard.registry import REGISTRY
+
+FIRST = "model.layers.0.linear_attn"
+LEAK = "recurrent and conv state would carry from each example into the next. The results are wrong, not only slow, and nothing else raises."
+FIX = ("DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True), or padding_free=False; "
+       "or accept it explicitly with allow=['packed-without-boundaries']")
+BOTH = ("its gated-delta kernels get no `cu_seqlens` (the batch has no `cu_seq_lens_q`) and its conv gets no "
+        "`seq_idx` (the batch has no `seq_idx`)")
+CONV = "its conv gets no `seq_idx` (the batch has no `seq_idx`)"
+FEATURES = [{"input_ids": [3, 4, 5, 6, 7]}, {"input_ids": [8, 9, 10]}, {"input_ids": [11, 12, 13, 14]}]
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> Any:
+    yield
+    REGISTRY.reset()
+
+
+def _model(tiny: Any, **overrides: Any) -> Any:
+    return tiny.tiny_model("qwen3_5", **overrides)
+
+
+def _guarded(tiny: Any, allow: tuple[str, ...] = ("attention",), **overrides: Any) -> Any:
+    model = _model(tiny, **overrides)
+    return model, guard(model, packed=True, allow=list(allow))
+
+
+def _flatten(**flags: Any) -> dict[str, Any]:
+    from transformers import DataCollatorWithFlattening
+
+    features = [{**f, "labels": list(f["input_ids"])} for f in FEATURES]
+    return DataCollatorWithFlattening(**flags)(features)
+
+
+def _message(examples: int, source: str, gets: str, more: str = " (and 2 more GDN layers)") -> str:
+    return f"kernelguard: {FIRST}{more} got a packed row of {examples} examples (by its {source}) but {gets}: {LEAK}"
+
+
+def _refused(model: Any, batch: dict[str, Any]) -> PackedWithoutBoundariesError:
+    with torch.no_grad(), pytest.raises(PackedWithoutBoundariesError) as info:
+        model(**batch)
+    return info.value
+
+
+# ------------------------------------------------------------------------------------------ the four cases ---
+def test_flattening_collator_with_its_defaults_is_refused(fake_providers: Any, tiny: Any) -> None:
+    model, _ = _guarded(tiny)
+    error = _refused(model, _flatten())
+    assert error.message == _message(3, "position_ids", BOTH)
+    assert error.fix == FIX
+    assert (error.layer, error.examples, error.missing) == (FIRST, 3, ("cu_seqlens", "seq_idx"))
+
+
+def test_flattening_collator_with_both_flags_passes_and_keeps_examples_apart(fake_providers: Any, tiny: Any) -> None:
+    model, _ = _guarded(tiny, num_hidden_layers=3, layer_types=["linear_attention"] * 3)
+    batch = _flatten(return_flash_attn_kwargs=True, return_seq_idx=True)
+    with torch.no_grad():
+        packed = model(**batch).logits
+        alone = model(input_ids=torch.tensor([FEATURES[1]["input_ids"]])).logits
+    torch.testing.assert_close(packed[0, 5:8], alone[0], rtol=1e-4, atol=1e-5)  # the second example, unleaked
+
+
+def test_flash_kwargs_without_seq_idx_is_refused_for_the_conv(fake_providers: Any, tiny: Any) -> None:
+    model, _ = _guarded(tiny)
+    error = _refused(model, _flatten(return_flash_attn_kwargs=True))
+    assert error.message == _message(3, "cu_seq_lens_q", CONV)
+    assert error.missing == ("seq_idx",)
+
+
+def test_trl_padding_free_without_seq_idx_is_refused(fake_providers: Any, tiny: Any) -> None:
+    """TRL's padding-free collator before it sent ``seq_idx`` (the fact in DESIGN.md): boundaries for the
+    gated-delta kernels and attention, none for the conv."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(FEATURES)
+    del batch["seq_idx"]
+    model, _ = _guarded(tiny)
+    assert _refused(model, batch).message == _message(3, "cu_seq_lens_q", CONV)
+
+
+def test_trl_padding_free_position_ids_only_is_refused(fake_providers: Any, tiny: Any) -> None:
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    full = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(FEATURES)
+    batch = {k: full[k] for k in ("input_ids", "labels", "position_ids")}
+    model, _ = _guarded(tiny)
+    assert _refused(model, batch).message == _message(3, "position_ids", BOTH)
+
+
+def test_padded_batch_passes(fake_providers: Any, tiny: Any) -> None:
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    batch = DataCollatorForLanguageModeling(pad_token_id=0)(FEATURES)
+    assert batch["input_ids"].shape == (3, 5) and "attention_mask" in batch
+    model = _model(tiny)
+    guard(model, packed=False)
+    with torch.no_grad():
+        model(**batch)
+        # a padded batch with the position ids transformers' generate() builds (padding at 1): still one per row
+        positions = (batch["attention_mask"].cumsum(-1) - 1).masked_fill(batch["attention_mask"] == 0, 1)
+        model(**batch, position_ids=positions)
+
+
+def test_single_sequence_row_passes(fake_providers: Any, tiny: Any) -> None:
+    model, _ = _guarded(tiny)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[3, 4, 5, 6]]), position_ids=torch.arange(4)[None])
+        model(input_ids=torch.tensor([[3, 4, 5, 6]]))  # no position ids at all
+        model(torch.tensor([[3, 4, 5, 6]]), None, torch.arange(4)[None])  # positional position_ids
+
+
+def test_positional_position_ids_are_read(fake_providers: Any, tiny: Any) -> None:
+    model, _ = _guarded(tiny)
+    with torch.no_grad(), pytest.raises(PackedWithoutBoundariesError):
+        model(torch.tensor([[3, 4, 5, 6]]), None, torch.tensor([[0, 1, 0, 1]]))
+
+
+# ------------------------------------------------------------------------------------------- the allow item ---
+def test_only_the_explicit_allow_item_accepts_and_it_is_logged_once(
+    fake_providers: Any, tiny: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="kernelguard")
+    model, _ = _guarded(tiny, allow=("*",))
+    _refused(model, _flatten())  # `*` accepts slow paths, not wrong results
+    REGISTRY.reset()
+    model, _ = _guarded(tiny, allow=("attention", "packed-without-boundaries"))
+    with torch.no_grad():
+        model(**_flatten())
+        model(**_flatten())
+    logged = [r.getMessage() for r in caplog.records if "packed-without-boundaries" in r.getMessage()]
+    assert logged == [f"kernelguard: allowed (packed-without-boundaries): {_message(3, 'position_ids', BOTH)}"]
+
+
+def test_the_allow_item_parses_round_trips_and_a_typo_is_refused() -> None:
+    policy = AllowPolicy.parse(["packed-without-boundaries"])
+    assert policy.allows_packed_without_boundaries() and policy.values() == ["packed-without-boundaries"]
+    assert not AllowPolicy.parse(["*"]).allows_packed_without_boundaries()
+    assert AllowPolicy().merge(policy).allows_packed_without_boundaries()
+    with pytest.raises(ConfigError, match="packed-without-boundaries"):  # listed among the valid items
+        AllowPolicy.parse(["packed-without-boundary"], kernel_names=())
+
+
+def test_a_torch_reference_drops_the_boundaries_the_batch_carries(fresh_transformers_models: Any, tiny: Any) -> None:
+    model = _model(tiny)
+    guard(model, packed=False, allow=["chunk_gated_delta_rule", "causal_conv1d_fn"])
+    error = _refused(model, _flatten(return_flash_attn_kwargs=True, return_seq_idx=True))
+    assert error.message == _message(3, "cu_seq_lens_q", (
+        "its gated-delta kernels get no `cu_seqlens` (`chunk_gated_delta_rule` runs its torch reference, which "
+        "ignores `cu_seqlens`) and its conv gets no `seq_idx` (`causal_conv1d_fn` runs its torch reference, which "
+        "ignores `seq_idx`)"))
+
+
+# ----------------------------------------------------------------------------------------------- lifecycle ---
+def test_inspect_arms_nothing_and_disarm_removes_the_hook(fake_providers: Any, tiny: Any) -> None:
+    model = _model(tiny)
+    inspect(model, packed=True, allow=["attention"])
+    assert not model._forward_pre_hooks and not REGISTRY.boundary_watches
+    with guard(model, packed=True, allow=["attention"]) as report:
+        assert report.boundaries.armed and len(model._forward_pre_hooks) == 1
+    assert not model._forward_pre_hooks and not REGISTRY.boundary_watches
+    with torch.no_grad():
+        model(**_flatten())  # disarmed: the leak is the user's again
+
+
+def test_registry_reset_disarms(fake_providers: Any, tiny: Any) -> None:
+    model, report = _guarded(tiny)
+    REGISTRY.reset()
+    assert not report.boundaries.armed and not model._forward_pre_hooks
+
+
+def test_examples_per_row() -> None:
+    assert examples_per_row(torch.tensor([[0, 1, 2, 0, 1, 0]])) == [3]
+    assert examples_per_row(torch.tensor([[0, 1, 2], [0, 1, 2]])) == [1, 1]
+    assert examples_per_row(torch.tensor([[5, 6, 7, 8]])) == [1]  # a continuation is one example
+    assert examples_per_row(torch.tensor([[[0, 1, 0, 1]]] * 4)) == [2]  # multimodal rope planes
+    assert examples_per_row(torch.tensor([[0]])) == [1]
+
+
+# ---------------------------------------------------------------------------------------------- compiled ---
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
+def test_compiled_model_is_checked_on_every_call(fake_providers: Any, tiny: Any, fullgraph: bool) -> None:
+    torch._dynamo.reset()
+    model, _ = _guarded(tiny, num_hidden_layers=1, layer_types=["linear_attention"])
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    single, packed = torch.arange(6)[None], torch.tensor([[0, 1, 2, 0, 1, 2]])
+    try:
+        with torch.no_grad():
+            model(ids, position_ids=single)  # eager first: the fake fla resolves its reference once, eagerly
+            compiled = torch.compile(model, fullgraph=fullgraph, backend="eager")
+            compiled(ids, position_ids=single)
+            with pytest.raises(PackedWithoutBoundariesError) as info:
+                compiled(ids, position_ids=packed)  # same graph as the single row: the values decide
+            compiled(ids, position_ids=single)
+    finally:
+        torch._dynamo.reset()
+    assert info.value.message == _message(2, "position_ids", BOTH, more="")
+
+
+def test_train_controls_without_boundaries_need_the_allow_item_and_the_warning_says_so() -> None:
+    from kernelguard.errors import ConfigError
+    from kernelguard.train.packing import LEAKY_WARNING, check_control_allowed
+
+    for control in ("leaky", "naive"):
+        with pytest.raises(ConfigError) as info:
+            check_control_allowed(control, allowed=AllowPolicy.parse(["attention"]).allows_packed_without_boundaries())
+        assert info.value.fix == "train with --packing packed; to run the control, add --allow packed-without-boundaries"
+        check_control_allowed(control, allowed=AllowPolicy.parse(["packed-without-boundaries"])
+                              .allows_packed_without_boundaries())
+    check_control_allowed("packed", allowed=False)
+    assert not AllowPolicy.parse(["*"]).allows_packed_without_boundaries()  # a wrong result, not a slow path
+    assert LEAKY_WARNING.endswith(
+        "It needs --allow packed-without-boundaries, which the guard otherwise requires for such rows")
+
+
+def test_a_layer_that_does_not_pass_the_boundary_is_named(fake_providers: Any, tiny: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older modeling file whose GDN call has no ``cu_seqlens=``: the batch carries it, the kernel never
+    gets it (read from the modeling source, as ``check --hub`` reads it)."""
+    from kernelguard import transformers_calls as calls
+
+    real = calls.call_shape
+
+    def without_cu_seqlens(source: str, call_site: str) -> Any:
+        shape = real(source, call_site)
+        if shape is None or "cu_seqlens" not in shape.keywords:
+            return shape
+        return calls.CallShape(shape.function, shape.positional,
+                                tuple(k for k in shape.keywords if k != "cu_seqlens"), (), False)
+
+    monkeypatch.setattr(calls, "call_shape", without_cu_seqlens)
+    model, _ = _guarded(tiny)
+    error = _refused(model, _flatten(return_flash_attn_kwargs=True, return_seq_idx=True))
+    assert error.message == _message(3, "cu_seq_lens_q", (
+        "its gated-delta kernels get no `cu_seqlens` (transformers' layer does not pass `cu_seqlens` to "
+        "`chunk_gated_delta_rule`)"))
