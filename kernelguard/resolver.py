@@ -10,9 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
-
 from .capability import ComputeCapability, parse_all
 from .catalog import PACKED_REFERENCE, VARLEN_ATTENTION, KernelRequirement, Requirements
 from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
@@ -21,6 +18,9 @@ from .fla_backend import backward_for
 from .install import install_command, upgrade_command
 from .known_issues import KNOWN_ISSUES, KnownIssue
 from .policy import AllowPolicy
+from .versions import base_version as _base_version
+from .versions import torch_minor as _torch_minor
+from .versions import version_in as _version_in
 
 __all__ = ["KernelVerdict", "Resolution", "Target", "resolve"]
 
@@ -67,29 +67,6 @@ class Resolution:
 
 
 # --------------------------------------------------------------------------------------------- helpers
-
-
-def _version_in(version: str | None, spec: str | None) -> bool:
-    if spec is None:
-        return True
-    if version is None:
-        return False
-    try:
-        return Version(version) in SpecifierSet(spec, prereleases=True)
-    except (InvalidVersion, InvalidSpecifier):
-        return False
-
-
-def _base_version(version: str | None) -> str | None:
-    try:
-        return Version(version).base_version if version else None
-    except InvalidVersion:
-        return version
-
-
-def _torch_minor(version: str | None) -> str | None:
-    base = _base_version(version)
-    return ".".join(base.split(".")[:2]) if base else None
 
 
 def _issue_matches(
