@@ -584,12 +584,12 @@ def test_kernels_not_installed_and_hub_not_probed() -> None:
     missing = resolve(
         replace(BASE, env=make_env(gpus=("9.0",), kernels=None)), TRAIN, replace(H200, use_hub=True)
     )
-    # kernelguard[hub] would install kernels 0.17.2, outside this transformers' window: the fix says so instead.
+    # kernelguard-gdn[hub] would install kernels 0.17.2, outside this transformers' window: the fix says so instead.
     assert (find(missing, CHUNK, "hub").reason, find(missing, CHUNK, "hub").fix) == (
         "the kernels package is not installed.",
         NO_KERNELS_RELEASE,
     )
-    for window, fix in ((("0.16", "0.17"), "pip install 'kernels>=0.16,<0.17'"), (None, "pip install 'kernelguard[hub]'")):
+    for window, fix in ((("0.16", "0.17"), "pip install 'kernels>=0.16,<0.17'"), (None, "pip install 'kernelguard-gdn[hub]'")):
         facts = replace(BASE, env=make_env(gpus=("9.0",), kernels=None), kernels_window=window)
         assert find(resolve(facts, TRAIN, replace(H200, use_hub=True)), CHUNK, "hub").fix == fix
     unprobed = find(resolve(BASE, TRAIN, replace(H200, use_hub=True)), CHUNK, "hub")

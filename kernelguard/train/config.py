@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
+from kernelguard.install import extra_command
 
 from .config_rules import (
     ATTENTION_CHOICES,
@@ -296,7 +297,7 @@ class MetricsSection:
         (),
         f"also log metrics to {', '.join(REPORT_TO_CHOICES[1:])} (repeatable or comma list; none: off). "
         "tensorboard writes OUTPUT/tensorboard; wandb honours WANDB_MODE=offline, WANDB_PROJECT; trackio logs "
-        "locally (TRACKIO_PROJECT); each is an extra: pip install 'kernelguard[NAME]'",
+        f"locally (TRACKIO_PROJECT); each is an extra: {extra_command('NAME')}",
         metavar="NAME",
         append=True,
     )

@@ -19,6 +19,7 @@ import torch
 
 from kernelguard.errors import CheckpointError, TrainingDiverged
 from kernelguard.gate import check_stack, run_gate
+from kernelguard.install import extra_command
 from kernelguard.policy import AllowPolicy
 
 from . import checkpoint as ckpt
@@ -443,5 +444,5 @@ def finish(cfg: TrainConfig, info: DistInfo, state: TrainState, built: BuiltMode
                 cfg.checkpoint.output_dir / "metrics.jsonl", cfg.checkpoint.output_dir / "metrics.png"
             )
         except ImportError:
-            log(info, "matplotlib is not installed: no metrics.png (pip install 'kernelguard[train]')")
+            log(info, f"matplotlib is not installed: no metrics.png ({extra_command('train')})")
     log(info, f"done: {data.plan.stop_step} steps; output in {cfg.checkpoint.output_dir}")
