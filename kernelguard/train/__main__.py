@@ -78,10 +78,21 @@ def main(argv: list[str] | None = None) -> int:
         return _dry_run(cmd.config, world_size=_launch_world_size(cmd.launch))
     if cmd.launch is not None and not launched_by_kernelguard():
         try:
+            _check_inputs(cmd.config)  # here, before N ranks each import torch and the stack is checked
             return launch(cmd.launch, argv, output=cmd.config.checkpoint.output_dir)
-        except ConfigError as e:
+        except (ConfigError, DataError) as e:
             return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
     return _train(cmd.config)
+
+
+def _check_inputs(cfg: Any) -> None:
+    """The launcher's copy of the ranks' first checks: flags, inputs, tokenizer, template, the first rows."""
+    from .input_check import check_inputs_early
+    from .preflight import check_flags, check_inputs
+
+    check_flags(cfg)
+    check_inputs(cfg)
+    check_inputs_early(cfg)
 
 
 def _train(cfg: Any) -> int:

@@ -35,6 +35,7 @@ from .data import (
 )
 from .evaluate import evaluate, pack_eval_blocks
 from .export import export_run
+from .input_check import check_inputs_early
 from .logs import log
 from .metrics import peak_flops, plot_metrics
 from .packing import (
@@ -90,6 +91,9 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
         log(info, notice)
     if cfg.packing.packing == LEAKY:
         log(info, LEAKY_WARNING, logging.WARNING)
+    # Inputs before the stack check and the model build: a wrong tokenizer, template or row fails in seconds.
+    template = on_main(info, lambda: _template_line(check_inputs_early(cfg)))
+    log(info, template)
     packed = cfg.packing.packing != PADDED  # padded batches carry no boundaries a torch reference could drop
     stack = check_stack(str(cfg.model.model), allow=policy, packed=packed, device=info.device)
     built = build_model(model=cfg.model, runtime=cfg.runtime, info=info, padded=not packed)
@@ -114,11 +118,14 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
 
 
 # ------------------------------------------------------------------------------------------------- data ---
+def _template_line(tokenizer: Any) -> str:
+    return f"chat template: {chat_template_name(tokenizer)} ({template_choice(tokenizer).reason})"
+
+
 def load_training_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     """Tokenize, pack best-fit-decreasing into blocks and plan which blocks each step of each rank trains on."""
     assert cfg.model.tokenizer is not None
     tokenizer = load_tokenizer(cfg.model.tokenizer, chat_template=cfg.model.chat_template)
-    log(info, f"chat template: {chat_template_name(tokenizer)} ({template_choice(tokenizer).reason})")
     examples, dstats = read_examples(cfg, tokenizer, take="train")
     log(info, f"data: {dstats.render()}")
     lengths = examples.lengths()
