@@ -121,3 +121,19 @@ def test_the_refusal_comes_before_the_stack_check_and_the_model_build(assets: di
     from kernelguard.train.__main__ import main
 
     assert main(["--nproc-per-node", "2", *args]) == 2
+
+
+def test_docs_train_md_shows_one_row_of_each_format_and_every_shipped_training_template() -> None:
+    from kernelguard.train.rows import FORMATS, Row, detect_format, row_item
+
+    text = (h.REPO / "docs" / "train.md").read_text(encoding="utf-8")
+    block = text.split("```jsonl\n", 1)[1].split("```", 1)[0]
+    formats = []
+    for i, line in enumerate(block.splitlines()):
+        row = Row("docs/train.md", i + 1, json.loads(line), i)
+        formats.append(detect_format(row))
+        row_item(row, formats[-1], column="messages", assistant_only=True, eos="<|im_end|>")
+    assert formats == list(FORMATS)
+    section = text.split("## Data formats", 1)[1].split("## ", 1)[0]
+    for name in chat_templates.shipped_names():
+        assert (f"`{name}`" in section) is name.endswith("_training"), name
