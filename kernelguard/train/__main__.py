@@ -50,13 +50,15 @@ def _fail(
     error: BaseException | None = None,
 ) -> int:
     """Report an error once: through the launcher's record file in a launched rank, else on rank 0."""
+    from kernelguard.report import wrap_message
+
     from .launch import write_rank_error, write_torchelastic_error
 
     write_torchelastic_error(message)
     if not write_rank_error(code, message, report, error=error) and (is_rank0() if is_main is None else is_main):
         if report:
             print(report, file=sys.stderr)
-        print(message, file=sys.stderr, flush=True)
+        print(wrap_message(message), file=sys.stderr, flush=True)
     return code
 
 

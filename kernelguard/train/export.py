@@ -351,8 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
+    from kernelguard.report import help_formatter, wrap_message
+
     parser = argparse.ArgumentParser(
         prog="kernelguard export",
+        formatter_class=help_formatter(),
         description="Write a Hugging Face model folder (sharded safetensors, index, config, tokenizer, chat "
         "template) from a kernelguard train checkpoint, e.g. of a run stopped before its end.",
     )
@@ -364,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         final = export_checkpoint(args.checkpoint, output=args.output, max_shard_size=args.max_shard_size)
     except ConfigError as e:
-        print(f"kernelguard export: error: {e}", file=sys.stderr, flush=True)
+        print(wrap_message(f"kernelguard export: error: {e}"), file=sys.stderr, flush=True)
         return EXIT_USAGE
     print(f"kernelguard export: wrote {final}", file=sys.stderr, flush=True)
     return EXIT_OK
