@@ -109,10 +109,17 @@ def _issues(as_json: bool = False) -> int:
     if as_json:
         import json
 
-        fields = ("id", "title", "effect", "evidence", "fix", "source", "kernels", "provider", "archs", "modes", "triton")
+        from .decisions import split_fix
+
+        fields = ("id", "title", "effect", "evidence", "source", "kernels", "provider", "archs", "modes", "triton")
+        # Version 2: "fix" is one shell command or null, its prose in "fix_note" (as in check --json).
         data = {
-            "schema_version": 1,
-            "known_issues": [{name: getattr(issue, name) for name in fields} for issue in KNOWN_ISSUES],
+            "schema_version": 2,
+            "known_issues": [
+                {**{name: getattr(issue, name) for name in fields},
+                 **dict(zip(("fix", "fix_note"), split_fix(issue.fix)))}
+                for issue in KNOWN_ISSUES
+            ],
             "allow_items": dict(POLICY_ITEMS),
         }
         _print(json.dumps(data, indent=2))
@@ -124,7 +131,7 @@ def _issues(as_json: bool = False) -> int:
         lines.extend(wrap_text(text, 2, width, hanging=2) for text in (
             issue.title, f"effect: {issue.effect}", *([f"measured: {issue.evidence}"] if issue.evidence else [])))
         lines.extend(fix_lines(issue.fix, width=width, indent=2))
-        lines.extend([f"  source: {issue.source}", ""])
+        lines.extend([wrap_text(f"source: {issue.source}", 2, width, hanging=2), ""])
     lines.append("other --allow values:")
     lines.extend(wrap_text(f"{name}: {meaning}", 2, width, hanging=2) for name, meaning in POLICY_ITEMS.items())
     lines.append(wrap_text("<kernel name> (e.g. chunk_gated_delta_rule): accept that kernel's torch reference path",

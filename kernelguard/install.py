@@ -44,6 +44,7 @@ __all__ = [
     "TORCH_TRITON",
     "TRANSFORMERS_KERNELS_WINDOWS",
     "InstallAdvice",
+    "cuda_torch_command",
     "extra_command",
     "install_command",
     "torch_triton_requirement",
@@ -173,6 +174,18 @@ def install_command(
     if name == "triton":
         return _triton_advice(torch_version)
     raise ValueError(f"install_command knows {', '.join(PACKAGES)}, triton (or their import names), not {package!r}")
+
+
+TORCH_CUDA_INDEX = "https://download.pytorch.org/whl/cu128"  # a CUDA 12.8 build: drivers >= 570 run it
+
+
+def cuda_torch_command(torch_version: str | None) -> str:
+    """Replace a CPU build of torch with the CUDA build of the same release (its local version, +cu128, is what
+    makes pip replace the installed +cpu one); the note says which CUDA the index holds."""
+    base = _base(torch_version)
+    requirement = f"'torch=={base}+cu128'" if base else "torch"
+    return (f"pip install {requirement} --index-url {TORCH_CUDA_INDEX}  (the CUDA 12.8 build, for drivers >= "
+            "570; for CUDA 13 use cu130 in both places)")
 
 
 def extra_command(extra: str) -> str:

@@ -46,6 +46,8 @@ if TYPE_CHECKING:  # report formats what check produced; it must not depend on c
 __all__ = [
     "SCHEMA_VERSION",
     "fill",
+    "fit_lines",
+    "fit_usage",
     "fix_lines",
     "help_formatter",
     "layer_summary",
@@ -217,18 +219,62 @@ def terminal_width(width: int | None = None) -> int:
     return max(60, min(int(columns), 200))
 
 
+def fit_usage(usage: str, width: int) -> str:
+    """argparse's usage block refilled when a line overflows: it aligns continuation lines under the program
+    name and cannot move a long ``[--flag {a,b,c}]`` group, so narrow terminals overflow. Groups stay whole."""
+    if all(len(line) <= width for line in usage.splitlines()):
+        return usage
+    groups = re.findall(r"\[(?:[^\[\]]|\[[^\]]*\])*\]|\S+", " ".join(usage.split()))
+    lines, line = [], ""
+    for group in groups:
+        if line and len(line) + 1 + len(group) > width:
+            lines.append(line)
+            line = "    " + group
+        else:
+            line = f"{line} {group}" if line else group
+    return "\n".join([*lines, line]) + "\n\n"
+
+
+def fit_lines(text: str, width: int) -> str:
+    """Lines argparse could not fit (an option with many names) wrapped at word boundaries, indented."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        out.append(textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False,
+                                 break_long_words=False))
+    return "\n".join(out)
+
+
 def help_formatter(base: type[Any] | None = None) -> Any:
     """An argparse ``formatter_class`` that fits :func:`terminal_width` (argparse alone ignores a width it is not
-    given once a subclass fixes one)."""
+    given once a subclass fixes one), usage block included."""
     import argparse
 
     cls = base or argparse.HelpFormatter
-    return lambda prog: cls(prog, width=terminal_width())
+
+    class Fitted(cls):  # type: ignore[misc, valid-type]
+        def _format_usage(self, *args: Any) -> str:
+            return fit_usage(super()._format_usage(*args), self._width)
+
+        def format_help(self) -> str:
+            return fit_lines(super().format_help(), self._width)
+
+    return lambda prog: Fitted(prog, width=terminal_width())
 
 
 def wrap_message(text: str, *, width: int | None = None) -> str:
     """An error or refusal for the terminal: prose wrapped to ``width``; a ``Fix:`` line's command alone on its
-    line (never wrapped), its prose under it."""
+    line (never wrapped), its prose under it. Without ``width``, only for a person: when stderr is a terminal or
+    ``COLUMNS`` is set; in a log (a pipe, a file, a scheduler's capture) each sentence stays on one line, whole
+    for grep and log tools."""
+    import os
+    import sys
+
+    if width is None and "COLUMNS" not in os.environ and not (sys.stderr is not None and sys.stderr.isatty()):
+        return text
     columns = terminal_width(width)
     lines: list[str] = []
     for line in text.splitlines():

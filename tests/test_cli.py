@@ -490,11 +490,16 @@ def test_issues_json_has_every_known_issue_and_allow_item(capsys: pytest.Capture
 
     assert main(["issues", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["schema_version"] == 1 and data["allow_items"] == POLICY_ITEMS
+    assert data["schema_version"] == 2 and data["allow_items"] == POLICY_ITEMS
     assert [row["id"] for row in data["known_issues"]] == [issue.id for issue in KNOWN_ISSUES]
     fla = data["known_issues"][0]
     assert (fla["provider"], fla["archs"], fla["triton"]) == ("fla", ["9.0"], ">=3.4,<3.7.1")
-    assert fla["fix"] == KNOWN_ISSUES[0].fix and fla["source"] == KNOWN_ISSUES[0].source
+    assert fla["fix"] is None and fla["source"] == KNOWN_ISSUES[0].source  # the table's fix is prose here
+    assert fla["fix_note"] == KNOWN_ISSUES[0].fix
+    z3 = next(row for row in data["known_issues"] if row["id"] == "tilelang-without-z3")
+    assert (z3["fix"], z3["fix_note"]) == ("pip install z3-solver", "or pip uninstall tilelang")
+    for row in data["known_issues"]:  # every fix is one command that bash parses
+        assert row["fix"] is None or subprocess.run(["bash", "-n", "-c", row["fix"]], check=False).returncode == 0
 
 
 # ------------------------------------------------------------------------------------- fake providers

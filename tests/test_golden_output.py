@@ -162,3 +162,16 @@ def test_check_text_follows_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     narrow = report.render(_result("cpu_build_nothing_installed"))
     monkeypatch.delenv("COLUMNS")
     assert narrow == report.render(_result("cpu_build_nothing_installed"), width=72)
+
+
+def test_docs_check_md_example_is_an_excerpt_of_the_golden_output() -> None:
+    doc = (Path(__file__).parents[1] / "docs" / "check.md").read_text(encoding="utf-8")
+    section = doc.split("## Example (CPU machine, nothing installed)", 1)[1]
+    quoted = re.split(r"\n\.\.\.\n|\n\n", section.split("```\n", 2)[1].rstrip("\n"))
+    golden = (GOLDEN / "cpu_build_nothing_installed.txt").read_text(encoding="utf-8").replace(
+        "(version N)", "(version 2)"
+    )
+    position = 0
+    assert len(quoted) == 3
+    for part in quoted:  # each block verbatim, in order
+        position = golden.index(part, position) + len(part)

@@ -706,7 +706,10 @@ def test_cpu_torch_build_rejects_torch_varlen_and_needs_allow_attention() -> Non
     assert (
         torch_varlen.reason == "torch 2.13.0+cpu is a build without CUDA; varlen_attn runs only on CUDA GPUs."
     )
-    assert torch_varlen.fix == "install a CUDA build of torch"
+    assert torch_varlen.fix == (
+        "pip install 'torch==2.13.0+cu128' --index-url https://download.pytorch.org/whl/cu128  (the CUDA 12.8 "
+        "build, for drivers >= 570; for CUDA 13 use cu130 in both places)"
+    )
     sdpa = find(res, ATTN, "reference")
     assert (sdpa.provider, sdpa.status) == (SDPA, FALLBACK)
     assert sdpa.reason.endswith("; used only when nothing above serves (accept it with --allow attention).")
