@@ -49,6 +49,7 @@ __all__ = [
     "fit_lines",
     "fit_usage",
     "fix_lines",
+    "fix_text",
     "help_formatter",
     "layer_summary",
     "render",
@@ -263,6 +264,24 @@ def help_formatter(base: type[Any] | None = None) -> Any:
             return fit_lines(super().format_help(), self._width)
 
     return lambda prog: Fitted(prog, width=terminal_width())
+
+
+def fix_text(fixes: list[str], *, width: int | None = None) -> str:
+    """An error's ``fix`` (printed after "Fix: ") from several fixes: each command alone on its line, never
+    wrapped; its note under it, wrapped; a prose way out (an allow=) wrapped on its own."""
+    columns = terminal_width(width)
+    lines: list[str] = []
+    for fix in fixes:
+        for j, part in enumerate(fix_alternatives(fix)):
+            command, note = split_fix(part)
+            lead = ("  " if lines else "") + ("or: " if j else "")
+            if command is None:
+                lines.append(fill(f"{lead}{note}", columns, 4))
+                continue
+            lines.append(f"{lead}{command}")
+            if note:
+                lines.append(wrap_text(note, 7, columns))
+    return "\n".join(lines)
 
 
 def wrap_message(text: str, *, width: int | None = None) -> str:

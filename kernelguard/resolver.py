@@ -425,7 +425,9 @@ def _kernels_outside_window(facts: Facts) -> str | None:
 
 def _global_notes(facts: Facts, target: Target, requirements: Requirements) -> list[str]:
     notes = []
-    outside = _kernels_outside_window(facts)
+    # The window matters only to a job that asks for Hub kernels (use_kernels=True, --hub): said then, never
+    # as noise on every check of an install that happens to have kernels (the dev extra brings it).
+    outside = _kernels_outside_window(facts) if target.use_hub else None
     if outside:
         notes.append(f"known issue kernels-version: {outside}; fix: {_install_fix('kernels', facts, Target())}")
     if facts.env.torch_error:

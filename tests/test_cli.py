@@ -82,17 +82,18 @@ def candidate(data: dict[str, Any], name: str, kind: str) -> dict[str, Any]:
     return next(c for c in kernel(data, name)["candidates"] if c["kind"] == kind)
 
 
-def _fla_fix() -> str:
-    """kernelguard.install's advice for fla on this machine's torch (CI: a CPU build, which gets a caveat)."""
+def _fla_fix() -> tuple[str, str | None]:
+    """kernelguard.install's advice for fla on this machine's torch (CI: a CPU build, which gets a caveat): the
+    command and the note JSON gives beside it."""
     torch_version = metadata.version("torch")
-    note = "" if "+cpu" not in torch_version else (
-        f"  (torch {torch_version} is a build without CUDA: fla installs, but its Triton kernels need a CUDA "
-        "(or XPU) build of torch to run.)"
+    note = None if "+cpu" not in torch_version else (
+        f"torch {torch_version} is a build without CUDA: fla installs, but its Triton kernels need a CUDA "
+        "(or XPU) build of torch to run."
     )
-    return "pip install 'flash-linear-attention>=0.6.0,<1'" + note
+    return "pip install 'flash-linear-attention>=0.6.0,<1'", note
 
 
-FLA_FIX = _fla_fix()
+FLA_FIX, FLA_NOTE = _fla_fix()
 
 
 def kernels_note() -> str | None:
@@ -271,11 +272,11 @@ def test_json_follows_the_documented_schema(tmp_path: Path) -> None:
         "reason": "fla-core / flash-linear-attention is not installed (import 'fla.ops.gated_delta_rule' "
         "failed).",
         "fix": FLA_FIX,
+        "fix_note": FLA_NOTE,
         "known_issues": [],
     }
     assert candidate(data, "chunk_gated_delta_rule", "hub")["status"] == "skipped"
-    note = kernels_note()
-    assert data["notes"] == ([note] if note else [])
+    assert data["notes"] == []  # no --hub: the kernels window is no note (kernels_note() is for --hub runs)
     assert data["unchecked"][0].startswith("no GPU visible and no --arch given")
     env = data["environment"]
     assert env["torch_version"] == {"value": TORCH, "source": "torch.__version__"}
@@ -519,7 +520,7 @@ def test_fake_providers_serve_the_kernels_until_fla_640_applies(tmp_path: Path) 
     fla = candidate(refused, "chunk_gated_delta_rule", "package")
     assert (fla["status"], fla["known_issues"]) == ("rejected", ["fla-640-refusal"])
     assert fla["reason"].startswith("known issue fla-640-refusal (https://github.com/fla-org/")
-    assert "--allow fla-640-refusal" in fla["fix"]
+    assert "--allow fla-640-refusal" in fla["fix_note"] and fla["fix"] == "pip install 'triton==3.7.1'"
     assert kernel(refused, "causal_conv1d_fn")["selected"] == "causal_conv1d (causal_conv1d.causal_conv1d_fn)"
 
     proc = kg(
@@ -568,7 +569,8 @@ def test_fake_providers_serve_the_kernels_until_fla_640_applies(tmp_path: Path) 
     fla = candidate(wrong, "chunk_gated_delta_rule", "package")
     assert (fla["status"], fla["known_issues"]) == ("rejected", ["fla-640-wrong-grads"])
     # This torch (2.13) requires triton==3.7.1 (its metadata, or kernelguard's table for a CPU build).
-    assert fla["fix"].startswith(f"pip install 'triton==3.7.1'  (the Triton torch {TORCH} requires; ")
+    assert fla["fix"] == "pip install 'triton==3.7.1'"
+    assert fla["fix_note"].startswith(f"the Triton torch {TORCH} requires; ")
 
 
 # ------------------------------------------------------------------------------------------ broken torch

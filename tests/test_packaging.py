@@ -249,11 +249,13 @@ def test_check_without_kernels_reports_what_turns_hub_kernels_on(tmp_path: Path)
         # The fix is the one install_command builds for this transformers' kernels window: a kernels release
         # inside it, or (no release inside, as for 5.23+) the pair of releases that does turn Hub kernels on.
         from kernelguard import discovery
+        from kernelguard.decisions import split_fix
         from kernelguard.install import install_command
 
         window = discovery.kernels_version_window(discovery.transformers_source())
         expected = install_command("kernels", torch_version=None, cuda_version=None, kernels_window=window)
-        assert candidate["fix"] == expected.fix_line()
+        assert (candidate["fix"], candidate["fix_note"]) == split_fix(expected.fix_line())
+        assert candidate["fix"] == expected.command  # one command; its preface and notes are the note
         assert "kernelguard-gdn[hub]" not in candidate["fix"] or window is None
 
 

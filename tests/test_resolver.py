@@ -543,7 +543,8 @@ def test_kernels_outside_window_is_a_note_and_rejects_hub_candidates() -> None:
         "Kernel Hub kernels are silently disabled; fix: " + NO_KERNELS_RELEASE
     )
     plain = resolve(facts, TRAIN, H200)
-    assert plain.notes == (note,)
+    assert plain.notes == ()  # Hub kernels not asked for: the window is not this job's concern
+
     assert find(plain, CHUNK, "hub").status == SKIPPED
     assert plain.ok  # the packages still serve: the note is information, not a failure
 
@@ -560,6 +561,7 @@ def test_kernels_outside_window_is_a_note_and_rejects_hub_candidates() -> None:
     )
     assert decision.fix == NO_KERNELS_RELEASE
     assert find(hub, CHUNK, "package").status == SELECTED
+    assert hub.notes == (note,)  # asked for the Hub (--hub): the window is said
 
 
 def test_kernels_inside_window_gives_no_note_and_hub_variant_wins() -> None:
