@@ -84,6 +84,7 @@ def _check(args: argparse.Namespace) -> int:
         packed=args.packed if args.packed is not None else defaults.get("packed"),
         hub=bool(args.hub if args.hub is not None else defaults.get("hub", False)),
         run=args.run,
+        arch_source="--arch" if args.arch else "arch in [tool.kernelguard] of pyproject.toml",
     )
     result = run_check(options)
     _print(to_json(result) if args.json else render(result))

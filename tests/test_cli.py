@@ -320,7 +320,7 @@ def test_pyproject_defaults_are_read_from_cwd(tmp_path: Path) -> None:
     )
     data = kg_json("--allow", "attention", cwd=tmp_path, rc=0)
     assert data["model"]["family"] == "qwen3_next"
-    assert data["target"] == {"archs": ["9.0"], "source": "--arch"}
+    assert data["target"] == {"archs": ["9.0"], "source": "arch in [tool.kernelguard] of pyproject.toml"}
     assert data["allow"] == ["attention", "causal_conv1d_fn", "chunk_gated_delta_rule"]
     # Flags win over the table (arch, model, mode, packed); --allow adds to its allow list.
     overridden = kg_json(

@@ -65,8 +65,10 @@ def _fail(
 def main(argv: list[str] | None = None) -> int:
     from .config_cli import parse_command
     from .launch import launch, launched_by_kernelguard
+    from .signals import remember_command
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    remember_command(argv)  # for the --resume line a stopped run ends with
     try:
         cmd = parse_command(argv)
     except ConfigError as e:
@@ -139,7 +141,10 @@ def _train(cfg: Any) -> int:
         return EXIT_FAIL
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line from rank 0 (or the launcher), no tracebacks
         if (info is None or info.is_main) and not launched_by_kernelguard():
-            print("kernelguard train: interrupted.", file=sys.stderr, flush=True)
+            from .signals import stopped_lines
+
+            print("\n".join(stopped_lines(cfg.checkpoint.output_dir, "interrupted (Ctrl-C)")), file=sys.stderr,
+                  flush=True)
         return EXIT_INTERRUPTED
     finally:
         if dist.is_initialized():

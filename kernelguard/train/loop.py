@@ -51,7 +51,7 @@ from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, check_checkpoint_shapes, claim_output, preflight
 from .profiling import StepProfiler
 from .reporting import Reporter, process_age_s, step_record
-from .signals import Preempted, stop_request
+from .signals import Preempted, resume_command, stop_request
 from .step import (
     Plan,
     StepResult,
@@ -357,8 +357,9 @@ def stop_for_sigterm(
         save(cfg, info, state, step, plan, identity)
     what = f"checkpoint step_{step} is saved" if step else "nothing was trained yet, nothing saved"
     raise Preempted(
-        f"kernelguard train: stopped by SIGTERM after step {step} of {plan.stop_step}; {what} (exit 143).",
-        fix=f"rerun the same command with --resume to continue exactly from step {step}",
+        f"kernelguard train: stopped by SIGTERM after step {step} of {plan.stop_step}; {what} (exit 143). "
+        f"Continue exactly from step {step} with the command below.",
+        fix=resume_command(),
     )
 
 
@@ -452,4 +453,5 @@ def finish(cfg: TrainConfig, info: DistInfo, state: TrainState, built: BuiltMode
             )
         except ImportError:
             log(info, f"matplotlib is not installed: no metrics.png ({extra_command('train')})")
-    log(info, f"done: {data.plan.stop_step} steps; output in {cfg.checkpoint.output_dir}")
+    steps = data.plan.stop_step
+    log(info, f"done: {steps} step{'' if steps == 1 else 's'}; output in {cfg.checkpoint.output_dir}")
