@@ -137,3 +137,23 @@ def test_docs_train_md_shows_one_row_of_each_format_and_every_shipped_training_t
     section = text.split("## Data formats", 1)[1].split("## ", 1)[0]
     for name in chat_templates.shipped_names():
         assert (f"`{name}`" in section) is name.endswith("_training"), name
+
+
+def test_the_first_run_in_docs_train_md_uses_real_commands_and_flags() -> None:
+    import shlex
+
+    from kernelguard.train.config_cli import parse_command
+
+    text = (h.REPO / "docs" / "train.md").read_text(encoding="utf-8")
+    block = text.split("## A first run on CPU", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if line and not line.startswith("#")]
+    trains = [shlex.split(line.split("  #")[0])[2:] for line in lines if line.startswith("kernelguard train ")]
+    assert len(trains) == 2 and trains[1] == [*trains[0], "--resume"]  # the resume line is the printed one
+    for argv in trains:
+        parse_command(argv)  # every flag exists and its value is accepted
+    scripts = [shlex.split(line)[1] for line in lines if line.startswith("python ") and ".py" in line.split()[1]]
+    assert scripts and all((h.REPO / s).is_file() for s in scripts)
+    assert any("kernelguard.train.tiktoken_folder --qwen3.5" in line for line in lines)
+    for line in lines:
+        if line.startswith("python -c "):
+            compile(shlex.split(line)[2], "docs/train.md", "exec")  # the one-liners are valid Python
