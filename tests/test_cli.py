@@ -539,8 +539,8 @@ def test_fake_providers_serve_the_kernels_until_fla_640_applies(tmp_path: Path) 
     assert "| Triton 3.6.0 |" in lines[2]
     assert all(len(line) <= 100 for line in lines)  # no terminal: 100 columns
     text = " ".join(line.strip() for line in lines)  # lines are wrapped at 100 columns
-    assert f"{'chunk_gated_delta_rule':<34} OK served by fla (fla.ops.gated_delta_rule.chunk_gated_delta_rule)" in text
-    assert f"{'causal_conv1d_fn':<34} OK served by causal_conv1d (causal_conv1d.causal_conv1d_fn)" in text
+    assert f"{'chunk_gated_delta_rule':<34} OK    served by fla (fla.ops.gated_delta_rule.chunk_gated_delta_rule)" in text
+    assert f"{'causal_conv1d_fn':<34} OK    served by causal_conv1d (causal_conv1d.causal_conv1d_fn)" in text
     assert (
         "fla 0.6.0+kernelguard.fake imports fla.ops.gated_delta_rule.chunk_gated_delta_rule. Note: known issue "
         "fla-640-refusal (" in text
