@@ -54,6 +54,11 @@ class _Package(types.ModuleType):
         super().__setattr__(name, value)
 
 
+def __dir__() -> list[str]:
+    """The public names (``require``, ``guard``... before their first use loads them), not this module's imports."""
+    return sorted(__all__)
+
+
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'kernelguard' has no attribute {name!r}")

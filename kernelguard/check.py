@@ -31,6 +31,7 @@ class CheckOptions:
     packed: bool | None = None  # default: packed for training
     hub: bool = False
     run: bool = False
+    arch_source: str = "--arch"  # where ``archs`` came from, as the report names it
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +121,7 @@ def _validated(table: dict[str, Any], path: Path) -> dict[str, Any]:
 def _target(options: CheckOptions, env: Environment) -> Target:
     if options.archs:
         archs = parse_all(list(options.archs))
-        source = "--arch"
+        source = options.arch_source
     elif env.gpus:
         archs = tuple(dict.fromkeys(g.capability for g in env.gpus))
         source = "visible GPU: " + ", ".join(f"{g.index}: {g.name}" for g in env.gpus)

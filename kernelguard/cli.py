@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ConfigError, KernelGuardError
+from .report import help_formatter, wrap_message
 
 __all__ = ["main"]
 
@@ -26,15 +27,18 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kernelguard",
+        formatter_class=help_formatter(),
         description="Stop hybrid (gated-delta-net) model fine-tuning from silently running slow fallback kernels.",
         epilog="exit codes: 0 every required kernel is served well; 1 a requirement fails; 2 usage or configuration "
         "error; 3 kernelguard train refused to start (the guard found a slow fallback)",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    wrapped = {"formatter_class": help_formatter()}
 
     check = sub.add_parser(
         "check",
+        **wrapped,
         help="which provider serves each kernel, and why the others were rejected",
         description="Resolve which provider serves each kernel a model family needs, and why every other "
         "candidate was rejected. Works without a GPU (pass --arch). Defaults come from [tool.kernelguard] in "
@@ -43,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_check_arguments(check)
     check.add_argument("--run", action="store_true", help="on a GPU: run each fast kernel fwd+bwd vs the torch reference")
-    check.add_argument("--json", action="store_true", help="machine-readable output (schema in kernelguard/report.py)")
+    check.add_argument("--json", action="store_true", help="machine-readable output (its schema: docs/json-schema.md)")
     check.add_argument("--lock", metavar="FILE",
                        help="refuse when this node's stack differs from FILE (written by kernelguard lock); the "
                        "model, mode, target and allow items are the lock's")
@@ -65,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     env.add_argument("--arch", action="append", metavar="CC", help="target compute capability (default: visible GPUs)")
     env.add_argument("--json", action="store_true", help="machine-readable (the same facts)")
 
-    issues = sub.add_parser("issues", help="list the known-bad stacks kernelguard checks")
+    issues = sub.add_parser("issues", **wrapped, help="list the known-bad stacks kernelguard checks")
     issues.add_argument("--json", action="store_true", help="machine-readable: one object per known issue")
 
     # Listed for --help only: main() hands everything after "train" to kernelguard.train untouched.
@@ -103,6 +107,7 @@ def _check_options(args: argparse.Namespace) -> object:
         packed=args.packed if args.packed is not None else defaults.get("packed"),
         hub=bool(args.hub if args.hub is not None else defaults.get("hub", False)),
         run=getattr(args, "run", False),
+        arch_source="--arch" if args.arch else "arch in [tool.kernelguard] of pyproject.toml",
     )
 
 
@@ -174,29 +179,40 @@ def _print(text: str) -> None:
 def _issues(as_json: bool = False) -> int:
     from .known_issues import KNOWN_ISSUES
     from .policy import POLICY_ITEMS
+    from .report import fix_lines, terminal_width, wrap_text
 
     if as_json:
         import json
 
-        fields = ("id", "title", "effect", "evidence", "fix", "source", "kernels", "provider", "archs", "modes", "triton",
+        from .decisions import split_fix
+
+        fields = ("id", "title", "effect", "evidence", "source", "kernels", "provider", "archs", "modes", "triton",
                   "provider_version", "kernels_version", "fla_backends", "detector")
+        # Version 2: "fix" is one shell command or null, its prose in "fix_note" (as in check --json).
         data = {
-            "schema_version": 1,
-            "known_issues": [{name: getattr(issue, name) for name in fields} for issue in KNOWN_ISSUES],
+            "schema_version": 2,
+            "known_issues": [
+                {**{name: getattr(issue, name) for name in fields},
+                 **dict(zip(("fix", "fix_note"), split_fix(issue.fix)))}
+                for issue in KNOWN_ISSUES
+            ],
             "allow_items": dict(POLICY_ITEMS),
         }
         _print(json.dumps(data, indent=2))
         return EXIT_OK
+    width = terminal_width()
+    lines: list[str] = []
     for issue in KNOWN_ISSUES:
-        measured = f"  measured: {issue.evidence}\n" if issue.evidence else ""
-        print(
-            f"{issue.id}\n  {issue.title}\n  effect: {issue.effect}\n{measured}  fix: {issue.fix}\n"
-            f"  source: {issue.source}\n"
-        )
-    print("other --allow values:")
-    for name, meaning in POLICY_ITEMS.items():
-        print(f"  {name}: {meaning}")
-    print("  <kernel name> (e.g. chunk_gated_delta_rule): accept that kernel's torch reference path")
+        lines.append(issue.id)
+        lines.extend(wrap_text(text, 2, width, hanging=2) for text in (
+            issue.title, f"effect: {issue.effect}", *([f"measured: {issue.evidence}"] if issue.evidence else [])))
+        lines.extend(fix_lines(issue.fix, width=width, indent=2))
+        lines.extend([wrap_text(f"source: {issue.source}", 2, width, hanging=2), ""])
+    lines.append("other --allow values:")
+    lines.extend(wrap_text(f"{name}: {meaning}", 2, width, hanging=2) for name, meaning in POLICY_ITEMS.items())
+    lines.append(wrap_text("<kernel name> (e.g. chunk_gated_delta_rule): accept that kernel's torch reference path",
+                       2, width, hanging=2))
+    _print("\n".join(lines))
     return EXIT_OK
 
 
@@ -220,10 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _env(args)
         return _issues(args.json)
     except ConfigError as exc:
-        print(f"kernelguard: error: {exc}", file=sys.stderr)
+        print(wrap_message(f"kernelguard: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     except KernelGuardError as exc:
-        print(f"kernelguard: {exc}", file=sys.stderr)
+        print(wrap_message(f"kernelguard: {exc}"), file=sys.stderr)
         return EXIT_FAIL
     except KeyboardInterrupt:  # Ctrl-C: one line and the shell's code, not a stack of import frames
         print("kernelguard: interrupted.", file=sys.stderr, flush=True)

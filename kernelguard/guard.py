@@ -43,7 +43,7 @@ from kernelguard.layer_guard import VARLEN_ATTENTION_IMPLEMENTATIONS, CallSite, 
 from kernelguard.policy import AllowPolicy
 from kernelguard.registry import FallbackEvent, clear_fallback_events, fallback_events
 from kernelguard.report import (
-    fill,
+    fix_text,
     layer_summary,
     render_call_sites,
     short_provider,
@@ -232,7 +232,7 @@ def _offending_error(offending: list[CallSite], *, packed_training: bool) -> Ker
     first = offending[0]
     # One command per line: an install command may end in a shell comment. "Fix: " comes first (5 columns).
     return KernelFallbackError(
-        "\n".join(lines), fix="\n  ".join(fill(f, width - 5, 4) for f in fixes), layer=first.layer,
+        "\n".join(lines), fix=fix_text(fixes, width=width), layer=first.layer,
         kernel=first.kernel, reason=first.reason,
         details={"offending": [e.to_dict() for e in offending]},
     )

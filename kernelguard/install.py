@@ -35,10 +35,26 @@ from packaging.version import InvalidVersion, Version
 from .capability import ComputeCapability
 
 __all__ = [
-    "BUILD_TOOLS", "FLA_REQUIREMENT", "FLA_SAFE_TRITON", "KERNELS_RELEASES", "PACKAGES", "TORCH_TRITON",
-    "TRANSFORMERS_KERNELS_WINDOWS", "InstallAdvice", "install_command", "torch_triton_requirement",
+    "BUILD_TOOLS",
+    "DISTRIBUTION",
+    "FLA_REQUIREMENT",
+    "FLA_SAFE_TRITON",
+    "KERNELS_RELEASES",
+    "PACKAGES",
+    "TORCH_TRITON",
+    "TRANSFORMERS_KERNELS_WINDOWS",
+    "InstallAdvice",
+    "cuda_torch_command",
+    "extra_command",
+    "install_command",
+    "torch_triton_requirement",
     "upgrade_command",
 ]
+
+# This project's distribution name. The package index's `kernelguard` is another project, so the import package
+# and the command are `kernelguard` but pip knows this one as `kernelguard-gdn`. A fix naming one of its extras
+# works before any release too: pip satisfies `kernelguard-gdn[EXTRA]` from the installed checkout or wheel.
+DISTRIBUTION = "kernelguard-gdn"
 
 BUILD_TOOLS = "setuptools wheel ninja packaging"  # what these setup.py files import with build isolation off
 
@@ -160,6 +176,23 @@ def install_command(
     raise ValueError(f"install_command knows {', '.join(PACKAGES)}, triton (or their import names), not {package!r}")
 
 
+TORCH_CUDA_INDEX = "https://download.pytorch.org/whl/cu128"  # a CUDA 12.8 build: drivers >= 570 run it
+
+
+def cuda_torch_command(torch_version: str | None) -> str:
+    """Replace a CPU build of torch with the CUDA build of the same release (its local version, +cu128, is what
+    makes pip replace the installed +cpu one); the note says which CUDA the index holds."""
+    base = _base(torch_version)
+    requirement = f"'torch=={base}+cu128'" if base else "torch"
+    return (f"pip install {requirement} --index-url {TORCH_CUDA_INDEX}  (the CUDA 12.8 build, for drivers >= "
+            "570; for CUDA 13 use cu130 in both places)")
+
+
+def extra_command(extra: str) -> str:
+    """Install one of this project's extras into the environment kernelguard runs in."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
+
+
 def upgrade_command(distribution: str, minimum: str) -> str:
     """Raise an installed distribution to the minimum something else requires."""
     return f"pip install -U '{distribution}>={minimum}'"
@@ -172,7 +205,7 @@ def _window_releases(window: tuple[str, str]) -> list[str]:
 
 def _kernels_advice(window: tuple[str, str] | None) -> InstallAdvice:
     if window is None:
-        return InstallAdvice("kernels", "kernels>=0.16,<0.19", "pip install 'kernelguard[hub]'")
+        return InstallAdvice("kernels", "kernels>=0.16,<0.19", extra_command("hub"))
     spec = f"kernels>={window[0]},<{window[1]}"
     if _window_releases(window):
         return InstallAdvice("kernels", spec, f"pip install '{spec}'")

@@ -90,7 +90,7 @@ def _version_of(fn: Any) -> str:
 
 def classify_closure(
     layer: str, closure: compat.FallbackClosure, device: str, *, required: bool, policy: AllowPolicy,
-    packed_training: bool = False,
+    packed_training: bool = False, hub_asked: bool = False,
 ) -> CallSite:
     kernel = closure.kernel
     hub = compat.hub_kernel(closure)
@@ -110,7 +110,7 @@ def classify_closure(
         return _site(layer, kernel, name, PACKAGE, _slow(policy, kernel, (), REJECTED), reason,
                      f"move the model to {devices[0]} before training", required=required)
     failure = compat.import_failure(closure)
-    hub_off = compat.kernels_hub_status()
+    hub_off = compat.kernels_hub_status() if hub_asked else None  # noise unless the model asked for the Hub
     reason = f"{failure.reason}; {hub_off}" if hub_off else failure.reason
     status = _slow(policy, kernel, failure.issues, FALLBACK)
     if packed_training and required and status == ALLOWED:
@@ -163,12 +163,12 @@ class Collected:
 
 
 def _collect_decorator_sites(found: Collected, path: str, module: Any, device: str, mode: str,
-                             policy: AllowPolicy, packed: bool = False) -> None:
+                             policy: AllowPolicy, packed: bool = False, hub_asked: bool = False) -> None:
     for gsite in compat.layer_global_sites(module):
         closure = gsite.closure
         required = mode == "inference" or not is_decode_only(closure.kernel)
         found.entries.append(classify_closure(path, closure, device, required=required, policy=policy,
-                                               packed_training=packed and mode == "training"))
+                                               packed_training=packed and mode == "training", hub_asked=hub_asked))
         if closure.is_torch_reference and compat.hub_kernel(closure) is None:
             owner = sys.modules.get(gsite.module)
             if owner is not None:
@@ -183,9 +183,10 @@ def collect_call_sites(
     """Every call site of every layer of ``model`` (``mechanism``: :func:`compat.selection_mechanism`, always
     "decorator" on the supported transformers releases)."""
     found = Collected([], [], [])
+    hub_asked = bool(getattr(model, "use_kernels", False))  # from_pretrained(use_kernels=True) / kernelize()
     for path, module in model.named_modules():
         path = path or type(model).__name__
-        _collect_decorator_sites(found, path, module, device, mode, policy, packed)
+        _collect_decorator_sites(found, path, module, device, mode, policy, packed, hub_asked)
         names, _ = compat.forward_code_names(type(module))
         if _ATTENTION_FORWARD_NAMES.intersection(names):
             found.entries.append(attention_site(path, module, model, packed=packed, policy=policy))

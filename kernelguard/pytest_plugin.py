@@ -339,8 +339,13 @@ def _cuda_available() -> bool:
 
 def fix_in_pytest_terms(kernels: list[str], install_fixes: list[str], cuda: bool) -> str:
     """The fix in pytest's terms: install (GPU CI) or allow via option / ini / marker (CPU CI)."""
-    # One command per line: an install command may end in a shell comment.
-    installs = "".join(f"\n      {f}" for f in dict.fromkeys(f for f in install_fixes if f))
+    from kernelguard.decisions import split_fix
+
+    # One command per line, alone (it pastes as one command); what it assumes on the line under it.
+    installs = "".join(
+        f"\n      {command}" + (f"\n        ({note})" if note else "")
+        for command, note in (split_fix(f) for f in dict.fromkeys(f for f in install_fixes if f))
+    )
     options = " ".join(f"--kernelguard-allow {k}" for k in kernels)
     ini = "\n".join(["      kernelguard_allow ="] + [f"          {k}" for k in kernels])
     marker = f"@pytest.mark.kernelguard(allow={kernels!r})"

@@ -1,22 +1,24 @@
 """Human text and JSON from a check result, and the guard's per-layer table. Formatting only: no decisions are
 made here.
 
-JSON schema (``schema_version`` 1; additive changes keep the version, renames/removals bump it):
+JSON schema (``schema_version`` 2; additive changes keep the version, renames/removals bump it):
 {
-  "schema_version": 1,
+  "schema_version": 2,
   "ok": bool,                      # same as exit code 0
   "model": {"name", "family", "origin", "mode", "packed", "key_head_dim", "key_head_dim_source"},
   "transformers": str,
   "target": {"archs": [str], "source": str},
   "allow": [str],
   "kernels": [{"kernel", "ok", "selected": str|null,
-               "candidates": [{"provider", "kind", "status", "reason", "fix", "known_issues": [str]}]}],
+               "candidates": [{"provider", "kind", "status", "reason", "fix": str|null, "fix_note": str|null,
+                               "known_issues": [str]}]}],
   "notes": [str], "unchecked": [str],
   "numerics": null | {... numerics.NumericsReport.to_dict()},
   "fla_backend": {arch or "": {"arch", "forward", "backward", "label", "reasons": [str], "source"}},
   "environment": {... env.Environment.to_dict(): every fact with its source}
 }
-``status`` is one of selected / accepted / rejected / skipped / fallback.
+``status`` is one of selected / accepted / rejected / skipped / fallback. ``fix`` is one shell command to paste
+(or null); ``fix_note`` the prose about it: its caveats and the other ways out (version 1 had both in ``fix``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,17 @@ import re
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from .decisions import ACCEPTED, ALLOWED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
+from .decisions import (
+    ACCEPTED,
+    ALLOWED,
+    FALLBACK,
+    REJECTED,
+    SELECTED,
+    SKIPPED,
+    Decision,
+    fix_alternatives,
+    split_fix,
+)
 from .terms import CLI, in_terms
 
 if TYPE_CHECKING:  # report formats what check produced; it must not depend on check at run time
@@ -35,6 +47,11 @@ if TYPE_CHECKING:  # report formats what check produced; it must not depend on c
 __all__ = [
     "SCHEMA_VERSION",
     "fill",
+    "fit_lines",
+    "fit_usage",
+    "fix_lines",
+    "fix_text",
+    "help_formatter",
     "layer_summary",
     "render",
     "render_call_sites",
@@ -44,9 +61,11 @@ __all__ = [
     "to_json",
     "verdict_line",
     "why_fix_block",
+    "wrap_message",
+    "wrap_text",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MARKS = {SELECTED: "[x] selected", ACCEPTED: "[ ] accepted", REJECTED: "[-] rejected", SKIPPED: "[ ] skipped ",
           FALLBACK: "[!] fallback", ALLOWED: "[~] allowed "}
@@ -103,10 +122,27 @@ def fla_backend_lines(result: CheckResult) -> list[str]:
     ]
 
 
-def _wrap(text: str, indent: int, width: int = 110) -> str:
-    # Commands in fix lines must stay copyable: never split "--no-cache-dir" or a URL at a hyphen.
-    return textwrap.fill(text, width=width, initial_indent=" " * indent, subsequent_indent=" " * indent,
+def wrap_text(text: str, indent: int, width: int, *, hanging: int = 0) -> str:
+    # Never split "--no-cache-dir" or a URL at a hyphen; commands themselves are never wrapped (fix_lines).
+    return textwrap.fill(text, width=width, initial_indent=" " * indent, subsequent_indent=" " * (indent + hanging),
                          break_on_hyphens=False, break_long_words=False)
+
+
+def fix_lines(fix: str, *, width: int, indent: int = 0, label: str = "fix:") -> list[str]:
+    """A fix as printed lines: each way out's shell command alone on its line, never wrapped, so it pastes as
+    one command; the prose about it (caveats, what it assumes) on the lines under it, wrapped to ``width``."""
+    lines: list[str] = []
+    for i, part in enumerate(fix_alternatives(fix)):
+        head = label if i == 0 else "or:"
+        command, note = split_fix(part)
+        hanging = len(head) + 1
+        if command is None:
+            lines.append(wrap_text(f"{head} {note}", indent, width, hanging=hanging))
+            continue
+        lines.append(f"{' ' * indent}{head} {command}")
+        if note:
+            lines.append(wrap_text(note, indent + hanging, width))
+    return lines
 
 
 def _env_line(result: CheckResult) -> str:
@@ -123,8 +159,10 @@ def _env_line(result: CheckResult) -> str:
     )
 
 
-def render(result: CheckResult, *, syntax: str = CLI) -> str:
-    """``kernelguard check``'s text; ``syntax`` spells its hints for another caller (``"python"``: ``require()``)."""
+def render(result: CheckResult, *, syntax: str = CLI, width: int | None = None) -> str:
+    """``kernelguard check``'s text; ``syntax`` spells its hints for another caller (``"python"``: ``require()``).
+    Every line fits ``width`` (:func:`terminal_width`) except a command, which is never broken."""
+    columns = terminal_width(width)
     res = result.resolution
     req = res.requirements
     packed = ", packed sequences" if req.packed else ""
@@ -139,8 +177,8 @@ def render(result: CheckResult, *, syntax: str = CLI) -> str:
         ),
         _env_line(result),
         *fla_backend_lines(result),
-        "",
     ]
+    lines = [wrap_text(line, 0, columns, hanging=2) for line in lines] + [""]
     for verdict in res.verdicts:
         selected = verdict.selected
         if verdict.ok and selected is not None and selected.kind != "reference":
@@ -149,12 +187,12 @@ def render(result: CheckResult, *, syntax: str = CLI) -> str:
             head = "OK    torch reference, explicitly allowed"
         else:
             head = "FAIL  no fast provider: the torch reference path would run"
-        lines.append(f"{verdict.kernel:<34} {head}")
+        lines.append(wrap_text(f"{verdict.kernel:<34} {head}", 0, columns, hanging=35))
         for decision in verdict.candidates:
-            lines.append(f"  {_MARKS[decision.status]}  {decision.provider}")
-            lines.append(_wrap(in_terms(decision.reason, syntax), 18))
+            lines.append(wrap_text(f"{_MARKS[decision.status]}  {decision.provider}", 2, columns, hanging=14))
+            lines.append(wrap_text(in_terms(decision.reason, syntax), 18, columns))
             if decision.fix and decision.status in (REJECTED, FALLBACK):
-                lines.append(_wrap(f"fix: {in_terms(decision.fix, syntax)}", 18))
+                lines.extend(fix_lines(in_terms(decision.fix, syntax), width=columns, indent=18))
         lines.append("")
     if result.numerics is not None:
         lines.append(result.numerics.render())
@@ -162,10 +200,9 @@ def render(result: CheckResult, *, syntax: str = CLI) -> str:
     for title, items in (("notes", res.notes), ("not checked here", res.unchecked)):
         if items:
             lines.append(f"{title}:")
-            lines.extend(textwrap.fill(f"- {in_terms(item, syntax)}", width=110, initial_indent="  ",
-                                       subsequent_indent="    ") for item in items)
+            lines.extend(wrap_text(f"- {in_terms(item, syntax)}", 2, columns, hanging=2) for item in items)
             lines.append("")
-    lines.append(verdict_line(result, syntax=syntax))
+    lines.append(wrap_text(verdict_line(result, syntax=syntax), 0, columns, hanging=2))
     return "\n".join(lines)
 
 
@@ -196,6 +233,90 @@ def terminal_width(width: int | None = None) -> int:
 
     columns = width if width is not None else shutil.get_terminal_size((100, 24)).columns
     return max(60, min(int(columns), 200))
+
+
+def fit_usage(usage: str, width: int) -> str:
+    """argparse's usage block refilled when a line overflows: it aligns continuation lines under the program
+    name and cannot move a long ``[--flag {a,b,c}]`` group, so narrow terminals overflow. Groups stay whole."""
+    if all(len(line) <= width for line in usage.splitlines()):
+        return usage
+    groups = re.findall(r"\[(?:[^\[\]]|\[[^\]]*\])*\]|\S+", " ".join(usage.split()))
+    lines, line = [], ""
+    for group in groups:
+        if line and len(line) + 1 + len(group) > width:
+            lines.append(line)
+            line = "    " + group
+        else:
+            line = f"{line} {group}" if line else group
+    return "\n".join([*lines, line]) + "\n\n"
+
+
+def fit_lines(text: str, width: int) -> str:
+    """Lines argparse could not fit (an option with many names) wrapped at word boundaries, indented."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        out.append(textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False,
+                                 break_long_words=False))
+    return "\n".join(out)
+
+
+def help_formatter(base: type[Any] | None = None) -> Any:
+    """An argparse ``formatter_class`` that fits :func:`terminal_width` (argparse alone ignores a width it is not
+    given once a subclass fixes one), usage block included."""
+    import argparse
+
+    cls = base or argparse.HelpFormatter
+
+    class Fitted(cls):  # type: ignore[misc, valid-type]
+        def _format_usage(self, *args: Any) -> str:
+            return fit_usage(super()._format_usage(*args), self._width)
+
+        def format_help(self) -> str:
+            return fit_lines(super().format_help(), self._width)
+
+    return lambda prog: Fitted(prog, width=terminal_width())
+
+
+def fix_text(fixes: list[str], *, width: int | None = None) -> str:
+    """An error's ``fix`` (printed after "Fix: ") from several fixes: each command alone on its line, never
+    wrapped; its note under it, wrapped; a prose way out (an allow=) wrapped on its own."""
+    columns = terminal_width(width)
+    lines: list[str] = []
+    for fix in fixes:
+        for j, part in enumerate(fix_alternatives(fix)):
+            command, note = split_fix(part)
+            lead = ("  " if lines else "") + ("or: " if j else "")
+            if command is None:
+                lines.append(fill(f"{lead}{note}", columns, 4))
+                continue
+            lines.append(f"{lead}{command}")
+            if note:
+                lines.append(wrap_text(note, 7, columns))
+    return "\n".join(lines)
+
+
+def wrap_message(text: str, *, width: int | None = None) -> str:
+    """An error or refusal for the terminal: prose wrapped to ``width``; a ``Fix:`` line's command alone on its
+    line (never wrapped), its prose under it. Without ``width``, only for a person: when stderr is a terminal or
+    ``COLUMNS`` is set; in a log (a pipe, a file, a scheduler's capture) each sentence stays on one line, whole
+    for grep and log tools."""
+    import os
+    import sys
+
+    if width is None and "COLUMNS" not in os.environ and not (sys.stderr is not None and sys.stderr.isatty()):
+        return text
+    columns = terminal_width(width)
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("Fix: "):
+            lines.extend(fix_lines(line[len("Fix: "):], width=columns, label="Fix:"))
+        else:
+            lines.append(fill(line, columns, 2))
+    return "\n".join(lines)
 
 
 def layer_summary(layers: list[str], *, shown: int = 6) -> str:
@@ -235,8 +356,8 @@ def why_fix_block(why: list[str], fixes: list[str], *, width: int | None = None)
     """The short block a refusal ends with: one ``why:`` line per reason, one ``fix:`` line per fix (an install
     command may end in a shell comment, so never two on one line)."""
     columns = terminal_width(width)
-    return [fill(f"{label} {text}", columns, 7) for label, items in (("why:", why), ("fix:", fixes))
-            for text in items]
+    return [fill(f"why: {text}", columns, 7) for text in why] + [
+        line for text in fixes for line in fix_lines(text, width=columns)]
 
 
 # A shell command wrapped onto two lines runs as two commands (and a wrapped `# comment` runs its tail).

@@ -85,17 +85,18 @@ def candidate(data: dict[str, Any], name: str, kind: str) -> dict[str, Any]:
     return next(c for c in kernel(data, name)["candidates"] if c["kind"] == kind)
 
 
-def _fla_fix() -> str:
-    """kernelguard.install's advice for fla on this machine's torch (CI: a CPU build, which gets a caveat)."""
+def _fla_fix() -> tuple[str, str | None]:
+    """kernelguard.install's advice for fla on this machine's torch (CI: a CPU build, which gets a caveat): the
+    command and the note JSON gives beside it."""
     torch_version = metadata.version("torch")
-    note = "" if "+cpu" not in torch_version else (
-        f"  (torch {torch_version} is a build without CUDA: fla installs, but its Triton kernels need a CUDA "
-        "(or XPU) build of torch to run.)"
+    note = None if "+cpu" not in torch_version else (
+        f"torch {torch_version} is a build without CUDA: fla installs, but its Triton kernels need a CUDA "
+        "(or XPU) build of torch to run."
     )
-    return "pip install 'flash-linear-attention>=0.6.0,<1'" + note
+    return "pip install 'flash-linear-attention>=0.6.0,<1'", note
 
 
-FLA_FIX = _fla_fix()
+FLA_FIX, FLA_NOTE = _fla_fix()
 
 
 def kernels_note() -> str | None:
@@ -241,7 +242,7 @@ def test_json_follows_the_documented_schema(tmp_path: Path) -> None:
         "numerics",
         "environment",
     }
-    assert (data["schema_version"], data["ok"], data["numerics"], data["allow"]) == (1, False, None, [])
+    assert (data["schema_version"], data["ok"], data["numerics"], data["allow"]) == (2, False, None, [])
     assert data["model"] == {
         "name": "qwen3_5",
         "family": "qwen3_5",
@@ -262,7 +263,7 @@ def test_json_follows_the_documented_schema(tmp_path: Path) -> None:
         assert set(entry) == {"kernel", "ok", "selected", "candidates"}
         assert (entry["ok"], entry["selected"]) == (False, None)
         for cand in entry["candidates"]:
-            assert set(cand) == {"provider", "kind", "status", "reason", "fix", "known_issues"}
+            assert set(cand) == {"provider", "kind", "status", "reason", "fix", "fix_note", "known_issues"}
             assert cand["status"] in STATUSES and cand["kind"] in {"package", "hub", "torch", "reference"}
             assert isinstance(cand["known_issues"], list) and cand["reason"].endswith(".")
         assert entry["candidates"][-1]["status"] == "fallback"
@@ -274,11 +275,11 @@ def test_json_follows_the_documented_schema(tmp_path: Path) -> None:
         "reason": "fla-core / flash-linear-attention is not installed (import 'fla.ops.gated_delta_rule' "
         "failed).",
         "fix": FLA_FIX,
+        "fix_note": FLA_NOTE,
         "known_issues": [],
     }
     assert candidate(data, "chunk_gated_delta_rule", "hub")["status"] == "skipped"
-    note = kernels_note()
-    assert data["notes"] == ([note] if note else [])
+    assert data["notes"] == []  # no --hub: the kernels window is no note (kernels_note() is for --hub runs)
     assert data["unchecked"][0].startswith("no GPU visible and no --arch given")
     env = data["environment"]
     assert env["torch_version"] == {"value": TORCH, "source": "torch.__version__"}
@@ -322,7 +323,7 @@ def test_pyproject_defaults_are_read_from_cwd(tmp_path: Path) -> None:
     )
     data = kg_json("--allow", "attention", cwd=tmp_path, rc=0)
     assert data["model"]["family"] == "qwen3_next"
-    assert data["target"] == {"archs": ["9.0"], "source": "--arch"}
+    assert data["target"] == {"archs": ["9.0"], "source": "arch in [tool.kernelguard] of pyproject.toml"}
     assert data["allow"] == ["attention", "causal_conv1d_fn", "chunk_gated_delta_rule"]
     # Flags win over the table (arch, model, mode, packed); --allow adds to its allow list.
     overridden = kg_json(
@@ -493,11 +494,16 @@ def test_issues_json_has_every_known_issue_and_allow_item(capsys: pytest.Capture
 
     assert main(["issues", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["schema_version"] == 1 and data["allow_items"] == POLICY_ITEMS
+    assert data["schema_version"] == 2 and data["allow_items"] == POLICY_ITEMS
     assert [row["id"] for row in data["known_issues"]] == [issue.id for issue in KNOWN_ISSUES]
     fla = data["known_issues"][0]
     assert (fla["provider"], fla["archs"], fla["triton"]) == ("fla", ["9.0"], ">=3.4,<3.7.1")
-    assert fla["fix"] == KNOWN_ISSUES[0].fix and fla["source"] == KNOWN_ISSUES[0].source
+    assert fla["fix"] is None and fla["source"] == KNOWN_ISSUES[0].source  # the table's fix is prose here
+    assert fla["fix_note"] == KNOWN_ISSUES[0].fix
+    z3 = next(row for row in data["known_issues"] if row["id"] == "tilelang-without-z3")
+    assert (z3["fix"], z3["fix_note"]) == ("pip install z3-solver", "or pip uninstall tilelang")
+    for row in data["known_issues"]:  # every fix is one command that bash parses
+        assert row["fix"] is None or subprocess.run(["bash", "-n", "-c", row["fix"]], check=False).returncode == 0
 
 
 # ------------------------------------------------------------------------------------- fake providers
@@ -517,7 +523,7 @@ def test_fake_providers_serve_the_kernels_until_fla_640_applies(tmp_path: Path) 
     fla = candidate(refused, "chunk_gated_delta_rule", "package")
     assert (fla["status"], fla["known_issues"]) == ("rejected", ["fla-640-refusal"])
     assert fla["reason"].startswith("known issue fla-640-refusal (https://github.com/fla-org/")
-    assert "--allow fla-640-refusal" in fla["fix"]
+    assert "--allow fla-640-refusal" in fla["fix_note"] and fla["fix"] == "pip install 'triton==3.7.1'"
     assert kernel(refused, "causal_conv1d_fn")["selected"] == "causal_conv1d (causal_conv1d.causal_conv1d_fn)"
 
     proc = kg(
@@ -534,12 +540,11 @@ def test_fake_providers_serve_the_kernels_until_fla_640_applies(tmp_path: Path) 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert "| Triton 3.6.0 |" in lines[2]
-    assert (
-        f"{'chunk_gated_delta_rule':<34} OK    served by fla (fla.ops.gated_delta_rule.chunk_gated_delta_rule)"
-        in lines
-    )
-    assert f"{'causal_conv1d_fn':<34} OK    served by causal_conv1d (causal_conv1d.causal_conv1d_fn)" in lines
-    text = " ".join(line.strip() for line in lines)  # reasons are wrapped at 110 columns
+    # no terminal: 100 columns, except a fix's command, which is never wrapped
+    assert all(len(line) <= 100 for line in lines if not line.lstrip().startswith(("fix: ", "or: "))), lines
+    text = " ".join(line.strip() for line in lines)  # lines are wrapped at 100 columns
+    assert f"{'chunk_gated_delta_rule':<34} OK    served by fla (fla.ops.gated_delta_rule.chunk_gated_delta_rule)" in text
+    assert f"{'causal_conv1d_fn':<34} OK    served by causal_conv1d (causal_conv1d.causal_conv1d_fn)" in text
     assert (
         "fla 0.6.0+kernelguard.fake imports fla.ops.gated_delta_rule.chunk_gated_delta_rule. Note: known issue "
         "fla-640-refusal (" in text
@@ -566,7 +571,8 @@ def test_fake_providers_serve_the_kernels_until_fla_640_applies(tmp_path: Path) 
     fla = candidate(wrong, "chunk_gated_delta_rule", "package")
     assert (fla["status"], fla["known_issues"]) == ("rejected", ["fla-640-wrong-grads"])
     # This torch (2.13) requires triton==3.7.1 (its metadata, or kernelguard's table for a CPU build).
-    assert fla["fix"].startswith(f"pip install 'triton==3.7.1'  (the Triton torch {TORCH} requires; ")
+    assert fla["fix"] == "pip install 'triton==3.7.1'"
+    assert fla["fix_note"].startswith(f"the Triton torch {TORCH} requires; ")
 
 
 # ------------------------------------------------------------------------------------------ broken torch

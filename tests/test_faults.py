@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -174,6 +175,7 @@ def test_second_run_is_refused_then_sigterm_saves_and_resume_is_exact(
     stopped = _steps_done(out)
     line = f"kernelguard train: stopped by SIGTERM after step {stopped} of {STEPS}; checkpoint step_{stopped} is saved"
     assert line in err, err
+    assert f"\nFix: kernelguard train {shlex.join([*cmd, '--resume'])}\n" in err, err  # the line to paste
     assert "Traceback" not in err
     _assert_consistent(out)
     assert [p.name for p in (out / "checkpoints").iterdir()] == [f"step_{stopped}"]

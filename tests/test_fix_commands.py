@@ -20,7 +20,15 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from kernelguard.install import PACKAGES, TORCH_TRITON, install_command, pin_command, upgrade_command
+from kernelguard.install import (
+    DISTRIBUTION,
+    PACKAGES,
+    TORCH_TRITON,
+    extra_command,
+    install_command,
+    pin_command,
+    upgrade_command,
+)
 from kernelguard.known_issues import by_id
 
 pytestmark = pytest.mark.slow
@@ -50,7 +58,7 @@ def requirements_of(command: str) -> list[str]:
             if word.startswith("-"):
                 continue
             requirement = Requirement(word)
-            if requirement.name == "kernelguard":
+            if requirement.name == DISTRIBUTION:
                 found += _extra(requirement.extras)
             else:
                 found.append(word)
@@ -59,10 +67,10 @@ def requirements_of(command: str) -> list[str]:
 
 def _extra(extras: set[str]) -> list[str]:
     out = []
-    for line in metadata.requires("kernelguard") or []:
+    for line in metadata.requires(DISTRIBUTION) or []:
         requirement = Requirement(line)
         marker = requirement.marker
-        if marker and any(marker.evaluate({"extra": e}) for e in extras) and requirement.name != "kernelguard":
+        if marker and any(marker.evaluate({"extra": e}) for e in extras) and requirement.name != DISTRIBUTION:
             requirement.marker = None
             out.append(str(requirement))
     return out
@@ -102,7 +110,7 @@ def _fixes() -> list[tuple[str, list[str]]]:
     out += [(pin_command("fla-core", "0.6.0"), []), (pin_command("causal-conv1d", "1.7.0"), [])]
     assert by_id("tilelang-without-z3") is not None and "pip install z3-solver" in by_id("tilelang-without-z3").fix
     for extra in ("hub", "train", "tensorboard", "wandb", "trackio", "trl"):  # the extras fixes name
-        out.append((f"pip install 'kernelguard[{extra}]'", []))
+        out.append((extra_command(extra), []))
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,7 @@ def _compare(path: Path, actual: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_check_text_is_unchanged(name: str) -> None:
-    _compare(GOLDEN / f"{name}.txt", _normalise(report.render(_result(name))) + "\n")
+    _compare(GOLDEN / f"{name}.txt", _normalise(report.render(_result(name), width=100)) + "\n")
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
@@ -118,3 +119,59 @@ def test_scenarios_cover_pass_and_fail() -> None:
     assert not any(verdicts[n] for n in ("cpu_build_nothing_installed", "fla_640_triton_3_6", "fla_640_torch_2_11",
                                           "conv_without_sm_90",
                                           "conv_undefined_symbol"))
+
+
+def _golden_fixes() -> list[str]:
+    """Every fix command of every golden output: JSON ``fix`` values and the text's ``fix:`` / ``or:`` lines."""
+    found: list[str] = []
+    for path in sorted(GOLDEN.glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for kernel in data["kernels"]:
+            for candidate in kernel["candidates"]:
+                assert set(candidate) >= {"fix", "fix_note"}, path.name
+                if candidate["fix"] is not None:
+                    found.append(candidate["fix"])
+    for path in sorted(GOLDEN.glob("*.txt")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            head, _, command = line.strip().partition(" ")
+            if head in ("fix:", "or:") and re.match(r"(pip|python|uv|hf|[A-Z_]+=)", command):
+                found.append(command)
+    return found
+
+
+def test_every_golden_fix_is_one_runnable_shell_command() -> None:
+    fixes = _golden_fixes()
+    assert len(fixes) > 20 and any("causal-conv1d" in f for f in fixes)
+    for fix in dict.fromkeys(fixes):
+        r = subprocess.run(["bash", "-n", "-c", fix], capture_output=True, text=True, check=False)
+        assert r.returncode == 0, (fix, r.stderr)
+        assert "  (" not in fix and "; or " not in fix and not fix.endswith((".", ")")), fix  # no prose left in
+
+
+@pytest.mark.parametrize("width", [80, 100, 140])
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_check_text_fits_the_width_except_whole_commands(name: str, width: int) -> None:
+    for line in report.render(_result(name), width=width).splitlines():
+        head, _, command = line.strip().partition(" ")
+        if len(line) > width and " " in line.strip():  # (a URL longer than the width stands alone on its line)
+            assert head in ("fix:", "or:") and "  " not in command, line  # a command is never wrapped
+
+
+def test_check_text_follows_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "72")
+    narrow = report.render(_result("cpu_build_nothing_installed"))
+    monkeypatch.delenv("COLUMNS")
+    assert narrow == report.render(_result("cpu_build_nothing_installed"), width=72)
+
+
+def test_docs_check_md_example_is_an_excerpt_of_the_golden_output() -> None:
+    doc = (Path(__file__).parents[1] / "docs" / "check.md").read_text(encoding="utf-8")
+    section = doc.split("## Example (CPU machine, nothing installed)", 1)[1]
+    quoted = re.split(r"\n\.\.\.\n|\n\n", section.split("```\n", 2)[1].rstrip("\n"))
+    golden = (GOLDEN / "cpu_build_nothing_installed.txt").read_text(encoding="utf-8").replace(
+        "(version N)", "(version 2)"
+    )
+    position = 0
+    assert len(quoted) == 3
+    for part in quoted:  # each block verbatim, in order
+        position = golden.index(part, position) + len(part)

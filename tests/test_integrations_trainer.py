@@ -3,6 +3,7 @@ fast providers, passes with the fake ones, honours the allow list, detects packe
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,14 @@ def test_refuses_before_step_one_without_fast_providers(
     assert _unchanged(model, before)  # no optimizer step
     assert _kernelguard_logs(trainer) == []
     assert "guard passed" not in capsys.readouterr().err
+    # docs/INTEGRATIONS.md quotes exactly this message (transformers' version aside)
+    doc = (Path(__file__).parents[1] / "docs" / "INTEGRATIONS.md").read_text(encoding="utf-8")
+    quoted = doc.split("If any step refuses", 1)[1].split("```\n", 2)[1]
+    actual = f"{type(info.value).__module__}.{type(info.value).__name__}: {text}\n"
+    if os.environ.get("KERNELGUARD_UPDATE_DOCS"):
+        (Path(__file__).parents[1] / "docs" / "INTEGRATIONS.md").write_text(doc.replace(quoted, actual))
+    version = re.compile(r"transformers \d+\.\d+\.\d+")
+    assert version.sub("transformers X", quoted) == version.sub("transformers X", actual)
 
 
 def test_partial_allow_still_refuses_and_names_the_other_kernel(

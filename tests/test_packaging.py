@@ -20,7 +20,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from kernelguard.errors import ConfigError
-from kernelguard.install import FLA_SAFE_TRITON, TORCH_TRITON, InstallAdvice, install_command
+from kernelguard.install import DISTRIBUTION, FLA_SAFE_TRITON, TORCH_TRITON, InstallAdvice, install_command
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEEL_BASE = "https://github.com/Dao-AILab/causal-conv1d/releases/download/v1.7.0/causal_conv1d-1.7.0"
@@ -64,12 +64,22 @@ def test_fast_extra_holds_only_wheels_that_install_anywhere_at_measured_floors()
         assert requirement.specifier.contains("0.6.0"), requirement
 
 
-def test_self_referencing_extras_name_existing_extras() -> None:
-    extras = _pyproject()["project"]["optional-dependencies"]
-    for name, requirements in extras.items():
-        for requirement in map(Requirement, requirements):
-            if requirement.name == "kernelguard":
-                assert requirement.extras <= set(extras), (name, requirement.extras - set(extras))
+def test_the_distribution_is_ours_and_self_referencing_extras_name_existing_extras() -> None:
+    project = _pyproject()["project"]
+    # The index's `kernelguard` is another project: ours is DISTRIBUTION, the name every printed fix uses.
+    assert project["name"] == DISTRIBUTION != "kernelguard"
+    assert project["scripts"] == {"kernelguard": "kernelguard.cli:main"}
+    extras = project["optional-dependencies"]
+    selves = [
+        (name, requirement)
+        for name, requirements in extras.items()
+        for requirement in map(Requirement, requirements)
+        if requirement.name in (DISTRIBUTION, "kernelguard")
+    ]
+    assert [name for name, _ in selves] == ["tracking"]
+    for name, requirement in selves:
+        assert requirement.name == DISTRIBUTION, (name, str(requirement))  # never the other project's extras
+        assert requirement.extras <= set(extras), (name, requirement.extras - set(extras))
 
 
 # ------------------------------------------------------------------------------------- install_command
@@ -171,7 +181,7 @@ def test_fla_and_kernels_commands() -> None:
     empty = install_command("kernels", torch_version=None, cuda_version=None, kernels_window=("0.18.2", "0.19"))
     assert empty.commands == ("pip install 'transformers==5.17.0' 'kernels>=0.16,<0.17'",)
     assert empty.fix_line().startswith("no kernels release is inside [0.18.2, 0.19) yet (newest known: 0.17.2)")
-    assert install_command("hub", torch_version=None, cuda_version=None).command == "pip install 'kernelguard[hub]'"
+    assert install_command("hub", torch_version=None, cuda_version=None).command == "pip install 'kernelguard-gdn[hub]'"
 
 
 def test_generic_compiled_packages_build_against_the_installed_torch() -> None:
@@ -239,12 +249,14 @@ def test_check_without_kernels_reports_what_turns_hub_kernels_on(tmp_path: Path)
         # The fix is the one install_command builds for this transformers' kernels window: a kernels release
         # inside it, or (no release inside, as for 5.23+) the pair of releases that does turn Hub kernels on.
         from kernelguard import discovery
+        from kernelguard.decisions import split_fix
         from kernelguard.install import install_command
 
         window = discovery.kernels_version_window(discovery.transformers_source())
         expected = install_command("kernels", torch_version=None, cuda_version=None, kernels_window=window)
-        assert candidate["fix"] == expected.fix_line()
-        assert "kernelguard[hub]" not in candidate["fix"] or window is None
+        assert (candidate["fix"], candidate["fix_note"]) == split_fix(expected.fix_line())
+        assert candidate["fix"] == expected.command  # one command; its preface and notes are the note
+        assert "kernelguard-gdn[hub]" not in candidate["fix"] or window is None
 
 
 def test_the_docker_image_takes_the_triton_its_own_torch_requires() -> None:

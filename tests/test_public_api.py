@@ -49,6 +49,14 @@ def test_public_functions_stay_callable_in_any_order(order: str) -> None:
     assert proc.stdout.strip() == "ok"
 
 
+def test_dir_lists_the_public_api_and_not_the_imports() -> None:
+    import kernelguard
+
+    names = dir(kernelguard)
+    assert {"require", "guard", "inspect", "check", "KernelFallbackError", "__version__"} <= set(names)
+    assert not {"sys", "types", "Any", "TYPE_CHECKING"} & set(names), names
+
+
 def test_import_kernelguard_does_not_import_torch() -> None:
     code = "import sys, kernelguard; print('torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)

@@ -74,11 +74,8 @@ def test_missing_library_is_a_config_error_with_the_pip_command(
     monkeypatch.setitem(sys.modules, name, None)  # importlib.util.find_spec -> None, as when not installed
     with pytest.raises(ConfigError) as info:
         TrainConfig.from_flags(model="m", data="d", output=tmp_path, report_to=(name,))
-    assert info.value.message == f"--report-to {name}: the {name} package is not installed."
-    assert (
-        info.value.fix
-        == f"pip install 'kernelguard[{name}]' (or pip install {name}), or leave --report-to {name} out"
-    )
+    assert info.value.message == f"--report-to {name}: the {name} package is not installed (or leave --report-to {name} out)."
+    assert info.value.fix == f"pip install 'kernelguard-gdn[{name}]'"
 
 
 def test_missing_wandb_through_the_cli_exits_2_before_any_work(
@@ -101,8 +98,9 @@ def test_missing_wandb_through_the_cli_exits_2_before_any_work(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err == (
-        "kernelguard train: error: --report-to wandb: the wandb package is not installed.\n"
-        "Fix: pip install 'kernelguard[wandb]' (or pip install wandb), or leave --report-to wandb out\n"
+        "kernelguard train: error: --report-to wandb: the wandb package is not installed (or leave --report-to "
+        "wandb out).\n"
+        "Fix: pip install 'kernelguard-gdn[wandb]'\n"
     )
     assert not out.exists()
 

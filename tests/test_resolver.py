@@ -543,7 +543,8 @@ def test_kernels_outside_window_is_a_note_and_rejects_hub_candidates() -> None:
         "Kernel Hub kernels are silently disabled; fix: " + NO_KERNELS_RELEASE
     )
     plain = resolve(facts, TRAIN, H200)
-    assert plain.notes == (note,)
+    assert plain.notes == ()  # Hub kernels not asked for: the window is not this job's concern
+
     assert find(plain, CHUNK, "hub").status == SKIPPED
     assert plain.ok  # the packages still serve: the note is information, not a failure
 
@@ -560,6 +561,7 @@ def test_kernels_outside_window_is_a_note_and_rejects_hub_candidates() -> None:
     )
     assert decision.fix == NO_KERNELS_RELEASE
     assert find(hub, CHUNK, "package").status == SELECTED
+    assert hub.notes == (note,)  # asked for the Hub (--hub): the window is said
 
 
 def test_kernels_inside_window_gives_no_note_and_hub_variant_wins() -> None:
@@ -584,12 +586,12 @@ def test_kernels_not_installed_and_hub_not_probed() -> None:
     missing = resolve(
         replace(BASE, env=make_env(gpus=("9.0",), kernels=None)), TRAIN, replace(H200, use_hub=True)
     )
-    # kernelguard[hub] would install kernels 0.17.2, outside this transformers' window: the fix says so instead.
+    # kernelguard-gdn[hub] would install kernels 0.17.2, outside this transformers' window: the fix says so instead.
     assert (find(missing, CHUNK, "hub").reason, find(missing, CHUNK, "hub").fix) == (
         "the kernels package is not installed.",
         NO_KERNELS_RELEASE,
     )
-    for window, fix in ((("0.16", "0.17"), "pip install 'kernels>=0.16,<0.17'"), (None, "pip install 'kernelguard[hub]'")):
+    for window, fix in ((("0.16", "0.17"), "pip install 'kernels>=0.16,<0.17'"), (None, "pip install 'kernelguard-gdn[hub]'")):
         facts = replace(BASE, env=make_env(gpus=("9.0",), kernels=None), kernels_window=window)
         assert find(resolve(facts, TRAIN, replace(H200, use_hub=True)), CHUNK, "hub").fix == fix
     unprobed = find(resolve(BASE, TRAIN, replace(H200, use_hub=True)), CHUNK, "hub")
@@ -706,7 +708,10 @@ def test_cpu_torch_build_rejects_torch_varlen_and_needs_allow_attention() -> Non
     assert (
         torch_varlen.reason == "torch 2.13.0+cpu is a build without CUDA; varlen_attn runs only on CUDA GPUs."
     )
-    assert torch_varlen.fix == "install a CUDA build of torch"
+    assert torch_varlen.fix == (
+        "pip install 'torch==2.13.0+cu128' --index-url https://download.pytorch.org/whl/cu128  (the CUDA 12.8 "
+        "build, for drivers >= 570; for CUDA 13 use cu130 in both places)"
+    )
     sdpa = find(res, ATTN, "reference")
     assert (sdpa.provider, sdpa.status) == (SDPA, FALLBACK)
     assert sdpa.reason.endswith("; used only when nothing above serves (accept it with --allow attention).")

@@ -194,7 +194,7 @@ def test_help_has_a_line_and_default_for_every_flag(capsys: pytest.CaptureFixtur
     assert out.startswith("usage: kernelguard train ")
     listed: set[str] = set()  # the flags each option line of --help starts with
     for line in out.splitlines():
-        m = re.match(r"^  (-\S.*?)(\s{2,}|$)", line)
+        m = re.match(r"^ {2,8}(-\S.*?)(\s{2,}|$)", line)  # an option line (and its wrapped names)
         if m:
             listed.update(re.findall(r"(?<![\w-])--?[a-z][\w-]*", m.group(1)))
     shown = [a for a in build_parser()._actions if a.help != argparse.SUPPRESS]

@@ -175,7 +175,7 @@ def _callback_refusal(
     naming this callback (an allow only where one can help: no allow keeps packed rows apart on a GDN
     torch reference, so padded batches are offered instead)."""
     from kernelguard.guard import inspect
-    from kernelguard.report import fill, terminal_width
+    from kernelguard.report import fix_text
 
     try:  # the same sites, judged again without arming or raising, for the summary and the fixes
         report = inspect(model, mode="training", packed=packed, allow=allow)
@@ -185,7 +185,7 @@ def _callback_refusal(
     text = report.render(verbose=verbose, call=CALLBACK_ALLOW, padded=PADDED, fixes=False)  # the error's Fix:
     return KernelFallbackError(
         f"kernelguard refused to start training (before step 1).\n{text}",
-        fix="\n  ".join(fill(f, terminal_width() - 5, 4) for f in fixes), layer=e.layer, kernel=e.kernel,
+        fix=fix_text(fixes), layer=e.layer, kernel=e.kernel,
         reason=e.reason, details=e.details,
     )
 

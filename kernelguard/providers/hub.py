@@ -14,7 +14,7 @@ is not used: it lists the repository tree over the network.
 Releases differ in their private helpers; :mod:`kernelguard.providers.kernels_release` finds them by feature
 detection, and a missing one becomes a note here, never an import error.
 
-``kernels`` is an optional extra (``pip install 'kernelguard[hub]'``) imported lazily (torch is not imported
+``kernels`` is an optional extra (``pip install 'kernelguard-gdn[hub]'``) imported lazily (torch is not imported
 by it) and any failure of it degrades into a probe with a ``note``; ``probe_hub_kernel`` never raises.
 """
 

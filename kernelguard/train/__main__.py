@@ -50,21 +50,25 @@ def _fail(
     error: BaseException | None = None,
 ) -> int:
     """Report an error once: through the launcher's record file in a launched rank, else on rank 0."""
+    from kernelguard.report import wrap_message
+
     from .launch import write_rank_error, write_torchelastic_error
 
     write_torchelastic_error(message)
     if not write_rank_error(code, message, report, error=error) and (is_rank0() if is_main is None else is_main):
         if report:
             print(report, file=sys.stderr)
-        print(message, file=sys.stderr, flush=True)
+        print(wrap_message(message), file=sys.stderr, flush=True)
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
     from .config_cli import parse_command
     from .launch import launch, launched_by_kernelguard
+    from .signals import remember_command
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    remember_command(argv)  # for the --resume line a stopped run ends with
     try:
         cmd = parse_command(argv)
     except ConfigError as e:
@@ -78,10 +82,21 @@ def main(argv: list[str] | None = None) -> int:
         return _dry_run(cmd.config, world_size=_launch_world_size(cmd.launch))
     if cmd.launch is not None and not launched_by_kernelguard():
         try:
+            _check_inputs(cmd.config)  # here, before N ranks each import torch and the stack is checked
             return launch(cmd.launch, argv, output=cmd.config.checkpoint.output_dir)
-        except ConfigError as e:
+        except (ConfigError, DataError) as e:
             return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
     return _train(cmd.config)
+
+
+def _check_inputs(cfg: Any) -> None:
+    """The launcher's copy of the ranks' first checks: flags, inputs, tokenizer, template, the first rows."""
+    from .input_check import check_inputs_early
+    from .preflight import check_flags, check_inputs
+
+    check_flags(cfg)
+    check_inputs(cfg)
+    check_inputs_early(cfg)
 
 
 def _train(cfg: Any) -> int:
@@ -126,7 +141,10 @@ def _train(cfg: Any) -> int:
         return EXIT_FAIL
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line from rank 0 (or the launcher), no tracebacks
         if (info is None or info.is_main) and not launched_by_kernelguard():
-            print("kernelguard train: interrupted.", file=sys.stderr, flush=True)
+            from .signals import stopped_lines
+
+            print("\n".join(stopped_lines(cfg.checkpoint.output_dir, "interrupted (Ctrl-C)")), file=sys.stderr,
+                  flush=True)
         return EXIT_INTERRUPTED
     finally:
         if dist.is_initialized():

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
+from kernelguard.install import extra_command
 
+from . import chat_templates
 from .config_rules import (
     ATTENTION_CHOICES,
     DATASET_FORMATS,
@@ -96,7 +98,12 @@ class ModelSection:
     )
     tokenizer: str | None = setting(None, "local tokenizer directory (default: --model)")
     chat_template: str | None = setting(
-        None, "Jinja chat template file (default: the tokenizer's)", metavar="FILE"
+        None,
+        "a Jinja chat template file, or a shipped template's name: "
+        f"{', '.join(n for n in chat_templates.shipped_names() if n.endswith('_training'))} (training variants; "
+        "the export ships each one's original). Default: the tokenizer's own, replaced by its training variant "
+        "when it is a known Qwen template",
+        metavar="FILE_OR_NAME",
     )
     init: str | None = setting(
         None,
@@ -310,7 +317,7 @@ class MetricsSection:
         (),
         f"also log metrics to {', '.join(REPORT_TO_CHOICES[1:])} (repeatable or comma list; none: off). "
         "tensorboard writes OUTPUT/tensorboard; wandb honours WANDB_MODE=offline, WANDB_PROJECT; trackio logs "
-        "locally (TRACKIO_PROJECT); each is an extra: pip install 'kernelguard[NAME]'",
+        f"locally (TRACKIO_PROJECT); each is an extra: {extra_command('NAME')}",
         metavar="NAME",
         append=True,
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
+from kernelguard.report import fit_lines, fit_usage, terminal_width
 
 from .config import CONFIG_FILENAME, SECTIONS, TrainConfig, setting
 from .config_file import file_defaults, load_config_file
@@ -146,8 +147,14 @@ class _CheckpointingSwitch(argparse.BooleanOptionalAction):
 class _HelpFormatter(argparse.HelpFormatter):
     """Every flag's help line states its default (booleans only when the flag has a --no- twin)."""
 
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, max_help_position=34, width=110)
+    def __init__(self, prog: str, width: int | None = None) -> None:
+        super().__init__(prog, max_help_position=34, width=terminal_width(width))
+
+    def _format_usage(self, *args: Any) -> str:
+        return fit_usage(super()._format_usage(*args), self._width)
+
+    def format_help(self) -> str:
+        return fit_lines(super().format_help(), self._width)
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         import textwrap

@@ -13,6 +13,7 @@ same split on every rank and every run, whatever the world size. Rows of the oth
 from __future__ import annotations
 
 import hashlib
+import shlex
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -165,16 +166,34 @@ def load_tokenizer(path: str, *, chat_template: str | Path | None = None) -> Any
     checkpoint keeps the template people run inference with."""
     from transformers import AutoTokenizer
 
+    _refuse_tiktoken_only(Path(path))
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except Exception as e:
-        raise ConfigError(f"could not load a tokenizer from {path}: {e}", fix="pass --tokenizer DIR") from e
+        raise ConfigError(
+            f"could not load a tokenizer from {path} (AutoTokenizer.from_pretrained: {e}); --tokenizer must be a "
+            "folder holding tokenizer.json (and tokenizer_config.json), as a Hugging Face model ships it."
+        ) from e
     if not getattr(tok, "is_fast", False):
         raise ConfigError(
             f"the tokenizer at {path} is not a fast tokenizer (no offsets).", fix="ship tokenizer.json"
         )
     set_chat_template(tok, chat_template)
     return tok
+
+
+def _refuse_tiktoken_only(folder: Path) -> None:
+    """A folder with a .tiktoken vocabulary and no tokenizer.json: AutoTokenizer's own error there asks for
+    sentencepiece or tiktoken even when both are installed, so say what is missing and how to make it."""
+    if not folder.is_dir() or (folder / "tokenizer.json").is_file():
+        return
+    files = sorted(p.name for p in folder.glob("*.tiktoken"))
+    if files:
+        raise ConfigError(
+            f"tokenizer folder {folder} holds a .tiktoken vocabulary ({', '.join(files)}) but no tokenizer.json, "
+            "which kernelguard train needs (a fast tokenizer). This writes it there, offline:",
+            fix=f"python -m kernelguard.train.tiktoken_folder {shlex.quote(str(folder))}",
+        )
 
 
 def set_chat_template(tokenizer: Any, chat_template: str | Path | None = None) -> TemplateChoice:

@@ -196,9 +196,11 @@ def _tokenize(
 
 def _chat_template_or_raise(choice: TemplateChoice, item: ChatItem) -> str:
     if choice.method == NO_TEMPLATE or choice.text is None:
+        shipped = ", ".join(n for n in chat_templates.shipped_names() if n.endswith("_training"))
         raise ConfigError(
-            f"{item.row.file}: conversational rows need a chat template, and the tokenizer has none.",
-            fix="pass --chat-template FILE (or a shipped name, e.g. qwen3_training), or use text rows",
+            f"{item.row.file}: conversational rows need a chat template, and the tokenizer has none. Pass "
+            f"--chat-template with a .jinja file or a shipped name ({shipped}), or use text rows.",
+            fix=None,
         )
     return choice.text
 

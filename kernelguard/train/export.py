@@ -214,7 +214,10 @@ def write_shards(folder: Path, tensors: list[OutTensor], source: Any, *, max_byt
 def finalize(tmp: Path, final: Path, shards: list[list[OutTensor]], *, config: Any, tokenizer: Any,
              dtype: torch.dtype, source: str | Path | None = None) -> Path:
     """Rank 0: index, config.json with ``dtype``, tokenizer + chat template, the source model folder's
-    generation_config.json (its sampling defaults and stop tokens, what generate() uses), then the rename."""
+    generation_config.json (its sampling defaults and stop tokens, what generate() uses; else one made from the
+    tokenizer), the special token ids config.json lacks, then the rename."""
+    from .inference_files import fill_special_token_ids, generation_config, save_tokenizer
+
     names = shard_names(len(shards))
     if len(shards) > 1:
         index = {
@@ -226,12 +229,16 @@ def finalize(tmp: Path, final: Path, shards: list[list[OutTensor]], *, config: A
     # config.json says what the safetensors hold, so from_pretrained(dtype="auto") is right.
     for target in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
         target.dtype = dtype
+    if tokenizer is not None:
+        fill_special_token_ids(config, tokenizer)
     config.save_pretrained(str(tmp))
     if tokenizer is not None:
-        tokenizer.save_pretrained(str(tmp))
+        save_tokenizer(tokenizer, tmp)  # with the template the run trained with, in its inference form
     generation = Path(source or "") / GENERATION_CONFIG  # a folder --model; a config.json has none
     if source is not None and generation.is_file():
         shutil.copy2(generation, tmp / GENERATION_CONFIG)
+    elif tokenizer is not None:
+        generation_config(config, tokenizer).save_pretrained(str(tmp))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final
@@ -365,8 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
+    from kernelguard.report import help_formatter, wrap_message
+
     parser = argparse.ArgumentParser(
         prog="kernelguard export",
+        formatter_class=help_formatter(),
         description="Write a Hugging Face model folder (sharded safetensors, index, config, tokenizer, chat "
         "template) from a kernelguard train checkpoint, e.g. of a run stopped before its end.",
     )
@@ -378,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         final = export_checkpoint(args.checkpoint, output=args.output, max_shard_size=args.max_shard_size)
     except ConfigError as e:
-        print(f"kernelguard export: error: {e}", file=sys.stderr, flush=True)
+        print(wrap_message(f"kernelguard export: error: {e}"), file=sys.stderr, flush=True)
         return EXIT_USAGE
     print(f"kernelguard export: wrote {final}", file=sys.stderr, flush=True)
     return EXIT_OK

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -152,7 +153,10 @@ def launch(opts: LaunchOptions, train_argv: list[str], *, output: Path | None = 
             if record is not None:
                 print(record["message"], file=sys.stderr, flush=True)
             else:
-                print(f"kernelguard train: stopped by {e.sigval.name}.", file=sys.stderr, flush=True)
+                from .signals import stopped_lines
+
+                how = "interrupted (Ctrl-C)" if e.sigval == signal.SIGINT else f"stopped by {e.sigval.name}"
+                print("\n".join(stopped_lines(output, how)), file=sys.stderr, flush=True)
             return 128 + int(e.sigval)
         except RendezvousError as e:
             print(f"kernelguard train: the ranks could not meet: {e}", file=sys.stderr, flush=True)

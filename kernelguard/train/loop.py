@@ -19,6 +19,7 @@ import torch
 
 from kernelguard.errors import CheckpointError, TrainingDiverged
 from kernelguard.gate import check_stack, run_gate
+from kernelguard.install import extra_command
 from kernelguard.policy import AllowPolicy
 
 from . import checkpoint as ckpt
@@ -34,6 +35,7 @@ from .data import (
 )
 from .evaluate import evaluate, pack_eval_blocks
 from .export import export_run
+from .input_check import check_inputs_early
 from .logs import log
 from .metrics import peak_flops, plot_metrics, step_flops
 from .packing import (
@@ -60,7 +62,7 @@ from .preflight import (
 )
 from .profiling import step_profiler
 from .reporting import Reporter, process_age_s, step_record
-from .signals import Preempted, stop_request
+from .signals import Preempted, resume_command, stop_request
 from .step import (
     Plan,
     StepResult,
@@ -102,6 +104,9 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     warning = {LEAKY: LEAKY_WARNING, NAIVE: NAIVE_WARNING}.get(cfg.packing.packing)
     if warning:
         log(info, warning, logging.WARNING)
+    # Inputs before the stack check and the model build: a wrong tokenizer, template or row fails in seconds.
+    template = on_main(info, lambda: _template_line(check_inputs_early(cfg)))
+    log(info, template)
     packed = cfg.packing.packing != PADDED  # padded batches carry no boundaries a torch reference could drop
     on_main(info, lambda: check_image_lock(cfg.runtime.lock, policy))
     stack = check_stack(str(cfg.model.model), allow=policy, packed=packed, device=info.device)
@@ -130,11 +135,14 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
 
 
 # ------------------------------------------------------------------------------------------------- data ---
+def _template_line(tokenizer: Any) -> str:
+    return f"chat template: {chat_template_name(tokenizer)} ({template_choice(tokenizer).reason})"
+
+
 def load_training_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     """Tokenize, pack best-fit-decreasing into blocks and plan which blocks each step of each rank trains on."""
     assert cfg.model.tokenizer is not None
     tokenizer = load_tokenizer(cfg.model.tokenizer, chat_template=cfg.model.chat_template)
-    log(info, f"chat template: {chat_template_name(tokenizer)} ({template_choice(tokenizer).reason})")
     examples, dstats = read_examples(cfg, tokenizer, take="train")
     log(info, f"data: {dstats.render()}")
     lengths = examples.lengths()
@@ -355,8 +363,9 @@ def stop_for_sigterm(
         save(cfg, info, state, step, plan, identity)
     what = f"checkpoint step_{step} is saved" if step else "nothing was trained yet, nothing saved"
     raise Preempted(
-        f"kernelguard train: stopped by SIGTERM after step {step} of {plan.stop_step}; {what} (exit 143).",
-        fix=f"rerun the same command with --resume to continue exactly from step {step}",
+        f"kernelguard train: stopped by SIGTERM after step {step} of {plan.stop_step}; {what} (exit 143). "
+        f"Continue exactly from step {step} with the command below.",
+        fix=resume_command(),
     )
 
 
@@ -449,5 +458,6 @@ def finish(cfg: TrainConfig, info: DistInfo, state: TrainState, built: BuiltMode
                 cfg.checkpoint.output_dir / "metrics.jsonl", cfg.checkpoint.output_dir / "metrics.png"
             )
         except ImportError:
-            log(info, "matplotlib is not installed: no metrics.png (pip install 'kernelguard[train]')")
-    log(info, f"done: {data.plan.stop_step} steps; output in {cfg.checkpoint.output_dir}")
+            log(info, f"matplotlib is not installed: no metrics.png ({extra_command('train')})")
+    steps = data.plan.stop_step
+    log(info, f"done: {steps} step{'' if steps == 1 else 's'}; output in {cfg.checkpoint.output_dir}")

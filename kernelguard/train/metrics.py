@@ -28,6 +28,7 @@ from typing import Any
 
 from kernelguard.errors import ConfigError
 from kernelguard.geometry import GdnDims, attention_dims, field, gdn_dims, layer_types, text_config
+from kernelguard.install import extra_command
 
 from .logs import logger
 
@@ -157,8 +158,8 @@ def check_trackers(names: Sequence[str]) -> None:
         module, package = TRACKERS[name]
         if importlib.util.find_spec(module) is None:
             raise ConfigError(
-                f"--report-to {name}: the {package} package is not installed.",
-                fix=f"pip install 'kernelguard[{name}]' (or pip install {package}), or leave --report-to {name} out",
+                f"--report-to {name}: the {package} package is not installed (or leave --report-to {name} out).",
+                fix=extra_command(name),
             )
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shlex
 import shutil
 import struct
 from dataclasses import dataclass, field
@@ -212,11 +214,7 @@ def check_inputs(cfg: TrainConfig) -> None:
 
     tokenizer = Path(str(cfg.model.tokenizer))
     if not tokenizer.is_dir():
-        what = "is a file" if tokenizer.is_file() else "does not exist"
-        raise ConfigError(
-            f"tokenizer {tokenizer} {what}; expected a local tokenizer folder.",
-            fix="pass --tokenizer DIR (needed when --model is a config.json)",
-        )
+        raise _no_tokenizer(cfg, tokenizer)
     template = cfg.model.chat_template
     if template and (template.endswith(".jinja") or os.sep in template) and not Path(template).is_file():
         raise ConfigError(f"chat template file {template} does not exist.", fix="check --chat-template")
@@ -233,6 +231,23 @@ def check_inputs(cfg: TrainConfig) -> None:
                 "its eval loss would measure memorisation, not generalisation.",
                 fix="pass held-out rows as --eval-data, or --eval-fraction 0.05 to hold some out of --data",
             )
+
+
+def _no_tokenizer(cfg: TrainConfig, tokenizer: Path) -> ConfigError:
+    what = "is a file" if tokenizer.is_file() else "does not exist"
+    hub_id = not tokenizer.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", str(tokenizer)) is not None
+    download = f"hf download {tokenizer} --local-dir {shlex.quote(tokenizer.name)}" if hub_id else None
+    if str(cfg.model.tokenizer) != str(cfg.model.model):
+        return ConfigError(f"--tokenizer {tokenizer} {what}; expected a local tokenizer folder (nothing is "
+                           "downloaded).", fix=download)
+    if Path(str(cfg.model.model)).suffix == ".json":
+        return ConfigError(f"--model {cfg.model.model} is a config.json, which holds no tokenizer: pass "
+                           "--tokenizer DIR, a local tokenizer folder.")
+    return ConfigError(
+        f"--model {cfg.model.model} {what}; expected a local model folder (its tokenizer is read from it unless "
+        "--tokenizer DIR is given) or a config.json. Nothing is downloaded.",
+        fix=download,
+    )
 
 
 def check_output(output: Path, *, need_bytes: int) -> None:

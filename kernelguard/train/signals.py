@@ -26,7 +26,50 @@ from typing import Any
 
 from kernelguard.errors import EXIT_PREEMPTED, KernelGuardError
 
-__all__ = ["Preempted", "StopRequest", "die_with_parent", "stop_request"]
+__all__ = [
+    "Preempted",
+    "StopRequest",
+    "die_with_parent",
+    "remember_command",
+    "resume_command",
+    "stop_request",
+    "stopped_lines",
+]
+
+_COMMAND: list[str] = []  # this run's `kernelguard train` arguments, as typed (every rank gets them all)
+
+
+def remember_command(argv: list[str]) -> None:
+    _COMMAND[:] = argv
+
+
+def resume_command(flag: str = "--resume") -> str:
+    """The exact command line that continues this run: its own arguments plus ``flag``. Under plain torchrun
+    the torchrun options are not known here, so they are named as a placeholder to keep."""
+    import shlex
+
+    args = list(_COMMAND) + ([] if flag in _COMMAND else [flag])
+    if "LOCAL_RANK" in os.environ and "KERNELGUARD_LAUNCH_DIR" not in os.environ:
+        return f"torchrun TORCHRUN_OPTIONS -m kernelguard.train {shlex.join(args)}"
+    return f"kernelguard train {shlex.join(args)}"
+
+
+def stopped_lines(output: Any, how: str) -> list[str]:
+    """What a stopped run says last: what was saved, and on a line of its own the command to paste."""
+    from pathlib import Path
+
+    from .checkpoint import complete_checkpoints
+    from .preflight import run_artifacts
+
+    done = complete_checkpoints(Path(output)) if output is not None else []
+    if done:
+        newest = done[-1][1].name
+        return [f"kernelguard train: {how}; the newest checkpoint is {newest}. Continue exactly from it with:",
+                resume_command()]
+    if output is not None and run_artifacts(Path(output)):
+        said = f"kernelguard train: {how} before any checkpoint was saved (--save-steps N saves every N steps)."
+        return [f"{said} Start again with:", resume_command("--overwrite")]
+    return [f"kernelguard train: {how}; nothing was written. Start again with the same command."]
 
 _PR_SET_PDEATHSIG = 1
 

