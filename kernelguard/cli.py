@@ -55,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
 
     lock = sub.add_parser(
         "lock",
+        **wrapped,
         help="check, then write kernelguard.lock: the verified stack, enforced at job start with --lock",
         description="Run the check and, when it passes, write the lock of the stack it verified (schema in "
         "docs/lock.md). Jobs enforce it with `kernelguard check --lock`, `kernelguard train --lock`, "
@@ -64,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_check_arguments(lock)
     lock.add_argument("--output", "-o", default="kernelguard.lock", metavar="FILE", help="[default: kernelguard.lock]")
 
-    env = sub.add_parser("env", help="a paste-ready bug-report block: the stack, fla's backend, each kernel's provider")
+    env = sub.add_parser("env", **wrapped, help="a paste-ready bug-report block: the stack, fla's backend, each kernel's provider")
     env.add_argument("--model", help="family, config.json or model folder whose providers to list [default: qwen3_5]")
     env.add_argument("--arch", action="append", metavar="CC", help="target compute capability (default: visible GPUs)")
     env.add_argument("--json", action="store_true", help="machine-readable (the same facts)")

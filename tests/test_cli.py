@@ -153,7 +153,8 @@ def test_default_check_fails_with_the_whole_trace(tmp_path: Path) -> None:
     )
     assert lines[1] == "target: GPU arch unknown (no GPU visible, no --arch)"  # once, not "unknown (unknown ..."
     assert re.match(rf"torch {re.escape(TORCH)} \(no CUDA, (pre-)?cxx11 ABI\) \| Triton ", lines[2]), lines[2]
-    assert lines[2].endswith("| no GPU visible")
+    env = " ".join([lines[2], *(line.strip() for line in lines[3:4] if line.startswith("  "))])  # may wrap at 100
+    assert env.endswith("| no GPU visible"), env
     for name in ("causal_conv1d_fn", "chunk_gated_delta_rule", "varlen_attention"):
         assert f"{name:<34} FAIL  no fast provider: the torch reference path would run" in lines
     text = proc.stdout

@@ -138,8 +138,7 @@ def one_rank_group() -> Any:
 def test_the_divergence_error_names_the_step_the_value_and_the_fix(tmp_path: Path) -> None:
     from kernelguard.errors import EXIT_DIVERGED
     from kernelguard.train.config_cli import parse_args
-    from kernelguard.train.loop import diverged
-    from kernelguard.train.step import StepResult
+    from kernelguard.train.step import StepResult, diverged
 
     cfg = parse_args(["--model", "m", "--data", "d.jsonl", "--output-dir", str(tmp_path), "--learning-rate", "1e6"])
     error = diverged(cfg, 3, StepResult(float("nan"), 10, float("inf"), 1e6, finite=False))

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import torch
 
-from kernelguard.errors import CheckpointError, TrainingDiverged
+from kernelguard.errors import CheckpointError
 from kernelguard.gate import check_stack, run_gate
 from kernelguard.install import extra_command
 from kernelguard.policy import AllowPolicy
@@ -67,6 +66,7 @@ from .step import (
     Plan,
     StepResult,
     TrainState,
+    diverged,
     dropped_blocks_note,
     extended_schedule_note,
     make_plan,
@@ -366,26 +366,6 @@ def stop_for_sigterm(
         f"kernelguard train: stopped by SIGTERM after step {step} of {plan.stop_step}; {what} (exit 143). "
         f"Continue exactly from step {step} with the command below.",
         fix=resume_command(),
-    )
-
-
-def diverged(cfg: TrainConfig, step: int, result: StepResult) -> TrainingDiverged:
-    """The error for a step whose loss or gradient norm was not finite (its update was not applied)."""
-    which = ", ".join(
-        f"{name} is {value}" for name, value in (("loss", result.loss), ("gradient norm", result.grad_norm))
-        if not math.isfinite(value)
-    )
-    saved = ckpt.complete_checkpoints(cfg.checkpoint.output_dir)
-    kept = f"the last good checkpoint is {saved[-1][1]}" if saved else "no checkpoint was saved before it"
-    opt = cfg.optimizer
-    return TrainingDiverged(
-        f"step {step}: {which}; training diverged and stopped before applying that step. Nothing was saved or "
-        f"exported after it; {kept}.",
-        fix=f"lower --learning-rate (now {opt.learning_rate:g}) or raise --warmup-steps (now {opt.warmup_steps}); "
-        f"keep --max-grad-norm above 0 (now {opt.max_grad_norm:g})"
-        + ("; prefer --param-dtype bf16 to fp16" if cfg.runtime.param_dtype == "fp16" else "")
-        + "; then --resume from the last good checkpoint (or --overwrite to start again)",
-        details={"step": step, "loss": result.loss, "grad_norm": result.grad_norm},
     )
 
 

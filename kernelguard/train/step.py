@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from kernelguard.errors import DataError
+from kernelguard.errors import DataError, TrainingDiverged
 
 from .loss import linear_cross_entropy
 from .packing import IGNORE_INDEX, shard_blocks
@@ -35,6 +35,7 @@ __all__ = [
     "StepResult",
     "TrainState",
     "clip_gradients",
+    "diverged",
     "dropped_blocks_note",
     "extended_schedule_note",
     "forward_backward",
@@ -280,3 +281,25 @@ def optimizer_step(state: TrainState, micro: list[dict[str, Any]]) -> StepResult
         state.scheduler.step()
     state.optimizer.zero_grad(set_to_none=True)
     return StepResult(loss, int(tokens), grad_norm, lr, finite)
+
+
+def diverged(cfg: Any, step: int, result: StepResult) -> TrainingDiverged:
+    """The error for a step whose loss or gradient norm was not finite (its update was not applied)."""
+    which = ", ".join(
+        f"{name} is {value}" for name, value in (("loss", result.loss), ("gradient norm", result.grad_norm))
+        if not math.isfinite(value)
+    )
+    from . import checkpoint as ckpt
+
+    saved = ckpt.complete_checkpoints(cfg.checkpoint.output_dir)
+    kept = f"the last good checkpoint is {saved[-1][1]}" if saved else "no checkpoint was saved before it"
+    opt = cfg.optimizer
+    return TrainingDiverged(
+        f"step {step}: {which}; training diverged and stopped before applying that step. Nothing was saved or "
+        f"exported after it; {kept}.",
+        fix=f"lower --learning-rate (now {opt.learning_rate:g}) or raise --warmup-steps (now {opt.warmup_steps}); "
+        f"keep --max-grad-norm above 0 (now {opt.max_grad_norm:g})"
+        + ("; prefer --param-dtype bf16 to fp16" if cfg.runtime.param_dtype == "fp16" else "")
+        + "; then --resume from the last good checkpoint (or --overwrite to start again)",
+        details={"step": step, "loss": result.loss, "grad_norm": result.grad_norm},
+    )
