@@ -53,7 +53,9 @@ def lock_path(lock: str | os.PathLike[str] | None) -> str | None:
 # ------------------------------------------------------------------------------------------------ build ---
 def _kernelguard_version() -> str:
     try:
-        return metadata.version("kernelguard")
+        from .install import DISTRIBUTION
+
+        return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:  # a source checkout on PYTHONPATH
         from importlib import import_module
 

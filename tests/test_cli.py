@@ -474,7 +474,7 @@ def test_version_flag_prints_the_installed_release(capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit) as info:
         main(["--version"])
     assert info.value.code == 0
-    assert capsys.readouterr().out == f"kernelguard {metadata.version('kernelguard')}\n"
+    assert capsys.readouterr().out == f"kernelguard {metadata.version('kernelguard-gdn')}\n"
 
 
 def test_top_level_help_lists_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
