@@ -463,7 +463,7 @@ def test_issues_lists_every_known_issue_and_policy_allow(tmp_path: Path) -> None
     for issue in KNOWN_ISSUES:
         at = lines.index(issue.id)
         block = " ".join(line.strip() for line in lines[at + 1 : lines.index("", at)])  # wrapped at 100 columns
-        fix = " ".join(line.strip() for line in fix_lines(issue.fix, width=100, indent=2))
+        fix = " ".join(line.strip() for line in "\n".join(fix_lines(issue.fix, width=100, indent=2)).splitlines())
         expected = [issue.title, f"effect: {issue.effect}", fix, f"source: {issue.source}"]
         expected += [f"measured: {issue.evidence}"] if issue.evidence else []
         assert [part for part in expected if part not in block] == [], (issue.id, block)
