@@ -22,7 +22,9 @@ import pytest
 from check_helpers import write_distribution
 
 from kernelguard import discovery
+from kernelguard.install import DISTRIBUTION
 from kernelguard.known_issues import KNOWN_ISSUES
+from kernelguard.report import fix_lines
 
 FAKE_PROVIDERS = Path(__file__).resolve().parent / "fake_providers"
 ALLOW_ALL = ("--allow", "chunk_gated_delta_rule", "--allow", "causal_conv1d_fn", "--allow", "attention")
@@ -153,8 +155,7 @@ def test_default_check_fails_with_the_whole_trace(tmp_path: Path) -> None:
     )
     assert lines[1] == "target: GPU arch unknown (no GPU visible, no --arch)"  # once, not "unknown (unknown ..."
     assert re.match(rf"torch {re.escape(TORCH)} \(no CUDA, (pre-)?cxx11 ABI\) \| Triton ", lines[2]), lines[2]
-    env = " ".join([lines[2], *(line.strip() for line in lines[3:4] if line.startswith("  "))])  # may wrap at 100
-    assert env.endswith("| no GPU visible"), env
+    assert " ".join(line.strip() for line in lines[2:4]).endswith("| no GPU visible")  # wrapped at 100
     for name in ("causal_conv1d_fn", "chunk_gated_delta_rule", "varlen_attention"):
         assert f"{name:<34} FAIL  no fast provider: the torch reference path would run" in lines
     text = proc.stdout
@@ -167,7 +168,7 @@ def test_default_check_fails_with_the_whole_trace(tmp_path: Path) -> None:
         line.strip() for line in lines
     )
     assert "  [!] fallback  torch reference" in lines
-    assert lines[-1] == (
+    assert _verdict(proc.stdout) == (
         "verdict: FAIL - 3 of 3 required kernels would run a slow fallback: causal_conv1d_fn, "
         "chunk_gated_delta_rule, varlen_attention (exit 1)"
     )
@@ -180,7 +181,7 @@ def test_allowed_fallbacks_exit_0_for_unpacked_training(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert f"{'chunk_gated_delta_rule':<34} OK    torch reference, explicitly allowed" in lines
-    assert lines[-1] == (
+    assert _verdict(proc.stdout) == (
         "verdict: OK - all 2 required kernels are served; allowed fallbacks: causal_conv1d_fn, "
         "chunk_gated_delta_rule; 1 item(s) not checked here (see above) (exit 0)"
     )
@@ -196,10 +197,15 @@ def test_allowing_gdn_fallbacks_cannot_pass_packed_training(tmp_path: Path) -> N
     assert f"{'varlen_attention':<34} OK    torch reference, explicitly allowed" in lines
     assert "the torch reference cannot keep packed examples apart" in text
     assert "fix: install a fast provider above, or check unpacked training with --no-packed" in text
-    assert lines[-1] == (
+    assert _verdict(proc.stdout) == (
         "verdict: FAIL - 2 of 3 required kernels would run a slow fallback: causal_conv1d_fn, "
         "chunk_gated_delta_rule (exit 1)"
     )
+
+
+def _verdict(stdout: str) -> str:
+    """The report's last paragraph, the verdict, unwrapped."""
+    return "verdict: " + " ".join(line.strip() for line in stdout.split("\nverdict: ", 1)[1].splitlines())
 
 
 def _console_script() -> str | None:
@@ -214,7 +220,7 @@ def test_console_script_is_the_same_command(tmp_path: Path) -> None:
     assert script is not None
     ok = kg("check", *ALLOW_ALL, "--no-packed", "--arch", "9.0", cwd=tmp_path, command=(script,))
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert ok.stdout.splitlines()[-1] == (
+    assert _verdict(ok.stdout) == (
         "verdict: OK - all 2 required kernels are served; allowed fallbacks: "
         "causal_conv1d_fn, chunk_gated_delta_rule (exit 0)"
     )
@@ -456,12 +462,14 @@ def test_issues_lists_every_known_issue_and_policy_allow(tmp_path: Path) -> None
     proc = kg("issues", cwd=tmp_path)
     assert proc.returncode == 0 and proc.stderr == ""
     lines = proc.stdout.splitlines()
+    assert all(len(line) <= 100 for line in lines if not line.lstrip().startswith(("fix: ", "or: ")))
     for issue in KNOWN_ISSUES:
         at = lines.index(issue.id)
-        expected = [f"  {issue.title}", f"  effect: {issue.effect}"]
-        expected += [f"  measured: {issue.evidence}"] if issue.evidence else []
-        expected += [f"  fix: {issue.fix}", f"  source: {issue.source}"]
-        assert lines[at + 1 : at + 1 + len(expected)] == expected
+        block = " ".join(line.strip() for line in lines[at + 1 : lines.index("", at)])  # wrapped at 100 columns
+        fix = " ".join(line.strip() for line in "\n".join(fix_lines(issue.fix, width=100, indent=2)).splitlines())
+        expected = [issue.title, f"effect: {issue.effect}", fix, f"source: {issue.source}"]
+        expected += [f"measured: {issue.evidence}"] if issue.evidence else []
+        assert [part for part in expected if part not in block] == [], (issue.id, block)
     assert sum(line.startswith("  measured: ") for line in lines) == sum(bool(i.evidence) for i in KNOWN_ISSUES) == 2
     assert "other --allow values:" in lines
     assert any(line.startswith("  attention: ") for line in lines)
@@ -474,7 +482,7 @@ def test_version_flag_prints_the_installed_release(capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit) as info:
         main(["--version"])
     assert info.value.code == 0
-    assert capsys.readouterr().out == f"kernelguard {metadata.version('kernelguard-gdn')}\n"
+    assert capsys.readouterr().out == f"kernelguard {metadata.version(DISTRIBUTION)}\n"
 
 
 def test_top_level_help_lists_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
@@ -551,7 +559,7 @@ def test_fake_providers_serve_the_kernels_until_fla_640_applies(tmp_path: Path) 
         "fla-640-refusal (" in text
     )
     assert "causal_conv1d 1.6.0+kernelguard.fake imports causal_conv1d.causal_conv1d_fn." in text
-    assert lines[-1] == (
+    assert _verdict(proc.stdout) == (
         "verdict: OK - all 3 required kernels are served; allowed fallbacks: varlen_attention (exit 0)"
     )
 
