@@ -276,9 +276,9 @@ def test_leaky_control_differs_from_packed_and_says_so(quality_runs: dict[str, A
     warnings = [line for line in quality_runs["leaky.stderr"].splitlines() if "--packing leaky" in line]
     assert warnings and "WARNING" in warnings[0], quality_runs["leaky.stderr"][-2000:]
     assert "--packing leaky" not in quality_runs["packed.stderr"]
-    # naive withholds the attention boundaries too (positions run on): a larger leak than leaky's
+    # naive withholds the attention boundaries too (positions run on)
     naive = _step_gaps(quality_runs["naive"], packed, "loss")
-    assert min(naive) > 50 * noise and naive[-1] > gaps[-1], (naive, gaps)
+    assert min(naive) > 50 * noise, (naive, noise)
     assert "WARNING: --packing naive is a deliberate bug" in quality_runs["naive.stderr"]
     first_k = [r for r in quality_runs["packed"] if "eval_loss_first_k" in r]
     assert len(first_k) == STEPS // 2 and all(0 < r["eval_tokens_first_k"] < r["eval_tokens"] for r in first_k)

@@ -14,7 +14,8 @@ wrote; the others are read at the same step, ``eval_step`` in the JSON).
 
 - **method gap** (padded vs packed): the difference of the mean eval losses against the seed spread
   (the larger of the two modes' max - min). They *agree* when the difference is within that spread AND within
-  ``AGREE_REL`` (0.5%) of padded's mean;
+  ``AGREE_REL`` (0.5%) of padded's mean. Beside it, ``paired_by_seed``: packed minus padded for each seed both
+  ran (same init and blocks, only the layout differs; not part of the verdict);
 - **control gap** (each control vs packed): the difference against packed's mean, in units of the seed spread;
   the control is *detected* when it is more than ``CONTROL_MARGIN`` spreads away;
 - the same two on the first-K-token loss;
@@ -120,6 +121,16 @@ def _by_mode(summaries: dict[str, dict[int, Any]], key: str, step: int) -> dict[
     return out
 
 
+def _paired(summaries: dict[str, dict[int, Any]], key: str, step: int) -> dict[str, float]:
+    """Seed -> packed minus padded of the same seed (same init, same blocks: only the layout differs)."""
+    out = {}
+    for seed in sorted(set(summaries.get("packed", {})) & set(summaries.get("none", {}))):
+        a, b = (summaries[m][seed].get("by_step", {}).get(step, {}).get(key) for m in ("packed", "none"))
+        if a is not None and b is not None:
+            out[str(seed)] = a - b
+    return out
+
+
 def _method_gap(stats: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     if "packed" not in stats or "none" not in stats:
         return None
@@ -164,6 +175,8 @@ def compare(runs: dict[str, dict[int, Any]], unigram: dict[str, Any] | None) -> 
         stats = _by_mode(summaries, key, step) if step is not None else {}
         result["modes"][label] = stats
         result["method_gap"][label] = _method_gap(stats)
+        if result["method_gap"][label] is not None and step is not None:
+            result["method_gap"][label]["paired_by_seed"] = _paired(summaries, key, step)
         result["control_gap"][label] = _control_gaps(stats)
     if unigram is not None:
         result["unigram_eval_cross_entropy"] = unigram["eval_cross_entropy"]
@@ -252,7 +265,8 @@ def plot(runs: dict[str, dict[int, Any]], png: Path, unigram: float | None = Non
     axes[2].axhline(0.0, color="black", lw=0.5)
     axes[2].set_xlabel("step")
     axes[2].set_ylabel("eval loss difference")
-    axes[2].legend(fontsize=8)
+    if axes[2].get_legend_handles_labels()[0]:
+        axes[2].legend(fontsize=8)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
