@@ -92,6 +92,8 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     packed = cfg.packing.packing != PADDED  # padded batches carry no boundaries a torch reference could drop
     stack = check_stack(str(cfg.model.model), allow=policy, packed=packed, device=info.device)
     built = build_model(model=cfg.model, runtime=cfg.runtime, info=info, padded=not packed)
+    for warning in built.weight_plan.warnings if built.weight_plan is not None else ():
+        log(info, f"warning: weights: {warning}", logging.WARNING)
     on_main(info, lambda: check_checkpoint_shapes(built.model, start.resume_from))  # before anything is written
     report = run_gate(built.model, policy=policy, packed=packed, stack=stack)
     try:
