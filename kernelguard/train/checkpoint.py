@@ -17,6 +17,7 @@ import os
 import pickle
 import random
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -226,8 +227,10 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     is_main: bool,
     keep: int | None = None,
+    carry: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write ``step_N`` atomically (all ranks), seal it with its manifest, then apply ``keep`` (retention)."""
+    """Write ``step_N`` atomically (all ranks), seal it with its manifest, then apply ``keep`` (retention).
+    ``carry`` (rank 0) adds files into the folder before it is sealed (kernelguard.train.provenance)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -249,6 +252,8 @@ def save_checkpoint(
     if is_main:
         try:
             (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
+            if carry is not None:
+                carry(tmp)
             write_manifest(tmp, step)
             if final.exists():
                 shutil.rmtree(final)

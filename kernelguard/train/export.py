@@ -17,11 +17,13 @@ renames ``final.tmp/`` to ``final/``: there is never a half-written ``final/``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
 import struct
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +33,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kernelguard.errors import EXIT_OK, EXIT_USAGE, CheckpointError, ConfigError
+from kernelguard.errors import (
+    EXIT_FAIL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CheckpointError,
+    ConfigError,
+    KernelGuardError,
+)
 
 from .config_rules import DEFAULT_MAX_SHARD_SIZE, parse_size
 from .write_errors import write_failure
@@ -46,6 +56,7 @@ __all__ = [
 ]
 
 PIECES = ".pieces"
+MANY_SHARDS = 1000  # more files than this is said: one file per tensor is rarely what was meant
 GENERATION_CONFIG = "generation_config.json"
 _CODES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -252,6 +263,9 @@ def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: t
     tensors = export_tensors({k: tuple(v.shape) for k, v in state.items()}, plan=built.weight_plan, tied=tied,
                              dtype=dtype)
     del state
+    many = many_shards_warning(len(plan_shards(tensors, parse_size(max_shard_size))), parse_size(max_shard_size))
+    if many and info.is_main:
+        print(f"kernelguard train: warning: {many}", file=sys.stderr, flush=True)
     shards: list[list[OutTensor]] = []
     error: BaseException | None = None
     after = "--resume (the last checkpoint is complete; the resumed run only exports)"
@@ -277,51 +291,200 @@ def _failure(tmp: Path, e: BaseException, *, output: Path, tensors: list[OutTens
 
 
 def export_checkpoint(checkpoint: Path, *, output: Path | None = None,
-                      max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE) -> Path:
+                      max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE, overwrite: bool = False,
+                      accept_changed_tokenizer: bool = False) -> Path:
     """``final/`` (or ``output``) from a verified training checkpoint ``OUTPUT/checkpoints/step_N``, with the
-    run's model (and its generation_config.json), tokenizer, chat template and dtype from
-    ``OUTPUT/train_config.json``. Every rank of a process
-    group writes its share of the shards; alone, this process writes them all."""
-    from .checkpoint import MARKER, verify_checkpoint
-    from .data import load_tokenizer
-    from .parallel import DTYPES, build_meta_model, model_source
-    from .weights import plan_weights
+    model config, tokenizer, chat template and weight layout the checkpoint carries (``source/``,
+    kernelguard.train.provenance; older checkpoints: the folders ``OUTPUT/train_config.json`` names, compared
+    with the run's record) and the dtype from ``train_config.json``. Every rank of a process group writes its
+    share of the shards; alone, this process writes them all.
 
-    checkpoint = Path(checkpoint)
+    Refused before anything is written: a live run in the checkpoint's folder (its lock, naming its pid),
+    another export writing ``output``, an existing ``output`` unless ``overwrite``, a destination that is not
+    writable or has no room. A write that fails midway leaves no ``output`` and no ``.tmp`` folder."""
+    from .checkpoint import MARKER, verify_checkpoint
+
+    checkpoint = Path(checkpoint).expanduser()
     if not (checkpoint / MARKER).is_file():
         raise CheckpointError(f"{checkpoint} is not a complete kernelguard checkpoint (it has no {MARKER}).",
                               fix="pass OUTPUT/checkpoints/step_N of a run")
-    problem = verify_checkpoint(checkpoint)
-    if problem is not None:
-        raise CheckpointError(f"checkpoint {checkpoint} is unusable: {problem}",
-                              fix="export an older checkpoint of the run (OUTPUT/checkpoints/step_N)")
-    saved = _run_config(checkpoint.parent.parent)
-    final = Path(output) if output is not None else checkpoint.parent.parent / "final"
-    if final.exists():
-        raise ConfigError(f"{final} already exists.", fix="pass --output NEW_DIR, or delete it first")
-    config, weights = model_source(str(saved["model"]))
+    run = checkpoint.parent.parent
+    saved = _run_config(run)
+    final = Path(output).expanduser() if output is not None else run / "final"
+    max_bytes = parse_size(max_shard_size, source="--max-shard-size")
+    check_destination(final, overwrite=overwrite)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    with contextlib.ExitStack() as held:
+        if rank == 0:
+            from .lock import acquire
+
+            if os.access(run, os.W_OK):  # a read-only run folder (an archive) has no live run to refuse
+                held.enter_context(acquire(run, flag="CHECKPOINT_DIR", refusal=_run_in_use))
+            held.enter_context(acquire(final.parent, name=f".{final.name}.kernelguard-export.lock",
+                                       flag="--output", refusal=_export_in_use))
+            check_destination(final, overwrite=overwrite)  # again, under the lock: another export just finished
+            problem = verify_checkpoint(checkpoint)
+            if problem is not None:
+                raise CheckpointError(f"checkpoint {checkpoint} is unusable: {problem}",
+                                      fix="export an older checkpoint of the run (OUTPUT/checkpoints/step_N)")
+        return _export_locked(checkpoint, saved, final, max_bytes=max_bytes, rank=rank, world=world,
+                              accept_changed_tokenizer=accept_changed_tokenizer)
+    raise AssertionError("unreachable")
+
+
+def _export_locked(checkpoint: Path, saved: dict[str, Any], final: Path, *, max_bytes: int, rank: int,
+                   world: int, accept_changed_tokenizer: bool) -> Path:
+    from .parallel import DTYPES, build_meta_model
+
+    source = _export_source(checkpoint, saved, accept_changed_tokenizer=accept_changed_tokenizer)
+    config = source.config
     meta = build_meta_model(config, attn_implementation="sdpa")
-    plan = plan_weights(meta, weights)[0] if weights is not None else None
+    plan = source.plan(meta)
     tied = bool(getattr(config.get_text_config(), "tie_word_embeddings", False))
     dtype = DTYPES[str(saved.get("param_dtype", "bf16"))]
     tensors = export_tensors({k: tuple(v.shape) for k, v in meta.state_dict().items()}, plan=plan, tied=tied,
                              dtype=dtype, key_prefix="model.")  # the checkpoint holds {"model": ..., "optim": ...}
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    need = sum(t.nbytes for t in tensors)
+    check_room(final, need_bytes=need)
+    many = many_shards_warning(len(plan_shards(tensors, max_bytes)), max_bytes)
+    if many and rank == 0:
+        print(f"kernelguard export: warning: {many}", file=sys.stderr, flush=True)
     tmp = final.with_name(final.name + ".tmp")
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    if world > 1:
-        dist.barrier()
-    shards = write_shards(tmp, tensors, _Source(checkpoint, plan), max_bytes=parse_size(max_shard_size),
-                          rank=rank, world=world)
-    if world > 1:
-        dist.barrier()
-    if rank == 0:
-        tokenizer = load_tokenizer(str(saved.get("tokenizer") or saved["model"]),
-                                   chat_template=saved.get("chat_template"))
-        finalize(tmp, final, shards, config=config, tokenizer=tokenizer, dtype=dtype, source=saved["model"])
+    finished = False
+    try:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # a crashed export's leftovers: under the lock, ours to clear
+            tmp.mkdir(parents=True)
+        if world > 1:
+            dist.barrier()
+        shards = write_shards(tmp, tensors, _Source(checkpoint, plan), max_bytes=max_bytes, rank=rank, world=world)
+        if world > 1:
+            dist.barrier()
+        if rank == 0:
+            from .data import load_tokenizer
+
+            tokenizer = load_tokenizer(str(source.tokenizer), chat_template=source.chat_template)
+            finalize(tmp, final, shards, config=config, tokenizer=tokenizer, dtype=dtype, source=source.folder)
+        finished = True
+    except Exception as e:  # noqa: BLE001 - disk full, permissions: one line naming the cause, nothing left
+        raise write_failure(f"exporting {checkpoint} to {final}", e, folder=final.parent, need_bytes=need,
+                            after="run the same `kernelguard export` again") from None
+    finally:
+        if not finished and rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def many_shards_warning(count: int, max_bytes: int) -> str | None:
+    """A line when ``--max-shard-size`` makes an export of more than :data:`MANY_SHARDS` files."""
+    if count <= MANY_SHARDS:
+        return None
+    return (f"--max-shard-size {max_bytes:,} bytes splits the export into {count:,} files (more than "
+            f"{MANY_SHARDS:,}: one per tensor, at worst); file systems and the Hub handle fewer, larger files "
+            "better: the default is 5GB")
+
+
+def check_destination(final: Path, *, overwrite: bool) -> None:
+    """``final`` does not exist (or ``overwrite``), and its nearest existing folder is a writable folder."""
+    if final.exists() and not overwrite:
+        raise ConfigError(f"--output {final} already exists.",
+                          fix="pass --output NEW_DIR, or --overwrite to replace it")
+    if final.exists() and not final.is_dir():
+        raise ConfigError(f"--output {final} is a file.", fix="pass --output NEW_DIR")
+    existing = final.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"--output {final}: {existing} is a file, not a folder.", fix="pass --output NEW_DIR")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        readonly = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+        why = "is on a read-only file system" if readonly else f"is not writable by this user (uid {os.getuid()})"
+        raise ConfigError(f"--output {final}: {existing} {why}.",
+                          fix="pass --output DIR on a writable disk")
+
+
+def check_room(final: Path, *, need_bytes: int) -> None:
+    from .write_errors import disk_free
+
+    free = disk_free(final.parent)
+    if free is not None and free < need_bytes:
+        raise ConfigError(
+            f"--output {final}: {free / 2**30:.2f} GiB free on its disk; the export needs "
+            f"{need_bytes / 2**30:.2f} GiB.", fix="free disk space, or pass --output DIR on a larger disk")
+
+
+def _run_in_use(run: Path, who: str) -> CheckpointError:
+    return CheckpointError(
+        f"{run} is in use ({who}): a live run writes its own final/ and checkpoints there, and an export "
+        "meanwhile would race it.",
+        fix="wait for that process to finish (or stop it), then export; a finished run has final/ already")
+
+
+def _export_in_use(folder: Path, who: str) -> CheckpointError:
+    return CheckpointError(f"another export is writing into {folder} right now ({who}).",
+                           fix="wait for it to finish, or pass another --output")
+
+
+@dataclass(frozen=True, slots=True)
+class _ExportSource:
+    """Where an export of a checkpoint reads its config, tokenizer and carried tensors from."""
+
+    config: Any
+    tokenizer: Path
+    chat_template: str | None
+    folder: Path | None  # its generation_config.json is kept
+    model: Path  # the run's model folder: the carried tensors' files
+    multimodal: bool
+    carried: tuple[str, ...]
+
+    def plan(self, meta: Any) -> Any:
+        from .weights import SourceLayout, WeightPlan, plan_weights
+
+        if self.carried or (self.model.is_dir() and not self.multimodal and self.folder == self.model):
+            if not (self.model / "config.json").is_file():
+                raise CheckpointError(
+                    f"this checkpoint copies {len(self.carried)} tensor(s) (e.g. {self.carried[0]}) unchanged "
+                    f"from the run's model folder {self.model}, which is gone.",
+                    fix=f"restore {self.model} (the folder the run trained from) at that path; the trained "
+                    "weights come from the checkpoint")
+            return plan_weights(meta, self.model)[0]
+        layout = SourceLayout(self.model, {}, self.multimodal)
+        names = {k: layout.file_key(k) for k in meta.state_dict()}
+        return WeightPlan(layout, names, (), False)
+
+
+def _export_source(checkpoint: Path, saved: dict[str, Any], *, accept_changed_tokenizer: bool) -> _ExportSource:
+    from .checkpoint import read_trainer_state
+    from .parallel import model_source
+    from .provenance import read_source, tokenizer_changes
+
+    record = read_source(checkpoint)
+    if record is not None:
+        config, _ = model_source(str(record["config_path"]))
+        chat = record["chat_template_path"]
+        return _ExportSource(config, record["tokenizer_path"], str(chat) if chat else None,
+                             checkpoint / "source", Path(record["model"]), bool(record["multimodal"]),
+                             tuple(record["carried"]))
+    # A checkpoint from before checkpoints carried their sources: the folders the run named, as they are now.
+    model, tokenizer = Path(str(saved["model"])), Path(str(saved.get("tokenizer") or saved["model"]))
+    for what, path in (("model", model), ("tokenizer", tokenizer)):
+        if not path.exists():
+            raise CheckpointError(
+                f"the run's {what} {path} (named in {checkpoint.parent.parent / 'train_config.json'}) is gone, "
+                "and this checkpoint was written before checkpoints carried their config and tokenizer.",
+                fix=f"restore {path} at that path, then export again")
+    identity = read_trainer_state(checkpoint).get("identity") or {}
+    changes = tokenizer_changes(identity, tokenizer=str(tokenizer), chat_template=saved.get("chat_template"))
+    if changes and not accept_changed_tokenizer:
+        raise CheckpointError(
+            "; ".join(changes) + f" (the record is {checkpoint / 'trainer.json'}): the export would ship a "
+            "tokenizer the model was not trained with.",
+            fix="restore the files the run trained with, or pass --accept-changed-tokenizer to export with "
+            "them as they are now")
+    config, weights = model_source(str(model))
+    layout_folder = weights if weights is not None else model
+    return _ExportSource(config, tokenizer, saved.get("chat_template"), model if model.is_dir() else None,
+                         layout_folder, False, ())
 
 
 def _run_config(run: Path) -> dict[str, Any]:
@@ -340,9 +503,9 @@ def _run_config(run: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``kernelguard export CHECKPOINT_DIR [--output DIR] [--max-shard-size SIZE]``; EXIT_USAGE on a bad input."""
+    """``kernelguard export CHECKPOINT_DIR [--output DIR] [--max-shard-size SIZE] [--overwrite]
+    [--accept-changed-tokenizer]``; EXIT_USAGE on a bad input or a refused export, 130 on Ctrl-C."""
     import argparse
-    import sys
 
     parser = argparse.ArgumentParser(
         prog="kernelguard export",
@@ -353,11 +516,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, metavar="DIR", help="where to write it [default: OUTPUT/final]")
     parser.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE, metavar="SIZE",
                         help="largest safetensors file: 5GB (default), 500MB, or bytes")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output folder")
+    parser.add_argument("--accept-changed-tokenizer", action="store_true",
+                        help="export with the run's tokenizer / chat template files as they are now, though they "
+                        "changed since it trained (checkpoints without their own copy only)")
     args = parser.parse_args(argv)
     try:
-        final = export_checkpoint(args.checkpoint, output=args.output, max_shard_size=args.max_shard_size)
+        final = export_checkpoint(args.checkpoint, output=args.output, max_shard_size=args.max_shard_size,
+                                  overwrite=args.overwrite, accept_changed_tokenizer=args.accept_changed_tokenizer)
     except ConfigError as e:
         print(f"kernelguard export: error: {e}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    except KernelGuardError as e:
+        print(f"kernelguard export: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        print("kernelguard export: interrupted; nothing was written.", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     print(f"kernelguard export: wrote {final}", file=sys.stderr, flush=True)
     return EXIT_OK

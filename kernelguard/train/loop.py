@@ -48,6 +48,7 @@ from .packing import (
 from .parallel import DTYPES, DistInfo, on_main
 from .preflight import StartPlan, check_checkpoint_shapes, claim_output, preflight
 from .profiling import StepProfiler
+from .provenance import write_source
 from .reporting import Reporter, process_age_s, step_record
 from .signals import Preempted, stop_request
 from .step import (
@@ -295,7 +296,7 @@ def train(
     try:
         for step in range(start, plan.stop_step + 1):
             if stop.agreed(info.device):
-                stop_for_sigterm(cfg, info, state, step, plan, identity, start=start)
+                stop_for_sigterm(cfg, info, state, step, plan, identity, start=start, built=built)
             if step == plan.stop_step:
                 break
             micro, seq_lens = step_batches(cfg, info, data, step)
@@ -322,7 +323,7 @@ def train(
                 )
                 out.write({"step": done, "eval_loss": loss, "eval_tokens": tokens})
             if _due(cfg.checkpoint.save_steps, done, plan.stop_step):
-                save(cfg, info, state, done, plan, identity)
+                save(cfg, info, state, done, plan, identity, built)
         if profiler.summary():
             log(info, profiler.summary())
     finally:
@@ -344,11 +345,11 @@ def step_profiler(cfg: TrainConfig, info: DistInfo) -> StepProfiler:
 
 def stop_for_sigterm(
     cfg: TrainConfig, info: DistInfo, state: TrainState, step: int, plan: Plan, identity: dict[str, Any],
-    *, start: int,
+    *, start: int, built: BuiltModel | None = None,
 ) -> NoReturn:  # fmt: skip
     """SIGTERM reached a rank: checkpoint the ``step`` steps done (unless that checkpoint exists), then stop."""
     if step > start and not _due(cfg.checkpoint.save_steps, step, plan.stop_step):
-        save(cfg, info, state, step, plan, identity)
+        save(cfg, info, state, step, plan, identity, built)
     what = f"checkpoint step_{step} is saved" if step else "nothing was trained yet, nothing saved"
     raise Preempted(
         f"kernelguard train: stopped by SIGTERM after step {step} of {plan.stop_step}; {what} (exit 143).",
@@ -393,7 +394,8 @@ def timed_step(state: TrainState, micro: list[Any]) -> tuple[StepResult, float]:
 
 
 def save(
-    cfg: TrainConfig, info: DistInfo, state: TrainState, step: int, plan: Plan, identity: dict[str, Any]
+    cfg: TrainConfig, info: DistInfo, state: TrainState, step: int, plan: Plan, identity: dict[str, Any],
+    built: BuiltModel | None = None,
 ) -> None:
     epoch, within = divmod(step, plan.steps_per_epoch)
     trainer_state = {
@@ -418,6 +420,10 @@ def save(
         trainer_state=trainer_state,
         is_main=info.is_main,
         keep=cfg.checkpoint.save_total_limit,
+        carry=lambda folder: write_source(
+            folder, model=str(cfg.model.model), tokenizer=str(cfg.model.tokenizer),
+            chat_template=cfg.model.chat_template, plan=built.weight_plan if built is not None else None,
+        ),
     )
 
 
