@@ -49,8 +49,8 @@ def write_source(folder: Path, *, model: str, tokenizer: str, chat_template: str
         shutil.copyfile(chat_template, target / _TEMPLATE_COPY)
         template_file = _TEMPLATE_COPY
     record = {
-        "model": model,
-        "tokenizer": tokenizer,
+        "model": str(model_path.resolve()),  # export may run from another folder
+        "tokenizer": str(tok.resolve()),
         "chat_template": chat_template,
         "chat_template_file": template_file,
         "multimodal": bool(plan is not None and plan.layout.multimodal),
