@@ -61,6 +61,37 @@ def _fail(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The entry point: :func:`_main`, with Ctrl-C and SIGTERM during start-up (imports, parsing, the checks,
+    the launcher's set-up: before any rank exists or training began) ending in one line and their exit
+    code, never a traceback. Once training runs, :func:`_train` and the launcher handle both."""
+    import signal
+
+    from .launch import launched_by_kernelguard
+    from .signals import Preempted
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Preempted("kernelguard train: stopped by SIGTERM before training started; nothing was saved.")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (an embedding caller): its own handlers stand
+        previous = None
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # a launched rank stays quiet: its launcher says it once
+        if not launched_by_kernelguard():
+            print_rank0("kernelguard train: interrupted before training started; nothing was written.")
+        return EXIT_INTERRUPTED
+    except Preempted as e:
+        if not launched_by_kernelguard():
+            print_rank0(str(e))
+        return EXIT_PREEMPTED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     from .config_cli import parse_command
     from .launch import launch, launched_by_kernelguard
 
@@ -74,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     if not launched_by_kernelguard():
         for warning in cmd.warnings:
             print_rank0(f"kernelguard train: warning: {warning}")
+    try:  # before any rank starts or anything is written: the environment, the flags, inputs and paths
+        _early_checks(cmd.config, launching=cmd.launch is not None and not launched_by_kernelguard())
+    except (ConfigError, DataError) as e:
+        return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
     if cmd.config.checkpoint.dry_run:
         return _dry_run(cmd.config, world_size=_launch_world_size(cmd.launch))
     if cmd.launch is not None and not launched_by_kernelguard():
@@ -82,6 +117,18 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as e:
             return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
     return _train(cmd.config)
+
+
+def _early_checks(cfg: Any, *, launching: bool) -> None:
+    """The environment always; for a launcher also the flags, inputs and paths preflight checks again in
+    rank 0 (cheap, and no rank should start for a run that will be refused)."""
+    from .preflight import check_environment, check_flags, check_inputs, check_paths
+
+    check_environment()
+    if launching and not cfg.checkpoint.dry_run:
+        check_flags(cfg)
+        check_inputs(cfg)
+        check_paths(cfg)
 
 
 def _train(cfg: Any) -> int:
@@ -171,8 +218,10 @@ def _dry_run(cfg: Any, *, world_size: int | None) -> int:
     try:
         say("loading torch and transformers")
         from .parallel import model_source
+        from .preflight import check_model_size
 
         hf_config, _ = model_source(str(cfg.model.model))
+        check_model_size(hf_config, model=str(cfg.model.model))
         say(f"{cfg.model.model}: {_describe(hf_config)}; building it on the meta device (no memory is used)")
         model = build_probe_model(hf_config)
         text = estimate(cfg, world_size=world_size, model=model, progress=say).render()
