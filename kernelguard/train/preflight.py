@@ -347,7 +347,7 @@ def refuse_existing_run(cfg: TrainConfig) -> None:
 def plan_resume(cfg: TrainConfig, identity: dict[str, Any]) -> StartPlan:
     """The newest verified checkpoint, refused when its run identity differs (unless --resume-anyway)."""
     path, problems = ckpt.find_resumable(cfg.checkpoint.output_dir)
-    warnings = list(problems)
+    warnings = [*problems, *ckpt.unsealed_warnings(cfg.checkpoint.output_dir, path)]
     if problems and path is not None:
         done = ckpt.complete_checkpoints(cfg.checkpoint.output_dir)
         kept = next(s for s, p in done if p == path)
