@@ -208,11 +208,15 @@ def check_flags(cfg: TrainConfig) -> None:
 
 def check_inputs(cfg: TrainConfig) -> None:
     """Tokenizer folder, chat template file, training and eval data exist (no downloads are made)."""
+    from kernelguard.file_kinds import dangling_link
+
     from .sources import resolve_files
 
     tokenizer = Path(str(cfg.model.tokenizer))
     if not tokenizer.is_dir():
-        what = "is a file" if tokenizer.is_file() else "does not exist"
+        broken = dangling_link(tokenizer)
+        what = "is a file" if tokenizer.is_file() else (f"is a symbolic link to {broken.split(' to ', 1)[1]}"
+                                                         if broken else "does not exist")
         raise ConfigError(
             f"tokenizer {tokenizer} {what}; expected a local tokenizer folder.",
             fix="pass --tokenizer DIR (needed when --model is a config.json)",
