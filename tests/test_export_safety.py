@@ -190,3 +190,15 @@ def test_more_than_a_thousand_shards_is_said_and_a_read_only_destination_refused
 
     with pytest.raises(ConfigError, match=r"--output .*/out/final: .* is on a read-only file system\."):
         check_destination(tmp_path / "out" / "final", overwrite=False)
+
+
+def test_an_output_over_the_run_or_its_checkpoints_is_refused_even_with_overwrite(
+    trained: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = trained / "run"
+    for output in (run, run / "checkpoints" / "step_1", trained):
+        assert main([str(run / "checkpoints" / "step_2"), "--output", str(output), "--overwrite"]) == 2
+        assert "would put the export over the run's own folder or its checkpoints" in capsys.readouterr().err
+    assert (run / "checkpoints" / "step_1" / ckpt.MARKER).is_file()
+    assert main([str(run / "checkpoints"), "--output", str(trained / "x")]) == 2
+    assert f"Fix: pass {run / 'checkpoints' / 'step_2'}, its newest checkpoint" in capsys.readouterr().err

@@ -163,3 +163,23 @@ def test_an_integer_dtype_for_a_weight_is_refused(tmp_path: Path) -> None:
     save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
     message = _refusal(src)
     assert "model.norm.weight (model.safetensors): I16; the model trains it as floating point" in message
+
+
+def test_overlapping_byte_ranges_and_a_key_named_twice_are_refused(tmp_path: Path) -> None:
+    src = _save(tmp_path / "src")
+    header, data = _header(src / "model.safetensors")
+    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"])
+    first, second = names[0], names[1]
+    size = header[second]["data_offsets"][1] - header[second]["data_offsets"][0]
+    start = header[first]["data_offsets"][0]
+    header[second]["data_offsets"] = [start, start + size]  # its bytes now overlap the first tensor's
+    _write(src / "model.safetensors", header, data)
+    assert "byte ranges that overlap or leave gaps (a hand-edited or damaged header)" in _refusal(src)
+    header, data = _header(src / "model.safetensors")
+    header[second]["data_offsets"] = [header[first]["data_offsets"][1], header[first]["data_offsets"][1] + size]
+    text = json.dumps(header)
+    twice = text[:-1] + f', "{first}": ' + json.dumps(header[first]) + "}"
+    raw = twice.encode() + b" " * (-len(twice) % 8)
+    (src / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    message = _refusal(src)
+    assert f"named twice in one header (JSON keeps the last silently):\n  {first} (model.safetensors)" in message

@@ -313,13 +313,17 @@ def export_checkpoint(checkpoint: Path, *, output: Path | None = None,
 
     checkpoint = Path(checkpoint).expanduser()
     if not (checkpoint / MARKER).is_file():
+        from .checkpoint import complete_checkpoints
+
+        inside = complete_checkpoints(checkpoint.parent if checkpoint.name == "checkpoints" else checkpoint)
         raise CheckpointError(f"{checkpoint} is not a complete kernelguard checkpoint (it has no {MARKER}).",
-                              fix="pass OUTPUT/checkpoints/step_N of a run")
+                              fix=f"pass {inside[-1][1]}, its newest checkpoint" if inside else
+                              "pass OUTPUT/checkpoints/step_N of a run")
     run = checkpoint.parent.parent
     saved = _run_config(run)
     final = Path(output).expanduser() if output is not None else run / "final"
     max_bytes = parse_size(max_shard_size, source="--max-shard-size")
-    check_destination(final, overwrite=overwrite)
+    check_destination(final, overwrite=overwrite, checkpoint=checkpoint)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     with contextlib.ExitStack() as held:
         if rank == 0:

@@ -27,8 +27,16 @@ def many_shards_warning(count: int, max_bytes: int) -> str | None:
             "better: the default is 5GB")
 
 
-def check_destination(final: Path, *, overwrite: bool) -> None:
-    """``final`` does not exist (or ``overwrite``), and its nearest existing folder is a writable folder."""
+def check_destination(final: Path, *, overwrite: bool, checkpoint: Path | None = None) -> None:
+    """``final`` does not exist (or ``overwrite``), and its nearest existing folder is a writable folder; it is
+    neither the run folder of ``checkpoint`` nor inside its checkpoints (``--overwrite`` would delete them)."""
+    if checkpoint is not None:
+        run, here = checkpoint.resolve().parent.parent, final.resolve()
+        if here == run or here in run.parents or here.is_relative_to(run / "checkpoints"):
+            raise ConfigError(
+                f"--output {final} would put the export over the run's own folder or its checkpoints "
+                f"({run}); --overwrite would delete them.",
+                fix=f"pass --output {run / 'final'} (the default) or a folder outside {run / 'checkpoints'}")
     if final.exists() and not overwrite:
         raise ConfigError(f"--output {final} already exists.",
                           fix="pass --output NEW_DIR, or --overwrite to replace it")

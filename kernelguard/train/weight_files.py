@@ -122,7 +122,10 @@ def _read_file(path: Path, found: FileFindings) -> dict[str, TensorEntry]:
             (length,) = struct.unpack("<Q", raw)
             if 8 + length > size:
                 raise ValueError(f"its header claims {length:,} bytes, the file has {size:,}")
-            header = json.loads(f.read(length))
+            header = json.loads(f.read(length), object_pairs_hook=_pairs)
+    except _Duplicate as e:
+        found.refuse("named twice in one header (JSON keeps the last silently)", f"{e.args[0]} ({path.name})")
+        return {}
     except (OSError, ValueError, UnicodeDecodeError) as e:
         found.refuse("files that are not readable safetensors", f"{path.name}: {e}")
         return {}
@@ -140,6 +143,7 @@ def _read_file(path: Path, found: FileFindings) -> dict[str, TensorEntry]:
             continue
         entries[key] = entry
         end = max(end, entry.offsets[1])
+    _check_tiling(path.name, entries, found)
     if data_start + end > size:
         cut = sum(1 for e in entries.values() if data_start + e.offsets[1] > size)
         found.refuse("files shorter than their header says (truncated: a partial download or copy)",
@@ -148,6 +152,32 @@ def _read_file(path: Path, found: FileFindings) -> dict[str, TensorEntry]:
         return entries
     _check_values(path, data_start, entries, found)
     return entries
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(key)
+        out[key] = value
+    return out
+
+
+def _check_tiling(file: str, entries: dict[str, TensorEntry], found: FileFindings) -> None:
+    """The byte ranges cover the data section exactly once, in order (what the safetensors library itself
+    checks when a file is opened, deep inside the load)."""
+    at = 0
+    for key, e in sorted(entries.items(), key=lambda kv: kv[1].offsets):
+        if e.offsets[0] != at:
+            what = "overlaps the tensor before it" if e.offsets[0] < at else f"leaves a gap of {e.offsets[0] - at:,} bytes"
+            found.refuse("byte ranges that overlap or leave gaps (a hand-edited or damaged header)",
+                         f"{key} ({file}): starts at byte {e.offsets[0]:,}, {what}")
+            return
+        at = e.offsets[1]
 
 
 def _entry(key: str, value: Any, file: str, found: FileFindings) -> TensorEntry | None:
