@@ -89,7 +89,7 @@ def read_files(folder: Path, files: list[str], *, index: dict[str, str] | None) 
     for name in [*files, *strays]:
         path = folder / name
         if not path.is_file():
-            found.refuse("named by the index but not in the folder", f"{name} (in {INDEX_FILE})")
+            found.refuse("files named by the index but not in the folder", f"{name} (in {INDEX_FILE})")
             continue
         for key, entry in _read_file(path, found).items():
             seen.setdefault(key, []).append(name)

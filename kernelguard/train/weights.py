@@ -134,7 +134,8 @@ def read_layout(folder: Path) -> SourceLayout | None:
 
 
 def _paragraph(folder: Path, problem: str, items: list[str]) -> str:
-    return f"{len(items)} tensor(s) of {folder} {problem}:\n{listed(items)}"
+    noun = "file(s)" if problem.startswith("files ") else "tensor(s)"
+    return f"{len(items)} {noun} of {folder} {problem.removeprefix('files ')}:\n{listed(items)}"
 
 
 def _refusal(folder: Path, refusals: dict[str, list[str]], fix: str | None = None) -> CheckpointError:
