@@ -41,7 +41,7 @@ __all__ = [
 INDEX_FILE = "model.safetensors.index.json"
 SHOWN = 10  # tensors named per problem class; a count says how many more
 ABSURD = 1e6  # no trained transformer weight reaches this; bytes of another dtype read as floats often do
-_SAMPLE = 1024  # elements read per floating-point tensor for the value check
+_SAMPLE = 256  # elements read per floating-point tensor for the value check
 # safetensors dtype codes -> bits per element (the format's whole list, sub-byte floats included).
 BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
         "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64, "C64": 64,
