@@ -202,3 +202,20 @@ def test_an_output_over_the_run_or_its_checkpoints_is_refused_even_with_overwrit
     assert (run / "checkpoints" / "step_1" / ckpt.MARKER).is_file()
     assert main([str(run / "checkpoints"), "--output", str(trained / "x")]) == 2
     assert f"Fix: pass {run / 'checkpoints' / 'step_2'}, its newest checkpoint" in capsys.readouterr().err
+
+
+def test_a_run_that_would_export_over_a_thousand_files_is_told_at_its_start() -> None:
+    import types
+
+    import tiny_models
+    import torch
+
+    from kernelguard.train.export import export_shards_warning
+    from kernelguard.train.parallel import build_meta_model
+
+    config = tiny_models.tiny_config("qwen3_5", num_hidden_layers=100, layer_types=["linear_attention", "full_attention"] * 50)
+    built = types.SimpleNamespace(config=config, model=build_meta_model(config, attn_implementation="sdpa"),
+                                  weight_plan=None)
+    line = export_shards_warning(built, dtype=torch.bfloat16, max_shard_size="1KB")
+    assert line is not None and line.startswith("--max-shard-size 1,000 bytes splits the export into 1,")
+    assert export_shards_warning(built, dtype=torch.bfloat16, max_shard_size="5GB") is None

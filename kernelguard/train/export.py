@@ -292,6 +292,16 @@ def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: t
     return final
 
 
+def export_shards_warning(built: Any, *, dtype: torch.dtype, max_shard_size: str | int) -> str | None:
+    """The line the run's final export would print for more than 1,000 shards, from the meta model: said at
+    the start of the run, not after hours of training."""
+    tied = bool(getattr(built.config.get_text_config(), "tie_word_embeddings", False))
+    shapes = {k: tuple(v.shape) for k, v in built.model.state_dict().items()}
+    size = parse_size(max_shard_size)
+    tensors = export_tensors(shapes, plan=built.weight_plan, tied=tied, dtype=dtype)
+    return many_shards_warning(len(plan_shards(tensors, size)), size)
+
+
 def _failure(tmp: Path, e: BaseException, *, output: Path, tensors: list[OutTensor], after: str) -> BaseException:
     return write_failure(f"exporting the final model to {tmp}", e, folder=output,
                          need_bytes=sum(t.nbytes for t in tensors), after=after)

@@ -33,7 +33,7 @@ from .data import (
     template_choice,
 )
 from .evaluate import evaluate, pack_eval_blocks
-from .export import export_run
+from .export import export_run, export_shards_warning
 from .logs import log
 from .metrics import peak_flops, plot_metrics
 from .packing import (
@@ -95,6 +95,9 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     built = build_model(model=cfg.model, runtime=cfg.runtime, info=info, padded=not packed)
     for warning in built.weight_plan.warnings if built.weight_plan is not None else ():
         log(info, f"warning: weights: {warning}", logging.WARNING)
+    if cfg.checkpoint.export and (many := export_shards_warning(built, dtype=DTYPES[cfg.runtime.param_dtype],
+                                                                 max_shard_size=cfg.checkpoint.max_shard_size)):
+        log(info, f"warning: {many}", logging.WARNING)  # said now, not after hours of training
     on_main(info, lambda: check_checkpoint_shapes(built.model, start.resume_from))  # before anything is written
     report = run_gate(built.model, policy=policy, packed=packed, stack=stack)
     try:
