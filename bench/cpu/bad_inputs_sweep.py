@@ -394,7 +394,7 @@ def round4_cases(work: Path, base: list[str], model: Path, data: Path) -> list[d
     r4.mkdir(exist_ok=True)
     (r4 / "a_file").write_text("x")
     (r4 / "dup.yaml").write_text("max_steps: 2\nlearning_rate: 1.0e-4\nmax_steps: 50\n")
-    (r4 / "tilde.yaml").write_text("data: ~/kg-sweep-no-such-file.jsonl\n")
+    (r4 / "tilde.yaml").write_text("eval_data: ~/kg-sweep-no-such-file.jsonl\n")  # a key the command line does not set
     (r4 / "deep.json").write_text(json.dumps({**json.loads(model.read_text()), "num_hidden_layers": 50000,
                                               "layer_types": ["linear_attention"] * 49999 + ["full_attention"]}))
     (r4 / "m.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64)
@@ -598,8 +598,11 @@ def run_case(case: dict[str, Any], work: Path) -> subprocess.CompletedProcess[st
                    env=case.get("env"), fault=case.get("fault"))
     copies = 2 if kind == "race" else 1
     argvs = [case["argv"], case.get("argv2", case["argv"])][:copies]
+    # A sweep started in the background (nohup, `&`) ignores SIGINT, and children inherit that: give them the
+    # default, as a terminal's foreground job has.
     procs = [subprocess.Popen([sys.executable, *argv], cwd=work, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True) for argv in argvs]
+                              stderr=subprocess.PIPE, text=True, start_new_session=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) for argv in argvs]
     if kind == "signal":
         name, delay, _ = case["signal"]
         time.sleep(delay)
@@ -628,11 +631,14 @@ def main(argv: list[str] | None = None) -> int:
     args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     args.add_argument("--out")
     args.add_argument("--only", help="substring of the case classes to run (e.g. 'round 4')")
+    args.add_argument("--names", help="substrings of the case names to run, comma-separated")
     opts = args.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="kg-sweep-"))
     cases = check_cases(work) + api_cases() + train_cases(work)
     if opts.only:
         cases = [c for c in cases if opts.only in c["class"]]
+    if opts.names:
+        cases = [c for c in cases if any(n in c["name"] for n in opts.names.split(","))]
     rows, made = [], set()
     for case in cases:
         prepare(case, made, work)
