@@ -43,7 +43,7 @@ def test_a_signal_while_the_launcher_starts_is_one_line_and_its_exit_code(
     proc = subprocess.Popen([sys.executable, "-m", "kernelguard", "train", "--nproc-per-node", "2",
                              *_argv(assets, out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True,  # a terminal's foreground job: SIGINT not ignored
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
     time.sleep(1.0)  # the launcher is still importing torch: no rank exists yet
     if whom == "group":
         os.killpg(proc.pid, sig)  # what Ctrl-C does: the whole foreground process group

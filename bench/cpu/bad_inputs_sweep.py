@@ -602,7 +602,8 @@ def run_case(case: dict[str, Any], work: Path) -> subprocess.CompletedProcess[st
     # default, as a terminal's foreground job has.
     procs = [subprocess.Popen([sys.executable, *argv], cwd=work, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, start_new_session=True,
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) for argv in argvs]
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509 - no threads
+             for argv in argvs]
     if kind == "signal":
         name, delay, _ = case["signal"]
         time.sleep(delay)
