@@ -7,7 +7,7 @@ fails the job in its first seconds with the same decision trace ``kernelguard ch
 after hours on a slow fallback path.
 
 Environment variables (for launchers such as torchrun/accelerate, where editing the script per cluster is
-awkward): ``KERNELGUARD_ALLOW`` (comma-separated allow items, added to ``allow=``) and ``KERNELGUARD_ARCH``
+awkward): ``KERNELGUARD_LOCK`` (the image's ``kernelguard.lock``, enforced as ``lock=``), ``KERNELGUARD_ALLOW`` (comma-separated allow items, added to ``allow=``) and ``KERNELGUARD_ARCH``
 (comma-separated compute capabilities, used when ``arch=`` is not given). Both are validated like their
 arguments: a typo is a ``ConfigError`` naming the variable.
 """
@@ -68,8 +68,20 @@ def require(
     allow: Iterable[str] = (),
     packed: bool | None = None,
     hub: bool = False,
+    lock: str | os.PathLike[str] | None = None,
 ) -> CheckResult:
-    """Raise ``ResolutionError`` (with the full ``kernelguard check`` trace) unless every kernel is served."""
+    """Raise ``ResolutionError`` (with the full ``kernelguard check`` trace) unless every kernel is served.
+
+    ``lock`` (or ``KERNELGUARD_LOCK``): the ``kernelguard.lock`` the image was built with; this node's stack must
+    match it (``LockMismatch``, one line per difference), and the check is the lock's model, mode and target."""
+    from .stack_lock import lock_path, verify_lock
+
+    if lock_path(lock) is not None:
+        items = list(allow) + [a for a in os.environ.get("KERNELGUARD_ALLOW", "").split(",") if a.strip()]
+        result = verify_lock(lock_path(lock), allow=items or None, syntax=PYTHON, option="lock=")  # type: ignore[arg-type]
+        if not result.ok:
+            raise resolution_error(result)
+        return result
     result = check(model, mode=mode, arch=arch, allow=allow, packed=packed, hub=hub)
     if not result.ok:
         raise resolution_error(result)

@@ -10,7 +10,7 @@ from typing import Any
 
 from . import catalog, discovery
 from .capability import ComputeCapability, parse_all
-from .env import Environment, probe
+from .env import Environment, probe, with_gpus
 from .errors import ConfigError
 from .facts import Facts
 from .policy import AllowPolicy
@@ -41,6 +41,8 @@ class CheckResult:
     model_origin: str
     numerics: Any | None = None  # numerics.NumericsReport
     extra_notes: tuple[str, ...] = field(default_factory=tuple)
+    facts: Facts | None = None  # what the resolver decided from (the lock reads its identities)
+    spec: catalog.ModelSpec | None = None
 
     @property
     def ok(self) -> bool:
@@ -128,15 +130,17 @@ def _target(options: CheckOptions, env: Environment) -> Target:
 
 
 def _probe_packages(requirements: catalog.Requirements) -> dict[str, PackageFacts]:
-    facts: dict[str, PackageFacts] = {}
+    wanted: dict[str, tuple[catalog.PackageSpec, str]] = {}
     for req in requirements.kernels:
-        spec = req.package_spec
-        if spec is None or req.module is None or req.module in facts:
-            continue
-        facts[req.module] = probe_package(spec, req.module, req.kernel)
+        if req.package_spec is not None and req.module is not None and req.module not in wanted:
+            wanted[req.module] = (req.package_spec, req.kernel)
     if requirements.needs_varlen_attention:
-        facts["flash_attn"] = probe_package(catalog.PACKAGES["flash_attn"], "flash_attn", "flash_attn_varlen_func")
-    return facts
+        wanted["flash_attn"] = (catalog.PACKAGES["flash_attn"], "flash_attn_varlen_func")
+    # Compiled packages first: their import probe forks only while CUDA is uninitialised, and importing a
+    # Triton package (fla reads the GPU's name at import) initialises it.
+    order = sorted(wanted, key=lambda module: not wanted[module][0].compiled)
+    facts = {module: probe_package(wanted[module][0], module, wanted[module][1]) for module in order}
+    return {module: facts[module] for module in wanted}
 
 
 def _hub_target(env: Environment, capability: ComputeCapability | None) -> Any:
@@ -207,19 +211,43 @@ def run_check(options: CheckOptions) -> CheckResult:
     spec = discovery.resolve_model(options.model, source)
     packed = options.mode == "training" if options.packed is None else options.packed
     requirements = catalog.requirements(spec, options.mode, packed=packed, transformers_version=source.version)
-    env = probe()
+    env = probe(read_gpus=False)  # torch imported, CUDA not yet initialised: the import probes can fork
+    packages = _probe_packages(requirements)
+    env = with_gpus(env)
     target = _target(options, env)
+    packages = _probe_packages(requirements)
     facts = Facts(
         env=env,
-        packages=_probe_packages(requirements),
+        packages=packages,
         hub=_probe_hub(requirements, target, env),
         kernels_window=discovery.kernels_version_window(source),
         transformers_min_versions={name: discovery.transformers_min_version(name, source) for name in catalog.PACKAGES},
         torch_varlen_attention=_torch_has_varlen(env),
+        fla_backends=_probe_fla_backends(requirements, packages, target, env, spec),
     )
     resolution = resolve(facts, requirements, target)
     numerics = _run_numerics(resolution, spec, env, target) if options.run else None
-    return CheckResult(options, env, resolution, spec.origin, numerics)
+    return CheckResult(options, env, resolution, spec.origin, numerics, facts=facts, spec=spec)
+
+
+def _probe_fla_backends(requirements: catalog.Requirements, packages: dict[str, PackageFacts], target: Target,
+                        env: Environment, spec: catalog.ModelSpec) -> dict[str, Any]:
+    """fla's own choice of backend for the GDN op on each target arch, when fla would serve it."""
+    fla = [p for p in packages.values() if p.import_name == "fla" and p.import_error is None]
+    if not fla:
+        return {}
+    from . import fla_backend, geometry
+
+    config = _numerics_config(spec)
+    dims = geometry.gdn_dims(config) if config is not None else None
+    shape = fla_backend.GdnShape(
+        key_dim=dims.key_dim if dims else requirements.key_head_dim,
+        value_dim=dims.value_dim if dims else None,
+        num_k_heads=dims.num_k_heads if dims else None,
+        num_v_heads=dims.num_v_heads if dims else None,
+    )
+    return fla_backend.probe(target.archs, training=requirements.mode == "training", shape=shape,
+                             triton_version=env.triton_version)
 
 
 def _run_numerics(resolution: Resolution, spec: catalog.ModelSpec, env: Environment, target: Target) -> Any:

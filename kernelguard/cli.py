@@ -41,20 +41,29 @@ def _parser() -> argparse.ArgumentParser:
         "the nearest pyproject.toml.",
         epilog="exit codes: 0 every required kernel is served; 1 a requirement fails; 2 usage or configuration error",
     )
-    check.add_argument("--model", help="family (qwen3_5), config.json, or local model folder [default: qwen3_5]")
-    check.add_argument("--mode", choices=("training", "inference"), help="[default: training]")
-    check.add_argument("--arch", action="append", metavar="CC",
-                       help="target compute capability, repeatable (9.0 = H100/H200); default: visible GPUs")
-    check.add_argument("--allow", action="append", metavar="ID",
-                       help="accept one known issue, a kernel's fallback, or 'attention' (repeatable)")
-    packed = check.add_mutually_exclusive_group()
-    packed.add_argument("--packed", dest="packed", action="store_true", default=None,
-                        help="packed 1D sequences (default for training): needs a varlen attention")
-    packed.add_argument("--no-packed", dest="packed", action="store_false")
-    check.add_argument("--hub", action="store_true", default=None,
-                       help="the job loads with use_kernels=True: also resolve Kernel Hub kernels")
+    _add_check_arguments(check)
     check.add_argument("--run", action="store_true", help="on a GPU: run each fast kernel fwd+bwd vs the torch reference")
     check.add_argument("--json", action="store_true", help="machine-readable output (schema in kernelguard/report.py)")
+    check.add_argument("--lock", metavar="FILE",
+                       help="refuse when this node's stack differs from FILE (written by kernelguard lock); the "
+                       "model, mode, target and allow items are the lock's")
+    check.add_argument("--write-lock", metavar="FILE", help="when the check passes, write its lock to FILE")
+
+    lock = sub.add_parser(
+        "lock",
+        help="check, then write kernelguard.lock: the verified stack, enforced at job start with --lock",
+        description="Run the check and, when it passes, write the lock of the stack it verified (schema in "
+        "docs/lock.md). Jobs enforce it with `kernelguard check --lock`, `kernelguard train --lock`, "
+        "kernelguard.require(lock=...) or KERNELGUARD_LOCK.",
+        epilog="exit codes: 0 written; 1 the check fails (nothing written); 2 usage or configuration error",
+    )
+    _add_check_arguments(lock)
+    lock.add_argument("--output", "-o", default="kernelguard.lock", metavar="FILE", help="[default: kernelguard.lock]")
+
+    env = sub.add_parser("env", help="a paste-ready bug-report block: the stack, fla's backend, each kernel's provider")
+    env.add_argument("--model", help="family, config.json or model folder whose providers to list [default: qwen3_5]")
+    env.add_argument("--arch", action="append", metavar="CC", help="target compute capability (default: visible GPUs)")
+    env.add_argument("--json", action="store_true", help="machine-readable (the same facts)")
 
     issues = sub.add_parser("issues", help="list the known-bad stacks kernelguard checks")
     issues.add_argument("--json", action="store_true", help="machine-readable: one object per known issue")
@@ -67,23 +76,88 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check(args: argparse.Namespace) -> int:
-    from .check import CheckOptions, load_pyproject_defaults, run_check
-    from .report import render, to_json
+def _add_check_arguments(check: argparse.ArgumentParser) -> None:
+    check.add_argument("--model", help="family (qwen3_5), config.json, or local model folder [default: qwen3_5]")
+    check.add_argument("--mode", choices=("training", "inference"), help="[default: training]")
+    check.add_argument("--arch", action="append", metavar="CC",
+                       help="target compute capability, repeatable (9.0 = H100/H200); default: visible GPUs")
+    check.add_argument("--allow", action="append", metavar="ID",
+                       help="accept one known issue, a kernel's fallback, or 'attention' (repeatable)")
+    packed = check.add_mutually_exclusive_group()
+    packed.add_argument("--packed", dest="packed", action="store_true", default=None,
+                        help="packed 1D sequences (default for training): needs a varlen attention")
+    packed.add_argument("--no-packed", dest="packed", action="store_false")
+    check.add_argument("--hub", action="store_true", default=None,
+                       help="the job loads with use_kernels=True: also resolve Kernel Hub kernels")
+
+
+def _check_options(args: argparse.Namespace) -> object:
+    from .check import CheckOptions, load_pyproject_defaults
 
     defaults = load_pyproject_defaults()
-    options = CheckOptions(
+    return CheckOptions(
         model=args.model if args.model is not None else defaults.get("model", "qwen3_5"),
         mode=args.mode if args.mode is not None else defaults.get("mode", "training"),
         archs=tuple(args.arch or defaults.get("arch", ())),
         allow=tuple(args.allow or ()) + tuple(defaults.get("allow", ())),
         packed=args.packed if args.packed is not None else defaults.get("packed"),
         hub=bool(args.hub if args.hub is not None else defaults.get("hub", False)),
-        run=args.run,
+        run=getattr(args, "run", False),
     )
-    result = run_check(options)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from .check import run_check
+    from .report import render, to_json
+
+    if args.lock:
+        from .stack_lock import verify_lock
+
+        given = [flag for flag, value in (("--model", args.model), ("--mode", args.mode), ("--arch", args.arch),
+                                          ("--packed/--no-packed", args.packed), ("--hub", args.hub)) if value is not None]
+        if given:
+            raise ConfigError(f"--lock checks the model, mode, target and Hub use the lock was written for; "
+                              f"{', '.join(given)} cannot change them.",
+                              fix=f"drop {', '.join(given)}, or write a new lock with them: kernelguard lock {' '.join(given)} ...")
+        result = verify_lock(args.lock, allow=tuple(args.allow) if args.allow else None)
+    else:
+        result = run_check(_check_options(args))  # type: ignore[arg-type]
     _print(to_json(result) if args.json else render(result))
+    if result.ok and args.write_lock:
+        from .stack_lock import write_lock
+
+        print(f"kernelguard: lock written to {write_lock(result, args.write_lock)}", file=sys.stderr)
     return EXIT_OK if result.ok else EXIT_FAIL
+
+
+def _lock(args: argparse.Namespace) -> int:
+    from .check import run_check
+    from .report import render
+    from .stack_lock import write_lock
+
+    result = run_check(_check_options(args))  # type: ignore[arg-type]
+    if not result.ok:  # a lock of a stack that fails its own check would only pin the failure
+        _print(render(result))
+        print(f"kernelguard lock: the check fails, so {args.output} was not written.", file=sys.stderr)
+        return EXIT_FAIL
+    path = write_lock(result, args.output)
+    _print(f"kernelguard lock: wrote {path} ({len(result.resolution.verdicts)} kernels, target "
+           f"{', '.join(f'sm {a}' for a in result.resolution.target.archs) or 'unknown'}); "
+           f"enforce it at job start with `kernelguard check --lock {path}` or KERNELGUARD_LOCK={path}")
+    return EXIT_OK
+
+
+def _env(args: argparse.Namespace) -> int:
+    from .env_report import collect, render_env
+
+    report = collect(model=args.model or "qwen3_5", archs=tuple(args.arch or ()))
+    if args.json:
+        import json
+
+        _print(json.dumps(report, indent=2))
+    else:
+        _print(render_env(report))
+    return EXIT_OK
 
 
 def _print(text: str) -> None:
@@ -104,7 +178,8 @@ def _issues(as_json: bool = False) -> int:
     if as_json:
         import json
 
-        fields = ("id", "title", "effect", "evidence", "fix", "source", "kernels", "provider", "archs", "modes", "triton")
+        fields = ("id", "title", "effect", "evidence", "fix", "source", "kernels", "provider", "archs", "modes", "triton",
+                  "provider_version", "kernels_version", "fla_backends", "detector")
         data = {
             "schema_version": 1,
             "known_issues": [{name: getattr(issue, name) for name in fields} for issue in KNOWN_ISSUES],
@@ -132,13 +207,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return train_main(argv[1:])
     if argv[:1] == ["export"]:
-        from .train.export import main as export_main
+        from .train.export_cli import main as export_main
 
         return export_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         if args.command == "check":
             return _check(args)
+        if args.command == "lock":
+            return _lock(args)
+        if args.command == "env":
+            return _env(args)
         return _issues(args.json)
     except ConfigError as exc:
         print(f"kernelguard: error: {exc}", file=sys.stderr)

@@ -11,13 +11,14 @@ import platform
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from importlib import metadata
 from typing import Any
 
 from .capability import ComputeCapability
 from .facts import Environment, Fact, Gpu
 
-__all__ = ["WATCHED_DISTRIBUTIONS", "distribution_version", "probe"]
+__all__ = ["WATCHED_DISTRIBUTIONS", "distribution_version", "probe", "with_gpus"]
 
 # Distributions whose versions matter to kernel selection. Keys are distribution names as pip knows them.
 WATCHED_DISTRIBUTIONS: tuple[str, ...] = (
@@ -57,7 +58,7 @@ def _packages() -> dict[str, Fact]:
     return facts
 
 
-def _torch_facts() -> tuple[Fact, str | None, Fact, Fact, Fact, tuple[Gpu, ...]]:
+def _torch_facts(read_gpus: bool) -> tuple[Fact, str | None, Fact, Fact, Fact, tuple[Gpu, ...]]:
     """Import torch once; a broken torch is a fact to report, not a crash."""
     missing = Fact(None, "import torch")
     try:
@@ -72,7 +73,7 @@ def _torch_facts() -> tuple[Fact, str | None, Fact, Fact, Fact, tuple[Gpu, ...]]
     cuda = Fact(torch.version.cuda, "torch.version.cuda")
     hip = Fact(getattr(torch.version, "hip", None), "torch.version.hip")
     abi = Fact(bool(torch.compiled_with_cxx11_abi()), "torch.compiled_with_cxx11_abi()")
-    return version, None, cuda, hip, abi, _visible_gpus(torch)
+    return version, None, cuda, hip, abi, _visible_gpus(torch) if read_gpus else ()
 
 
 def _visible_gpus(torch: Any) -> tuple[Gpu, ...]:
@@ -108,10 +109,11 @@ def _driver() -> Fact:
     return Fact(out.splitlines()[0] if out else None, "nvidia-smi --query-gpu=driver_version")
 
 
-def probe(*, import_torch: bool = True) -> Environment:
-    """Read the live system. ``import_torch=False`` gives a cheap probe from package metadata only."""
+def probe(*, import_torch: bool = True, read_gpus: bool = True) -> Environment:
+    """Read the live system. ``import_torch=False`` gives a cheap probe from package metadata only;
+    ``read_gpus=False`` leaves CUDA uninitialised (no GPUs, no driver yet: :func:`with_gpus` adds them)."""
     if import_torch:
-        torch_version, torch_error, cuda, hip, abi, gpus = _torch_facts()
+        torch_version, torch_error, cuda, hip, abi, gpus = _torch_facts(read_gpus)
     else:
         unread = Fact(None, "not probed (import_torch=False)")
         torch_version = Fact(distribution_version("torch"), "importlib.metadata")
@@ -127,6 +129,22 @@ def probe(*, import_torch: bool = True) -> Environment:
         hip_version=hip,
         cxx11_abi=abi,
         gpus=gpus,
-        driver=_driver() if gpus or os.environ.get("KERNELGUARD_PROBE_DRIVER") else Fact(None, "no GPU visible"),
+        driver=_driver_fact(gpus) if read_gpus else Fact(None, "not probed (read_gpus=False)"),
         packages=_packages(),
     )
+
+
+def with_gpus(env: Environment) -> Environment:
+    """``env`` with the visible GPUs and the driver, read now: reading a GPU's capability initialises CUDA, after
+    which an import probe can no longer fork (``providers.installed``) and must start a fresh interpreter that
+    imports torch again, so ``check`` probes the packages first."""
+    if env.torch_error is not None or env.torch_version.source != "torch.__version__":
+        return env
+    import torch
+
+    gpus = _visible_gpus(torch)
+    return replace(env, gpus=gpus, driver=_driver_fact(gpus))
+
+
+def _driver_fact(gpus: tuple[Gpu, ...]) -> Fact:
+    return _driver() if gpus or os.environ.get("KERNELGUARD_PROBE_DRIVER") else Fact(None, "no GPU visible")

@@ -7,7 +7,8 @@ Exit codes of ``kernelguard`` and ``kernelguard train`` (both read them from her
 
 =====================  ====  =============================================================================
 ``EXIT_OK``            0     every required kernel is served well; the run finished
-``EXIT_FAIL``          1     a requirement fails (:class:`ResolutionError`, any other ``KernelGuardError``)
+``EXIT_FAIL``          1     a requirement fails (:class:`ResolutionError`, :class:`LockMismatch`, any other
+                             ``KernelGuardError``)
 ``EXIT_USAGE``         2     usage or configuration error (:class:`ConfigError`, :class:`DataError`)
 ``EXIT_GUARD``         3     ``kernelguard train``: the gate refused to start (:class:`GuardRefused`)
 ``EXIT_DIVERGED``      4     ``kernelguard train``: a non-finite loss or gradient norm (:class:`TrainingDiverged`)
@@ -35,6 +36,7 @@ __all__ = [
     "GuardRefused",
     "KernelFallbackError",
     "KernelGuardError",
+    "LockMismatch",
     "ResolutionError",
     "TrainingDiverged",
     "UnsupportedTransformersError",
@@ -97,6 +99,25 @@ class ResolutionError(KernelGuardError):
 
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "report": self.report}
+
+
+class LockMismatch(KernelGuardError):
+    """This node's stack differs from a ``kernelguard.lock``: ``differences`` holds one line each (what the lock
+    says, what is here, the command that restores it). Exit code 1 (``kernelguard check``), 3 (``kernelguard
+    train``, as a refusal to start)."""
+
+    def __init__(self, message: str, *, fix: str | None = None, details: dict[str, Any] | None = None,
+                 differences: tuple[str, ...] = (), lock: str = "") -> None:
+        self.differences = tuple(differences)
+        self.lock = lock
+        super().__init__(message, fix=fix, details=details)
+
+    def _render(self) -> str:
+        lines = [self.message, *(f"  - {d}" for d in self.differences)]
+        return "\n".join(lines + ([f"Fix: {self.fix}"] if self.fix else []))
+
+    def _state(self) -> dict[str, Any]:
+        return {**super()._state(), "differences": self.differences, "lock": self.lock}
 
 
 class UnsupportedTransformersError(KernelGuardError):

@@ -18,6 +18,7 @@ __all__ = [
     "ExtensionFacts",
     "Fact",
     "Facts",
+    "FlaBackend",
     "Gpu",
     "HubKernelProbe",
     "HubTarget",
@@ -166,6 +167,32 @@ class HubKernelProbe:
 
 
 @dataclass(frozen=True, slots=True)
+class FlaBackend:
+    """Which of fla's own backends runs the gated-delta op on one target arch (``kernelguard.fla_backend``).
+
+    ``forward``: "flash_qla" or "triton"; ``backward``: "flash_qla", "tilelang" (fla's Triton op with its
+    TileLang ``chunk_bwd_dqkwg``), "triton", or None for inference. ``reasons``: one sentence per backend
+    fla considered and why it was taken or passed over; ``source``: whose logic decided (fla's registry or
+    kernelguard's reading of fla's rules for a target arch this machine does not have)."""
+
+    arch: str | None  # the target compute capability, None when no target is known
+    forward: str
+    backward: str | None
+    reasons: tuple[str, ...]
+    source: str
+
+    @property
+    def label(self) -> str:
+        if self.backward in (None, self.forward):
+            return self.forward
+        return f"{self.forward} (backward: {self.backward})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arch": self.arch, "forward": self.forward, "backward": self.backward, "label": self.label,
+                "reasons": list(self.reasons), "source": self.source}
+
+
+@dataclass(frozen=True, slots=True)
 class Facts:
     """Everything the resolver decides from, collected once by ``check``."""
 
@@ -175,3 +202,5 @@ class Facts:
     kernels_window: tuple[str, str] | None = None  # [min, max) of kernels this transformers uses
     transformers_min_versions: Mapping[str, str | None] = field(default_factory=dict)
     torch_varlen_attention: bool = False
+    # fla's GDN backend per target arch ("" when no arch is targeted); empty when fla was not probed.
+    fla_backends: Mapping[str, FlaBackend] = field(default_factory=dict)

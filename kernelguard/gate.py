@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelguard.errors import GuardRefused, KernelFallbackError
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "accepted_issues",
+    "check_lock",
     "check_stack",
     "guard_model",
     "lift_accepted_fla_refusal",
@@ -74,6 +76,23 @@ def check_stack(
     if result.ok:
         lift_accepted_fla_refusal(accepted_issues(result))
     return result
+
+
+def check_lock(
+    lock: str | Path | None, *, allow: AllowPolicy | Iterable[str] | None = None, syntax: str = "cli",
+    option: str = "--lock",
+) -> CheckResult | None:
+    """Before the model is built, on any device: refuse a node whose stack differs from the lock
+    (:class:`~kernelguard.errors.LockMismatch`, one line per difference). ``allow``: the run's items, which must be
+    the lock's (None: the lock's own, for a caller that only checks).
+    Returns the check (None without a lock); a failing verdict is the caller's to report, as for check_stack."""
+    from kernelguard.stack_lock import lock_path, verify_lock
+
+    path = lock_path(lock)
+    if path is None:
+        return None
+    items = None if allow is None else (allow.values() if isinstance(allow, AllowPolicy) else list(allow))
+    return verify_lock(path, allow=items, syntax=syntax, option=option)
 
 
 def accepted_issues(result: CheckResult) -> set[str]:

@@ -90,6 +90,7 @@ class GuardReport:
         self.attention = attention
         self.transformers_version = transformers_version
         self.mechanism = mechanism
+        self.fla_backend: Any = None  # kernelguard.facts.FlaBackend when fla serves a GDN site on a GPU
 
     @property
     def kernel_sites(self) -> list[CallSite]:
@@ -99,7 +100,8 @@ class GuardReport:
     @property
     def notes(self) -> list[str]:
         if self.kernel_sites:
-            return []
+            backend = self.fla_backend
+            return [f"fla runs the GDN op on its {backend.label} backend ({backend.source})"] if backend else []
         checked = "only attention was checked" if self.entries else "nothing was checked"
         return [f"{NO_SITES}: no layer calls a transformers kernel with a torch fallback; {checked}"]
 
@@ -133,6 +135,7 @@ class GuardReport:
             "mechanism": self.mechanism,
             "kernel_call_sites": len(self.kernel_sites),
             "notes": self.notes,
+            "fla_backend": self.fla_backend.to_dict() if self.fla_backend else None,
             "armed_sites": self.tripwires.sites,
             "entries": [e.to_dict() for e in self.entries],
         }
@@ -284,7 +287,28 @@ def _collect(model: Any, *, mode: str, packed: bool | None, allow: Iterable[str]
         raise _nothing_to_guard(model)
     report = GuardReport(found.entries, Tripwires(policy, source=ALLOW_SOURCE), device=device, mode=mode,
                          packed=packed, attention=attention, transformers_version=version, mechanism=mechanism)
+    report.fla_backend = _fla_backend(model, report, mode)
     return report, found
+
+
+def _fla_backend(model: Any, report: GuardReport, mode: str) -> Any:
+    """fla's own choice of GDN backend on this GPU, when an fla kernel serves a site (kernelguard.fla_backend)."""
+    if report.device == "cpu" or not any(e.fast and e.implementation.startswith("fla") for e in report.kernel_sites):
+        return None
+    from . import fla_backend, geometry
+    from .capability import ComputeCapability
+    from .env import distribution_version
+
+    torch = sys.modules["torch"]
+    dims = geometry.gdn_dims(getattr(model, "config", None) or {})
+    shape = fla_backend.GdnShape(dims.key_dim, dims.value_dim, dims.num_k_heads, dims.num_v_heads) if dims else \
+        fla_backend.GdnShape(None, None)
+    try:
+        arch = ComputeCapability.from_tuple(torch.cuda.get_device_capability())
+    except Exception:  # noqa: BLE001 - not a CUDA device after all: no backend to name
+        return None
+    triton = distribution_version("triton") or distribution_version("pytorch-triton")
+    return fla_backend.probe([arch], training=mode == "training", shape=shape, triton_version=triton).get(str(arch))
 
 
 def inspect(

@@ -361,3 +361,36 @@ def _arch_notes(spec: _Compiled, cuda_version: str, archs: tuple[ComputeCapabili
         f"({'; '.join(needs)}): use a torch and toolkit for that CUDA, or a prebuilt wheel that has it."
     )
     return [message]
+
+
+# ----------------------------------------------------------------------------------- the lock's restores ---
+_PYTORCH_INDEX = "https://download.pytorch.org/whl"
+
+
+def pin_command(distribution: str, version: str | None) -> str:
+    """The command that puts back exactly ``distribution==version`` (a stack lock's restore); ``version`` None:
+    the lock has no such package, so remove it."""
+    if version is None:
+        return f"pip uninstall -y {distribution}"
+    if distribution == "torch":
+        base, _, local = version.partition("+")
+        index = f" --index-url {_PYTORCH_INDEX}/{local}" if local else ""
+        return f"pip install 'torch=={base}'{index}"
+    if distribution in _COMPILED:
+        # the exact build: no isolation (it compiles against the installed torch), nothing else reinstalled
+        return (f"pip install {BUILD_TOOLS} && "
+                + _pip(f"{distribution}=={version}", True, "--no-build-isolation", "--no-cache-dir"))
+    return _pip(f"{distribution}=={version}", True)
+
+
+def fla_backend_command(locked: str | None, here: str | None) -> str:
+    """What makes fla choose the locked GDN backward backend again (kernelguard.fla_backend's names)."""
+    if locked == "tilelang":
+        return f"{_TILELANG} and put nvcc on PATH (fla's TileLang backend compiles with it); unset FLA_TILELANG=0"
+    if locked == "flash_qla":
+        return "install the flash_qla build the lock was written with and unset FLA_FLASH_QLA=0"
+    if here == "flash_qla":
+        return "export FLA_FLASH_QLA=0 (or pip uninstall flash-qla)"
+    if here == "tilelang":
+        return "export FLA_TILELANG=0"
+    return "unset FLA_DISABLE_BACKEND_DISPATCH and the FLA_* switches the image did not set"

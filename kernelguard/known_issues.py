@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FLA_640", "KNOWN_ISSUES", "KnownIssue", "by_id"]
+__all__ = ["FLA_640", "FLA_1077", "FLA_1077_GRID_LIMIT", "KNOWN_ISSUES", "KnownIssue", "by_id"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +30,14 @@ class KnownIssue:
     key_head_dim_min: int | None = None
     requires_installed: tuple[str, ...] = ()  # distributions that must be present for the issue to exist
     unless_installed: tuple[str, ...] = ()  # a distribution whose presence avoids the issue
+    # fla's GDN backward backends (kernelguard.fla_backend) the issue lives in: "triton", "tilelang", "flash_qla"
+    fla_backends: tuple[str, ...] = ()
+    kernels_version: str | None = None  # specifier on the installed `kernels` (Hub candidates)
     # Rows the resolver detects from facts of their own kind rather than from the conditions above:
     # "undefined-symbol" (a compiled extension fails to load against this torch), "kernels-window",
-    # "installed-set" (a combination of installed distributions, reported once for the whole environment).
+    # "installed-set" (a combination of installed distributions, reported once for the whole environment),
+    # "packed-segments" (kernelguard train counts each block's segments before step 1), "hub-no-backward"
+    # (a Hub layer kernels swaps back at kernelize time: the guard reports the reference that then runs).
     detector: str | None = None
     # What we measured ourselves (where, on what, how far off), shown with every match so a user can judge an
     # --allow; the full runs are in bench/RESULTS.md.
@@ -47,6 +52,8 @@ class KnownIssue:
 
 
 FLA_640 = "https://github.com/fla-org/flash-linear-attention/issues/640"
+FLA_1077 = "https://github.com/fla-org/flash-linear-attention/pull/1077"
+FLA_1077_GRID_LIMIT = 65_535  # CUDA's cap on grid axis 1, where fla < 0.6.0 puts N * HV
 # torch pins its Triton exactly, so `pip install triton` next to torch <= 2.12 breaks torch's own requirement.
 _TRITON_FIX = (
     "Triton >= 3.7.1 through a torch that requires it (torch pins Triton exactly: 2.11 -> 3.6.0, 2.12 -> 3.7.0, "
@@ -88,7 +95,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         modes=("training",),
         triton=">=3.4,<3.7.1",
         key_head_dim_max=64,
-        unless_installed=("tilelang",),
+        fla_backends=("triton",),
         lifts_fla_refusal=True,
     ),
     KnownIssue(
@@ -117,7 +124,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         triton=">=3.4,<3.7.1",
         provider_version=">=0.6.0",
         key_head_dim_min=65,
-        unless_installed=("tilelang",),
+        fla_backends=("triton",),
         lifts_fla_refusal=True,
     ),
     KnownIssue(
@@ -154,6 +161,49 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
             "the pip packages fla / causal-conv1d (kernelguard check says which)"
         ),
         detector="kernels-window",
+    ),
+    KnownIssue(
+        id="kernels-before-0.14",
+        title="kernels < 0.14 reads only the Hub's old \"model\"-type kernel repositories, removed on 2026-09-13",
+        source=(
+            "https://github.com/huggingface/kernels/issues/757 (model-type repos removed from 2026-09-13); "
+            "kernel-type repos are read from kernels 0.14.0 on (https://github.com/huggingface/kernels/pull/435; "
+            "0.13.0's loader has no repo_type='kernel')"
+        ),
+        effect="these releases find no Hub kernel at all, so every Hub candidate is missing and the pip package "
+        "or the torch reference serves instead",
+        fix="pip install 'kernels>=0.14' within the window of the installed transformers (kernelguard check prints it)",
+        provider="hub",
+        kernels_version="<0.14",
+    ),
+    KnownIssue(
+        id="fla-1077-too-many-segments",
+        title="fla < 0.6.0: a packed batch with more than 65,535 / HV sequences fails at launch",
+        source=(
+            f"{FLA_1077} (the GDN state kernels put N * HV on CUDA grid axis 1, capped at 65,535 blocks; fixed in "
+            "fla-core 0.6.0, whose chunk_delta_h grid is (NV * N * HV,) where 0.5.2's is (NV, N * HV))"
+        ),
+        effect="a packed block with more than 65,535 // HV segments (2,047 at 32 value heads) stops the step with "
+        "'RuntimeError: Triton Error [CUDA]: invalid argument'",
+        fix="pip install 'fla-core>=0.6.0' 'flash-linear-attention>=0.6.0', or pack fewer, longer examples per "
+        "block (--max-length smaller); kernelguard train checks every block before step 1",
+        provider="fla",
+        provider_version="<0.6.0",
+        detector="packed-segments",
+    ),
+    KnownIssue(
+        id="hub-layer-without-backward",
+        title="a Hub layer without a backward, kernelized for training, falls back with an info-level log only",
+        source=(
+            "kernels/layer/layer.py _conditionally_replace_forward (kernels 0.17.2): Mode.TRAINING and "
+            "has_backward=False -> logging.info('Layer does not support backward, using fallback')"
+        ),
+        effect="kernelize(mode=Mode.TRAINING) keeps the layer's own (reference) forward and says so only at INFO, "
+        "which no default logging configuration prints",
+        fix="kernelguard.guard(model) after kernelize reports and trips on the reference forward that runs; use "
+        "a Hub kernel that declares has_backward, or the pip package",
+        provider="hub",
+        detector="hub-no-backward",
     ),
 )
 

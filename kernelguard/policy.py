@@ -24,16 +24,19 @@ from .catalog import VARLEN_ATTENTION
 from .errors import ConfigError
 from .known_issues import KNOWN_ISSUES, by_id
 
-__all__ = ["ALIASES", "ATTENTION", "EVERYTHING", "POLICY_ITEMS", "UNTRUSTED_HUB_REPO", "AllowPolicy",
-           "known_kernel_names"]
+__all__ = ["ALIASES", "ATTENTION", "EVERYTHING", "PACKED_WITHOUT_BOUNDARIES", "POLICY_ITEMS", "UNTRUSTED_HUB_REPO",
+           "AllowPolicy", "known_kernel_names"]
 
 ATTENTION = "attention"
 UNTRUSTED_HUB_REPO = "untrusted-hub-repo"
+PACKED_WITHOUT_BOUNDARIES = "packed-without-boundaries"
 EVERYTHING = "*"
 
 POLICY_ITEMS: dict[str, str] = {
     ATTENTION: "accept sdpa/eager attention (O(T^2) block mask) in packed training",
     UNTRUSTED_HUB_REPO: "accept Kernel Hub repositories outside the trusted organisations",
+    PACKED_WITHOUT_BOUNDARIES: "accept packed rows whose GDN layers get no example boundaries (wrong results; "
+    "quality controls only)",
     EVERYTHING: "accept every slow path (debugging only)",
 }
 # Other spellings of a policy item: `check` names the attention row after what it needs (a varlen attention),
@@ -62,6 +65,7 @@ class AllowPolicy:
     attention: bool = False
     untrusted_hub: bool = False
     everything: bool = False
+    packed_without_boundaries: bool = False
 
     @classmethod
     def parse(
@@ -85,7 +89,7 @@ class AllowPolicy:
         known = frozenset(kernel_names) if kernel_names is not None else None
         issues: set[str] = set()
         kernels: set[str] = set()
-        flags = {ATTENTION: False, UNTRUSTED_HUB_REPO: False, EVERYTHING: False}
+        flags = {ATTENTION: False, UNTRUSTED_HUB_REPO: False, EVERYTHING: False, PACKED_WITHOUT_BOUNDARIES: False}
         for raw in items:
             if not isinstance(raw, str):
                 raise _unknown(raw, source, known, expected_type=True)
@@ -101,7 +105,8 @@ class AllowPolicy:
                 kernels.add(item)
             else:
                 raise _unknown(item, source, known if known is not None else known_kernel_names())
-        return cls(frozenset(issues), frozenset(kernels), flags[ATTENTION], flags[UNTRUSTED_HUB_REPO], flags[EVERYTHING])
+        return cls(frozenset(issues), frozenset(kernels), flags[ATTENTION], flags[UNTRUSTED_HUB_REPO], flags[EVERYTHING],
+                   flags[PACKED_WITHOUT_BOUNDARIES])
 
     # ----------------------------------------------------------------------------------------- queries ---
     def allows_issue(self, issue_id: str) -> bool:
@@ -116,6 +121,9 @@ class AllowPolicy:
 
     def allows_untrusted_hub(self) -> bool:
         return self.everything or self.untrusted_hub
+
+    def allows_packed_without_boundaries(self) -> bool:
+        return self.everything or self.packed_without_boundaries
 
     def allows_site(self, kernel: str, issue_ids: Iterable[str] = ()) -> bool:
         """A slow call site is accepted by its kernel name or by any known issue that explains it."""
@@ -135,16 +143,19 @@ class AllowPolicy:
             self.attention or other.attention,
             self.untrusted_hub or other.untrusted_hub,
             self.everything or other.everything,
+            self.packed_without_boundaries or other.packed_without_boundaries,
         )
 
     def values(self) -> list[str]:
         """The items as a user writes them, sorted (for reports, JSON and round-tripping)."""
         flags = [name for name, on in ((ATTENTION, self.attention), (UNTRUSTED_HUB_REPO, self.untrusted_hub),
-                                       (EVERYTHING, self.everything)) if on]
+                                       (EVERYTHING, self.everything),
+                                       (PACKED_WITHOUT_BOUNDARIES, self.packed_without_boundaries)) if on]
         return sorted([*self.issues, *self.kernels, *flags])
 
     def __bool__(self) -> bool:
-        return bool(self.issues or self.kernels or self.attention or self.untrusted_hub or self.everything)
+        return bool(self.issues or self.kernels or self.attention or self.untrusted_hub or self.everything
+                    or self.packed_without_boundaries)
 
     def __str__(self) -> str:
         return ", ".join(self.values()) or "nothing"

@@ -13,6 +13,7 @@ JSON schema (``schema_version`` 1; additive changes keep the version, renames/re
                "candidates": [{"provider", "kind", "status", "reason", "fix", "known_issues": [str]}]}],
   "notes": [str], "unchecked": [str],
   "numerics": null | {... numerics.NumericsReport.to_dict()},
+  "fla_backend": {arch or "": {"arch", "forward", "backward", "label", "reasons": [str], "source"}},
   "environment": {... env.Environment.to_dict(): every fact with its source}
 }
 ``status`` is one of selected / accepted / rejected / skipped / fallback.
@@ -85,8 +86,21 @@ def to_dict(result: CheckResult) -> dict[str, Any]:
         "notes": list(res.notes),
         "unchecked": list(res.unchecked),
         "numerics": result.numerics.to_dict() if result.numerics is not None else None,
+        "fla_backend": {arch: b.to_dict() for arch, b in fla_backends(result).items()},
         "environment": result.env.to_dict(),
     }
+
+
+def fla_backends(result: CheckResult) -> dict[str, Any]:
+    """fla's GDN backend per target arch, as the check found it ({} when fla does not serve)."""
+    return dict(result.facts.fla_backends) if result.facts is not None else {}
+
+
+def fla_backend_lines(result: CheckResult) -> list[str]:
+    return [
+        f"fla backend for the GDN op{f' on sm {arch}' if arch else ''}: {b.label} ({b.source})"
+        for arch, b in fla_backends(result).items()
+    ]
 
 
 def _wrap(text: str, indent: int, width: int = 110) -> str:
@@ -124,6 +138,7 @@ def render(result: CheckResult, *, syntax: str = CLI) -> str:
             f"({in_terms(res.target.arch_source, syntax)})"
         ),
         _env_line(result),
+        *fla_backend_lines(result),
         "",
     ]
     for verdict in res.verdicts:

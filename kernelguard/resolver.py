@@ -17,6 +17,7 @@ from .capability import ComputeCapability, parse_all
 from .catalog import PACKED_REFERENCE, VARLEN_ATTENTION, KernelRequirement, Requirements
 from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
 from .facts import Facts, PackageFacts
+from .fla_backend import backward_for
 from .install import install_command, upgrade_command
 from .known_issues import KNOWN_ISSUES, KnownIssue
 from .policy import AllowPolicy
@@ -112,6 +113,9 @@ def _issue_matches(
         return False, None
     if issue.provider_version is not None and not _version_in(_base_version(provider_version), issue.provider_version):
         return False, None
+    if issue.fla_backends and backward_for(facts, issue.archs, target.archs,
+                                           training=requirements.mode == "training") not in issue.fla_backends:
+        return False, None
     key_dim = requirements.key_head_dim
     if issue.key_head_dim_max is not None or issue.key_head_dim_min is not None:
         if key_dim is None:
@@ -160,6 +164,12 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
         )
     if facts.env.version_of("kernels") is None:
         return rejected("the kernels package is not installed.", _install_fix("kernels", facts, target))
+    for issue in KNOWN_ISSUES:  # before the window: "loads nothing at all" says more than "outside the window"
+        if issue.provider == "hub" and issue.kernels_version and issue.detector is None \
+                and _version_in(_base_version(facts.env.version_of("kernels")), issue.kernels_version) \
+                and not target.allow.allows_issue(issue.id):
+            return Decision(req.kernel, label, "hub", REJECTED, _issue_sentence(issue, allowed=False),
+                            _install_fix("kernels", facts, Target()), (issue.id,))
     outside = _kernels_outside_window(facts)
     if outside:
         return rejected(f"{outside}.", _install_fix("kernels", facts, Target()))

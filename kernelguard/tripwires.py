@@ -44,6 +44,7 @@ from kernelguard.registry import (
 
 __all__ = [
     "ON_FALLBACK",
+    "REFERENCE_RANGE",
     "SLOW_PATH_NOTE",
     "FallbackEvent",
     "Tripwires",
@@ -55,6 +56,10 @@ __all__ = [
 ]
 
 ON_FALLBACK = ("raise", "record")
+# While a torch profiler records, an allowed call into a torch reference runs inside a profiler range named
+# REFERENCE_RANGE + "<reference function>@<layer>", so the step diagnosis can attribute the kernels it
+# launches (kernelguard.train.step_diagnosis). Outside a profiler it costs one flag read.
+REFERENCE_RANGE = "kernelguard.reference:"
 SLOW_PATH_NOTE = (
     "The reference is correct but several times slower (launch-bound) and GPU utilization will not show it."
 )
@@ -156,6 +161,7 @@ class _Patch:
     # compares it by value (an object would be compared by id, which a later object may reuse; an int may
     # become a dynamic input).
     arming: str = field(default_factory=lambda: _new_arming())
+    served: bool = False  # kernelized onto a Hub kernel after arming: its calls are not the reference
     _failure: compat.ImportFailure | None = None
     _failure_key: tuple[Any, ...] = ()
 
@@ -210,7 +216,7 @@ def _install_fix(patch: _Patch) -> str:
 def _trip(patch: _Patch, layer: Callable[[], str], *, tracing: bool = False) -> None:
     """Record the entry; raise when refused and an arming raises. ``layer`` names the caller (called once)."""
     if patch.closure is not None and patch.closure.func_module is not None and compat.hub_kernel(patch.closure):
-        patch.quiet = True  # kernelized onto a Hub kernel after arming: nothing falls back
+        patch.quiet = patch.served = True  # kernelized onto a Hub kernel after arming: nothing falls back
         return
     failure = patch.failure()
     allowed = patch.allowed()
@@ -240,13 +246,22 @@ def _make_wrapper(patch: _Patch) -> Callable[..., Any]:
 
     decide_while_tracing._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
+    function = patch.closure.torch_function.__name__ if patch.closure is not None else patch.name
+
     def kernelguard_tripwire(*args: Any, **kwargs: Any) -> Any:
-        # Compiled: the only code dynamo traces here is the constant call and the original. Eager: one flag
-        # read per call once the site is allowed and recorded; frames are read only on a recorded entry.
+        # Compiled: the only code dynamo traces here is the constant call and the original. Eager: two flag
+        # reads per call once the site is allowed and recorded; frames are read only on a recorded entry, or
+        # while a profiler records (to name the layer in the range).
         if is_compiling():
             decide_while_tracing(patch.arming)
-        elif not patch.quiet:
+            return original(*args, **kwargs)
+        if not patch.quiet:
             _trip(patch, functools.partial(layer_from_frames, sys._getframe(1)))
+        profiler_state = sys.modules.get("torch.autograd.profiler")
+        if profiler_state is not None and profiler_state._is_profiler_enabled and not patch.served:
+            name = f"{REFERENCE_RANGE}{function}@{layer_from_frames(sys._getframe(1))}"
+            with profiler_state.record_function(name):
+                return original(*args, **kwargs)
         return original(*args, **kwargs)
 
     functools.update_wrapper(kernelguard_tripwire, original, updated=())

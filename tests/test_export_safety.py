@@ -17,7 +17,8 @@ import pytest
 import train_helpers as h
 
 from kernelguard.train import checkpoint as ckpt
-from kernelguard.train.export import check_destination, main, many_shards_warning
+from kernelguard.train.export import check_destination, many_shards_warning
+from kernelguard.train.export_cli import main
 
 FAULT_HOOKS = h.TESTS_DIR / "fault_hooks"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from kernelguard.install import PACKAGES, TORCH_TRITON, install_command, upgrade_command
+from kernelguard.install import PACKAGES, TORCH_TRITON, install_command, pin_command, upgrade_command
 from kernelguard.known_issues import by_id
 
 pytestmark = pytest.mark.slow
@@ -98,6 +98,8 @@ def _fixes() -> list[tuple[str, list[str]]]:
             out.append((command, [] if installs_torch else [f"triton{pin}"]))
     out += [(upgrade_command("torch", "2.10"), []), (upgrade_command("flash-linear-attention", "0.2.2"), [])]
     out += [("pip install z3-solver", [])]  # tilelang-without-z3's fix
+    # a stack lock's restores: the exact releases the H200 image carries
+    out += [(pin_command("fla-core", "0.6.0"), []), (pin_command("causal-conv1d", "1.7.0"), [])]
     assert by_id("tilelang-without-z3") is not None and "pip install z3-solver" in by_id("tilelang-without-z3").fix
     for extra in ("hub", "train", "tensorboard", "wandb", "trackio", "trl"):  # the extras fixes name
         out.append((f"pip install 'kernelguard[{extra}]'", []))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -65,8 +66,8 @@ def _run(hide_fla: bool) -> subprocess.CompletedProcess[str]:
 def test_real_fla_and_causal_conv1d_pass_the_guard_on_cuda() -> None:
     result = _run(hide_fla=False)
     assert result.returncode == 0
-    assert "fla.ops.gated_delta_rule" in result.stdout
-    assert "causal_conv1d" in result.stdout
+    assert re.search(r"chunk_gated_delta_rule\b.*\bfla\b", result.stdout), "no fla row for the GDN op"
+    assert re.search(r"causal_conv1d_fn\b.*causal.conv1d", result.stdout), "no causal-conv1d row for the conv"
     assert "forward ok" in result.stdout
 
 

@@ -469,3 +469,38 @@ def test_check_cli_survives_a_segfaulting_extension(site: Site, tmp_path: Path) 
     package = next(c for c in conv["candidates"] if c["kind"] == "package")
     assert package["status"] == "rejected"
     assert f"crashes on import (signal 11: SIGSEGV) in {so}" in package["reason"]
+
+
+def test_check_probes_compiled_packages_before_anything_initialises_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reading a GPU's capability (the environment probe) or importing fla initialises CUDA; an import probe
+    # after that spawns a fresh interpreter that imports torch again (seconds) instead of forking.
+    import importlib
+
+    check, env = importlib.import_module("kernelguard.check"), importlib.import_module("kernelguard.env")
+    events: list[str] = []
+    real_probe, real_with_gpus = env.probe, env.with_gpus
+
+    def probe(**kwargs: Any) -> Any:
+        events.append(f"probe read_gpus={kwargs.get('read_gpus', True)}")
+        return real_probe(**kwargs)
+
+    def with_gpus(found: Any) -> Any:
+        events.append("gpus")
+        return real_with_gpus(found)
+
+    def package(spec: Any, module: str, attribute: str, **kwargs: Any) -> PackageFacts:
+        events.append(f"{module} ({'compiled' if spec.compiled else 'python'})")
+        return PackageFacts(import_name=spec.import_name, distribution=None, version=None, module=module,
+                            attribute=attribute, import_error="ModuleNotFoundError: not installed",
+                            devices=spec.default_devices, devices_source="test")
+
+    monkeypatch.setattr(check, "probe", probe)
+    monkeypatch.setattr(check, "with_gpus", with_gpus)
+    monkeypatch.setattr(check, "probe_package", package)
+    seen: list[Any] = []
+    real_resolve = check.resolve
+    monkeypatch.setattr(check, "resolve", lambda facts, *args: seen.append(facts) or real_resolve(facts, *args))
+    check.run_check(check.CheckOptions(model="qwen3_5", mode="training"))
+    assert events == ["probe read_gpus=False", "causal_conv1d (compiled)", "flash_attn (compiled)",
+                      "fla.ops.gated_delta_rule (python)", "gpus"]
+    assert list(seen[0].packages) == ["causal_conv1d", "fla.ops.gated_delta_rule", "flash_attn"]  # as before

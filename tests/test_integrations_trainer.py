@@ -358,3 +358,37 @@ def test_two_ranks_stop_together_when_one_refuses(tmp_path: Path) -> None:
             "printed by rank 1); this rank 0 passed and stops with them.") in out
     assert "RANK0 step=0" in out and "RANK1 step=0" in out
     assert "trained" not in out
+
+
+def test_the_callback_refuses_a_node_that_differs_from_its_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """lock= (or KERNELGUARD_LOCK) is checked on train begin, before the guard, on any device."""
+    import json
+    from types import SimpleNamespace
+
+    from kernelguard import stack_lock
+    from kernelguard.errors import LockMismatch
+
+    lock = tmp_path / "kernelguard.lock"
+    lock.write_text(json.dumps({"kernelguard_lock": 1, "target_archs": [], "allow": [], "kernels": {},
+                                "model": {"name": "qwen3_5", "family": "qwen3_5", "mode": "training"},
+                                "stack": {"triton": "3.6.0"}}))
+    seen: list[Any] = []
+    real = stack_lock.run_check
+    monkeypatch.setattr(stack_lock, "run_check", lambda options: seen.append(options) or real(options))
+    args = SimpleNamespace(padding_free=False, packing=False, world_size=1, process_index=0)
+    state = SimpleNamespace(log_history=[], global_step=0, is_world_process_zero=True)
+    with pytest.raises(LockMismatch) as info:
+        KernelGuardCallback(lock=lock).on_train_begin(args, state, None, model=torch.nn.Linear(2, 2))
+    assert info.value.differences[0].startswith("triton: lock says 3.6.0, here ")
+    assert list(seen[0].allow) == [] and seen[0].model == "qwen3_5"  # the run's allow items (none), the lock's model
+    monkeypatch.setenv("KERNELGUARD_LOCK", str(lock))
+    with pytest.raises(LockMismatch):
+        KernelGuardCallback().on_train_begin(args, state, None, model=torch.nn.Linear(2, 2))
+    # the run's allow items are the guard's: a lock that accepted more than the run does is a difference too
+    monkeypatch.delenv("KERNELGUARD_LOCK")
+    lock.write_text(json.dumps({"kernelguard_lock": 1, "target_archs": [], "allow": ["attention"], "kernels": {},
+                                "model": {"name": "qwen3_5", "family": "qwen3_5", "mode": "training"}, "stack": {}}))
+    with pytest.raises(LockMismatch) as info:
+        KernelGuardCallback(lock=lock).on_train_begin(args, state, None, model=torch.nn.Linear(2, 2))
+    assert info.value.differences == (
+        "allow items: lock says [attention], here none; restore: pass exactly the lock's: allow=['attention']",)

@@ -389,16 +389,33 @@ def test_real_kernels_on_gpu_qwen3_5_shapes(fla_refusal_lifted: list[bool]) -> N
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_fla_issue_640_is_caught_by_numbers_at_key_dim_64(fla_refusal_lifted: list[bool]) -> None:
-    """On the known-bad stack (Hopper, Triton 3.4-3.7.0) with fla's refusal lifted: wrong dk/dg at key head
-    dim 64 must FAIL, key head dim 128 must PASS."""
+def test_fla_at_key_dim_64_on_the_640_stack_is_measured_and_a_wrong_dk_is_caught(
+    fla_refusal_lifted: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the stack fla #640 is reported for (Hopper, Triton 3.4-3.7.0), with fla's refusal lifted: the numbers
+    at key head dim 64 are measured within a minute, and a real fla whose dk is off by 10% (upstream's #640
+    errors are larger) fails exactly on dk. On Triton 3.6.0 + fla 0.6.0 the corruption itself does not occur
+    (bench/RESULTS.md 2d, and this test's first half): `fla-640-wrong-grads` stays refused by default because
+    it is reported upstream, not because it was reproduced here."""
     if fla_refusal_lifted != [True, True, False]:
         pytest.skip(f"not the fla issue 640 stack (Hopper, Triton 3.4-3.7.0): {fla_refusal_lifted}")
-    shapes = numerics.generic_shapes()
-    k64 = run_numerics(["chunk_gated_delta_rule"], shapes=[s for s in shapes if s.key_dim == 64])
-    k128 = run_numerics(["chunk_gated_delta_rule"], shapes=[s for s in shapes if s.key_dim == 128])
-    assert {c.tensor for c in k64.failures} & {"dk", "dg"}, k64.render()
-    assert k128.ok, k128.render()
+    # One config per autotuned kernel: no search (a cold one took minutes for this shape set).
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as real
+
+    from kernelguard.fla_autotune import fla_autotuners
+
+    for _, tuner in fla_autotuners():
+        monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
+    k64 = [s for s in numerics.generic_shapes() if s.key_dim == 64][:1]
+    measured = run_numerics(["chunk_gated_delta_rule"], shapes=k64)
+    assert measured.ok and max(c.rel_error for c in measured.cases) < 0.01, measured.render()
+
+    def wrong_dk(q: torch.Tensor, k: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return real(q, _ScaleGrad.apply(k, 1.1), *args, **kwargs)
+
+    caught = run_numerics(["chunk_gated_delta_rule"], providers={"chunk_gated_delta_rule": wrong_dk}, shapes=k64)
+    assert {c.tensor for c in caught.failures} == {"dk"}, caught.render()
+    assert all(0.09 < c.rel_error < 0.11 for c in caught.failures), caught.render()
 
 
 # ------------------------------------------------------------------------------------------- bench (tiny, CPU)

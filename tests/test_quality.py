@@ -1,6 +1,7 @@
-"""The quality comparison (bench/quality): the chitchat converter, the compare driver, the padded and leaky
-layouts, and `kernelguard train` in its three --packing modes on real conversations with the real Qwen3.5
-vocabulary: packed == padded per step (fp32, CPU) and the leaky negative control measurably different."""
+"""The quality comparison (bench/quality): the chitchat converter, the compare driver (seeds, spreads,
+verdicts), the padded, leaky and naive layouts, and `kernelguard train` in its four --packing modes on real
+conversations with the real Qwen3.5 vocabulary: packed == padded per step (fp32, CPU) and both negative
+controls (leaky, naive; each needs --allow packed-without-boundaries) measurably different."""
 
 from __future__ import annotations
 
@@ -71,10 +72,45 @@ def test_padded_batch_predicts_the_packed_blocks_tokens() -> None:
     assert leaky["labels"].tolist() == packed["labels"].tolist()
 
 
-def test_held_out_loss_is_measured_with_boundaries_for_the_leaky_control_only() -> None:
-    from kernelguard.train.packing import LEAKY, PACKED, PADDED, eval_layout
+def test_held_out_loss_is_measured_with_boundaries_for_the_controls() -> None:
+    from kernelguard.train.packing import LEAKY, NAIVE, PACKED, PADDED, eval_layout
 
-    assert [eval_layout(m) for m in (PACKED, PADDED, LEAKY)] == [PACKED, PADDED, PACKED]
+    assert [eval_layout(m) for m in (PACKED, PADDED, LEAKY, NAIVE)] == [PACKED, PADDED, PACKED, PACKED]
+
+
+def test_naive_layout_has_no_boundaries_and_positions_run_on() -> None:
+    from kernelguard.train.packing import BOUNDARY_KEYS, build_batch, build_packed_block
+
+    examples = [([5, 6, 7], [-100, 6, 7]), ([8, 9], [8, 9])]
+    naive = build_batch(examples, 8, 0, packing="naive")
+    assert not set(BOUNDARY_KEYS) & set(naive)
+    assert naive["position_ids"].tolist() == [list(range(8))]
+    assert naive["labels"].tolist() == build_packed_block(examples, 8, 0)["labels"].tolist()
+
+
+def test_the_controls_are_refused_without_their_allow_item() -> None:
+    from kernelguard.errors import ConfigError
+    from kernelguard.policy import AllowPolicy
+    from kernelguard.train.packing import check_control_allowed
+
+    with pytest.raises(ConfigError) as info:
+        check_control_allowed("naive", allowed=AllowPolicy.parse(["attention"]).allows_packed_without_boundaries())
+    assert str(info.value).startswith(
+        "--packing naive withholds every example boundary from the model: a deliberate bug that trains across "
+        "examples, kept only as a negative control for quality comparisons."
+    )
+    assert info.value.fix == "train with --packing packed; to run the control, add --allow packed-without-boundaries"
+    check_control_allowed("leaky", allowed=AllowPolicy.parse(["packed-without-boundaries"]).allows_packed_without_boundaries())
+    check_control_allowed("packed", allowed=False)
+    check_control_allowed("none", allowed=False)
+
+
+def test_first_k_labels_keep_the_first_scored_tokens_of_an_example() -> None:
+    from kernelguard.train.evaluate import first_k_labels
+
+    ids = [1, 2, 3, 4, 5, 6, 7]
+    assert first_k_labels((ids, [-100, -100, 3, -100, 5, 6, 7]), 2) == (ids, [-100, -100, 3, -100, 5, -100, -100])
+    assert first_k_labels((ids, [9, 2, 3, 4, 5, 6, 7]), 3)[1] == [9, 2, 3, 4, -100, -100, -100]  # label 0: never scored
 
 
 def test_the_data_line_of_a_padded_run_says_padded_batches() -> None:
@@ -102,63 +138,75 @@ def test_padded_shapes_are_powers_of_two_within_the_block() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- compare ---
-def _metrics(path: Path, losses: list[float], evals: dict[int, float], tok_s: float) -> Path:
+def _metrics(path: Path, losses: list[float], evals: dict[int, float], tok_s: float = 100.0) -> Path:
     recs: list[dict[str, Any]] = []
     for i, loss in enumerate(losses, start=1):
         recs.append({"step": i, "loss": loss, "tokens_per_s": tok_s, "step_time_s": 0.5, "padding_pct": 1.0})
         if i in evals:
-            recs.append({"step": i, "eval_loss": evals[i], "eval_tokens": 100})
-    return h.write_jsonl(path / "metrics.jsonl", recs).parent
+            recs.append({"step": i, "eval_loss": evals[i], "eval_tokens": 100, "eval_loss_first_k": evals[i] + 1.0,
+                         "eval_tokens_first_k": 40, "eval_first_k": 32})  # fmt: skip
+    return h.write_jsonl(path, recs)
 
 
-def test_compare_writes_gaps_verdicts_and_plot(tmp_path: Path) -> None:
-    losses = [12.0 - 0.5 * i for i in range(10)]
-    packed = _metrics(tmp_path / "p", losses, {5: 8.0, 10: 6.0}, 200.0)
-    padded = _metrics(tmp_path / "n", losses, {5: 8.0, 10: 6.006}, 100.0)
-    leaky = _metrics(tmp_path / "l", [x + 0.3 for x in losses], {5: 8.5, 10: 6.6}, 200.0)
-    unigram = tmp_path / "unigram.json"
-    unigram.write_text(json.dumps({"eval_cross_entropy": 7.0}))
+def _seeded(out: Path, mode: str, finals: list[float], *, falling: bool = True) -> None:
+    for seed, final in enumerate(finals):
+        evals = {5: final + 1.0, 10: final} if falling else {5: final - 0.1, 10: final}
+        _metrics(out / f"{mode}.s{seed}.metrics.jsonl", [12.0 - 0.5 * i for i in range(10)], evals)
+
+
+def test_compare_reads_seeds_and_judges_the_gaps_against_their_spread(tmp_path: Path) -> None:
+    _seeded(tmp_path, "packed", [6.00, 6.02, 6.01])
+    _seeded(tmp_path, "none", [6.01, 6.03, 6.02])  # means 0.01 apart, spread 0.02: agree (0.17%)
+    _seeded(tmp_path, "naive", [6.20], falling=False)  # 0.19 = 9.5 spreads away: detected
+    (tmp_path / "unigram.json").write_text(json.dumps({"eval_cross_entropy": 7.0}))
     out_json, out_png = tmp_path / "c.json", tmp_path / "c.png"
-    args = [
-        "--packed",
-        str(packed),
-        "--padded",
-        str(padded),
-        "--leaky",
-        str(leaky),
-        "--unigram",
-        str(unigram),
-    ]
+    args = ["--dir", str(tmp_path), "--unigram", str(tmp_path / "unigram.json")]
     assert compare.main([*args, "--out-json", str(out_json), "--out-png", str(out_png)]) == 0
     result = json.loads(out_json.read_text())
-    assert result["runs"]["packed"]["final_eval_loss"] == 6.0
-    assert result["runs"]["packed"]["min_eval_loss"] == 6.0
-    assert result["vs_packed"]["padded"]["final_eval_loss_rel"] == pytest.approx(0.001)
-    assert result["vs_packed"]["padded"]["speedup_packed_over"] == pytest.approx(2.0)
-    assert result["vs_packed"]["leaky"]["final_eval_loss_rel"] == pytest.approx(0.1)
-    assert result["unigram_eval_cross_entropy"] == 7.0
-    assert result["verdicts"] == {
-        "packed_within_1pct_of_padded": True,
-        "packed_within_0_5pct_of_padded": True,
-        "control_over_padded_gap": pytest.approx(100.0),
-        "control_detected": True,
-        "learned_below_start": True,
-        "learned_below_unigram": True,
-    }
+    whole = result["modes"]["whole"]
+    assert whole["packed"]["mean"] == pytest.approx(6.01) and whole["packed"]["spread"] == pytest.approx(0.02)
+    gap = result["method_gap"]["whole"]
+    assert gap["packed_minus_padded"] == pytest.approx(-0.01) and gap["seed_spread"] == pytest.approx(0.02)
+    assert gap["agree"] and gap["within_spread"] and gap["within_0_5pct"] and gap["seeds"] == [3, 3]
+    naive = result["control_gap"]["whole"]["naive"]
+    assert naive["in_spreads"] == pytest.approx(9.5) and naive["detected"]
+    assert result["method_gap"]["first_k"]["packed_minus_padded"] == pytest.approx(-0.01)
+    assert result["verdict_lines"] == [
+        ("method (eval loss at step 10): packed vs padded AGREE: difference of means -0.0100 (0.17%) against a seed spread "
+        "of 0.0200 (3 + 3 seeds)"),
+        "control naive (eval loss at step 10): DETECTED: +0.1900 (3.16%) from packed, 9.5 seed spreads (detected above 3)",
+        ("method (eval loss on the first K label tokens at step 10): packed vs padded AGREE: difference of means -0.0100 "
+        "(0.14%) against a seed spread of 0.0200 (3 + 3 seeds)"),
+        ("control naive (eval loss on the first K label tokens at step 10): DETECTED: +0.1900 (2.71%) from packed, 9.5 seed "
+        "spreads (detected above 3)"),
+        "schedule: eval loss still falling at the end in 6 of 7 runs",
+        ("learning: every run's final eval loss below its first train loss: True; below the unigram baseline "
+        "7.0000: True"),
+    ]
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_run_cut_short_is_compared_on_the_steps_both_ran(tmp_path: Path) -> None:
-    losses = [12.0 - 0.5 * i for i in range(10)]
-    packed = _metrics(tmp_path / "p", losses, {5: 8.0, 10: 6.0}, 200.0)
-    padded = _metrics(tmp_path / "n", [x * 1.001 for x in losses[:7]], {5: 8.004}, 100.0)  # stopped at step 7
-    result = compare.compare({"packed": compare.read_run(packed), "padded": compare.read_run(padded)}, None)
-    gaps = result["vs_packed"]["padded"]
-    assert gaps["common_eval_step"] == 5 and gaps["final_eval_loss_rel"] == pytest.approx(0.0005)
-    assert gaps["common_train_steps"] == 7 and gaps["median_step_train_loss_rel"] == pytest.approx(0.001)
+def test_a_gap_beyond_the_spread_or_half_a_percent_disagrees(tmp_path: Path) -> None:
+    _seeded(tmp_path, "packed", [6.00, 6.001])
+    _seeded(tmp_path, "none", [6.01, 6.011])  # 0.01 apart, spread 0.001
+    _seeded(tmp_path, "leaky", [6.0015])
+    result = compare.compare(compare.read_dirs([tmp_path]), None)
+    gap = result["method_gap"]["whole"]
+    assert not gap["agree"] and not gap["within_spread"] and gap["within_0_5pct"]
+    assert not result["control_gap"]["whole"]["leaky"]["detected"]
+    assert "packed vs padded DIFFER" in result["verdict_lines"][0]
 
 
-# ------------------------------------------------------------------------- kernelguard train, three modes ---
+def test_runs_are_compared_at_the_last_eval_step_all_of_them_reached(tmp_path: Path) -> None:
+    _seeded(tmp_path, "packed", [6.00, 6.02])
+    _metrics(tmp_path / "none.s0.metrics.jsonl", [12.0 - 0.5 * i for i in range(7)], {5: 6.5})  # cut at step 7
+    result = compare.compare(compare.read_dirs([tmp_path]), None)
+    assert result["eval_step"] == 5
+    assert result["modes"]["whole"]["packed"]["values"] == [7.0, 7.02]  # their step-5 evals, not their last
+    assert result["method_gap"]["whole"]["packed_minus_padded"] == pytest.approx(0.51)
+
+
+# -------------------------------------------------------------------------- kernelguard train, four modes ---
 STEPS = 4
 
 
@@ -177,13 +225,14 @@ def quality_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dic
     tok = prepare.write_tokenizer(root / "tok")
     model = prepare.write_model_config(root / "model", "tiny")
     runs = {}
-    for mode in ("packed", "none", "leaky"):
+    for mode in ("packed", "none", "leaky", "naive"):
         out = root / mode
         r = h.run_train(
             ["--model", str(model), "--tokenizer", str(tok), "--data", str(jsonl), "--output-dir", str(out),
              "--packing", mode, "--block-size", "256", "--param-dtype", "fp32", "--learning-rate", "3e-3",
              "--warmup-steps", "1", "--max-steps", str(STEPS), "--eval-fraction", "0.15", "--eval-every", "2",
-             "--no-progress", "--no-export", "--no-plot", "--allow", "attention"],
+             "--no-progress", "--no-export", "--no-plot", "--allow", "attention",
+             *(["packed-without-boundaries"] if mode in ("leaky", "naive") else [])],
             nproc=0,  # one process: three runs in the suite's budget (FSDP2 on 2 ranks: test_train_cli)
         )  # fmt: skip
         assert r.returncode == 0, r.stderr
@@ -227,6 +276,12 @@ def test_leaky_control_differs_from_packed_and_says_so(quality_runs: dict[str, A
     warnings = [line for line in quality_runs["leaky.stderr"].splitlines() if "--packing leaky" in line]
     assert warnings and "WARNING" in warnings[0], quality_runs["leaky.stderr"][-2000:]
     assert "--packing leaky" not in quality_runs["packed.stderr"]
+    # naive withholds the attention boundaries too (positions run on): a larger leak than leaky's
+    naive = _step_gaps(quality_runs["naive"], packed, "loss")
+    assert min(naive) > 50 * noise and naive[-1] > gaps[-1], (naive, gaps)
+    assert "WARNING: --packing naive is a deliberate bug" in quality_runs["naive.stderr"]
+    first_k = [r for r in quality_runs["packed"] if "eval_loss_first_k" in r]
+    assert len(first_k) == STEPS // 2 and all(0 < r["eval_tokens_first_k"] < r["eval_tokens"] for r in first_k)
 
 
 @pytest.mark.slow

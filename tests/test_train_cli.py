@@ -299,3 +299,24 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert main(args) == 2
     assert "neither a model directory" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_node_that_differs_from_the_image_lock_is_refused_before_the_model_is_built(
+    assets: dict[str, Path], tmp_path: Path
+) -> None:
+    import json
+
+    out = assets["root"] / "locked"
+    lock = tmp_path / "kernelguard.lock"
+    lock.write_text(json.dumps({
+        "kernelguard_lock": 1, "target_archs": [], "allow": [],
+        "model": {"name": "qwen3_5", "family": "qwen3_5", "mode": "training", "packed": True, "hub": False},
+        "stack": {"torch": "2.11.0+cu130"}, "kernels": {}, "fla_backend": {}, "fla_autotune_pins": [],
+    }))
+    r = h.run_train(_args(assets, out, "--max-steps", "2", "--lock", str(lock)), nproc=0)
+    assert r.returncode == 3, r.stderr
+    import torch
+
+    assert (f"  - torch: lock says 2.11.0+cu130, here {torch.__version__}; restore: pip install 'torch==2.11.0' "
+            "--index-url https://download.pytorch.org/whl/cu130") in r.stderr
+    assert "kernelguard train: refused to start (exit 3)." in r.stderr and not out.exists()

@@ -133,3 +133,31 @@ def test_shard_blocks_disjoint_equal_and_deterministic() -> None:
     assert len(set(flat)) == 100
     assert shards[2] == shard_blocks(103, rank=2, world_size=4, seed=1, epoch=0)
     assert shards[2] != shard_blocks(103, rank=2, world_size=4, seed=1, epoch=1)
+
+
+# ------------------------------------------------------------------------------- fla #1077's launch limit ---
+def test_segment_counts_see_the_padding_tail_as_one_more_segment() -> None:
+    from kernelguard.train.packing import segment_counts
+
+    assert segment_counts([[0, 1], [2]], [3, 5, 8], 8) == [2, 1]  # full blocks: no tail
+    assert segment_counts([[0, 1], [2]], [3, 4, 6], 8) == [3, 2]
+
+
+def test_a_block_past_65535_over_hv_segments_is_refused_on_fla_before_0_6() -> None:
+    from types import SimpleNamespace
+
+    from kernelguard.errors import GuardRefused
+    from kernelguard.train.preflight import check_packed_segments
+
+    config = SimpleNamespace(linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                             linear_value_head_dim=128)
+    check_packed_segments([2047, 12], config=config, fla_version="0.5.2")  # 2,047 * 32 = 65,504: launches
+    with pytest.raises(GuardRefused) as info:
+        check_packed_segments([12, 2048, 2050], config=config, fla_version="0.5.2")
+    assert info.value.report.startswith(
+        "known issue fla-1077-too-many-segments (https://github.com/fla-org/flash-linear-attention/pull/1077 "
+    )
+    assert ("2 packed block(s) hold more than 2047 segments (65,535 // 32 value heads), the most 2050 in block 2; "
+            "fla 0.5.2 would fail the launch of that step with 'Triton Error [CUDA]: invalid argument'.") in info.value.report
+    assert info.value.fix.startswith("pip install 'fla-core>=0.6.0' 'flash-linear-attention>=0.6.0'")
+    check_packed_segments([2050], config=config, fla_version="0.6.0")  # fixed there: one flat grid axis

@@ -249,7 +249,8 @@ def test_evaluate_is_the_token_mean_loss_over_every_eval_block(
     evaluated = copy.deepcopy(model)
     head = return_hidden_states_from_head(evaluated) if chunked else None
     state = TrainState(evaluated, optimizer=None, scheduler=None, info=one_rank, head=head)
-    loss, count = evaluate(state, examples, groups, block_size=48, pad_id=0)
+    result = evaluate(state, examples, groups, block_size=48, pad_id=0)
+    loss, count = result.loss, result.tokens
     assert count == tokens
     assert loss == pytest.approx(expected, rel=1e-5)
     assert evaluated.training  # back in train mode

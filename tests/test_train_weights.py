@@ -142,6 +142,90 @@ def test_streamed_safetensors_round_trip(tmp_path: Path) -> None:
         assert f.metadata() == {"format": "pt"}
 
 
+class _Collective:
+    """A stand-in for the gathered source: every rank must ask for every trained tensor, in one order."""
+
+    collective = True
+
+    def __init__(self, values: dict[str, torch.Tensor]) -> None:
+        self.values, self.asked, self.kept = values, [], []
+
+    def __call__(self, t: OutTensor, keep: bool = True) -> torch.Tensor | None:
+        self.asked.append(t.key)
+        if keep:
+            self.kept.append(t.key)
+        return self.values[t.key] if keep else None
+
+
+def _four_shards() -> tuple[list[OutTensor], dict[str, torch.Tensor]]:
+    values = {f"t{i}": torch.full((10, 5 * (i + 1)), float(i)).to(torch.bfloat16) for i in range(6)}
+    return [OutTensor(k, tuple(v.shape), v.dtype, k) for k, v in values.items()], values
+
+
+def test_each_rank_writes_its_shards_and_takes_part_in_every_gather_in_one_order(tmp_path: Path) -> None:
+    from kernelguard.train.export import write_shards
+
+    tensors, values = _four_shards()  # 100, 200, ..., 600 bytes: shards [t0 t1] [t2] [t3] [t4] [t5] at 350
+    orders = []
+    for rank in (0, 1):
+        source = _Collective(values)
+        shards = write_shards(tmp_path, tensors, source, max_bytes=350, rank=rank, world=2, budget=1)
+        assert [[t.key for t in s] for s in shards] == [["t0", "t1"], ["t2"], ["t3"], ["t4"], ["t5"]]
+        orders.append(source.asked)
+        mine = shard_names(5)[rank::2]
+        assert source.kept == [t.key for i, s in enumerate(shards) if i % 2 == rank for t in s]
+        for name in mine:
+            assert all(torch.equal(v, values[k]) for k, v in load_file(str(tmp_path / name)).items())
+    # The same order on both ranks (a collective), the ranks' streams interleaved by bytes written.
+    assert orders[0] == orders[1] == ["t0", "t2", "t1", "t3", "t4", "t5"]
+
+
+def test_a_failed_write_still_takes_part_in_every_gather_then_raises(tmp_path: Path, monkeypatch: Any) -> None:
+    import errno
+
+    from kernelguard.train import export
+
+    def full_disk(path: Path, tensors: list[OutTensor], fetch: Any) -> None:
+        fetch(tensors[0])
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(export, "write_safetensors", full_disk)
+    tensors, values = _four_shards()
+    source = _Collective(values)
+    with pytest.raises(OSError, match="No space left on device"):
+        export.write_shards(tmp_path, tensors, source, max_bytes=350, rank=0, world=2, budget=1)
+    assert source.asked == ["t0", "t2", "t1", "t3", "t4", "t5"]  # no rank is left waiting in a gather
+
+
+def test_parameters_computed_in_fp32_in_a_bf16_model_stay_fp32_in_the_export(tmp_path: Path) -> None:
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from kernelguard.train.export import export_tensors, held_in_fp32
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(4, 2)))
+        fully_shard(model[1], mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))
+        fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+        keep = held_in_fp32(model)
+        assert keep == {"1.0.weight", "1.0.bias"}
+        state = get_model_state_dict(model)
+        out = export_tensors({k: tuple(v.shape) for k, v in state.items()}, plan=None, tied=False,
+                             dtype=torch.bfloat16, keep_fp32=keep)
+        assert {t.key: t.dtype for t in out} == {"0.weight": torch.bfloat16, "0.bias": torch.bfloat16,
+                                                  "1.0.weight": torch.float32, "1.0.bias": torch.float32}
+        one_dtype = fully_shard(torch.nn.Linear(2, 2), mesh=mesh,
+                                mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))
+        assert held_in_fp32(one_dtype) == frozenset()  # an fp32 run: nothing is held apart
+        assert held_in_fp32(torch.nn.Linear(2, 2)) == frozenset()  # not FSDP2's
+    finally:
+        dist.destroy_process_group()
+
+
 def test_dry_run_host_memory_is_per_rank_for_the_sharded_load(tmp_path: Path) -> None:
     from kernelguard.train.host_memory import host_memory
 
@@ -154,7 +238,7 @@ def test_dry_run_host_memory_is_per_rank_for_the_sharded_load(tmp_path: Path) ->
     assert one.sharded and one.load_bytes == 2 * largest and four.load_bytes == 2 * -(-largest // 4)
     assert one.rank0_path_bytes == four.rank0_path_bytes == 4 * total
     assert four.checkpoint_bytes == 4 * -(-largest // 4) + 10_000_000  # one fp32 shard + DCP's copy-ahead
-    assert four.export_bytes == max(four.checkpoint_bytes, 6 * largest)  # or one fp32 tensor + its bf16 copy
+    assert four.export_bytes == 2 * total  # bf16 tensors in flight to disk: the whole (tiny) model at most
     text = four.render()
     assert text.startswith("host memory per rank over 4 rank(s)") and "load (sharded from safetensors)" in text
     assert f"the rank-0 load path would hold {4 * total / 2**30:.2f} GiB on rank 0" in text

@@ -104,7 +104,7 @@ def test_a_truncated_shard_is_named(tmp_path: Path) -> None:
     shard = sorted(src.glob("model-*.safetensors"))[1]
     shard.write_bytes(shard.read_bytes()[:-1000])
     message = _refusal(src)
-    assert "files shorter than their header says (truncated: a partial download or copy)" in message
+    assert "1 file(s) of " in message and "shorter than their header says (truncated: a partial download or copy)" in message
     assert f"{shard.name}: " in message and "tensor(s) are cut off" in message
 
 

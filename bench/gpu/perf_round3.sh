@@ -3,9 +3,9 @@
 #
 #   1. bench/gpu/train_throughput.py --all over fallback, stock_best, product_default (what `kernelguard train`
 #      runs with no performance flags) and product_noac+compile: 4 warm-up + 12 timed steps each, step times
-#      through bench/lib/step_stats.py (median/min/max, > 3x median = outlier, excluded), and the launch-bound
-#      detector (kernelguard.train.profiling) on each variant's own step: it must call the fallback
-#      launch-bound and not the product.
+#      through bench/lib/step_stats.py (median/min/max, > 3x median = outlier, excluded), and the step
+#      diagnosis (kernelguard.train.step_diagnosis) on each variant's own step: it must call the fallback a
+#      slow path and the product healthy.
 #   2. `kernelguard train` itself on the 1.16 B proxy for 15 steps (detector at steps 5, 10, 15; one
 #      Chrome/Perfetto trace), when the time left allows: the detector's figures as a user sees them.
 #
@@ -80,13 +80,13 @@ if bench.exists():
         summary[key] = data.get(key)
     det = data.get("detector", {})
     summary["detector_verdict_ok"] = (
-        det.get("fallback", {}).get("launch_bound") is True and det.get("product_default", {}).get("launch_bound") is False
+        det.get("fallback", {}).get("verdict") == "slow_path" and det.get("product_default", {}).get("verdict") == "healthy"
     )
 metrics = out / "perf_round3_train" / "metrics.jsonl"
 if metrics.exists():
     recs = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
     keys = ("step", "step_time_s", "tokens_per_s", "mfu", "gpu_busy_pct", "kernels_per_step", "cpu_s_per_step",
-            "launch_bound", "launch_heavy_ops", "profile_overhead_s")
+            "verdict", "verdict_line", "reference_pct", "gpu_time_by_class_pct", "launch_heavy_ops", "profile_overhead_s")
     summary["train_profiled_steps"] = [{k: r.get(k) for k in keys} for r in recs if "cpu_s_per_step" in r]
     times = [r["step_time_s"] for r in recs if "cpu_s_per_step" not in r and "step_time_s" in r][2:]
     if times:
@@ -95,7 +95,7 @@ if metrics.exists():
         summary["train_unprofiled_step_stats"] = steady_stats(times, warmup=0, min_steady=8).to_dict()
 err = out / "perf_round3_train.stderr"
 if err.exists():
-    summary["train_detector_lines"] = [l for l in err.read_text().splitlines() if "profile" in l or "launch-bound" in l]
+    summary["train_detector_lines"] = [l for l in err.read_text().splitlines() if "profile" in l or "slow path" in l or "small-kernel" in l or "GPU idle" in l]
 (out / "perf_round3_summary.json").write_text(json.dumps(summary, indent=2, default=str))
 print(json.dumps({k: summary.get(k) for k in ("tokens_per_s", "speedup_vs_stock_best", "detector", "detector_verdict_ok", "train_detector_lines", "errors")}, indent=1, default=str))
 PY

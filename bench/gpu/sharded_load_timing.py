@@ -83,6 +83,12 @@ def train(argv: list[str]) -> int:
     from kernelguard.train.__main__ import main
 
     loop.save = lambda *args, **kwargs: loop.log(args[1], "checkpoint skipped by the bench")
+    # No checkpoint is written, so preflight's room-for-a-checkpoint check (12 bytes per parameter: 62 GiB at
+    # 8 layers, more than the machine's free disk) is not this run's; writability is still checked.
+    from kernelguard.train import preflight
+
+    real_check = preflight.check_output
+    preflight.check_output = lambda output, *, need_bytes: real_check(output, need_bytes=0)
     if argv[:1] == ["--rank0"]:
         argv = argv[1:]
         real = build.load_weights
@@ -117,6 +123,10 @@ def run_summary(out: Path, name: str) -> dict[str, Any]:
         row.update(export_s=float(m.group(2)), export_files=int(m.group(3)))
     wall = _read(out / f"{name}.wall").strip()
     row["process_wall_s"] = float(wall) if wall else None
+    written = _read(out / f"{name}.export_bytes").strip()
+    if written and row.get("export_s"):
+        row["export_bytes"] = int(written)
+        row["export_mb_per_s"] = round(int(written) / row["export_s"] / 1e6, 1)
     return row
 
 
@@ -144,8 +154,9 @@ def summary(out: Path) -> int:
     }
     if s.get("loss") is not None and r.get("loss") is not None:  # both paths must load the same weights
         data["same_first_loss"] = abs(s["loss"] - r["loss"]) <= 1e-3 * max(1.0, abs(s["loss"]))
-    data["ok"] = s.get("rc") == "0" and r.get("rc") == "0" and s.get("load_path", "").startswith("each rank") \
-        and r.get("load_path", "").startswith("rank 0") and s.get("export_s") is not None
+    rank0_ok = r.get("rc") is None or (r.get("rc") == "0" and r.get("load_path", "").startswith("rank 0"))  # RUNS=sharded
+    data["ok"] = s.get("rc") == "0" and rank0_ok and s.get("load_path", "").startswith("each rank") \
+        and s.get("export_s") is not None
     (out / "sharded_load_timing.json").write_text(json.dumps(data, indent=1) + "\n")
     print(json.dumps(data, indent=1), flush=True)
     return 0 if data["ok"] else 1

@@ -24,7 +24,7 @@
 #
 # $OUT (default /tmp/kg-out): run.log, checkpoint.json, sharded.stderr, rank0.stderr, sharded/metrics.jsonl,
 # rank0/metrics.jsonl, *.rc, *.wall, sharded_load_timing.json; the model, the runs and final/ live under $WORK
-# (/tmp/kg-sharded-load, local disk: ~11 GB model + ~22 GB fp32 export pieces + ~11 GB final/ at the peak)
+# (/tmp/kg-sharded-load, local disk: ~11 GB model + ~11 GB final/ at the peak)
 # and are removed. BUDGET_S (230) bounds the whole script: each
 # part runs under `timeout` with what is left, a part that does not fit is skipped and said so.
 set -u
@@ -95,11 +95,13 @@ run() {
   "$PY" -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$t0" "$(date +%s.%N)" > "$OUT/$name.wall"
   echo "$name: rc=$rc, $(cat "$OUT/$name.wall") s wall"
   ls -la "$WORK/runs/$name" "$WORK/runs/$name/final" 2>/dev/null
+  du -cb "$WORK/runs/$name/final/"*.safetensors 2>/dev/null | tail -1 | cut -f1 > "$OUT/$name.export_bytes"
   cp "$WORK/runs/$name"/*.json* "$OUT/$name/" 2>/dev/null  # metrics.jsonl, run.json: the GBs stay on local disk
   rm -rf "$WORK/runs/$name"
 }
-run sharded "$PY" bench/gpu/sharded_load_timing.py train
-run rank0 "$PY" bench/gpu/sharded_load_timing.py train --rank0 --no-export
+RUNS=" ${RUNS:-sharded rank0} "  # RUNS=sharded: the export only
+[[ $RUNS == *" sharded "* ]] && run sharded "$PY" bench/gpu/sharded_load_timing.py train
+[[ $RUNS == *" rank0 "* ]] && run rank0 "$PY" bench/gpu/sharded_load_timing.py train --rank0 --no-export
 
 step "summary"
 "$PY" bench/gpu/sharded_load_timing.py summary "$OUT"

@@ -19,11 +19,20 @@ step, FSDP2 included. Variants differ only in their input batches and TrainConfi
   product_default exactly `kernelguard train` with no performance flags: activation checkpointing auto (the
                   memory estimate decides on this GPU; the JSON records the choice), no compile.
 
-Levers (``--lever``, measured one at a time): ``compile`` is the product's ``--compile`` (regional torch.compile of
-each decoder layer, fla/causal-conv1d/attention left opaque: kernelguard.train.compile), so the JSON still says
-product_path: true; the others are bench-side patches of the product's build/step that `kernelguard train` does
-not run (product_path: false): ``liger`` (Liger-Kernel's fused linear cross-entropy instead of the chunked loss),
-``sac2`` (activation checkpointing on every 2nd layer).
+Levers (``--lever``, comma list, measured one at a time). Product flags (the JSON still says product_path:
+true): ``compile`` is ``--compile`` (regional torch.compile of each decoder layer, fla/causal-conv1d/attention
+left opaque: kernelguard.train.compile); ``no_reshard`` is ``--no-reshard-after-forward`` (FSDP2 keeps each
+layer's gathered weights from forward to backward: on one GPU the "all-gather" is a copy, done twice per step
+otherwise); ``accum2`` is ``--gradient-accumulation-steps 2`` (two micro-batches per optimizer step: the
+optimizer and clipping are paid once per 2 blocks); ``tokens2x`` is ``--max-length 2 x --tokens-per-batch``
+(one block of twice the tokens); ``fused_norms`` is ``--fused-norms`` (Liger-Kernel's fused RMSNorm and SiLU x up,
+kernelguard.train.fused_norms). Bench-side patches `kernelguard train` does not run (product_path: false):
+``liger`` (Liger-Kernel's fused linear cross-entropy instead of the chunked loss), ``sac2`` (activation
+checkpointing on every 2nd layer). ``liger`` and ``fused_norms`` need ``liger-kernel`` importable (a pure-Python
+wheel) and CUDA.
+
+``--widths 27b``: Qwen3.5-27B's real widths (bench/configs/qwen3_5_27b_text.json: hidden 5120, vocab 248,320,
+48 value heads...) with ``--layers`` of its layers, instead of the 1.16 B proxy.
 
   python bench/gpu/train_throughput.py --variant product --out product.json
   python bench/gpu/train_throughput.py --all --variants fallback,stock_best,product --out combined.json
@@ -82,7 +91,9 @@ VARIANTS: dict[str, Variant] = {
     "product_noac": Variant("packed", "auto", False, "chunked", product_path=True),
     "product_default": Variant("packed", "auto", None, "chunked", product_path=True),
 }
-LEVERS = ("compile", "liger", "sac2")
+LEVERS = ("compile", "liger", "sac2", "no_reshard", "accum2", "tokens2x", "fused_norms")
+PRODUCT_LEVERS = {"compile", "no_reshard", "accum2", "tokens2x", "fused_norms"}  # flags of `kernelguard train`
+CONFIG_27B = ROOT / "bench" / "configs" / "qwen3_5_27b_text.json"
 
 
 # ----------------------------------------------------------------------------------------- import blocker
@@ -122,6 +133,13 @@ def model_config(args: argparse.Namespace) -> dict[str, Any]:
             "linear_value_head_dim": 16,
         }
         interval = 2
+    elif args.widths == "27b":
+        real = json.loads(CONFIG_27B.read_text())
+        keys = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                "linear_value_head_dim")
+        dims = {k: real[k] for k in keys} | {"num_hidden_layers": args.layers}
+        interval = real.get("full_attention_interval", 4)
     else:
         dims = {
             "vocab_size": args.vocab,
@@ -246,8 +264,8 @@ def build_batch(
 
 
 def make_schedule(
-    args: argparse.Namespace, variant: Variant, vocab: int
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    args: argparse.Namespace, variant: Variant, vocab: int, micro: int = 1
+) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
     """Batches for warm-up + measured + profiled steps, drawn from a whole synthetic epoch's layout (a seeded
     sample, not the first ones: best-fit-decreasing opens its blocks longest example first)."""
     cap = args.tokens_per_batch
@@ -256,14 +274,15 @@ def make_schedule(
     )
     groups = group_examples(variant.layout, lengths, cap)
     stats = layout_stats(variant.layout, groups, lengths, cap)
-    needed = args.warmup + args.steps + args.profile_steps
+    needed = (args.warmup + args.steps + args.profile_steps) * micro
     picks = random.Random(args.seed).sample(range(len(groups)), min(needed, len(groups)))
     built = [build_batch(variant.layout, groups[i], lengths, cap, vocab, args.seed) for i in picks]
     stats["batch_kwargs"] = sorted(k for k in built[0] if k not in ("_seq_lens", "labels"))
     stats["lengths"] = (
         f"lognormal(median={args.median_len}, sigma={args.sigma}) capped at {cap}, seed {args.seed}"
     )
-    return [built[i % len(built)] for i in range(needed)], stats
+    flat = [built[i % len(built)] for i in range(needed)]
+    return [flat[i : i + micro] for i in range(0, needed, micro)], stats
 
 
 # ----------------------------------------------------------------------------------------- levers
@@ -294,6 +313,9 @@ def apply_levers(levers: list[str], notes: list[str]) -> None:
 
         step.linear_cross_entropy = liger_loss  # type: ignore[assignment]
         notes.append("lever liger: Liger-Kernel fused linear cross-entropy replaces the chunked loss")
+    if "fused_norms" in levers:  # the product's --fused-norms (TrainConfig.runtime.fused_norms, set in run_variant)
+        notes.append("lever fused_norms: `kernelguard train --fused-norms` (kernelguard.train.fused_norms): Liger's "
+                     "fused RMSNorm for every norm that computes what it computes, and its fused SiLU x up in every MLP")
     if "compile" in levers:  # the product's --compile (TrainConfig.compile, set in run_variant)
         notes.append(
             "lever compile: `kernelguard train --compile` (kernelguard.train.compile.compile_layers): "
@@ -360,7 +382,7 @@ def profile_counts(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     sync(device)
     t0 = time.perf_counter()
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, record_shapes=True, with_flops=True) as prof:
         for b in batches:
             step_fn(b)
         sync(device)
@@ -384,10 +406,19 @@ def profile_counts(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> 
             kernels += 1
             us = float(evt.time_range.elapsed_us())
             kernel_us += us
-            slot = by_kernel.setdefault(name[:90], [0, 0.0])
+            slot = by_kernel.setdefault(name[:160], [0, 0.0])
             slot[0] += 1
             slot[1] += us
+    classify = kernel_classifier()
+    by_class: dict[str, float] = {}
+    for k, (_, us) in by_kernel.items():
+        by_class[classify(k)] = by_class.get(classify(k), 0.0) + us
     return {
+        "gpu_ms_by_class_per_step": {c: round(us / 1e3 / n, 2) for c, us in sorted(by_class.items(), key=lambda kv: -kv[1])},
+        "gpu_pct_by_class": {c: round(100.0 * us / kernel_us, 1) for c, us in sorted(by_class.items(), key=lambda kv: -kv[1])}
+        if kernel_us else {},
+        "classifier": getattr(classify, "__module__", "?"),
+        "matmul_ops": matmul_rates(prof, n, cuda=cuda),
         "profiled_steps": n,
         "profiled_wall_s_per_step": round(wall / n, 4),
         "kernel_launches_per_step": round(kernels / n, 1),
@@ -411,25 +442,107 @@ def profile_counts(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> 
     }
 
 
-def detector_figures(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> dict[str, Any]:
-    """`kernelguard train`'s launch-bound detector (kernelguard.train.profiling) on this variant's step, as the
-    loop runs it: two unprofiled steps give the reference step time, the third is profiled."""
+def kernel_classifier() -> Any:
+    """The product's kernel classes (kernelguard.train.kernel_classes) when this checkout has them, else a
+    local fallback with the same class names."""
+    try:
+        from kernelguard.train.kernel_classes import classify_kernel
+
+        return classify_kernel
+    except ImportError:
+        return _fallback_classify
+
+
+_FALLBACK_RULES = (
+    ("communication", ("nccl", "allgather", "all_gather", "reducescatter", "reduce_scatter")),
+    ("optimizer", ("multi_tensor_apply", "fused_adam", "adamw")),
+    ("copy", ("memcpy", "memset", "chunk_cat", "catarraybatchedcopy", "split_with_sizes_copy", "copy_kernel")),
+    ("conv", ("causal_conv1d", "conv1d", "depthwise", "convolution")),
+    ("attention", ("flash", "fmha", "attention", "attn", "sdpa", "varlen")),
+    ("gdn", ("delta_rule", "gated_delta", "chunk_fwd_kernel", "chunk_bwd_kernel", "chunk_scaled_dot_kkt",
+             "solve_tril", "recompute_w_u", "wy_repr", "chunk_local_cumsum", "chunk_delta_h", "l2norm", "chunk_o",
+             "chunk_dqkwg", "chunk_dv")),
+    ("loss", ("cross_entropy", "nll_loss", "log_softmax", "logsumexp")),
+    ("norm", ("rms_norm", "rmsnorm", "layer_norm", "layernorm", "norm_fwd", "norm_bwd")),
+    ("gemm", ("gemm", "cutlass", "xmma", "cublas", "nvjet", "matmul", "wgmma", "splitk", "sm90_", "bmm")),
+    ("elementwise", ("elementwise", "reduce", "triton_", "index", "scatter", "gather", "fill", "cumsum",
+                     "softmax", "where", "cat", "vectorized", "at::native", "unrolled")),
+)
+
+
+def _fallback_classify(name: str) -> str:
+    lowered = name.lower()
+    return next((cls for cls, needles in _FALLBACK_RULES if any(n in lowered for n in needles)), "other")
+
+
+def matmul_rates(prof: Any, steps: int, *, cuda: bool, top: int = 12) -> list[dict[str, Any]]:
+    """The matmul ops (aten mm/addmm/bmm/_scaled_mm, grouped by input shapes) with the most GPU time per step,
+    each with its FLOPs (torch.profiler's with_flops) and the rate its kernels achieved."""
+    rows = []
+    for avg in prof.key_averages(group_by_input_shape=True):
+        if avg.key not in ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm", "aten::baddbmm"):
+            continue
+        device_us = float(getattr(avg, "device_time_total", 0.0) or getattr(avg, "cuda_time_total", 0.0) or 0.0)
+        if not cuda:  # a CPU run (--tiny): the ops' own CPU time, so the table's plumbing is exercised
+            device_us = float(avg.self_cpu_time_total)
+        flops = float(getattr(avg, "flops", 0) or 0)
+        if device_us <= 0:
+            continue
+        rows.append({
+            "op": avg.key, "shapes": str(avg.input_shapes)[:120], "calls_per_step": round(avg.count / steps, 1),
+            "ms_per_step": round(device_us / 1e3 / steps, 2),
+            "tflops_achieved": round(flops / (device_us * 1e-6) / 1e12, 1) if flops else None,
+        })
+    return sorted(rows, key=lambda r: -r["ms_per_step"])[:top]
+
+
+def detector_figures(
+    step_fn: Any, batches: list[dict[str, Any]], device: Any, *, config: Any, dump: Path | None = None
+) -> dict[str, Any]:
+    """`kernelguard train`'s step diagnosis (kernelguard.train.profiling) on this variant's step, as the loop
+    runs it: the references armed and allowed as the gate arms them under --allow, unprofiled steps until three
+    agree, then one profiled step. ``dump``: the window's kernel records (gzipped JSON), for the CPU tests."""
+    import gzip
+
     import torch
 
+    from kernelguard.geometry import layer_types
+    from kernelguard.train.metrics import peak_flops, step_flops
     from kernelguard.train.profiling import StepProfiler
+    from kernelguard.train.step_diagnosis import attribute_kernels
+    from kernelguard.tripwires import arm_tripwires
 
     said: list[str] = []
-    detector = StepProfiler(first_step=3, every=0, device=torch.device(device), log=said.append)
-    for step in range(1, 4):
-        detector.run(step, step_fn, batches[step % len(batches)])
-    (window,) = detector.profiles
+    kept: list[Any] = []
+    detector = StepProfiler(
+        first_step=4, every=0, device=torch.device(device), log=said.append,
+        layers=len(layer_types(config)) or None, peak_flops=peak_flops(torch.device(device)) or None,
+        on_events=(lambda events: kept.append(attribute_kernels(events))) if dump is not None else None,
+    )
+    with arm_tripwires(allow=["*"], source="bench/gpu/train_throughput.py"):
+        for step in range(1, 4 + 12):
+            b = batches[step % len(batches)]
+            detector.run(step, step_fn, b, flops=step_flops(config, b["_seq_lens"]))
+            if detector.profiles:
+                break
+    window = detector.profiles[-1]
+    if dump is not None and kept:
+        dump.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "step_s": window.step_s, "layers": detector.layers, "peak_flops": detector.peak_flops,
+            "flops_per_step": step_flops(config, batches[window.step % len(batches)]["_seq_lens"]),
+            "device": torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu",
+            "kernels": [k.to_list() for k in kept[-1]],
+        }
+        with gzip.open(dump, "wt") as f:
+            json.dump(payload, f)
     return {
         **window.record(),
-        "launch_bound": window.launch_bound,
         "says": said,
         "summary": detector.summary(),
         "reference_step_s": window.reference_step_s,
         "profiled_step_s": round(window.wall_s, 4),
+        "profiled_at_step": window.step,
     }
 
 
@@ -473,6 +586,12 @@ def memory_estimate(cfg: Any, measured: int, device: Any) -> dict[str, Any] | No
 
 
 # ----------------------------------------------------------------------------------------- one variant
+def _step_batch(micro: list[dict[str, Any]]) -> dict[str, Any]:
+    """One optimizer step's micro-batches as the profilers' step function takes them (one argument, with the
+    step's example lengths for its FLOPs)."""
+    return {"_micro": micro, "_seq_lens": [n for b in micro for n in b["_seq_lens"]]}
+
+
 def train_config(args: argparse.Namespace, variant: Variant, model_path: Path, out_dir: Path) -> Any:
     from kernelguard.train.config import TrainConfig
 
@@ -494,14 +613,14 @@ def train_config(args: argparse.Namespace, variant: Variant, model_path: Path, o
     )
 
 
-def timed_steps(state: Any, batches: list[dict[str, Any]], device: Any) -> tuple[list[float], list[float]]:
+def timed_steps(state: Any, batches: list[list[dict[str, Any]]], device: Any) -> tuple[list[float], list[float]]:
     from kernelguard.train.step import optimizer_step
 
     times, losses = [], []
     for b in batches:
         sync(device)
         t0 = time.perf_counter()
-        result = optimizer_step(state, [b])
+        result = optimizer_step(state, b)
         sync(device)
         times.append(time.perf_counter() - t0)
         losses.append(result.loss)
@@ -523,10 +642,16 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"variant": name, "levers": levers, "ok": False, "notes": []}
     apply_levers(levers, result["notes"])
     tmp = Path(tempfile.mkdtemp(prefix="kg-bench-"))
+    if "tokens2x" in levers:
+        args.tokens_per_batch *= 2
+    micro = 2 if "accum2" in levers else 1
     config = model_config(args)
     (tmp / "config.json").write_text(json.dumps(config))
     cfg = train_config(args, variant, tmp / "config.json", tmp / "out")
     cfg.runtime.compile = "compile" in levers
+    cfg.runtime.reshard_after_forward = "no_reshard" not in levers
+    cfg.runtime.fused_norms = "fused_norms" in levers
+    cfg.training.gradient_accumulation_steps = micro
     lifted, note = (
         (False, "fla hidden")
         if "fla" in variant.hide
@@ -539,7 +664,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         result["notes"].append(pin_for_this_gpu())  # only shortens the warm-up: pins are autotune's own choices
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     info = init_distributed()
-    schedule, layout = make_schedule(args, variant, config["vocab_size"])
+    schedule, layout = make_schedule(args, variant, config["vocab_size"], micro=micro)
     baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
     from kernelguard.train.build import setup_training
@@ -559,22 +684,26 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     def one_step(b: dict[str, Any], st: Any = state) -> None:
         from kernelguard.train.step import optimizer_step
 
-        optimizer_step(st, [b])
+        optimizer_step(st, b["_micro"])
 
     try:
-        prof = profile_counts(one_step, schedule[args.warmup + args.steps :], device)
+        prof = profile_counts(one_step, [_step_batch(m) for m in schedule[args.warmup + args.steps :]], device)
     except Exception as exc:  # noqa: BLE001 - keep the throughput figures even if profiling fails
         prof = {"profiler_error": f"{type(exc).__name__}: {exc}"}
     try:
-        result["detector"] = detector_figures(one_step, measured, device)
+        if not args.detector:
+            raise RuntimeError("skipped (--no-detector)")
+        dump = Path(args.profile_dump) / f"{name}.json.gz" if args.profile_dump else None
+        result["detector"] = detector_figures(one_step, [_step_batch(m) for m in measured], device,
+                                              config=built.config, dump=dump)
     except Exception as exc:  # noqa: BLE001 - keep the throughput figures even if the detector fails
         result["detector"] = {"error": f"{type(exc).__name__}: {exc}"}
     # Warm-up and measured steps together through the one statistic: outliers (autotune, recompile) are listed
     # and excluded, and every figure below is over the steady steps only.
     stats = steady_stats(warm + times, warmup=len(warm))
     timed = schedule[: len(warm)] + measured
-    real_per_step = [sum(b["_seq_lens"]) for b in timed]
-    flops_per_step = [step_flops(built.config, b["_seq_lens"]) for b in timed]
+    real_per_step = [sum(n for b in m for n in b["_seq_lens"]) for m in timed]
+    flops_per_step = [step_flops(built.config, [n for b in m for n in b["_seq_lens"]]) for m in timed]
     real = sum(real_per_step[i] for i in stats.steady)
     total = sum(stats.step_times_s[i] for i in stats.steady)
     tokens_per_s = steady_rate(stats, real_per_step)
@@ -586,7 +715,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     result.update(
         {
             "ok": bool(losses) and all(math.isfinite(x) for x in losses),
-            "product_path": variant.product_path and not set(levers) - {"compile"},  # --compile is a flag
+            "product_path": variant.product_path and not set(levers) - PRODUCT_LEVERS,  # flags of kernelguard train
             "step": "kernelguard.train.step.optimizer_step after kernelguard.train.build.setup_training "
             f"(FSDP2 fully_shard, world size {info.world_size})",
             "device": torch.cuda.get_device_name(device)
@@ -602,6 +731,9 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
                 "param_dtype": cfg.runtime.param_dtype,
                 "layout": variant.layout,
                 "levers": levers,
+                "reshard_after_forward": cfg.runtime.reshard_after_forward,
+                "micro_batches_per_step": micro,
+                "widths": "tiny" if args.tiny else args.widths,
             },
             "config": {**config, "params": sum(p.numel() for p in state.model.parameters())},
             "tokens_per_batch": args.tokens_per_batch,
@@ -714,7 +846,9 @@ def summarize(combined: dict[str, Any]) -> None:
         v: r.get("mfu_vs_measured_matmul") for v, r in combined["variants"].items()
     }
     combined["detector"] = {
-        v: {k: r["detector"].get(k) for k in ("gpu_busy_pct", "launch_bound", "kernels_per_step", "cpu_s_per_step")}
+        v: {k: r["detector"].get(k) for k in ("verdict", "verdict_line", "gpu_busy_pct", "reference_pct",
+                                                  "gpu_time_by_class_pct", "kernels_per_step", "kernels_per_layer",
+                                                  "profile_mfu", "cpu_s_per_step", "profile_overhead_s")}
         for v, r in combined["variants"].items()
         if isinstance(r.get("detector"), dict)
     }
@@ -746,12 +880,15 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--steps", type=int, default=12, help="timed steps after warm-up (>= 10 steady steps wanted)")
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--profile-steps", type=int, default=2)
+    p.add_argument("--profile-dump", default=None, help="folder for each variant's profiled kernels (json.gz)")
     p.add_argument("--tokens-per-batch", type=int, default=None)
     p.add_argument("--examples", type=int, default=None, help="synthetic epoch size (layout statistics)")
     p.add_argument("--median-len", type=float, default=None)
     p.add_argument("--sigma", type=float, default=0.6)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--widths", choices=("proxy", "27b"), default="proxy",
+                   help="proxy: the 1.16 B model of the flags below; 27b: Qwen3.5-27B's widths, --layers layers")
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--intermediate", type=int, default=5632)
     p.add_argument("--vocab", type=int, default=151936)
@@ -764,6 +901,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--linear-value-dim", type=int, default=128)
     p.add_argument("--full-attention-interval", type=int, default=4)
     p.add_argument("--no-memory-estimate", dest="memory_estimate", action="store_false")
+    p.add_argument("--no-detector", dest="detector", action="store_false",
+                   help="skip the step diagnosis window (its ~15 extra steps); the profile's class table stays")
     p.add_argument("--child-timeout", type=int, default=300)
     raw = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(raw)

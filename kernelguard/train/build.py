@@ -114,6 +114,15 @@ def make_optimizer(
         {"params": decay, "weight_decay": optimizer.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    # Parameters FSDP2 keeps whole (parallel.apply_fsdp's fp32 ones) get a group of their own: a fused or
+    # foreach AdamW step takes DTensors or plain tensors, not both in one group.
+    from torch.distributed.tensor import DTensor
+
+    whole = [p for p in decay + no_decay if not isinstance(p, DTensor)]
+    if whole and len(whole) < len(decay) + len(no_decay):
+        for group in groups:
+            group["params"] = [p for p in group["params"] if isinstance(p, DTensor)]
+        groups.append({"params": whole, "weight_decay": 0.0})  # the GDN decay: never weight-decayed
     opt = torch.optim.AdamW(
         groups, lr=optimizer.learning_rate, betas=optimizer.adam_betas, fused=device.type == "cuda"
     )
@@ -165,6 +174,10 @@ def prepare_training(
     # Compile before fully_shard (torchtitan's order) and before AC: dynamo cannot trace a checkpoint region
     # with graph breaks in it (the opaque kernels), so a compiled checkpoint wrapper would run all eager; a
     # checkpoint of the compiled layer recomputes the compiled forward instead.
+    if cfg.runtime.fused_norms:  # before compile: the compiled layers trace the fused forwards
+        from .fused_norms import fuse_norms
+
+        _log(info, fuse_norms(model).describe())
     if cfg.runtime.compile:
         from .compile import compile_layers
 

@@ -163,7 +163,8 @@ class PackingSection:
         "right-padded batch with an attention mask (no packing; lets an --allow'ed torch GDN reference run). "
         "leaky: a deliberate bug, for quality checks only - packed blocks with the boundaries withheld "
         "(position ids only, as a stock flattening collator sends by default), so GDN state leaks across "
-        "examples",
+        "examples. naive: the same control with no boundaries at all (positions not reset either), what plain "
+        "concatenation gives. Both controls need --allow packed-without-boundaries",
     )
 
     def __post_init__(self) -> None:
@@ -227,6 +228,12 @@ class RuntimeSection:
         "a known-issue ID; repeatable",
         metavar="ID",
     )
+    lock: str | None = setting(
+        None,
+        "the image's kernelguard.lock (kernelguard lock): refuse to start, before the model is built, on a node "
+        "whose stack differs from it (default: KERNELGUARD_LOCK when set)",
+        metavar="FILE",
+    )
     param_dtype: str = setting("bf16", "FSDP2 compute/parameter dtype")
     attention: str = setting("auto", "full-attention implementation")
     # None: auto, decided per run from kernelguard.train.memory's estimate (build.resolve_activation_checkpointing)
@@ -242,6 +249,13 @@ class RuntimeSection:
         False,
         "regional torch.compile of each decoder layer before FSDP2 sharding, with the GDN kernels, the causal "
         "conv and attention left opaque (speedups measured: bench/RESULTS.md); the first steps pause to compile",
+        negatable=True,
+    )
+    # Off by default until measured on the GPU (bench/gpu/perf_round4.sh, lever fused_norms).
+    fused_norms: bool = setting(
+        False,
+        "Liger-Kernel's fused RMSNorm and SiLU-gate kernels for every norm and MLP that computes exactly what "
+        "they compute (kernelguard.train.fused_norms); CUDA only, needs pip install liger-kernel",
         negatable=True,
     )
     loss: str = setting(
@@ -303,11 +317,13 @@ class MetricsSection:
     plot: bool = setting(True, "write metrics.png")
     progress: bool = setting(True, "progress bar")
     # One profiled step every few hundred keeps the cost far below the 2% a run can spare (measured and
-    # reported with the figures); step 3 comes after the first steps' compilation and autotuning.
-    profile_step: int = setting(
-        3,
-        "profile this step (0: never): GPU busy % of the step, kernels and CPU time per step into metrics.jsonl, "
-        "and a one-line warning naming the launch-heavy ops when the GPU runs kernels < 70% of the step",
+    # reported with the figures). The first window waits for steady steps (after compilation, autotuning and
+    # the first evals); a CPU-only run has no GPU to judge, so it profiles only when asked.
+    profile_step: int | None = setting(
+        None,
+        "profile this step (default: from step 10 on a GPU, once steps are steady; never on a CPU-only run; "
+        "0: never): where GPU time goes (by kernel class, and how much was launched from torch reference "
+        "paths), MFU and a verdict into metrics.jsonl, and one warning line when the step is on a slow path",
         metavar="N",
     )
     profile_every: int = setting(500, "profile again every N steps after --profile-step (0: once)", metavar="N")

@@ -3,16 +3,19 @@
     export_run(output, model=..., built=..., tokenizer=..., dtype=..., info=...)   # end of a run
     export_checkpoint(Path("OUT/checkpoints/step_40"))                             # `kernelguard export`
 
-Both read the trained tensors from a DCP checkpoint (the run first saves its model's shards as one, into
-``final.tmp/.pieces``, all ranks in parallel; ``kernelguard export`` reads a training checkpoint), so an
-export after the fact is byte-identical to the run's own. The tensors are planned into shards of at most
-``max_shard_size`` (``model.safetensors`` alone, else ``model-0000i-of-0000N.safetensors`` plus
-``model.safetensors.index.json``, as ``save_pretrained`` names them); rank ``r`` writes shards ``r, r + world,
-...``, one full tensor in host memory at a time, in the export dtype. The names are the source checkpoint's
-(``model.language_model.*`` for the multimodal Qwen3.5 layout) and the tensors the text model does not have
-(vision tower) are copied unchanged from the source files, so the class the user started from loads the
-folder. Rank 0 then writes the index, config.json (with ``dtype``), the tokenizer and its chat template, and
-renames ``final.tmp/`` to ``final/``: there is never a half-written ``final/``.
+The tensors are planned into shards of at most ``max_shard_size`` (``model.safetensors`` alone, else
+``model-0000i-of-0000N.safetensors`` plus ``model.safetensors.index.json``, as ``save_pretrained`` names them);
+rank ``r`` writes shards ``r, r + world, ...`` in the export dtype. At the end of a run each trained tensor is
+cast to the export dtype on its shards and gathered whole (every rank takes part, in one order); only the rank
+that writes it keeps it, and a writer thread streams it to disk while the next ones are gathered, so nothing is
+written twice and host memory holds at most ``IN_FLIGHT`` bytes (or the largest tensor) per rank. ``kernelguard
+export`` reads the same tensors from a training checkpoint (DCP, fp32) instead, cast the same way: both exports
+are byte-identical. A parameter the model holds in fp32 while it computes the rest in a lower precision stays
+fp32. The names are the source checkpoint's (``model.language_model.*`` for the multimodal Qwen3.5 layout) and
+the tensors the text model does not have (vision tower) are copied unchanged from the source files, so the class
+the user started from loads the folder. Rank 0 then writes the index, config.json (with ``dtype``), the
+tokenizer and its chat template, and renames ``final.tmp/`` to ``final/``: there is never a half-written
+``final/``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import shutil
 import struct
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,13 +37,7 @@ import torch
 import torch.distributed as dist
 
 from kernelguard.errors import (
-    EXIT_FAIL,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
     CheckpointError,
-    ConfigError,
-    KernelGuardError,
 )
 
 from .config_rules import DEFAULT_MAX_SHARD_SIZE, parse_size
@@ -52,6 +49,7 @@ from .export_checks import (
     many_shards_warning,
     run_in_use,
 )
+from .export_stream import IN_FLIGHT, Gathered, feed, held_in_fp32, stream_files
 from .write_errors import write_failure
 
 __all__ = [
@@ -60,10 +58,10 @@ __all__ = [
     "export_run",
     "plan_shards",
     "shard_names",
+    "tensor_dtype",
     "write_safetensors",
 ]
 
-PIECES = ".pieces"
 GENERATION_CONFIG = "generation_config.json"
 _CODES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -132,11 +130,16 @@ def write_safetensors(path: Path, tensors: list[OutTensor], fetch: Callable[[Out
 
 # ---------------------------------------------------------------------------------------- the tensors ---
 def export_tensors(
-    shapes: dict[str, tuple[int, ...]], *, plan: Any, tied: bool, dtype: torch.dtype, key_prefix: str = ""
+    shapes: dict[str, tuple[int, ...]], *, plan: Any, tied: bool, dtype: torch.dtype, key_prefix: str = "",
+    keep_fp32: Collection[str] = (),
 ) -> list[OutTensor]:
-    """The trained tensors (named as in the source files) then the carried ones (copied, in their dtype)."""
+    """The trained tensors (named as in the source files) then the carried ones (copied, in their dtype).
+    The keys in ``keep_fp32`` (the model's fp32 parameters) and the parameters training keeps in fp32
+    (:data:`kernelguard.train.parallel.FP32_PARAM_NAMES`, the GDN decay) are written in fp32 whatever ``dtype``
+    says, as the checkpoints they come from store them."""
     out = [
-        OutTensor(plan.layout.file_key(k) if plan is not None else k, shape, dtype, key_prefix + k)
+        OutTensor(plan.layout.file_key(k) if plan is not None else k, shape,
+                  torch.float32 if k in keep_fp32 else tensor_dtype(k, dtype), key_prefix + k)
         for k, shape in shapes.items()
         if not (tied and k == "lm_head.weight")
     ]
@@ -146,9 +149,27 @@ def export_tensors(
     return out
 
 
+def _read_carried(plan: Any, t: OutTensor) -> torch.Tensor:
+    from safetensors import safe_open
+
+    entry = plan.layout.tensors[t.key]
+    with safe_open(str(plan.layout.folder / entry.file), framework="pt") as f:
+        return f.get_tensor(t.key)
+
+
+def tensor_dtype(key: str, dtype: torch.dtype) -> torch.dtype:
+    """The export dtype of the trained tensor ``key``: ``dtype``, or fp32 for a parameter kept in fp32."""
+    from .parallel import FP32_PARAM_NAMES
+
+    keep = key.rsplit(".", 1)[-1] in FP32_PARAM_NAMES and dtype.itemsize < torch.float32.itemsize
+    return torch.float32 if keep else dtype
+
+
 class _Source:
     """Full tensors by key: trained ones from a DCP checkpoint (this process alone), carried ones from the
     source safetensors."""
+
+    collective = False
 
     def __init__(self, checkpoint: Path, plan: Any) -> None:
         from torch.distributed.checkpoint import FileSystemReader
@@ -158,13 +179,9 @@ class _Source:
         self.metadata = FileSystemReader(str(checkpoint)).read_metadata()
         self._reader: Any = None
 
-    def __call__(self, t: OutTensor) -> torch.Tensor:
+    def __call__(self, t: OutTensor, keep: bool = True) -> torch.Tensor:
         if t.carried:
-            from safetensors import safe_open
-
-            entry = self.plan.layout.tensors[t.key]
-            with safe_open(str(self.plan.layout.folder / entry.file), framework="pt") as f:
-                return f.get_tensor(t.key)
+            return _read_carried(self.plan, t)
         return self._trained(t).to(t.dtype)
 
     def _trained(self, t: OutTensor) -> torch.Tensor:
@@ -195,13 +212,14 @@ class _Source:
         return self._reader
 
 
-def write_shards(folder: Path, tensors: list[OutTensor], source: _Source, *, max_bytes: int, rank: int,
-                 world: int) -> list[list[OutTensor]]:
-    """This rank's shards of the plan (every rank computes the same plan)."""
+def write_shards(folder: Path, tensors: list[OutTensor], source: Any, *, max_bytes: int, rank: int,
+                 world: int, budget: int = IN_FLIGHT) -> list[list[OutTensor]]:
+    """This rank's shards of the plan (every rank computes the same plan), written while the next tensors are
+    fetched; with a collective ``source`` this rank also takes part in fetching the tensors other ranks write."""
     shards = plan_shards(tensors, max_bytes)
-    for i, (name, shard) in enumerate(zip(shard_names(len(shards)), shards)):
-        if i % world == rank:
-            write_safetensors(folder / name, shard, source)
+    names = shard_names(len(shards))
+    mine = [(folder / names[i], s) for i, s in enumerate(shards) if i % world == rank]
+    stream_files(mine, feed(shards, world), source, rank=rank, write=write_safetensors, budget=budget)
     return shards
 
 
@@ -209,7 +227,6 @@ def finalize(tmp: Path, final: Path, shards: list[list[OutTensor]], *, config: A
              dtype: torch.dtype, source: str | Path | None = None) -> Path:
     """Rank 0: index, config.json with ``dtype``, tokenizer + chat template, the source model folder's
     generation_config.json (its sampling defaults and stop tokens, what generate() uses), then the rename."""
-    shutil.rmtree(tmp / PIECES, ignore_errors=True)
     names = shard_names(len(shards))
     if len(shards) > 1:
         index = {
@@ -254,9 +271,8 @@ def _all_ok(error: BaseException | None, *, tmp: Path, is_main: bool) -> None:
 # ----------------------------------------------------------------------------------------- entry points ---
 def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: torch.dtype, info: Any,
                max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE, source: str | Path | None = None) -> Path:
-    """All ranks: the model's shards as a DCP checkpoint in ``final.tmp/.pieces``, then the HF shards;
-    ``source`` is the run's --model (its generation_config.json is kept)."""
-    import torch.distributed.checkpoint as dcp
+    """All ranks: the model's tensors gathered one at a time and written as HF shards in ``final.tmp/``, then
+    renamed; ``source`` is the run's --model (its generation_config.json is kept)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     tmp, final = output / "final.tmp", output / "final"
@@ -265,11 +281,9 @@ def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: t
         tmp.mkdir(parents=True)
     dist.barrier()
     state = get_model_state_dict(model)
-    dcp.save(state, checkpoint_id=str(tmp / PIECES))
     tied = bool(getattr(built.config.get_text_config(), "tie_word_embeddings", False))
     tensors = export_tensors({k: tuple(v.shape) for k, v in state.items()}, plan=built.weight_plan, tied=tied,
-                             dtype=dtype)
-    del state
+                             dtype=dtype, keep_fp32=held_in_fp32(model))
     many = many_shards_warning(len(plan_shards(tensors, parse_size(max_shard_size))), parse_size(max_shard_size))
     if many and info.is_main:
         print(f"kernelguard train: warning: {many}", file=sys.stderr, flush=True)
@@ -277,10 +291,11 @@ def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: t
     error: BaseException | None = None
     after = "--resume (the last checkpoint is complete; the resumed run only exports)"
     try:
-        shards = write_shards(tmp, tensors, _Source(tmp / PIECES, built.weight_plan),
+        shards = write_shards(tmp, tensors, Gathered(state, built.weight_plan, _read_carried),
                               max_bytes=parse_size(max_shard_size), rank=info.rank, world=info.world_size)
     except Exception as e:  # noqa: BLE001 - disk full, permissions, safetensors' own error: every rank hears
         error = _failure(tmp, e, output=output, tensors=tensors, after=after)
+    del state
     _all_ok(error, tmp=tmp, is_main=info.is_main)
     if info.is_main:
         try:
@@ -292,9 +307,16 @@ def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: t
     return final
 
 
+def start_warnings(built: Any, checkpoint: Any, *, dtype: torch.dtype) -> list[str]:
+    """What a run says before it trains: the weight files' warnings (kernelguard.train.weights) and, when it
+    will export (``checkpoint``: its CheckpointSection), an export of more than 1,000 files."""
+    warnings = [f"weights: {w}" for w in (built.weight_plan.warnings if built.weight_plan is not None else ())]
+    many = export_shards_warning(built, dtype=dtype, max_shard_size=checkpoint.max_shard_size)
+    return warnings + ([many] if many and checkpoint.export else [])
+
+
 def export_shards_warning(built: Any, *, dtype: torch.dtype, max_shard_size: str | int) -> str | None:
-    """The line the run's final export would print for more than 1,000 shards, from the meta model: said at
-    the start of the run, not after hours of training."""
+    """The line the run's final export would print for more than 1,000 shards, from the meta model."""
     tied = bool(getattr(built.config.get_text_config(), "tie_word_embeddings", False))
     shapes = {k: tuple(v.shape) for k, v in built.model.state_dict().items()}
     size = parse_size(max_shard_size)
@@ -409,38 +431,3 @@ def _run_config(run: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a kernelguard train configuration.",
                               fix="pass a checkpoint inside a kernelguard train output folder")
     return saved
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``kernelguard export CHECKPOINT_DIR [--output DIR] [--max-shard-size SIZE] [--overwrite]
-    [--accept-changed-tokenizer]``; EXIT_USAGE on a bad input or a refused export, 130 on Ctrl-C."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="kernelguard export",
-        description="Write a Hugging Face model folder (sharded safetensors, index, config, tokenizer, chat "
-        "template) from a kernelguard train checkpoint, e.g. of a run stopped before its end.",
-    )
-    parser.add_argument("checkpoint", type=Path, metavar="CHECKPOINT_DIR", help="OUTPUT/checkpoints/step_N")
-    parser.add_argument("--output", type=Path, metavar="DIR", help="where to write it [default: OUTPUT/final]")
-    parser.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE, metavar="SIZE",
-                        help="largest safetensors file: 5GB (default), 500MB, or bytes")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output folder")
-    parser.add_argument("--accept-changed-tokenizer", action="store_true",
-                        help="export with the run's tokenizer / chat template files as they are now, though they "
-                        "changed since it trained (checkpoints without their own copy only)")
-    args = parser.parse_args(argv)
-    try:
-        final = export_checkpoint(args.checkpoint, output=args.output, max_shard_size=args.max_shard_size,
-                                  overwrite=args.overwrite, accept_changed_tokenizer=args.accept_changed_tokenizer)
-    except ConfigError as e:
-        print(f"kernelguard export: error: {e}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    except KernelGuardError as e:
-        print(f"kernelguard export: error: {e}", file=sys.stderr, flush=True)
-        return EXIT_FAIL
-    except KeyboardInterrupt:
-        print("kernelguard export: interrupted; nothing was written.", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
-    print(f"kernelguard export: wrote {final}", file=sys.stderr, flush=True)
-    return EXIT_OK

@@ -8,9 +8,9 @@ Beyond the process itself (Python, torch, transformers), what each stage holds i
   random init, unfused MoE experts) instead holds the whole model in fp32 on rank 0, shown beside it;
 - **checkpoint** (DCP ``save``): each local shard (parameter or AdamW state, fp32) is copied to the host one
   at a time while it is written, plus DCP's 10 MB copy-ahead;
-- **export** (kernelguard.train.export): the run's shards are first saved like a checkpoint, then each rank
-  assembles its output files one full tensor at a time (read in fp32, cast to the export dtype), or copies a
-  carried (vision) tensor as it is.
+- **export** (kernelguard.train.export): each tensor is cast to the export dtype on its shards and gathered
+  whole; the rank that writes it holds it on the host until it is on disk, at most ``export.IN_FLIGHT`` bytes
+  at once (or the largest tensor alone), plus a carried (vision) tensor copied as it is.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class HostMemory:
         rows = [
             (load, self.load_bytes if self.sharded else self.rank0_path_bytes),
             ("checkpoint (DCP save, one shard at a time)", self.checkpoint_bytes),
-            ("export (one full tensor at a time)", self.export_bytes),
+            ("export (tensors in flight to disk)", self.export_bytes),
         ]
         lines = [f"host memory per rank over {self.world_size} rank(s), beyond the process itself:"]
         lines += [f"  {name:<44} {_gib(value):>9}" for name, value in rows]
@@ -67,6 +67,7 @@ def host_memory(
     """The figures for ``cfg`` (a TrainConfig): shapes from the model built on the meta device (``model``, when
     the caller built it already: --dry-run builds it once), dtypes and carried tensors from the checkpoint's
     headers."""
+    from .export_stream import IN_FLIGHT
     from .parallel import DTYPES, build_meta_model, model_source
     from .weights import plan_weights
 
@@ -93,7 +94,7 @@ def host_memory(
         load_bytes=local * file_bytes,
         rank0_path_bytes=4 * sum(sizes),
         checkpoint_bytes=4 * local + _COPY_AHEAD,
-        export_bytes=max(4 * local + _COPY_AHEAD, (4 + export_item) * largest, carried),
+        export_bytes=max(min(IN_FLIGHT, export_item * sum(sizes)), export_item * largest) + carried,
         note=note,
     )
 

@@ -33,21 +33,32 @@ from .data import (
     template_choice,
 )
 from .evaluate import evaluate, pack_eval_blocks
-from .export import export_run, export_shards_warning
+from .export import export_run, start_warnings
 from .logs import log
-from .metrics import peak_flops, plot_metrics
+from .metrics import peak_flops, plot_metrics, step_flops
 from .packing import (
     LEAKY,
     LEAKY_WARNING,
+    NAIVE,
+    NAIVE_WARNING,
     PADDED,
     build_batch,
+    check_control_allowed,
     eval_layout,
     pack_best_fit_decreasing,
     packing_stats,
+    segment_counts,
 )
 from .parallel import DTYPES, DistInfo, on_main
-from .preflight import StartPlan, check_checkpoint_shapes, claim_output, preflight
-from .profiling import StepProfiler
+from .preflight import (
+    StartPlan,
+    check_checkpoint_shapes,
+    check_image_lock,
+    check_packed_segments,
+    claim_output,
+    preflight,
+)
+from .profiling import step_profiler
 from .provenance import write_source
 from .reporting import Reporter, process_age_s, step_record
 from .signals import Preempted, stop_request
@@ -83,27 +94,30 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     as it was."""
     torch.manual_seed(cfg.training.seed)
     policy = AllowPolicy.parse(cfg.runtime.allow, source="--allow")
+    check_control_allowed(cfg.packing.packing, allowed=policy.allows_packed_without_boundaries())
     start = on_main(info, lambda: preflight(cfg, world_size=info.world_size))
     for warning in start.warnings:
         log(info, warning, logging.WARNING)
     for notice in start.notices:
         log(info, notice)
-    if cfg.packing.packing == LEAKY:
-        log(info, LEAKY_WARNING, logging.WARNING)
+    warning = {LEAKY: LEAKY_WARNING, NAIVE: NAIVE_WARNING}.get(cfg.packing.packing)
+    if warning:
+        log(info, warning, logging.WARNING)
     packed = cfg.packing.packing != PADDED  # padded batches carry no boundaries a torch reference could drop
+    on_main(info, lambda: check_image_lock(cfg.runtime.lock, policy))
     stack = check_stack(str(cfg.model.model), allow=policy, packed=packed, device=info.device)
     built = build_model(model=cfg.model, runtime=cfg.runtime, info=info, padded=not packed)
-    for warning in built.weight_plan.warnings if built.weight_plan is not None else ():
-        log(info, f"warning: weights: {warning}", logging.WARNING)
-    if cfg.checkpoint.export and (many := export_shards_warning(built, dtype=DTYPES[cfg.runtime.param_dtype],
-                                                                 max_shard_size=cfg.checkpoint.max_shard_size)):
-        log(info, f"warning: {many}", logging.WARNING)  # said now, not after hours of training
+    for warning in start_warnings(built, cfg.checkpoint, dtype=DTYPES[cfg.runtime.param_dtype]):
+        log(info, f"warning: {warning}", logging.WARNING)  # said now, not after hours of training
     on_main(info, lambda: check_checkpoint_shapes(built.model, start.resume_from))  # before anything is written
     report = run_gate(built.model, policy=policy, packed=packed, stack=stack)
     try:
         # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.
         log(info, f"guard passed; attention={built.attention}\n{report.render()}")
         data = load_training_data(cfg, info)
+        if info.device.type == "cuda" and packed:  # fla runs only there, and only packed blocks hold many segments
+            on_main(info, lambda: check_packed_segments(
+                segment_counts(data.plan.blocks, data.lengths, cfg.packing.max_length), config=built.model.config))
         saved = on_main(info, lambda: check_resume_plan(cfg, start, data.plan))
         claim(cfg, info, start)
         first = int(saved["step"]) if saved else 0
@@ -150,9 +164,8 @@ def load_training_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     data = TrainData(tokenizer, examples, lengths, plan, pad_token_id(tokenizer))
     if cfg.evaluation.eval_data or cfg.evaluation.eval_fraction:
         data.eval_examples, estats = read_examples(cfg, tokenizer, take="eval")
-        data.eval_blocks = pack_eval_blocks(
-            data.eval_examples, cfg.packing.max_length, seed=cfg.training.seed
-        )
+        # Seed 0, not --seed: runs of several seeds measure the same eval blocks.
+        data.eval_blocks = pack_eval_blocks(data.eval_examples, cfg.packing.max_length, seed=0)
         log(info, f"eval data: {estats.render()}; {len(data.eval_blocks)} blocks")
         note = check_eval_overlap(data.examples, data.eval_examples, source=cfg.evaluation.eval_data or cfg.data.data)
         if note:
@@ -292,7 +305,7 @@ def train(
     """Steps ``start`` .. ``plan.stop_step``: a metrics record per step, eval and checkpoints when due."""
     plan = data.plan
     peak = cfg.runtime.peak_tflops * 1e12 if cfg.runtime.peak_tflops else peak_flops(info.device)
-    profiler = step_profiler(cfg, info)
+    profiler = step_profiler(cfg, info, built.config, peak, log=lambda message: log(info, message))
     stop = stop_request()
     stop.deferring = True  # SIGTERM from here on: finish the step, save, exit 143
     once: dict[str, Any] = {}
@@ -305,7 +318,8 @@ def train(
             micro, seq_lens = step_batches(cfg, info, data, step)
             if step == start:  # this process's first step: how long the start and the weight load took
                 once = {"start_s": process_age_s(), "load_s": built.load_seconds}
-            (result, seconds), profile = profiler.run(step + 1, timed_step, state, micro)
+            flops = step_flops(built.config, seq_lens) / info.world_size if profiler.due(step + 1) else None
+            (result, seconds), profile = profiler.run(step + 1, timed_step, state, micro, flops=flops)
             if not result.finite:
                 raise diverged(cfg, step + 1, result)
             computed = sum(int(mb["input_ids"].numel()) for mb in micro)
@@ -316,7 +330,7 @@ def train(
             once = {}
             done = step + 1
             if data.eval_examples is not None and _due(cfg.evaluation.eval_every, done, plan.stop_step):
-                loss, tokens = evaluate(
+                result = evaluate(
                     state,
                     data.eval_examples,
                     data.eval_blocks,
@@ -324,7 +338,7 @@ def train(
                     pad_id=data.pad_id,
                     packing=eval_layout(cfg.packing.packing),
                 )
-                out.write({"step": done, "eval_loss": loss, "eval_tokens": tokens})
+                out.write({"step": done} | result.record())
             if _due(cfg.checkpoint.save_steps, done, plan.stop_step):
                 save(cfg, info, state, done, plan, identity, built)
         if profiler.summary():
@@ -333,17 +347,6 @@ def train(
         stop.deferring, stop.when = False, "during the final export; the last checkpoint is complete"
         if info.is_main:
             ckpt.remove_incomplete(cfg.checkpoint.output_dir)
-
-
-def step_profiler(cfg: TrainConfig, info: DistInfo) -> StepProfiler:
-    """Rank 0's launch-bound detector (kernelguard.train.profiling); the other ranks never profile."""
-    return StepProfiler(
-        first_step=cfg.metrics.profile_step if info.is_main else 0,
-        every=cfg.metrics.profile_every,
-        trace_dir=cfg.metrics.profile_trace,
-        device=info.device,
-        log=lambda message: log(info, message),
-    )
 
 
 def stop_for_sigterm(
@@ -423,10 +426,7 @@ def save(
         trainer_state=trainer_state,
         is_main=info.is_main,
         keep=cfg.checkpoint.save_total_limit,
-        carry=lambda folder: write_source(
-            folder, model=str(cfg.model.model), tokenizer=str(cfg.model.tokenizer),
-            chat_template=cfg.model.chat_template, plan=built.weight_plan if built is not None else None,
-        ),
+        carry=lambda folder: write_source(folder, cfg.model, plan=built.weight_plan if built else None),
     )
 
 

@@ -24,6 +24,9 @@ __all__ = [
     "LEAKY",
     "LEAKY_WARNING",
     "MODEL_INPUT_KEYS",
+    "NAIVE",
+    "NAIVE_WARNING",
+    "NO_BOUNDARIES",
     "PACKED",
     "PACKING_MODES",
     "PADDED",
@@ -31,11 +34,13 @@ __all__ = [
     "build_batch",
     "build_packed_block",
     "build_padded_batch",
+    "check_control_allowed",
     "eval_layout",
-    "padded_shape",
     "pack_best_fit_decreasing",
     "pack_sequential_greedy",
     "packing_stats",
+    "padded_shape",
+    "segment_counts",
     "shard_blocks",
 ]
 
@@ -45,13 +50,23 @@ IGNORE_INDEX = -100
 # examples as a right-padded [examples, longest] batch with an attention mask (what training without packing
 # does); or the packed blocks with their boundaries WITHHELD - position ids only, as a stock flattening collator
 # sends by default - a deliberate bug that leaks GDN state and conv inputs across examples, kept as the
-# negative control that shows a quality comparison can fail.
-PACKED, PADDED, LEAKY = "packed", "none", "leaky"
-PACKING_MODES = (PACKED, PADDED, LEAKY)
+# negative control that shows a quality comparison can fail; or ``naive``, what plain concatenation gives a user:
+# no boundaries anywhere (no cu_seq_lens, no seq_idx) and positions running on across the block, so attention
+# too sees the examples before, and GDN state and conv inputs leak. Both controls keep the packed block's labels
+# (the same tokens scored); both need --allow packed-without-boundaries.
+PACKED, PADDED, LEAKY, NAIVE = "packed", "none", "leaky", "naive"
+PACKING_MODES = (PACKED, PADDED, LEAKY, NAIVE)
+NO_BOUNDARIES = (LEAKY, NAIVE)
 LEAKY_WARNING = (
     "WARNING: --packing leaky is a deliberate bug for quality checks: example boundaries are withheld from the "
     "GDN layers and attention (position ids only), so GDN state and conv inputs leak across examples; never "
     "train a model you keep this way (its held-out loss is measured with the boundaries, as the model is used)"
+)
+NAIVE_WARNING = (
+    "WARNING: --packing naive is a deliberate bug for quality checks: examples are concatenated with no "
+    "boundaries at all (no cu_seq_lens, no seq_idx, positions not reset), so attention, GDN state and conv "
+    "inputs all reach across examples; never train a model you keep this way (its held-out loss is measured "
+    "with the boundaries, as the model is used)"
 )
 BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
@@ -101,6 +116,12 @@ def _check_lengths(lengths: Sequence[int], block_size: int) -> None:
             raise ValueError(
                 f"example {i} has length {n}; every length must be in [1, block_size={block_size}]"
             )
+
+
+def segment_counts(blocks: Sequence[Sequence[int]], lengths: Sequence[int], block_size: int) -> list[int]:
+    """Segments per packed block as the GDN kernels see them (cu_seqlens): its examples, plus the padding tail,
+    which is one more segment whenever the examples do not fill the block."""
+    return [len(b) + (sum(lengths[i] for i in b) < block_size) for b in blocks]
 
 
 def pack_best_fit_decreasing(lengths: Sequence[int], block_size: int, *, seed: int = 0) -> list[list[int]]:
@@ -310,11 +331,24 @@ def build_padded_batch(
     }
 
 
+def check_control_allowed(packing: str, *, allowed: bool) -> None:
+    """Refuse a control without boundaries unless ``--allow packed-without-boundaries`` accepts it."""
+    from kernelguard.errors import ConfigError
+
+    if packing in NO_BOUNDARIES and not allowed:
+        what = "every example boundary" if packing == NAIVE else "the example boundaries of the GDN layers"
+        raise ConfigError(
+            f"--packing {packing} withholds {what} from the model: a deliberate bug that trains across "
+            "examples, kept only as a negative control for quality comparisons.",
+            fix="train with --packing packed; to run the control, add --allow packed-without-boundaries",
+        )
+
+
 def eval_layout(packing: str) -> str:
     """The layout held-out loss is measured in for a run trained in ``packing``: the run's own, except that
-    the leaky control is measured with boundaries. A model is used one conversation at a time, so that is
+    the controls without boundaries (leaky, naive) are measured with them. A model is used one conversation at a time, so that is
     the loss a user of the control's model would get; measured leaky, the control mostly grades its leak."""
-    return PACKED if packing == LEAKY else packing
+    return PACKED if packing in NO_BOUNDARIES else packing
 
 
 def build_batch(
@@ -324,9 +358,13 @@ def build_batch(
     if packing == PADDED:
         return build_padded_batch(examples, pad_token_id, block_size=block_size)
     block = build_packed_block(examples, block_size, pad_token_id)
-    if packing == LEAKY:
+    if packing in NO_BOUNDARIES:
         for key in BOUNDARY_KEYS:
             del block[key]
+        if packing == NAIVE:
+            import torch
+
+            block["position_ids"] = torch.arange(block_size, dtype=torch.long).unsqueeze(0)
     elif packing != PACKED:
         raise ValueError(f"unknown packing {packing!r}; expected one of {', '.join(PACKING_MODES)}")
     return block

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,23 +24,31 @@ from kernelguard.errors import ConfigError, KernelGuardError
 
 __all__ = [
     "DTYPES",
+    "FP32_PARAM_NAMES",
     "WEIGHT_FILES",
     "DistInfo",
     "apply_activation_checkpointing",
     "apply_fsdp",
     "build_meta_model",
     "decoder_layers",
+    "fp32_params",
     "full_state_on_rank0",
     "init_distributed",
     "materialize",
     "mixed_precision",
     "model_source",
     "on_main",
+    "sync_replicated_grads",
 ]
 
 T = TypeVar("T")
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+# Parameters that stay fp32 in compute whatever --param-dtype says, matched by their own name: the GDN decay of
+# Qwen3.5 / Qwen3-Next (checkpoints store them fp32, and NeMo Automodel and Megatron keep them fp32 under FSDP2).
+# bf16 keeps 8 significant bits: rounding A_log changes exp(A_log), each head's decay rate, by up to 0.2% x
+# |A_log|, and transformers' `A_log.float()` in the forward cannot bring back what the cast dropped.
+FP32_PARAM_NAMES = frozenset({"A_log", "dt_bias"})
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -198,21 +206,62 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
         layers[i] = checkpoint_wrapper(layer, preserve_rng_state=True)
 
 
+def fp32_params(model: nn.Module, names: Collection[str] = FP32_PARAM_NAMES) -> dict[str, nn.Parameter]:
+    """The parameters (by full name) that :data:`FP32_PARAM_NAMES` keeps in fp32."""
+    return {n: p for n, p in model.named_parameters() if n.rsplit(".", 1)[-1] in names}
+
+
 def apply_fsdp(
-    model: nn.Module, *, mesh: Any, mp_policy: Any, reshard_after_forward: bool = True
+    model: nn.Module,
+    *,
+    mesh: Any,
+    mp_policy: Any,
+    reshard_after_forward: bool = True,
+    keep_fp32: Collection[str] = FP32_PARAM_NAMES,
 ) -> nn.Module:
-    """``fully_shard`` every decoder layer, then the root (embeddings, final norm, LM head)."""
+    """``fully_shard`` every decoder layer, then the root (embeddings, final norm, LM head).
+
+    The parameters named in ``keep_fp32`` (a few hundred values per layer) are left out of every FSDP2 unit
+    when the policy computes in a lower dtype: they stay whole, fp32, on every rank, so the forward reads
+    them in fp32. FSDP2 casts a unit's parameters to one dtype, and a unit is a module with everything under
+    it not already in a unit: ``A_log`` sits on the GDN module beside its projections, and the GDN forward
+    reads ``conv1d.weight`` without calling ``conv1d`` (so its children cannot be units of their own, which
+    would leave the GDN unit holding the decay alone). The price of leaving them out is that FSDP2 does not
+    reduce their gradients: :func:`sync_replicated_grads` averages them, and the optimizer and the clip treat
+    them as plain tensors."""
     from torch.distributed.fsdp import fully_shard
 
+    low = mp_policy.param_dtype is not None and mp_policy.param_dtype.itemsize < torch.float32.itemsize
+    kept = set(fp32_params(model, keep_fp32).values()) if low else set()
     layers = decoder_layers(model)
     for i, layer in enumerate(layers):
         # The last layer's parameters are needed again at once by backward: keep them unsharded.
         last = i == len(layers) - 1
         fully_shard(
-            layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward and not last
-        )
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
+            layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward and not last,
+            ignored_params=kept or None,
+        )  # fmt: skip
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False, ignored_params=kept or None)
     return model
+
+
+def sync_replicated_grads(model: nn.Module, world_size: int) -> None:
+    """Average over ranks the gradients of the parameters FSDP2 does not shard (:func:`apply_fsdp`'s fp32
+    ones), as FSDP2 averages the others; one all-reduce of their concatenation (a few KB)."""
+    from torch.distributed.tensor import DTensor
+
+    if world_size <= 1:
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None and not isinstance(p.grad, DTensor)]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)  # SUM then divide: gloo has no AVG
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 def mixed_precision(param_dtype: str) -> Any:

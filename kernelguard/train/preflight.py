@@ -26,6 +26,12 @@ from . import checkpoint as ckpt
 from .config import CONFIG_FILENAME, TrainConfig, save_config
 from .identity import RUN_FILE, differences, read_identity, run_identity, write_identity
 from .parallel import model_source
+from .startup_checks import (
+    check_environment,
+    check_model_size,
+    check_paths,
+    check_writable_folder,
+)
 
 __all__ = [
     "RUN_ARTIFACTS",
@@ -33,9 +39,11 @@ __all__ = [
     "check_checkpoint_shapes",
     "check_environment",
     "check_flags",
+    "check_image_lock",
     "check_inputs",
     "check_model_size",
     "check_output",
+    "check_packed_segments",
     "check_paths",
     "check_writable_folder",
     "checkpoint_bytes_estimate",
@@ -199,6 +207,11 @@ def _weight_shapes(folder: Path) -> dict[str, list[int]]:
 
 
 def check_flags(cfg: TrainConfig) -> None:
+    if cfg.runtime.fused_norms:
+        from .fused_norms import LIGER_FIX, liger_missing
+
+        if (why := liger_missing()) is not None:
+            raise ConfigError(why, fix=LIGER_FIX)
     if cfg.evaluation.eval_every and not (cfg.evaluation.eval_data or cfg.evaluation.eval_fraction):
         raise ConfigError(
             f"--eval-every {cfg.evaluation.eval_every} needs an eval set.",
@@ -237,82 +250,6 @@ def check_inputs(cfg: TrainConfig) -> None:
                 "its eval loss would measure memorisation, not generalisation.",
                 fix="pass held-out rows as --eval-data, or --eval-fraction 0.05 to hold some out of --data",
             )
-
-
-def check_writable_folder(path: Path, *, flag: str) -> Path:
-    """``path`` (a folder to be created or written into) can be: its nearest existing ancestor is a folder
-    this user may write, on a writable file system. Returns that ancestor."""
-    existing = path
-    while not _exists(existing) and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(
-            f"{flag} {path}: {existing} is a file, not a folder.",
-            fix=f"pass a folder path for {flag}",
-        )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        if os.statvfs(existing).f_flag & os.ST_RDONLY:
-            raise ConfigError(f"{flag} {path}: {existing} is on a read-only file system.",
-                              fix=f"pass {flag} on a writable disk")
-        raise ConfigError(
-            f"{flag} {path}: {existing} is not writable by this user (uid {os.getuid()}, owner uid "
-            f"{existing.stat().st_uid}).",
-            fix="choose a folder you own, or fix its permissions",
-        )
-    return existing
-
-
-def check_paths(cfg: TrainConfig) -> None:
-    """Every folder the run will write into, checked before anything is written or any rank starts (a
-    ``--profile-trace`` under a plain file would otherwise fail at the profiled step, mid-run)."""
-    check_writable_folder(cfg.checkpoint.output_dir, flag="--output-dir")
-    if cfg.metrics.profile_trace is not None:
-        check_writable_folder(Path(cfg.metrics.profile_trace), flag="--profile-trace")
-
-
-# Far above any released model (the largest have ~100-200 layers); each layer takes ~10 ms to build even on the
-# meta device, so a config with tens of thousands (a typo, a generated file) would spend minutes building.
-MAX_LAYERS = 1024
-
-
-def check_model_size(config: Any, *, model: str) -> None:
-    """Refuse a layer count no model has (num_hidden_layers above :data:`MAX_LAYERS`) before building it."""
-    from kernelguard.geometry import text_config
-
-    layers = getattr(text_config(config), "num_hidden_layers", None)
-    if isinstance(layers, int) and layers > MAX_LAYERS:
-        raise ConfigError(
-            f"--model {model}: num_hidden_layers is {layers:,}; kernelguard train builds at most {MAX_LAYERS:,} "
-            "(no released model comes close; building this many would take minutes before anything is said).",
-            fix="check num_hidden_layers in the config (and layer_types, which lists one type per layer)",
-        )
-
-
-# Environment variables kernelguard train reads, and what each must hold (one usage error lists every bad one).
-def _seconds(raw: str) -> bool:
-    try:
-        return float(raw) >= 0 and float(raw) != float("inf")
-    except ValueError:
-        return False
-
-
-ENVIRONMENT = {
-    "KERNELGUARD_ERROR_WAIT_S": (_seconds, "a number of seconds >= 0, e.g. 10"),
-    "KERNELGUARD_IMPORT_PROBE": (lambda raw: raw.strip().lower() in ("fork", "spawn", "off"), "fork, spawn or off"),
-}
-
-
-def check_environment(environ: dict[str, str] | None = None) -> None:
-    """Every KERNELGUARD_* variable that takes a number or a word holds one it can use."""
-    environ = dict(os.environ if environ is None else environ)
-    bad = [f"{name}={environ[name]!r}: expected {expected}" for name, (ok, expected) in ENVIRONMENT.items()
-           if environ.get(name, "").strip() and not ok(environ[name])]
-    if bad:
-        raise ConfigError(
-            "environment variable(s) kernelguard reads hold values it cannot use:\n  " + "\n  ".join(bad),
-            fix="unset " + " ".join(b.split("=")[0] for b in bad) + " (the defaults are fine), or set a value as "
-            "expected above",
-        )
 
 
 def check_output(output: Path, *, need_bytes: int) -> None:
@@ -458,3 +395,52 @@ def _safetensors_params(path: Path) -> int | None:
                 n *= int(dim)
             total += n
     return total
+
+
+def check_packed_segments(counts: list[int], *, config: Any, fla_version: str | None = None) -> None:
+    """fla < 0.6.0 (fla PR #1077) launches its GDN state kernels with N * HV on a grid axis CUDA caps at 65,535:
+    a block with more than 65,535 // HV segments fails at its first step. Refused here, before step 1."""
+    from packaging.version import InvalidVersion, Version
+
+    from kernelguard.env import distribution_version
+    from kernelguard.errors import GuardRefused
+    from kernelguard.geometry import gdn_dims
+    from kernelguard.known_issues import FLA_1077_GRID_LIMIT, by_id
+
+    issue = by_id("fla-1077-too-many-segments")
+    version = fla_version or distribution_version("fla-core") or distribution_version("flash-linear-attention")
+    dims = gdn_dims(config)
+    try:
+        affected = version is not None and Version(Version(version).base_version) < Version("0.6.0")
+    except InvalidVersion:
+        affected = False
+    if issue is None or dims is None or not counts or not affected:
+        return
+    limit = FLA_1077_GRID_LIMIT // dims.num_v_heads
+    over = [(i, n) for i, n in enumerate(counts) if n > limit]
+    if not over:
+        return
+    worst = max(over, key=lambda item: item[1])
+    raise GuardRefused(
+        f"known issue {issue.id} ({issue.source}): {len(over)} packed block(s) hold more than {limit} segments "
+        f"(65,535 // {dims.num_v_heads} value heads), the most {worst[1]} in block {worst[0]}; fla {version} "
+        "would fail the launch of that step with 'Triton Error [CUDA]: invalid argument'.",
+        fix=issue.fix,
+    )
+
+
+def check_image_lock(lock: str | None, policy: Any) -> None:
+    """--lock / KERNELGUARD_LOCK, on every device and before the model is built: a node whose stack differs from
+    the image's lock is refused (exit 3) with one line per difference; so is one where the lock's check fails.
+    The run's --allow items are compared with the lock's: the guard will run with them."""
+    from kernelguard.errors import GuardRefused, LockMismatch
+    from kernelguard.gate import check_lock
+
+    try:
+        result = check_lock(lock, allow=policy)  # the run's own --allow: it must be the lock's
+    except LockMismatch as e:
+        raise GuardRefused(str(e)) from e
+    if result is not None and not result.ok:
+        from kernelguard.report import render
+
+        raise GuardRefused(render(result))

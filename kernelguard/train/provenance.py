@@ -29,9 +29,12 @@ SOURCE_FILE = "source.json"
 _TEMPLATE_COPY = "chat_template_given.jinja"
 
 
-def write_source(folder: Path, *, model: str, tokenizer: str, chat_template: str | None, plan: Any) -> None:
-    """Rank 0, into a checkpoint being written: ``source/`` as the module docstring says."""
+def write_source(folder: Path, section: Any, *, plan: Any) -> None:
+    """Rank 0, into a checkpoint being written: ``source/`` as the module docstring says (``section``: the
+    run's ModelSection: ``model``, ``tokenizer``, ``chat_template``)."""
     from .identity import _is_tokenizer_file
+
+    model, tokenizer, chat_template = str(section.model), str(section.tokenizer), section.chat_template
 
     target = folder / SOURCE_DIR
     (target / "tokenizer").mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from kernelguard.errors import DataError
 
 from .loss import linear_cross_entropy
 from .packing import IGNORE_INDEX, shard_blocks
-from .parallel import DistInfo
+from .parallel import DistInfo, sync_replicated_grads
 
 __all__ = [
     "NON_MODEL_KEYS",
@@ -46,6 +46,7 @@ __all__ = [
     "restart_schedule_at",
     "step_block_ids",
     "token_loss_sum",
+    "token_loss_sums",
     "warmup_length",
 ]
 
@@ -194,13 +195,29 @@ def token_loss_sum(
     model: torch.nn.Module, batch: dict[str, Any], *, device: torch.device, head: torch.nn.Linear | None
 ) -> torch.Tensor:
     """Summed (not averaged) next-token cross-entropy of one micro-batch, fp32."""
+    return token_loss_sums(model, batch, [batch["labels"]], device=device, head=head)[0]
+
+
+def token_loss_sums(
+    model: torch.nn.Module,
+    batch: dict[str, Any],
+    label_sets: list[torch.Tensor],
+    *,
+    device: torch.device,
+    head: torch.nn.Linear | None,
+) -> list[torch.Tensor]:
+    """:func:`token_loss_sum` for each of ``label_sets`` (each shaped like ``batch["labels"]``), one forward."""
     out = model(**model_inputs(batch, device), use_cache=False).logits  # hidden states when `head` is set
-    labels = batch["labels"].to(device)[:, 1:].reshape(-1)
     shifted = out[:, :-1].reshape(-1, out.shape[-1])
-    if head is not None:
-        total, _ = linear_cross_entropy(shifted, head.weight, labels, ignore_index=IGNORE_INDEX)
-        return total
-    return F.cross_entropy(shifted.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    sums = []
+    for label_set in label_sets:
+        labels = label_set.to(device)[:, 1:].reshape(-1)
+        if head is not None:
+            total, _ = linear_cross_entropy(shifted, head.weight, labels, ignore_index=IGNORE_INDEX)
+            sums.append(total)
+        else:
+            sums.append(F.cross_entropy(shifted.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum"))
+    return sums
 
 
 def forward_backward(
@@ -219,21 +236,30 @@ def forward_backward(
         local = token_loss_sum(model, mb, device=info.device, head=head)
         (local * info.world_size / denom).backward()
         loss_sum += local.detach()
+    sync_replicated_grads(model, info.world_size)
     dist.all_reduce(loss_sum)
     return loss_sum, count
 
 
 def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
-    """Total gradient norm over all ranks' shards; clip to ``max_norm`` when it is > 0."""
+    """Total gradient norm over all ranks' shards (and the parameters kept whole on every rank,
+    :func:`kernelguard.train.parallel.apply_fsdp`); clip to ``max_norm`` when it is > 0."""
     from torch.distributed.tensor import DTensor
 
     params = [p for p in model.parameters() if p.grad is not None]
-    grads = [g for p in params if (g := p.grad) is not None]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
+    # foreach kernels take DTensors or plain tensors, not a mix: one norm (and one clip) per kind.
+    kinds = [[p for p in params if isinstance(p.grad, DTensor) == sharded] for sharded in (True, False)]
+    kinds = [k for k in kinds if k]
+    norms = []
+    for kind in kinds:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in kind], norm_type=2.0, foreach=True)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if not norms:
+        return 0.0
+    total = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+        for kind in kinds:
+            torch.nn.utils.clip_grads_with_norm_(kind, max_norm, total, foreach=True)
     return float(total)
 
 

@@ -1,0 +1,229 @@
+"""kernelguard.lock: written from a passing check, refused on a node that drifted, one line per difference.
+
+The image and the node are made-up facts (the probes are the check's own tests' business); each drift kind is
+one fact changed between the two: a version, the bytes of a .so, the GPU, a Hub revision, a missing package, the
+allow items, fla's backend. The refusal text is asserted exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from check_helpers import cuda_so, make_env, make_ext, make_pkg
+
+from kernelguard import catalog, discovery, stack_lock
+from kernelguard.check import CheckOptions, CheckResult
+from kernelguard.errors import ConfigError, LockMismatch
+from kernelguard.facts import Facts, FlaBackend, HubKernelProbe
+from kernelguard.policy import AllowPolicy
+from kernelguard.resolver import Target, resolve
+
+WINDOW = ("0.18.2", "0.19.0")
+CONV = "pip install setuptools wheel ninja packaging && pip install --no-build-isolation --no-cache-dir " \
+    "--force-reinstall --no-deps 'causal-conv1d==1.7.0'"
+FLA_PROVIDER = "fla (fla.ops.gated_delta_rule.chunk_gated_delta_rule)"
+HEAD = ("this node's stack differs from {lock} (written for qwen3_5 training on sm 9.0): {n} difference(s), so the "
+        "kernels the image verified are not the ones this job would run.")
+
+
+def _backend(backward: str) -> FlaBackend:
+    return FlaBackend("9.0", "triton", backward, (), "made up")
+
+
+def _facts(tmp: Path, *, so: bytes | None = None, fla: str = "0.6.0", conv: str | None = "1.7.0",
+           gpus: tuple[str, ...] = ("9.0",), backward: str = "tilelang", hub: HubKernelProbe | None = None,
+           kernels: str = "0.18.2") -> Facts:
+    so_path = tmp / "causal_conv1d_cuda.cpython-312-x86_64-linux-gnu.so"
+    so_path.write_bytes(so if so is not None else cuda_so(sass=(80, 90)))
+    ext = replace(make_ext(("sm_80", "sm_90")), path=str(so_path))
+    packages = {
+        "fla.ops.gated_delta_rule": make_pkg("fla", fla),
+        "flash_attn": make_pkg("flash_attn", None, import_error="ModuleNotFoundError: No module named 'flash_attn'"),
+    }
+    installed = {"fla-core": fla, "flash-linear-attention": fla, "tilelang": "0.1.6", "z3-solver": "4.15.0"}
+    if conv is not None:
+        packages["causal_conv1d"] = make_pkg("causal_conv1d", conv, extensions=(ext,))
+        installed["causal-conv1d"] = conv
+    else:
+        packages["causal_conv1d"] = make_pkg("causal_conv1d", None,
+                                             import_error="ModuleNotFoundError: No module named 'causal_conv1d'")
+    return Facts(
+        env=make_env(gpus=gpus, packages=installed, kernels=kernels),
+        packages=packages,
+        hub={hub.repo_id: hub} if hub else {},
+        kernels_window=WINDOW,
+        transformers_min_versions={},
+        torch_varlen_attention=True,
+        fla_backends={"9.0": _backend(backward)},
+    )
+
+
+def _result(facts: Facts, options: CheckOptions) -> CheckResult:
+    spec = discovery.resolve_model("qwen3_5", discovery.transformers_source())
+    requirements = catalog.requirements(spec, options.mode, packed=True, transformers_version="5.23.0")
+    target = Target(archs=options.archs, arch_source="--arch", allow=AllowPolicy.parse(options.allow),
+                    use_hub=options.hub)
+    return CheckResult(options, facts.env, resolve(facts, requirements, target), spec.origin, facts=facts)
+
+
+def _lock(tmp_path: Path, image: Facts, *, allow: tuple[str, ...] = (), hub: bool = False) -> Path:
+    result = _result(image, CheckOptions(archs=("9.0",), allow=allow, hub=hub))
+    assert result.ok, result.resolution
+    return stack_lock.write_lock(result, tmp_path / "kernelguard.lock")
+
+
+def _refusal(monkeypatch: pytest.MonkeyPatch, lock: Path, node: Facts, **verify: Any) -> LockMismatch:
+    monkeypatch.setattr(stack_lock, "run_check", lambda options: _result(node, options))
+    with pytest.raises(LockMismatch) as info:
+        stack_lock.verify_lock(lock, **verify)
+    assert info.value.message == HEAD.format(lock=lock, n=len(info.value.differences))
+    return info.value
+
+
+def test_the_lock_holds_what_decides_the_kernels_and_nothing_else(tmp_path: Path) -> None:
+    lock = json.loads(_lock(tmp_path, _facts(tmp_path)).read_text())
+    assert lock["kernelguard_lock"] == 1 and lock["verdict"] == "ok" and lock["target_archs"] == ["9.0"]
+    assert lock["model"] == {"name": "qwen3_5", "family": "qwen3_5", "mode": "training", "packed": True, "hub": False}
+    assert set(lock["stack"]) == {"python", "torch", "cuda", "cxx11_abi", "triton", "transformers", "kernelguard"}
+    assert lock["stack"]["python"] == "3.11" and lock["stack"]["torch"] == "2.13.0+cu128"
+    conv = lock["kernels"]["causal_conv1d_fn"]
+    assert conv["distributions"] == {"causal-conv1d": "1.7.0"}  # not tilelang, z3-solver or kernels: no kernel needs them
+    [ext] = conv["extensions"]
+    assert ext["file"] == "causal_conv1d_cuda.cpython-312-x86_64-linux-gnu.so" and len(ext["sha256"]) == 64
+    assert (ext["sass"], ext["ptx"]) == (["sm_80", "sm_90"], [])
+    assert lock["kernels"]["chunk_gated_delta_rule"]["distributions"] == {"fla-core": "0.6.0",
+                                                                          "flash-linear-attention": "0.6.0"}
+    assert lock["fla_backend"] == {"9.0": {"forward": "triton", "backward": "tilelang"}}
+
+
+def test_the_same_stack_is_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lock = _lock(tmp_path, _facts(tmp_path))
+    monkeypatch.setattr(stack_lock, "run_check", lambda options: _result(_facts(tmp_path), options))
+    assert stack_lock.verify_lock(lock).ok
+
+
+def test_a_version_drift_names_the_lock_the_node_and_the_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lock = _lock(tmp_path, _facts(tmp_path))
+    error = _refusal(monkeypatch, lock, _facts(tmp_path, conv="1.6.0"))
+    assert error.differences == (f"causal_conv1d_fn: causal-conv1d: lock says 1.7.0, here 1.6.0; restore: {CONV}",)
+
+
+def test_a_swapped_build_of_the_same_version_is_caught_by_its_hash(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    lock = _lock(tmp_path, _facts(tmp_path))
+    image_hash = json.loads(lock.read_text())["kernels"]["causal_conv1d_fn"]["extensions"][0]["sha256"]
+    other = cuda_so(sass=(80,))
+    node = _facts(tmp_path, so=other)
+    node = replace(node, packages={**node.packages, "causal_conv1d": make_pkg(
+        "causal_conv1d", "1.7.0", extensions=(replace(make_ext(("sm_80",)), path=str(
+            tmp_path / "causal_conv1d_cuda.cpython-312-x86_64-linux-gnu.so")),))})
+    import hashlib
+
+    error = _refusal(monkeypatch, lock, node, allow=None)
+    # the node's build lacks sm_90: the check itself would reject it too, but the lock says why first
+    assert error.differences == ((
+        f"causal_conv1d_fn: causal_conv1d_cuda.cpython-312-x86_64-linux-gnu.so sha256: lock says sha256 "
+        f"{image_hash[:12]}, here sha256 {hashlib.sha256(other).hexdigest()[:12]} (sm_80, sm_90 -> sm_80); "
+        f"restore: {CONV} (the lock's build; a different build of the same version has other GPU code)"
+    ),)
+
+
+def test_a_gpu_of_another_arch_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lock = _lock(tmp_path, _facts(tmp_path))
+    error = _refusal(monkeypatch, lock, _facts(tmp_path, gpus=("8.0",)))
+    assert error.differences == ((
+        "GPU 0 (GPU sm 8.0) arch: lock says 9.0, here 8.0; restore: run on a GPU the lock targets, or write a lock "
+        "for this one where the image is built: kernelguard lock --model qwen3_5 --arch 8.0"
+    ),)
+
+
+def test_a_missing_package_is_refused_with_its_exact_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lock = _lock(tmp_path, _facts(tmp_path))
+    error = _refusal(monkeypatch, lock, _facts(tmp_path, conv=None))
+    assert error.differences == (f"causal_conv1d_fn: causal-conv1d: lock says 1.7.0, here not installed; restore: {CONV}",)
+
+
+def test_allow_items_must_be_the_locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lock = _lock(tmp_path, _facts(tmp_path), allow=("attention",))
+    error = _refusal(monkeypatch, lock, _facts(tmp_path), allow=["attention", "fla-640-wrong-grads"])
+    assert error.differences == ((
+        "allow items: lock says [attention], here [attention, fla-640-wrong-grads]; restore: pass exactly the "
+        "lock's: --allow attention"
+    ),)
+    python = _refusal(monkeypatch, lock, _facts(tmp_path), allow=[], syntax="python")
+    assert python.differences == (
+        "allow items: lock says [attention], here none; restore: pass exactly the lock's: allow=['attention']",)
+
+
+def test_fla_choosing_another_backend_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lock = _lock(tmp_path, _facts(tmp_path))  # the image had tilelang + nvcc: fla's TileLang backward
+    error = _refusal(monkeypatch, lock, _facts(tmp_path, backward="triton"))
+    assert error.differences == ((
+        "fla GDN backward backend on sm 9.0: lock says tilelang, here triton; restore: pip install tilelang "
+        "z3-solver and put nvcc on PATH (fla's TileLang backend compiles with it); unset FLA_TILELANG=0"
+    ),)
+
+
+def test_a_moved_hub_revision_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = discovery.resolve_model("qwen3_5", discovery.transformers_source())
+    repo = next(k.hub.repo_id for k in spec.family.kernels if k.hub is not None and k.kernel == "chunk_gated_delta_rule")
+
+    def probe(revision: str) -> HubKernelProbe:
+        return HubKernelProbe(repo, "offline cache", "/cache", revision, "torch213-cxx11-cu128-x86_64-linux", (),
+                              True, None)
+
+    lock = _lock(tmp_path, _facts(tmp_path, hub=probe("aaaa1111")), hub=True)
+    assert json.loads(lock.read_text())["kernels"]["chunk_gated_delta_rule"]["revision"] == "aaaa1111"
+    error = _refusal(monkeypatch, lock, _facts(tmp_path, hub=probe("bbbb2222")))
+    assert error.differences == ((
+        f"chunk_gated_delta_rule: Hub revision: lock says aaaa1111, here bbbb2222; restore: python -c \"from kernels "
+        f"import get_kernel; get_kernel('{repo}', revision='aaaa1111')\" with HF_HUB_OFFLINE unset, then run "
+        "offline again"
+    ),)
+
+
+def test_every_difference_is_one_line_and_the_error_pickles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+
+    lock = _lock(tmp_path, _facts(tmp_path))
+    error = _refusal(monkeypatch, lock, _facts(tmp_path, conv="1.6.0", fla="0.5.2", backward="triton"))
+    assert [d.split(":")[0] for d in error.differences] == ["causal_conv1d_fn", "chunk_gated_delta_rule",
+                                                            "chunk_gated_delta_rule", "fla GDN backward backend on sm 9.0"]
+    assert str(error).splitlines()[1:5] == [f"  - {d}" for d in error.differences]
+    again = pickle.loads(pickle.dumps(error))
+    assert again.differences == error.differences and str(again) == str(error)
+
+
+def test_a_file_that_is_not_a_lock_is_a_usage_error(tmp_path: Path) -> None:
+    path = tmp_path / "kernelguard.lock"
+    path.write_text(json.dumps({"kernelguard_lock": 99}))
+    with pytest.raises(ConfigError, match=r"has lock schema 99; this kernelguard reads schema 1\."):
+        stack_lock.read_lock(path)
+    with pytest.raises(ConfigError, match=r"--lock .*missing\.lock: no such file\."):
+        stack_lock.read_lock(tmp_path / "missing.lock")
+
+
+def test_kernelguard_lock_env_names_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERNELGUARD_LOCK", "/image/kernelguard.lock")
+    assert stack_lock.lock_path(None) == "/image/kernelguard.lock"
+    assert stack_lock.lock_path("own.lock") == "own.lock"
+    monkeypatch.setenv("KERNELGUARD_LOCK", " ")
+    assert stack_lock.lock_path(None) is None
+
+
+def test_require_enforces_a_lock_in_python_terms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kernelguard
+
+    lock = _lock(tmp_path, _facts(tmp_path))
+    monkeypatch.setattr(stack_lock, "run_check", lambda options: _result(_facts(tmp_path), options))
+    assert kernelguard.require(lock=lock).ok
+    monkeypatch.setenv("KERNELGUARD_LOCK", str(lock))
+    monkeypatch.setenv("KERNELGUARD_ALLOW", "attention")
+    with pytest.raises(LockMismatch) as info:
+        kernelguard.require()
+    assert info.value.differences == (
+        "allow items: lock says none, here [attention]; restore: pass no allow items",)
