@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from kernelguard.errors import (
     EXIT_DIVERGED,
@@ -26,6 +26,7 @@ from kernelguard.errors import (
     ConfigError,
     DataError,
     GuardRefused,
+    KernelGuardError,
     TrainingDiverged,
 )
 
@@ -66,29 +67,42 @@ def main(argv: list[str] | None = None) -> int:
     code, never a traceback. Once training runs, :func:`_train` and the launcher handle both."""
     import signal
 
-    from .launch import launched_by_kernelguard
-    from .signals import Preempted
+    launched = bool(os.environ.get("KERNELGUARD_LAUNCH_DIR"))  # kernelguard.train.launch.LAUNCH_DIR_ENV; no import yet
 
     def stop(signum: int, frame: Any) -> None:
+        from .signals import Preempted
+
         raise Preempted("kernelguard train: stopped by SIGTERM before training started; nothing was saved.")
 
-    try:
-        previous = signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread (an embedding caller): its own handlers stand
-        previous = None
-    try:
+    previous = None
+    try:  # everything inside: a signal can arrive during any import
+        try:
+            previous = signal.signal(signal.SIGTERM, stop)
+        except ValueError:  # not the main thread (an embedding caller): its own handlers stand
+            previous = None
         return _main(argv)
     except KeyboardInterrupt:  # a launched rank stays quiet: its launcher says it once
-        if not launched_by_kernelguard():
+        if not launched:
             print_rank0("kernelguard train: interrupted before training started; nothing was written.")
-        return EXIT_INTERRUPTED
-    except Preempted as e:
-        if not launched_by_kernelguard():
+        _leave(EXIT_INTERRUPTED)
+    except KernelGuardError as e:
+        if getattr(e, "exit_code", None) != EXIT_PREEMPTED:  # kernelguard.train.signals.Preempted
+            raise
+        if not launched:
             print_rank0(str(e))
-        return EXIT_PREEMPTED
+        _leave(EXIT_PREEMPTED)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _leave(code: int) -> NoReturn:
+    """Exit now, skipping the interpreter's teardown: an import that the signal cut halfway (torch, numpy)
+    can fail again during it ("cannot load module more than once per process") or re-raise the interrupt and
+    end the process by SIGINT instead of ``code``. Nothing was written yet, so nothing needs cleaning up."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _main(argv: list[str] | None) -> int:
