@@ -107,8 +107,8 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     on_main(info, lambda: check_image_lock(cfg.runtime.lock, policy))
     stack = check_stack(str(cfg.model.model), allow=policy, packed=packed, device=info.device)
     built = build_model(model=cfg.model, runtime=cfg.runtime, info=info, padded=not packed)
-    for warning in start_warnings(built, cfg.checkpoint, dtype=DTYPES[cfg.runtime.param_dtype]):
-        log(info, f"warning: {warning}", logging.WARNING)  # said now, not after hours of training
+    for said in start_warnings(built, cfg.checkpoint, dtype=DTYPES[cfg.runtime.param_dtype]):
+        log(info, f"warning: {said}", logging.WARNING)  # said now, not after hours of training
     on_main(info, lambda: check_checkpoint_shapes(built.model, start.resume_from))  # before anything is written
     report = run_gate(built.model, policy=policy, packed=packed, stack=stack)
     try:
