@@ -7,6 +7,7 @@ Exit codes (the table in kernelguard.errors): 0 every required kernel is served 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -220,11 +221,15 @@ def _issues(as_json: bool = False) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:
-        from .train.__main__ import main as train_main
-
+        try:  # Ctrl-C while the trainer's modules import: its own one line, as from inside it
+            from .train.__main__ import main as train_main
+        except KeyboardInterrupt:  # leave at once: the teardown after a half-done import can fail again
+            print("kernelguard train: interrupted before training started; nothing was written.", file=sys.stderr,
+                  flush=True)
+            os._exit(EXIT_INTERRUPTED)
         return train_main(argv[1:])
     if argv[:1] == ["export"]:
-        from .train.export import main as export_main
+        from .train.export_cli import main as export_main
 
         return export_main(argv[1:])
     args = _parser().parse_args(argv)

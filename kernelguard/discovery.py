@@ -166,9 +166,16 @@ def _find_family(model_type: str, known: dict[str, Family]) -> Family | None:
 
 
 def _load_config(path: Path) -> dict:
+    from .file_kinds import dangling_link, file_kind
+
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        named = dangling_link(path) or (f"{path} is {kind}" if (kind := file_kind(path)) else None)
+        if named:
+            raise ConfigError(f"could not read model config {path}: {named}.",
+                              fix="pass the model's config.json, or the transformers model folder that holds it "
+                              "(a GGUF file has to be converted to a transformers folder first)") from None
         raise ConfigError(f"could not read model config {path}: {exc}", fix="pass a valid config.json") from None
     if not isinstance(data, dict) or "model_type" not in data:
         raise ConfigError(
@@ -244,6 +251,27 @@ def _model_config(path: Path) -> tuple[dict, dict | None]:
     return config, text_config
 
 
+def _dangling(path: Path) -> str | None:
+    from .file_kinds import dangling_link
+
+    return dangling_link(path)
+
+
+def _unknown_to_transformers(model_type: object) -> str | None:
+    """Why transformers cannot build ``model_type`` (it is in no model registry), else None. Read from its
+    source like everything else here: importing transformers is not needed to say so."""
+    if not isinstance(model_type, str):
+        return None
+    try:
+        source = transformers_source()
+        text = _read(source.root / "models" / "auto" / "configuration_auto.py")
+    except Exception:  # noqa: BLE001 - no transformers source to read: say nothing rather than guess
+        return None
+    if f'"{model_type}"' in text or f"'{model_type}'" in text:
+        return None
+    return f"transformers {source.version} does not know this model type (a newer release, or a typo)"
+
+
 def resolve_model(model: str, source: TransformersSource | None = None) -> ModelSpec:
     """``model`` is a family name, a model_type, a config.json, or a local model directory."""
     if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
@@ -265,12 +293,18 @@ def resolve_model(model: str, source: TransformersSource | None = None) -> Model
             family = _find_family(model_type, known) if isinstance(model_type, str) else None
             if family is not None:
                 return ModelSpec(family, {**config, **(text_config or {})}, str(path))
+        unknown = _unknown_to_transformers(config["model_type"])
+        if unknown:
+            raise ConfigError(f"model_type {config['model_type']!r} in {path}: {unknown}.",
+                              fix="upgrade transformers (pip install -U transformers), or check the model_type spelling")
         raise ConfigError(
             f"model_type {config['model_type']!r} in {path} calls no kernels kernelguard can check "
             f"(families with fallback kernels: {', '.join(sorted(known))}).",
             fix="check a hybrid model such as qwen3_5, qwen3_next or qwen3_5_moe",
         )
     family = _find_family(model, known)
+    if family is None and (broken := _dangling(path)):
+        raise ConfigError(f"--model {model}: {broken}.", fix="point --model at an existing config.json or folder")
     if family is None:
         raise ConfigError(
             f"unknown model {model!r}: not a family with fallback kernels in transformers, and not a file.",

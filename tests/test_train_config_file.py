@@ -401,3 +401,22 @@ def test_launcher_counts_may_be_integers_in_a_config_file(tmp_path: Path, suffix
     path.write_text(f"nproc_per_node{sep}true\n")
     with pytest.raises(ConfigError, match=r"nproc_per_node is True \(bool\); expected a string"):
         parse_command(["--config", str(path), *_base(tmp_path)])
+
+
+@pytest.mark.parametrize(("name", "text", "where"), [
+    ("dup.yaml", "max_steps: 3\nlearning_rate: 1.0e-4\nmax_steps: 5\n", " (lines 1 and 3;"),
+    ("dup.json", '{"max_steps": 3, "max_steps": 5}', " (only one"),
+])
+def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path: Path, name: str, text: str, where: str) -> None:
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError) as info:
+        parse_command(["--model", "m", "--data", "d", "--config", str(tmp_path / name)])
+    assert f"not valid {name.split('.')[1].upper()}: the key 'max_steps' is given twice{where}" in info.value.message
+
+
+def test_a_tilde_in_a_config_file_path_is_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "run.yaml").write_text("output_dir: ~/runs/a\ndata: ~/data.jsonl\nmodel: Qwen/x~y\n")
+    cfg = parse_command(["--config", str(tmp_path / "run.yaml")]).config
+    assert cfg.checkpoint.output_dir == tmp_path / "home" / "runs" / "a"
+    assert cfg.data.data == str(tmp_path / "home" / "data.jsonl") and cfg.model.model == "Qwen/x~y"

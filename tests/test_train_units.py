@@ -131,7 +131,7 @@ def test_moe_counts_only_active_experts(tiny: Any) -> None:
     assert forward_flops_per_token(more) - forward_flops_per_token(dense) == pytest.approx(2 * 4 * 64 * 60)
 
 
-def test_incomplete_checkpoints_are_ignored_and_removed(tmp_path: Path) -> None:
+def test_incomplete_checkpoints_are_ignored_tmp_removed_and_unsealed_ones_said(tmp_path: Path) -> None:
     root = ckpt.checkpoint_root(tmp_path)
     for name, marker in [("step_2", True), ("step_4", True), ("step_6", False), ("step_8.tmp", True)]:
         (root / name).mkdir(parents=True)
@@ -140,8 +140,13 @@ def test_incomplete_checkpoints_are_ignored_and_removed(tmp_path: Path) -> None:
     (tmp_path / "final.tmp").mkdir()
     assert ckpt.latest_checkpoint(tmp_path) == root / "step_4"
     removed = {p.name for p in ckpt.remove_incomplete(tmp_path)}
-    assert removed == {"step_6", "step_8.tmp", "final.tmp"}
-    assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_4"]
+    assert removed == {"step_8.tmp", "final.tmp"}  # a step_N without marker is kept, and said at --resume
+    assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_4", "step_6"]
+    (warning,) = ckpt.unsealed_warnings(tmp_path, root / "step_4")
+    assert warning == ("checkpoint step_6 has no COMPLETE marker (deleted, or a partial copy): skipped, resuming "
+                       "from step_4; it will be replaced when this run saves step 6 again: copy it away now to keep it")
+    assert ckpt.unsealed_warnings(tmp_path, None)[0].startswith("checkpoint step_6 has no COMPLETE marker")
+    assert ckpt.unsealed_warnings(tmp_path, root / "step_6") == []
     assert ckpt.latest_checkpoint(tmp_path / "nothing") is None
 
 

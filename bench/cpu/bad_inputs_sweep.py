@@ -18,14 +18,17 @@ assets from tests/train_helpers.py. Run from the repository root: ``python bench
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +38,23 @@ sys.path.insert(0, str(ROOT / "tests"))
 import train_helpers as h
 
 
-def run(argv: list[str], *, cwd: Path, fakes: bool = False, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+def environment(*, fakes: bool = False, extra: dict[str, str] | None = None, fault: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KERNELGUARD_FAULT")}
     env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     # This checkout's kernelguard, never whichever copy the interpreter has installed.
     paths = [str(ROOT / "tests" / "fake_providers")] if fakes else []
+    if fault:  # tests/fault_hooks/sitecustomize.py injects it (a full disk during the export, a slow export)
+        paths.append(str(ROOT / "tests" / "fault_hooks"))
+        env["KERNELGUARD_FAULT"] = fault
     env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT)])
-    return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    env.update(extra or {})
+    return env
+
+
+def run(argv: list[str], *, cwd: Path, fakes: bool = False, timeout: int = 600, env: dict[str, str] | None = None,
+        fault: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *argv], cwd=cwd, env=environment(fakes=fakes, extra=env, fault=fault),
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def classify(proc: subprocess.CompletedProcess[str], expect: str, must_say: str | None) -> str:
@@ -227,7 +239,8 @@ def train_cases(work: Path) -> list[dict[str, Any]]:
     # torchtitan): starting from step 0 is right, but it must be said.
     fresh = next(r for r in result if r["name"] == "resume with nothing to resume")
     fresh.update(expect="warn", must_say="--resume: no complete checkpoint in")
-    return result + round3_cases(work, base, model) + run_cases(work, base, other)
+    return (result + round3_cases(work, base, model) + run_cases(work, base, other)
+            + round4_cases(work, base, model, data))
 
 
 # Extreme but valid widths (Qwen3.5-397B-A17B-like MoE, a 27B dense): sized on the meta device, never built.
@@ -260,7 +273,7 @@ def round3_cases(work: Path, base: list[str], model: Path) -> list[dict[str, Any
     data = {k: write(f"{k}.jsonl", "".join(json.dumps(r) + "\n" for r in v)) for k, v in lines.items()}
     dry = ["-m", "kernelguard", "train", "--dry-run", "--tokenizer", base[base.index("--tokenizer") + 1],
            "--data", base[base.index("--data") + 1], "--output-dir", str(work / "runs" / "dry")]
-    out = lambda name: str(work / "runs" / name)  # noqa: E731
+    out = lambda name: str(work / "runs" / name)
     cases = [
         ("dry run: 397B-class MoE, 1M-token blocks, 64 ranks", [*dry, "--model", moe, "--max-length", "1048576",
          "--nproc-per-node", "64"], "ok", "building it on the meta device"),
@@ -364,10 +377,158 @@ def run_cases(work: Path, base: list[str], other: Path) -> list[dict[str, Any]]:
     ]
 
 
+R4 = "train/export: round 4 (issue 32: weights that lie, exports that race, start-up)"
+HUNT = "train/export: round 4, own hunt"
+
+
+def round4_cases(work: Path, base: list[str], model: Path, data: Path) -> list[dict[str, Any]]:
+    """Issue 32: weight files that lie, exports that race or forget, paths and variables checked in preflight,
+    signals while the launcher starts, config files, input formats; then this round's own hunt (HUNT)."""
+    import bad_weights
+
+    w = bad_weights.folders(work / "r4w")
+    done = str(work / "runs" / "done4")  # its own run: run_cases corrupt "done"; mutating cases use copies
+    step = "{RUN}/checkpoints/step_2"
+    out = lambda name: str(work / "runs" / name)
+    r4 = work / "r4"
+    r4.mkdir(exist_ok=True)
+    (r4 / "a_file").write_text("x")
+    (r4 / "dup.yaml").write_text("max_steps: 2\nlearning_rate: 1.0e-4\nmax_steps: 50\n")
+    (r4 / "tilde.yaml").write_text("eval_data: ~/kg-sweep-no-such-file.jsonl\n")  # a key the command line does not set
+    (r4 / "deep.json").write_text(json.dumps({**json.loads(model.read_text()), "num_hidden_layers": 50000,
+                                              "layer_types": ["linear_attention"] * 49999 + ["full_attention"]}))
+    (r4 / "m.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64)
+    (r4 / "unknown.json").write_text('{"model_type": "qwen99_next"}')
+    (r4 / "dangling").symlink_to(r4 / "gone")
+    (r4 / "object.json").write_text(json.dumps({"a": {"messages": []}, "b": {"messages": []}}, indent=1))
+    saved = r4 / "saved"
+    saved.mkdir()
+    for name in ("state.json", "dataset_info.json", "data-00000-of-00001.arrow"):
+        (saved / name).write_text("{}")
+    (r4 / "existing").mkdir()
+    train = lambda name, *extra, swap=None: [*base, "--output-dir", out(name), *extra]
+    export = ["-m", "kernelguard", "export", step]
+    # Cases that change the run or its inputs get a copy of both (copy_run); {RUN} is the run folder used.
+    cases: list[tuple[str, str, list[str], str, str | None, dict[str, Any]]] = [
+        # weights that lie (refused before run.json is written, each naming tensor and file)
+        (R4, "header dtype that does not fit its bytes", train("w1"), "refuse", "do not fit the bytes",
+         {"swap": {"--model": w["dtype_bytes"]}, "no_run_json": out("w1")}),
+        (R4, "f32 bytes under a bf16 header", train("w2"), "refuse", "values that cannot be weights",
+         {"swap": {"--model": w["f32_as_bf16"]}}),
+        (R4, "a tensor in two shards, one not in the index", train("w3"), "refuse", "in more than one file",
+         {"swap": {"--model": w["two_files"]}}),
+        (R4, "index names a shard that lacks the tensor", train("w4"), "refuse", "in a file that lacks them",
+         {"swap": {"--model": w["index_lies"]}}),
+        (R4, "an unexpected extra tensor", train("w5", "--no-export"), "warn", "(UNEXPECTED)",
+         {"swap": {"--model": w["unexpected"]}, "max_steps": "1"}),
+        (R4, "tied embeddings, a different lm_head in the file", train("w6"), "refuse",
+         "contradict tie_word_embeddings", {"swap": {"--model": w["tied_head"]}}),
+        (R4, "multimodal config without vision weights", train("w7"), "refuse", "no vision tower",
+         {"swap": {"--model": w["no_vision"]}}),
+        (R4, "a truncated shard (named before run.json)", train("w8"), "refuse", "(truncated",
+         {"swap": {"--model": w["truncated"]}, "no_run_json": out("w8")}),
+        # exports that race or forget
+        (R4, "export into a live run", [*export, "--output", out("e1")], "refuse", "is in use (pid",
+         {"needs_run": done, "hold_lock": done}),
+        (R4, "export to an existing --output", [*export, "--output", str(r4 / "existing")], "refuse",
+         "already exists", {"needs_run": done}),
+        (R4, "export after the tokenizer changed (the checkpoint's copy is used)", [*export, "--output", out("e3")],
+         "ok", "kernelguard export: wrote", {"needs_run": done, "copy_run": "e3", "change_tokenizer": True}),
+        (R4, "export with the model folder deleted", [*export, "--output", out("e4")], "ok",
+         "kernelguard export: wrote", {"needs_run": done, "copy_run": "e4", "hide_model": True}),
+        (R4, "export to a place this user cannot write", [*export, "--output", "/proc/sys/kg-export"], "refuse",
+         "not writable", {"needs_run": done}),
+        (R4, "disk full during the export", [*export, "--output", out("e6")], "refuse", "No space left on device",
+         {"needs_run": done, "fault": "export", "gone": [out("e6"), out("e6") + ".tmp"]}),
+        (R4, "two exports to one --output at once (two runs)", [*export, "--output", out("e7")], "race", None,
+         {"needs_run": done, "fault": "export-slow", "copy_run": "e7a", "second_copy": "e7b"}),
+        # paths and variables, before anything is written or any rank starts
+        (R4, "--profile-trace under a plain file", train("p1", "--nproc-per-node", "2", "--profile-trace",
+         str(r4 / "a_file" / "traces")), "refuse", "is a file, not a folder", {"no_run_json": out("p1")}),
+        (R4, "KERNELGUARD_ERROR_WAIT_S not a number", train("p2", "--nproc-per-node", "2"), "refuse",
+         "KERNELGUARD_ERROR_WAIT_S='ten'", {"env": {"KERNELGUARD_ERROR_WAIT_S": "ten"}}),
+        # the launcher
+        (R4, "--nnodes 2 without a rendezvous endpoint", train("l1", "--nproc-per-node", "1", "--nnodes", "2"),
+         "refuse", "no --rdzv-endpoint", {"timeout": 90}),
+        (R4, "dry run with 50,000 layers", ["-m", "kernelguard", "train", "--dry-run", "--model", str(r4 / "deep.json"),
+         "--data", str(data), "--output-dir", out("l2")], "refuse", "builds at most 1,024", {"timeout": 120}),
+        (R4, "Ctrl-C while the launcher starts", train("l3", "--nproc-per-node", "2"), "signal",
+         "interrupted before training started", {"signal": ("SIGINT", 1.0, 130)}),
+        (R4, "SIGTERM while the launcher starts", train("l4", "--nproc-per-node", "2"), "signal",
+         "stopped by SIGTERM before training started", {"signal": ("SIGTERM", 1.0, 143)}),
+        # earlier silent ones
+        (R4, "config file with a key given twice", train("c1", "--config", str(r4 / "dup.yaml")), "refuse",
+         "is given twice", {}),
+        (R4, "~ in a config-file path", train("c2", "--config", str(r4 / "tilde.yaml")), "refuse",
+         str(Path.home() / "kg-sweep-no-such-file.jsonl"), {}),
+        (R4, "resume, newest checkpoint's marker gone", [*base, "--output-dir", "{RUN}", "--resume", "--max-steps",
+         "3"], "warn", "has no COMPLETE marker", {"needs_run": done, "copy_run": "c3", "corrupt": "unmark-newest"}),
+        # input formats, named
+        (R4, "GGUF file to check --model", ["-m", "kernelguard", "check", "--model", str(r4 / "m.gguf")], "refuse",
+         "is a GGUF file", {"fakes": False}),
+        (R4, "GGUF file to train --model", train("i2"), "refuse", "is a GGUF file",
+         {"swap": {"--model": str(r4 / "m.gguf")}}),
+        (R4, "datasets save_to_disk folder to --data", train("i3"), "refuse", "save_to_disk folder",
+         {"swap": {"--data": str(saved)}}),
+        (R4, "a JSON object file to --data", train("i4"), "refuse", "is one JSON object",
+         {"swap": {"--data": str(r4 / "object.json")}}),
+        (R4, "model_type transformers does not know (check)", ["-m", "kernelguard", "check", "--model",
+         str(r4 / "unknown.json")], "refuse", "does not know this model type", {"fakes": False}),
+        (R4, "dangling symlink as --data", train("i6"), "refuse", "is a symbolic link to",
+         {"swap": {"--data": str(r4 / "dangling")}}),
+        (R4, "dangling symlink as --model", train("i7"), "refuse", "is a symbolic link to",
+         {"swap": {"--model": str(r4 / "dangling")}}),
+        # this round's own hunt
+        (HUNT, "safetensors header naming a tensor twice", train("h1"), "refuse", "named twice in one header",
+         {"swap": {"--model": w["key_twice"]}}),
+        (HUNT, "overlapping byte ranges in a header", train("h2"), "refuse", "overlap or leave gaps",
+         {"swap": {"--model": w["overlap"]}}),
+        (HUNT, "stray adapter .safetensors beside the weights", train("h3", "--no-export"), "warn", "(UNEXPECTED)",
+         {"swap": {"--model": w["stray_adapter"]}, "max_steps": "1"}),
+        (HUNT, "export --output over the run folder with --overwrite", [*export, "--output", "{RUN}", "--overwrite"],
+         "refuse", "would put the export over the run", {"needs_run": done}),
+        (HUNT, "export of OUT/checkpoints (not a step)", ["-m", "kernelguard", "export", "{RUN}/checkpoints",
+         "--output", out("h5")], "refuse", "its newest checkpoint", {"needs_run": done}),
+        (HUNT, "KERNELGUARD_ERROR_WAIT_S=nan", train("h6", "--nproc-per-node", "2"), "refuse",
+         "KERNELGUARD_ERROR_WAIT_S='nan'", {"env": {"KERNELGUARD_ERROR_WAIT_S": "nan"}}),
+        (HUNT, "JSON file of one pretty-printed row object", train("h7"), "refuse", "is one JSON object",
+         {"swap": {"--data": str(r4 / "object.json")}}),
+    ]
+    rows = []
+    for klass, name, argv, expect, must_say, extra in cases:
+        argv = list(argv)
+        if "max_steps" in extra:
+            argv[argv.index("--max-steps") + 1] = extra.pop("max_steps")
+        for flag, value in extra.pop("swap", {}).items():
+            argv[argv.index(flag) + 1] = value
+        rows.append({"class": klass, "name": name, "argv": argv, "expect": expect, "must_say": must_say,
+                     "fakes": extra.pop("fakes", True), **extra})
+    for row in rows:  # no copy: {RUN} is the shared run itself
+        if row.get("needs_run"):
+            row["run_argv"] = [*base, "--output-dir", done]
+        if not row.get("copy_run"):
+            row["argv"] = [a.replace("{RUN}", done) for a in row["argv"]]
+    return rows
+
+
+def copy_run(run_dir: Path, dest: Path) -> Path:
+    """``run_dir`` and the inputs its train_config.json names, under ``dest``; returns the copied run."""
+    saved = json.loads((run_dir / "train_config.json").read_text())
+    dest.mkdir(parents=True)
+    for key in ("model", "tokenizer"):
+        source = Path(saved[key])
+        target = dest / f"{key}-{source.name}"
+        (shutil.copytree if source.is_dir() else shutil.copyfile)(source, target)
+        saved[key] = str(target)
+    shutil.copytree(run_dir, dest / "run")
+    (dest / "run" / "train_config.json").write_text(json.dumps(saved))
+    return dest / "run"
+
+
 def prepare(case: dict[str, Any], base_done: set[str], work: Path) -> None:
     run_dir = case.get("needs_run")
     if run_dir and run_dir not in base_done:
-        argv = list(case["argv"])
+        argv = list(case.get("run_argv", case["argv"]))
         argv = [a for a in argv if a not in ("--resume",)]
         if "--block-size" in argv:
             argv[argv.index("--block-size") + 1] = "256"
@@ -378,6 +539,24 @@ def prepare(case: dict[str, Any], base_done: set[str], work: Path) -> None:
     if case.get("swap"):
         for flag, value in case["swap"].items():
             case["argv"][case["argv"].index(flag) + 1] = value
+    if case.get("copy_run") and run_dir:
+        copied = copy_run(Path(run_dir), work / "copies" / case["copy_run"])
+        if case.get("second_copy"):
+            second = copy_run(Path(run_dir), work / "copies" / case["second_copy"])
+            case["argv2"] = [a.replace("{RUN}", str(second)) for a in case["argv"]]
+        case["argv"] = [a.replace("{RUN}", str(copied)) for a in case["argv"]]
+        run_dir = str(copied)
+    if case.get("corrupt") == "unmark-newest" and run_dir:
+        newest = max(Path(run_dir, "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
+        (newest / "COMPLETE").unlink()
+        return
+    if case.get("change_tokenizer") and run_dir:
+        saved = json.loads(Path(run_dir, "train_config.json").read_text())
+        config = Path(saved["tokenizer"]) / "tokenizer_config.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), "chat_template": "{{ 'changed' }}"}))
+    if case.get("hide_model") and run_dir:
+        saved = json.loads(Path(run_dir, "train_config.json").read_text())
+        Path(saved["model"]).rename(Path(saved["model"]).with_name("moved-away.json"))
     if case.get("corrupt") and run_dir:
         shards = sorted(Path(run_dir).rglob("*.distcp")) or sorted(Path(run_dir).rglob("*.pt"))
         shards = [s for s in shards if "checkpoint" in str(s)]
@@ -391,32 +570,99 @@ def prepare(case: dict[str, Any], base_done: set[str], work: Path) -> None:
                 shard.write_bytes(bytes(data))
 
 
+@contextlib.contextmanager
+def held_lock(folder: str | None) -> Iterator[None]:
+    """A real process holding ``folder``'s run lock for the duration (a live run, as far as anyone can tell)."""
+    if folder is None:
+        yield
+        return
+    code = ("import sys, time; from pathlib import Path; from kernelguard.train.lock import acquire\n"
+            "lock = acquire(Path(sys.argv[1]), argv=['kernelguard', 'train', '(live run)']); print('held', flush=True)\n"
+            "time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code, folder], env=environment(), stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def run_case(case: dict[str, Any], work: Path) -> subprocess.CompletedProcess[str]:
+    """One case; a ``race`` runs its command twice at once, a ``signal`` case signals it while it starts."""
+    kind, timeout = case["expect"], case.get("timeout", 600)
+    env = environment(fakes=case.get("fakes", False), extra=case.get("env"), fault=case.get("fault"))
+    if kind not in ("race", "signal"):
+        return run(case["argv"], cwd=case.get("cwd", work), fakes=case.get("fakes", False), timeout=timeout,
+                   env=case.get("env"), fault=case.get("fault"))
+    copies = 2 if kind == "race" else 1
+    argvs = [case["argv"], case.get("argv2", case["argv"])][:copies]
+    # A sweep started in the background (nohup, `&`) ignores SIGINT, and children inherit that: give them the
+    # default, as a terminal's foreground job has.
+    procs = [subprocess.Popen([sys.executable, *argv], cwd=work, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509 - no threads
+             for argv in argvs]
+    if kind == "signal":
+        name, delay, _ = case["signal"]
+        time.sleep(delay)
+        os.killpg(procs[0].pid, getattr(signal, name))  # Ctrl-C reaches the whole foreground group
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    codes = [p.returncode for p in procs]
+    err = "\n".join(e for _, e in outs)
+    proc = subprocess.CompletedProcess(case["argv"], max(codes), "", err)
+    if "Traceback (most recent call last)" in err:
+        verdict = "traceback"
+    elif kind == "race":
+        output = Path(case["argv"][case["argv"].index("--output") + 1])
+        complete = (output / "config.json").is_file() and not output.with_name(output.name + ".tmp").exists()
+        refused = next((e for (_, e), c in zip(outs, codes) if c == 2), "")
+        said = "another export is writing" in refused or "already exists" in refused or "is in use" in refused
+        verdict = "clear" if sorted(codes) == [0, 2] and complete and said else ("loss" if not complete else "unclear")
+    else:
+        lines = [line for line in err.splitlines() if line.strip() and "warning:" not in line]
+        verdict = "clear" if codes[0] == case["signal"][2] and len(lines) == 1 and case["must_say"] in lines[0] \
+            else "unclear"
+    proc.verdict = verdict  # type: ignore[attr-defined]
+    return proc
+
+
 def main(argv: list[str] | None = None) -> int:
     args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     args.add_argument("--out")
-    args.add_argument("--only", help="substring of the case classes to run")
+    args.add_argument("--only", help="substring of the case classes to run (e.g. 'round 4')")
+    args.add_argument("--names", help="substrings of the case names to run, comma-separated")
     opts = args.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="kg-sweep-"))
     cases = check_cases(work) + api_cases() + train_cases(work)
     if opts.only:
         cases = [c for c in cases if opts.only in c["class"]]
+    if opts.names:
+        cases = [c for c in cases if any(n in c["name"] for n in opts.names.split(","))]
     rows, made = [], set()
     for case in cases:
         prepare(case, made, work)
         start = time.perf_counter()
         try:
-            proc = run(case["argv"], cwd=case.get("cwd", work), fakes=case.get("fakes", False),
-                       timeout=case.get("timeout", 600))
+            with held_lock(case.get("hold_lock")):
+                proc = run_case(case, work)
         except subprocess.TimeoutExpired as e:
             proc = subprocess.CompletedProcess(e.cmd, -9, "", "(no result before the timeout)")
             case = {**case, "expect": "hang"}
         expect = case["expect"]
         if expect == "hang":
             verdict = "hang"
+        elif expect in ("race", "signal"):
+            verdict = proc.verdict  # type: ignore[attr-defined]
         elif expect == "exit3":
             verdict = "clear" if proc.returncode == 3 else ("traceback" if "Traceback" in proc.stderr else "unclear")
         else:
             verdict = classify(proc, expect, case.get("must_say"))
+            left = [p for p in case.get("gone", []) if Path(p).exists()]
+            run_json = case.get("no_run_json")
+            if verdict == "clear" and (left or (run_json and Path(run_json, "run.json").exists())):
+                verdict = "loss" if left else "unclear"  # a half-written folder, or run.json before the refusal
         lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
         first = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "")
         rows.append({"class": case["class"], "name": case["name"], "exit": proc.returncode, "verdict": verdict,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from kernelguard.errors import (
     EXIT_DIVERGED,
@@ -26,6 +26,7 @@ from kernelguard.errors import (
     ConfigError,
     DataError,
     GuardRefused,
+    KernelGuardError,
     TrainingDiverged,
 )
 
@@ -63,6 +64,50 @@ def _fail(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The entry point: :func:`_main`, with Ctrl-C and SIGTERM during start-up (imports, parsing, the checks,
+    the launcher's set-up: before any rank exists or training began) ending in one line and their exit
+    code, never a traceback. Once training runs, :func:`_train` and the launcher handle both."""
+    import signal
+
+    launched = bool(os.environ.get("KERNELGUARD_LAUNCH_DIR"))  # kernelguard.train.launch.LAUNCH_DIR_ENV; no import yet
+
+    def stop(signum: int, frame: Any) -> None:
+        from .signals import Preempted
+
+        raise Preempted("kernelguard train: stopped by SIGTERM before training started; nothing was saved.")
+
+    previous = None
+    try:  # everything inside: a signal can arrive during any import
+        try:
+            previous = signal.signal(signal.SIGTERM, stop)
+        except ValueError:  # not the main thread (an embedding caller): its own handlers stand
+            previous = None
+        return _main(argv)
+    except KeyboardInterrupt:  # a launched rank stays quiet: its launcher says it once
+        if not launched:
+            print_rank0("kernelguard train: interrupted before training started; nothing was written.")
+        _leave(EXIT_INTERRUPTED)
+    except KernelGuardError as e:
+        if getattr(e, "exit_code", None) != EXIT_PREEMPTED:  # kernelguard.train.signals.Preempted
+            raise
+        if not launched:
+            print_rank0(str(e))
+        _leave(EXIT_PREEMPTED)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _leave(code: int) -> NoReturn:
+    """Exit now, skipping the interpreter's teardown: an import that the signal cut halfway (torch, numpy)
+    can fail again during it ("cannot load module more than once per process") or re-raise the interrupt and
+    end the process by SIGINT instead of ``code``. Nothing was written yet, so nothing needs cleaning up."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _main(argv: list[str] | None) -> int:
     from .config_cli import parse_command
     from .launch import launch, launched_by_kernelguard
     from .signals import remember_command
@@ -78,25 +123,32 @@ def main(argv: list[str] | None = None) -> int:
     if not launched_by_kernelguard():
         for warning in cmd.warnings:
             print_rank0(f"kernelguard train: warning: {warning}")
+    try:  # before any rank starts or anything is written: the environment, the flags, inputs and paths
+        _early_checks(cmd.config, launching=cmd.launch is not None and not launched_by_kernelguard())
+    except (ConfigError, DataError) as e:
+        return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
     if cmd.config.checkpoint.dry_run:
         return _dry_run(cmd.config, world_size=_launch_world_size(cmd.launch))
     if cmd.launch is not None and not launched_by_kernelguard():
         try:
-            _check_inputs(cmd.config)  # here, before N ranks each import torch and the stack is checked
             return launch(cmd.launch, argv, output=cmd.config.checkpoint.output_dir)
         except (ConfigError, DataError) as e:
             return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
     return _train(cmd.config)
 
 
-def _check_inputs(cfg: Any) -> None:
-    """The launcher's copy of the ranks' first checks: flags, inputs, tokenizer, template, the first rows."""
+def _early_checks(cfg: Any, *, launching: bool) -> None:
+    """The environment always; for a launcher also the flags, inputs, paths, tokenizer, template and first rows
+    that rank 0 checks again (cheap, and no rank should start for a run that will be refused)."""
     from .input_check import check_inputs_early
-    from .preflight import check_flags, check_inputs
+    from .preflight import check_environment, check_flags, check_inputs, check_paths
 
-    check_flags(cfg)
-    check_inputs(cfg)
-    check_inputs_early(cfg)
+    check_environment()
+    if launching and not cfg.checkpoint.dry_run:
+        check_flags(cfg)
+        check_inputs(cfg)
+        check_paths(cfg)
+        check_inputs_early(cfg)
 
 
 def _train(cfg: Any) -> int:
@@ -189,8 +241,10 @@ def _dry_run(cfg: Any, *, world_size: int | None) -> int:
     try:
         say("loading torch and transformers")
         from .parallel import model_source
+        from .preflight import check_model_size
 
         hf_config, _ = model_source(str(cfg.model.model))
+        check_model_size(hf_config, model=str(cfg.model.model))
         say(f"{cfg.model.model}: {_describe(hf_config)}; building it on the meta device (no memory is used)")
         model = build_probe_model(hf_config)
         text = estimate(cfg, world_size=world_size, model=model, progress=say).render()

@@ -17,6 +17,7 @@ import os
 import pickle
 import random
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ __all__ = [
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
+    "unsealed_checkpoints",
+    "unsealed_warnings",
     "verify_checkpoint",
     "write_manifest",
 ]
@@ -81,16 +84,36 @@ def latest_checkpoint(output: Path) -> Path | None:
     return done[-1][1] if done else None
 
 
+def unsealed_checkpoints(output: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every ``step_N`` folder without its marker, oldest first. A save in progress writes
+    ``step_N.tmp``, so these were sealed once and lost the marker (deleted by hand, a partial copy): never
+    resumed from, never deleted unasked, said once at ``--resume`` (:func:`unsealed_warnings`)."""
+    root = checkpoint_root(output)
+    if not root.is_dir():
+        return []
+    return sorted((s, p) for p in root.iterdir() if (s := _step_of(p)) is not None and not (p / MARKER).exists())
+
+
+def unsealed_warnings(output: Path, resumed: Path | None) -> list[str]:
+    """One line per marker-less checkpoint newer than ``resumed``: skipped, and replaced if its step is saved."""
+    newest = _step_of(resumed) if resumed is not None else -1
+    start = f"resuming from {resumed.name}" if resumed is not None else "starting from step 0"
+    return [
+        f"checkpoint {path.name} has no {MARKER} marker (deleted, or a partial copy): skipped, {start}; it will "
+        f"be replaced when this run saves step {step} again: copy it away now to keep it"
+        for step, path in unsealed_checkpoints(output) if step > (newest or -1)
+    ]
+
+
 def remove_incomplete(output: Path) -> list[Path]:
-    """Delete ``*.tmp`` folders and step folders without a marker (rank 0 only)."""
+    """Delete the ``*.tmp`` folders a crash mid-save left (rank 0 only). Marker-less ``step_N`` folders stay:
+    see :func:`unsealed_checkpoints`."""
     removed: list[Path] = []
     for root in (checkpoint_root(output), output):
         if not root.is_dir():
             continue
         for p in root.iterdir():
-            if p.is_dir() and (
-                p.name.endswith(".tmp") or (_step_of(p) is not None and not (p / MARKER).exists())
-            ):
+            if p.is_dir() and p.name.endswith(".tmp"):
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
     return removed
@@ -226,8 +249,10 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     is_main: bool,
     keep: int | None = None,
+    carry: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write ``step_N`` atomically (all ranks), seal it with its manifest, then apply ``keep`` (retention)."""
+    """Write ``step_N`` atomically (all ranks), seal it with its manifest, then apply ``keep`` (retention).
+    ``carry`` (rank 0) adds files into the folder before it is sealed (kernelguard.train.provenance)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -249,6 +274,8 @@ def save_checkpoint(
     if is_main:
         try:
             (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
+            if carry is not None:
+                carry(tmp)
             write_manifest(tmp, step)
             if final.exists():
                 shutil.rmtree(final)

@@ -55,10 +55,41 @@ def _parse_config_text(text: str, suffix: str) -> Any:
 
         return tomllib.loads(text)
     if suffix == ".json":
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_pairs)
     import yaml  # a dependency of transformers, so present wherever training is
 
-    return yaml.safe_load(text)
+    return yaml.load(text, Loader=_unique_keys_loader())
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (json keeps the last of two silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} is given twice (only one of the values could be used)")
+        out[key] = value
+    return out
+
+
+def _unique_keys_loader() -> Any:
+    """PyYAML's SafeLoader, refusing a mapping that repeats a key (it keeps the last one silently; TOML
+    already refuses)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} is given twice (lines {seen[key]} and "
+                        f"{key_node.start_mark.line + 1}; only one of the values could be used)",
+                        key_node.start_mark)
+                seen[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def _file_keys(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
@@ -148,6 +179,8 @@ def _type_name(kind: Any) -> str:
     return {int: "integer", float: "number"}.get(kind, "string")
 
 
+# Settings that name local paths: a leading ~ is the home folder, as on a command line.
+_PATHS = frozenset({"model", "tokenizer", "data", "eval_data", "chat_template", "output_dir", "profile_trace"})
 # Launcher settings that are strings only because they also take words (gpu, auto, MIN:MAX, a job name).
 _COUNTS_AS_TEXT = frozenset({"nproc_per_node", "nnodes", "rdzv_id"})
 
@@ -166,6 +199,8 @@ def _scalar(action: argparse.Action, value: Any, wrong: Any) -> Any:
             value = str(value)  # nproc_per_node: 8 is the command line's "8" (YAML and TOML read an int)
         if not isinstance(value, str):
             raise wrong("a string")
+        if action.dest in _PATHS and (value == "~" or value.startswith("~/")):
+            value = str(Path(value).expanduser())  # a shell would have expanded it on a command line
         value = Path(value) if kind is Path else value
     if action.choices is not None and value not in action.choices:
         raise wrong("one of " + ", ".join(map(str, action.choices)))

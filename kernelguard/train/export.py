@@ -20,11 +20,13 @@ tokenizer and its chat template, and renames ``final.tmp/`` to ``final/``: there
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
 import struct
+import sys
 import warnings
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -34,9 +36,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kernelguard.errors import EXIT_OK, EXIT_USAGE, CheckpointError, ConfigError
+from kernelguard.errors import (
+    CheckpointError,
+)
 
 from .config_rules import DEFAULT_MAX_SHARD_SIZE, parse_size
+from .export_checks import (
+    check_destination,
+    check_room,
+    export_in_use,
+    export_source,
+    many_shards_warning,
+    run_in_use,
+)
 from .export_stream import IN_FLIGHT, Gathered, feed, held_in_fp32, stream_files
 from .write_errors import write_failure
 
@@ -279,6 +291,9 @@ def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: t
     tied = bool(getattr(built.config.get_text_config(), "tie_word_embeddings", False))
     tensors = export_tensors({k: tuple(v.shape) for k, v in state.items()}, plan=built.weight_plan, tied=tied,
                              dtype=dtype, keep_fp32=held_in_fp32(model))
+    many = many_shards_warning(len(plan_shards(tensors, parse_size(max_shard_size))), parse_size(max_shard_size))
+    if many and info.is_main:
+        print(f"kernelguard train: warning: {many}", file=sys.stderr, flush=True)
     shards: list[list[OutTensor]] = []
     error: BaseException | None = None
     after = "--resume (the last checkpoint is complete; the resumed run only exports)"
@@ -299,56 +314,114 @@ def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: t
     return final
 
 
+def start_warnings(built: Any, checkpoint: Any, *, dtype: torch.dtype) -> list[str]:
+    """What a run says before it trains: the weight files' warnings (kernelguard.train.weights) and, when it
+    will export (``checkpoint``: its CheckpointSection), an export of more than 1,000 files."""
+    warnings = [f"weights: {w}" for w in (built.weight_plan.warnings if built.weight_plan is not None else ())]
+    many = export_shards_warning(built, dtype=dtype, max_shard_size=checkpoint.max_shard_size)
+    return warnings + ([many] if many and checkpoint.export else [])
+
+
+def export_shards_warning(built: Any, *, dtype: torch.dtype, max_shard_size: str | int) -> str | None:
+    """The line the run's final export would print for more than 1,000 shards, from the meta model."""
+    tied = bool(getattr(built.config.get_text_config(), "tie_word_embeddings", False))
+    shapes = {k: tuple(v.shape) for k, v in built.model.state_dict().items()}
+    size = parse_size(max_shard_size)
+    tensors = export_tensors(shapes, plan=built.weight_plan, tied=tied, dtype=dtype)
+    return many_shards_warning(len(plan_shards(tensors, size)), size)
+
+
 def _failure(tmp: Path, e: BaseException, *, output: Path, tensors: list[OutTensor], after: str) -> BaseException:
     return write_failure(f"exporting the final model to {tmp}", e, folder=output,
                          need_bytes=sum(t.nbytes for t in tensors), after=after)
 
 
 def export_checkpoint(checkpoint: Path, *, output: Path | None = None,
-                      max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE) -> Path:
+                      max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE, overwrite: bool = False,
+                      accept_changed_tokenizer: bool = False) -> Path:
     """``final/`` (or ``output``) from a verified training checkpoint ``OUTPUT/checkpoints/step_N``, with the
-    run's model (and its generation_config.json), tokenizer, chat template and dtype from
-    ``OUTPUT/train_config.json``. Every rank of a process
-    group writes its share of the shards; alone, this process writes them all."""
-    from .checkpoint import MARKER, verify_checkpoint
-    from .data import load_tokenizer
-    from .parallel import DTYPES, build_meta_model, model_source
-    from .weights import plan_weights
+    model config, tokenizer, chat template and weight layout the checkpoint carries (``source/``,
+    kernelguard.train.provenance; older checkpoints: the folders ``OUTPUT/train_config.json`` names, compared
+    with the run's record) and the dtype from ``train_config.json``. Every rank of a process group writes its
+    share of the shards; alone, this process writes them all.
 
-    checkpoint = Path(checkpoint)
+    Refused before anything is written: a live run in the checkpoint's folder (its lock, naming its pid),
+    another export writing ``output``, an existing ``output`` unless ``overwrite``, a destination that is not
+    writable or has no room. A write that fails midway leaves no ``output`` and no ``.tmp`` folder."""
+    from .checkpoint import MARKER, verify_checkpoint
+
+    checkpoint = Path(checkpoint).expanduser()
     if not (checkpoint / MARKER).is_file():
+        from .checkpoint import complete_checkpoints
+
+        inside = complete_checkpoints(checkpoint.parent if checkpoint.name == "checkpoints" else checkpoint)
         raise CheckpointError(f"{checkpoint} is not a complete kernelguard checkpoint (it has no {MARKER}).",
-                              fix="pass OUTPUT/checkpoints/step_N of a run")
-    problem = verify_checkpoint(checkpoint)
-    if problem is not None:
-        raise CheckpointError(f"checkpoint {checkpoint} is unusable: {problem}",
-                              fix="export an older checkpoint of the run (OUTPUT/checkpoints/step_N)")
-    saved = _run_config(checkpoint.parent.parent)
-    final = Path(output) if output is not None else checkpoint.parent.parent / "final"
-    if final.exists():
-        raise ConfigError(f"{final} already exists.", fix="pass --output NEW_DIR, or delete it first")
-    config, weights = model_source(str(saved["model"]))
+                              fix=f"pass {inside[-1][1]}, its newest checkpoint" if inside else
+                              "pass OUTPUT/checkpoints/step_N of a run")
+    run = checkpoint.parent.parent
+    saved = _run_config(run)
+    final = Path(output).expanduser() if output is not None else run / "final"
+    max_bytes = parse_size(max_shard_size, source="--max-shard-size")
+    check_destination(final, overwrite=overwrite, checkpoint=checkpoint)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    with contextlib.ExitStack() as held:
+        if rank == 0:
+            from .lock import acquire
+
+            if os.access(run, os.W_OK):  # a read-only run folder (an archive) has no live run to refuse
+                held.enter_context(acquire(run, flag="CHECKPOINT_DIR", refusal=run_in_use))
+            held.enter_context(acquire(final.parent, name=f".{final.name}.kernelguard-export.lock",
+                                       flag="--output", refusal=export_in_use))
+            check_destination(final, overwrite=overwrite)  # again, under the lock: another export just finished
+            problem = verify_checkpoint(checkpoint)
+            if problem is not None:
+                raise CheckpointError(f"checkpoint {checkpoint} is unusable: {problem}",
+                                      fix="export an older checkpoint of the run (OUTPUT/checkpoints/step_N)")
+        return _export_locked(checkpoint, saved, final, max_bytes=max_bytes, rank=rank, world=world,
+                              accept_changed_tokenizer=accept_changed_tokenizer)
+    raise AssertionError("unreachable")
+
+
+def _export_locked(checkpoint: Path, saved: dict[str, Any], final: Path, *, max_bytes: int, rank: int,
+                   world: int, accept_changed_tokenizer: bool) -> Path:
+    from .parallel import DTYPES, build_meta_model
+
+    source = export_source(checkpoint, saved, accept_changed_tokenizer=accept_changed_tokenizer)
+    config = source.config
     meta = build_meta_model(config, attn_implementation="sdpa")
-    plan = plan_weights(meta, weights)[0] if weights is not None else None
+    plan = source.plan(meta)
     tied = bool(getattr(config.get_text_config(), "tie_word_embeddings", False))
     dtype = DTYPES[str(saved.get("param_dtype", "bf16"))]
     tensors = export_tensors({k: tuple(v.shape) for k, v in meta.state_dict().items()}, plan=plan, tied=tied,
                              dtype=dtype, key_prefix="model.")  # the checkpoint holds {"model": ..., "optim": ...}
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    need = sum(t.nbytes for t in tensors)
+    check_room(final, need_bytes=need)
+    many = many_shards_warning(len(plan_shards(tensors, max_bytes)), max_bytes)
+    if many and rank == 0:
+        print(f"kernelguard export: warning: {many}", file=sys.stderr, flush=True)
     tmp = final.with_name(final.name + ".tmp")
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    if world > 1:
-        dist.barrier()
-    shards = write_shards(tmp, tensors, _Source(checkpoint, plan), max_bytes=parse_size(max_shard_size),
-                          rank=rank, world=world)
-    if world > 1:
-        dist.barrier()
-    if rank == 0:
-        tokenizer = load_tokenizer(str(saved.get("tokenizer") or saved["model"]),
-                                   chat_template=saved.get("chat_template"))
-        finalize(tmp, final, shards, config=config, tokenizer=tokenizer, dtype=dtype, source=saved["model"])
+    finished = False
+    try:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # a crashed export's leftovers: under the lock, ours to clear
+            tmp.mkdir(parents=True)
+        if world > 1:
+            dist.barrier()
+        shards = write_shards(tmp, tensors, _Source(checkpoint, plan), max_bytes=max_bytes, rank=rank, world=world)
+        if world > 1:
+            dist.barrier()
+        if rank == 0:
+            from .data import load_tokenizer
+
+            tokenizer = load_tokenizer(str(source.tokenizer), chat_template=source.chat_template)
+            finalize(tmp, final, shards, config=config, tokenizer=tokenizer, dtype=dtype, source=source.folder)
+        finished = True
+    except Exception as e:  # noqa: BLE001 - disk full, permissions: one line naming the cause, nothing left
+        raise write_failure(f"exporting {checkpoint} to {final}", e, folder=final.parent, need_bytes=need,
+                            after="run the same `kernelguard export` again") from None
+    finally:
+        if not finished and rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
@@ -365,30 +438,3 @@ def _run_config(run: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a kernelguard train configuration.",
                               fix="pass a checkpoint inside a kernelguard train output folder")
     return saved
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``kernelguard export CHECKPOINT_DIR [--output DIR] [--max-shard-size SIZE]``; EXIT_USAGE on a bad input."""
-    import argparse
-    import sys
-
-    from kernelguard.report import help_formatter, wrap_message
-
-    parser = argparse.ArgumentParser(
-        prog="kernelguard export",
-        formatter_class=help_formatter(),
-        description="Write a Hugging Face model folder (sharded safetensors, index, config, tokenizer, chat "
-        "template) from a kernelguard train checkpoint, e.g. of a run stopped before its end.",
-    )
-    parser.add_argument("checkpoint", type=Path, metavar="CHECKPOINT_DIR", help="OUTPUT/checkpoints/step_N")
-    parser.add_argument("--output", type=Path, metavar="DIR", help="where to write it [default: OUTPUT/final]")
-    parser.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE, metavar="SIZE",
-                        help="largest safetensors file: 5GB (default), 500MB, or bytes")
-    args = parser.parse_args(argv)
-    try:
-        final = export_checkpoint(args.checkpoint, output=args.output, max_shard_size=args.max_shard_size)
-    except ConfigError as e:
-        print(wrap_message(f"kernelguard export: error: {e}"), file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    print(f"kernelguard export: wrote {final}", file=sys.stderr, flush=True)
-    return EXIT_OK

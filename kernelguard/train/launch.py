@@ -121,6 +121,14 @@ def launch(opts: LaunchOptions, train_argv: list[str], *, output: Path | None = 
             fix="drop the launcher flags (torchrun launched the ranks), or run `kernelguard train "
             "--nproc-per-node N ...` without torchrun",
         )
+    if opts.nnodes != "1" and not (opts.rdzv_endpoint or opts.master_addr):
+        # torchrun would wait for the other nodes at localhost:29400, silently, until its rendezvous timeout.
+        raise ConfigError(
+            f"--nnodes {opts.nnodes} needs to know where the nodes meet: no --rdzv-endpoint (or --master-addr) "
+            "was given.",
+            fix="add --rdzv-endpoint HOST:PORT (the same on every node; HOST is one node's address, e.g. the "
+            "first's) and --rdzv-id JOB, or --master-addr HOST --master-port PORT",
+        )
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError

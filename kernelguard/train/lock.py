@@ -22,10 +22,11 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kernelguard.errors import CheckpointError, ConfigError
+from kernelguard.errors import CheckpointError, ConfigError, KernelGuardError
 
 __all__ = ["HOLDER_ENV", "LOCK_FILE", "OutputLock", "acquire", "hold_for_run", "holder_of"]
 
@@ -33,10 +34,10 @@ LOCK_FILE = ".kernelguard.lock"
 HOLDER_ENV = "KERNELGUARD_LOCK_HOLDER"  # set by the launcher for its ranks: the pid that holds the lock
 
 
-def holder_of(output: Path) -> dict[str, Any] | None:
+def holder_of(output: Path, *, name: str = LOCK_FILE) -> dict[str, Any] | None:
     """What the lock file says about its holder (None: no file, or not written yet)."""
     try:
-        data = json.loads((output / LOCK_FILE).read_text())
+        data = json.loads((output / name).read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -45,9 +46,9 @@ def holder_of(output: Path) -> dict[str, Any] | None:
 class OutputLock:
     """A held lock on one output folder; :meth:`release` (or process death) frees it."""
 
-    def __init__(self, output: Path, fd: int, created: list[Path]) -> None:
+    def __init__(self, output: Path, fd: int, created: list[Path], name: str = LOCK_FILE) -> None:
         self.output = output
-        self.path = output / LOCK_FILE
+        self.path = output / name
         self._fd: int | None = fd
         self._created = created  # folders the lock had to create, deepest first
 
@@ -73,25 +74,30 @@ class OutputLock:
         self.release()
 
 
-def acquire(output: Path, *, argv: list[str] | None = None) -> OutputLock:
-    """Lock ``output`` for this process or raise CheckpointError naming the run that holds it."""
+def acquire(
+    output: Path, *, argv: list[str] | None = None, name: str = LOCK_FILE, flag: str = "--output-dir",
+    refusal: Callable[[Path, str], KernelGuardError] | None = None,
+) -> OutputLock:
+    """Lock ``output`` for this process or raise CheckpointError naming the run that holds it. ``name``: the
+    lock file's name in ``output``; ``flag``: how the caller names the folder in an error; ``refusal``: the
+    error for (folder, who holds it), for a caller other than a run (``kernelguard export``)."""
     import fcntl
 
-    created = _make_folders(output)
-    path = output / LOCK_FILE
+    created = _make_folders(output, flag=flag)
+    path = output / name
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e:
             raise ConfigError(
-                f"--output-dir {output}: cannot create its lock file {path} ({e.strerror or e}).",
+                f"{flag} {output}: cannot create its lock file {path} ({e.strerror or e}).",
                 fix="choose a folder you own, or fix its permissions",
             ) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise _refusal(output) from None
+            raise (refusal or _refusal)(output, _holder_text(output, name)) from None
         if _same_file(fd, path):
             break
         os.close(fd)  # the holder released and unlinked it between our open and our lock: try again
@@ -103,7 +109,7 @@ def acquire(output: Path, *, argv: list[str] | None = None) -> OutputLock:
     }
     os.ftruncate(fd, 0)
     os.write(fd, (json.dumps(record) + "\n").encode())
-    return OutputLock(output, fd, created)
+    return OutputLock(output, fd, created, name)
 
 
 def hold_for_run(output: Path) -> OutputLock | None:
@@ -124,7 +130,7 @@ def _same_file(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
-def _make_folders(output: Path) -> list[Path]:
+def _make_folders(output: Path, *, flag: str = "--output-dir") -> list[Path]:
     missing = []
     folder = output
     while not folder.exists() and folder != folder.parent:
@@ -134,21 +140,23 @@ def _make_folders(output: Path) -> list[Path]:
         output.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(
-            f"--output-dir {output}: {e.filename or output} cannot be created ({e.strerror or e}).",
+            f"{flag} {output}: {e.filename or output} cannot be created ({e.strerror or e}).",
             fix="choose a folder you own, or fix its permissions",
         ) from e
     return missing
 
 
-def _refusal(output: Path) -> CheckpointError:
-    holder = holder_of(output)
-    if holder:
-        who = (
-            f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}: "
-            f"{holder.get('command')}"
-        )
-    else:
-        who = "a process that has not written its details yet"
+def _holder_text(output: Path, name: str) -> str:
+    holder = holder_of(output, name=name)
+    if not holder:
+        return "a process that has not written its details yet"
+    return (
+        f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}: "
+        f"{holder.get('command')}"
+    )
+
+
+def _refusal(output: Path, who: str) -> CheckpointError:
     return CheckpointError(
         f"--output-dir {output} is in use by another run ({who}); two runs in one folder would interleave "
         "their checkpoints and metrics.",

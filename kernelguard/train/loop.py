@@ -33,7 +33,7 @@ from .data import (
     template_choice,
 )
 from .evaluate import evaluate, pack_eval_blocks
-from .export import export_run
+from .export import export_run, start_warnings
 from .input_check import check_inputs_early
 from .logs import log
 from .metrics import peak_flops, plot_metrics, step_flops
@@ -60,6 +60,7 @@ from .preflight import (
     preflight,
 )
 from .profiling import step_profiler
+from .provenance import write_source
 from .reporting import Reporter, process_age_s, step_record
 from .signals import Preempted, resume_command, stop_request
 from .step import (
@@ -111,6 +112,8 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     on_main(info, lambda: check_image_lock(cfg.runtime.lock, policy))
     stack = check_stack(str(cfg.model.model), allow=policy, packed=packed, device=info.device)
     built = build_model(model=cfg.model, runtime=cfg.runtime, info=info, padded=not packed)
+    for said in start_warnings(built, cfg.checkpoint, dtype=DTYPES[cfg.runtime.param_dtype]):
+        log(info, f"warning: {said}", logging.WARNING)  # said now, not after hours of training
     on_main(info, lambda: check_checkpoint_shapes(built.model, start.resume_from))  # before anything is written
     report = run_gate(built.model, policy=policy, packed=packed, stack=stack)
     try:
@@ -317,7 +320,7 @@ def train(
     try:
         for step in range(start, plan.stop_step + 1):
             if stop.agreed(info.device):
-                stop_for_sigterm(cfg, info, state, step, plan, identity, start=start)
+                stop_for_sigterm(cfg, info, state, step, plan, identity, start=start, built=built)
             if step == plan.stop_step:
                 break
             micro, seq_lens = step_batches(cfg, info, data, step)
@@ -345,7 +348,7 @@ def train(
                 )
                 out.write({"step": done} | result.record())
             if _due(cfg.checkpoint.save_steps, done, plan.stop_step):
-                save(cfg, info, state, done, plan, identity)
+                save(cfg, info, state, done, plan, identity, built)
         if profiler.summary():
             log(info, profiler.summary())
     finally:
@@ -356,11 +359,11 @@ def train(
 
 def stop_for_sigterm(
     cfg: TrainConfig, info: DistInfo, state: TrainState, step: int, plan: Plan, identity: dict[str, Any],
-    *, start: int,
+    *, start: int, built: BuiltModel | None = None,
 ) -> NoReturn:  # fmt: skip
     """SIGTERM reached a rank: checkpoint the ``step`` steps done (unless that checkpoint exists), then stop."""
     if step > start and not _due(cfg.checkpoint.save_steps, step, plan.stop_step):
-        save(cfg, info, state, step, plan, identity)
+        save(cfg, info, state, step, plan, identity, built)
     what = f"checkpoint step_{step} is saved" if step else "nothing was trained yet, nothing saved"
     raise Preempted(
         f"kernelguard train: stopped by SIGTERM after step {step} of {plan.stop_step}; {what} (exit 143). "
@@ -386,7 +389,8 @@ def timed_step(state: TrainState, micro: list[Any]) -> tuple[StepResult, float]:
 
 
 def save(
-    cfg: TrainConfig, info: DistInfo, state: TrainState, step: int, plan: Plan, identity: dict[str, Any]
+    cfg: TrainConfig, info: DistInfo, state: TrainState, step: int, plan: Plan, identity: dict[str, Any],
+    built: BuiltModel | None = None,
 ) -> None:
     epoch, within = divmod(step, plan.steps_per_epoch)
     trainer_state = {
@@ -411,6 +415,7 @@ def save(
         trainer_state=trainer_state,
         is_main=info.is_main,
         keep=cfg.checkpoint.save_total_limit,
+        carry=lambda folder: write_source(folder, cfg.model, plan=built.weight_plan if built else None),
     )
 
 

@@ -94,17 +94,24 @@ def model_source(model: str) -> tuple[Any, Path | None]:
     """(config, weights directory or None for random init) for a model directory or a config.json."""
     from transformers import AutoConfig
 
+    from kernelguard.file_kinds import dangling_link, file_kind
+
     path = Path(model)
     if path.is_file():
         if path.suffix != ".json":
+            kind = file_kind(path)
             raise ConfigError(
-                f"--model {model} is a file but not a config.json.", fix="pass a model directory"
+                f"--model {model} is {kind or 'a file but not a config.json'}.",
+                fix="pass a transformers model folder (config.json + safetensors) or its config.json"
+                + ("; convert GGUF to a transformers folder first" if kind and "GGUF" in kind else ""),
             )
         return _read_config(path, lambda raw: AutoConfig.for_model(raw.pop("model_type"), **raw)), None
     if path.is_dir() and (path / "config.json").exists():
         config = _read_config(path / "config.json", lambda raw: AutoConfig.from_pretrained(str(path)))
         has_weights = any((path / f).exists() for f in WEIGHT_FILES)
         return config, path if has_weights else None
+    if (broken := dangling_link(path)) is not None:
+        raise ConfigError(f"--model {broken}.", fix="point --model at an existing model folder or config.json")
     raise ConfigError(
         f"--model {model} is neither a model directory with config.json nor a config.json file.",
         fix="pass a local model directory or a config.json (no downloads are made)",

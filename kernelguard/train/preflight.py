@@ -28,16 +28,26 @@ from . import checkpoint as ckpt
 from .config import CONFIG_FILENAME, TrainConfig, save_config
 from .identity import RUN_FILE, differences, read_identity, run_identity, write_identity
 from .parallel import model_source
+from .startup_checks import (
+    check_environment,
+    check_model_size,
+    check_paths,
+    check_writable_folder,
+)
 
 __all__ = [
     "RUN_ARTIFACTS",
     "StartPlan",
     "check_checkpoint_shapes",
+    "check_environment",
     "check_flags",
     "check_image_lock",
     "check_inputs",
+    "check_model_size",
     "check_output",
     "check_packed_segments",
+    "check_paths",
+    "check_writable_folder",
     "checkpoint_bytes_estimate",
     "claim_output",
     "plan_resume",
@@ -76,9 +86,12 @@ class StartPlan:
 
 def preflight(cfg: TrainConfig, *, world_size: int) -> StartPlan:
     """Every check that needs no model, no tokenizer load and no data parse. Raises ConfigError/DataError."""
+    check_environment()
     check_flags(cfg)
     check_inputs(cfg)
+    check_paths(cfg)
     config, _ = model_source(cfg.model.model)
+    check_model_size(config, model=str(cfg.model.model))
     weights, notice = weights_to_load(cfg.model.model, init=cfg.model.init)
     check_output(cfg.checkpoint.output_dir, need_bytes=checkpoint_bytes_estimate(config, weights))
     identity = run_identity(cfg, world_size=world_size, model_config=config)
@@ -234,7 +247,11 @@ def check_inputs(cfg: TrainConfig) -> None:
 
 
 def _no_tokenizer(cfg: TrainConfig, tokenizer: Path) -> ConfigError:
-    what = "is a file" if tokenizer.is_file() else "does not exist"
+    from kernelguard.file_kinds import dangling_link
+
+    broken = dangling_link(tokenizer)
+    what = "is a file" if tokenizer.is_file() else (f"is a symbolic link to {broken.split(' to ', 1)[1]}"
+                                                     if broken else "does not exist")
     hub_id = not tokenizer.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", str(tokenizer)) is not None
     download = f"hf download {tokenizer} --local-dir {shlex.quote(tokenizer.name)}" if hub_id else None
     if str(cfg.model.tokenizer) != str(cfg.model.model):
@@ -252,20 +269,7 @@ def _no_tokenizer(cfg: TrainConfig, tokenizer: Path) -> ConfigError:
 
 def check_output(output: Path, *, need_bytes: int) -> None:
     """The output folder (or its nearest existing parent) is a writable folder with room for a checkpoint."""
-    existing = output
-    while not _exists(existing) and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(
-            f"--output-dir {output}: {existing} is a file, not a folder.",
-            fix="pass a folder path for --output-dir",
-        )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(
-            f"--output-dir {output}: {existing} is not writable by this user (uid {os.getuid()}, owner uid "
-            f"{existing.stat().st_uid}).",
-            fix="choose a folder you own, or fix its permissions",
-        )
+    existing = check_writable_folder(output, flag="--output-dir")
     free = shutil.disk_usage(existing).free
     if free < need_bytes:
         raise ConfigError(
@@ -299,7 +303,7 @@ def refuse_existing_run(cfg: TrainConfig) -> None:
 def plan_resume(cfg: TrainConfig, identity: dict[str, Any]) -> StartPlan:
     """The newest verified checkpoint, refused when its run identity differs (unless --resume-anyway)."""
     path, problems = ckpt.find_resumable(cfg.checkpoint.output_dir)
-    warnings = list(problems)
+    warnings = [*problems, *ckpt.unsealed_warnings(cfg.checkpoint.output_dir, path)]
     if problems and path is not None:
         done = ckpt.complete_checkpoints(cfg.checkpoint.output_dir)
         kept = next(s for s, p in done if p == path)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
+from kernelguard.file_kinds import dangling_link, saved_dataset
 from kernelguard.install import extra_command
 
 from .rows import Row, data_error
@@ -64,6 +65,13 @@ def resolve_files(data: str, *, split: str | None = "train") -> list[Path] | Non
                 fix="pass the file of that split as --data, or leave --split out",
             )
         return [path]
+    if path.is_dir() and (saved := saved_dataset(path)):
+        raise ConfigError(
+            f"--data {path} is {saved}; kernelguard train reads JSON lines, JSON or Parquet files.",
+            fix=f"python -c \"import datasets; d = datasets.load_from_disk('{path}'); "
+            + ("d['train']" if "DatasetDict" in saved else "d") + f".to_json('{path}.jsonl')\" then --data "
+            f"{path}.jsonl",
+        )
     if path.is_dir():
         files = sorted(
             p for p in path.rglob("*")
@@ -75,6 +83,8 @@ def resolve_files(data: str, *, split: str | None = "train") -> list[Path] | Non
                 f"data folder {path} holds no .jsonl, .json or .parquet files.", fix="check --data"
             )
         return files if split is None else _files_of_split(files, path, split)
+    if (broken := dangling_link(path)) is not None:
+        raise ConfigError(f"--data {broken}.", fix="check --data")
     if _data_suffix(path) in known or data.startswith((".", "/")):
         raise ConfigError(f"data path {data} does not exist.", fix="check --data")
     return None
@@ -131,6 +141,8 @@ def _iter_json_file(path: Path, skipped: Counter[str], skip_bad: bool, counter: 
             if keep:
                 yield Row(name, i, item, index)
         return
+    if raw.lstrip()[:1] == b"{":
+        _refuse_one_object(name, raw)
     for lineno, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue
@@ -155,6 +167,29 @@ def _iter_json_file(path: Path, skipped: Counter[str], skip_bad: bool, counter: 
             skipped["invalid_json"] += 1
             continue
         yield Row(name, lineno, value, index)
+
+
+def _refuse_one_object(name: str, raw: bytes) -> None:
+    """A file that is one JSON object spread over lines (or an object of rows keyed by id) is not JSON lines:
+    name it, instead of an "invalid JSON at column 2" on its first line or one row with odd columns."""
+    lines = [line for line in raw.split(b"\n") if line.strip()]
+    try:
+        whole = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return
+    if not isinstance(whole, dict):
+        return
+    rows_by_key = len(whole) > 1 and all(isinstance(v, dict) for v in whole.values())
+    if len(lines) == 1 and not rows_by_key:
+        return  # one JSON line: a file of one row
+    keys = ", ".join(repr(k) for k in list(whole)[:3]) + (", ..." if len(whole) > 3 else "")
+    raise data_error(
+        name, 0, "<file>",
+        f"this file is one JSON object (keys {keys}), not rows: expected one JSON object per line (JSON lines) "
+        "or a JSON array of rows",
+        "python -c \"import json,sys; d=json.load(open(sys.argv[1])); "
+        "[print(json.dumps(r)) for r in d.values()]\" FILE > rows.jsonl   (when each value is one row)",
+    )
 
 
 # Magic bytes of compressed files, so a compressed file is named as such instead of "not valid UTF-8".

@@ -24,6 +24,7 @@ need transformers' load-time conversion (unfused MoE experts): each is said in o
 from __future__ import annotations
 
 import json
+import re
 import struct
 import sys
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ import torch
 from torch import nn
 
 from kernelguard.errors import CheckpointError
+
+from .weight_files import BITS, FLOATS, TensorEntry, listed, read_files
 
 __all__ = [
     "INDEX_FILE",
@@ -50,26 +53,19 @@ __all__ = [
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 MULTIMODAL_TEXT_PREFIX = "model.language_model."
+VISION_PREFIX = "model.visual."
 _TEXT_PREFIX = "model."
-_SHOWN = 5  # problems named per refusal; the count says how many more
-
-
-@dataclass(frozen=True, slots=True)
-class TensorEntry:
-    """One tensor as a safetensors header describes it (no data read)."""
-
-    file: str  # file name inside the folder
-    shape: tuple[int, ...]
-    dtype: str  # safetensors code: BF16, F32, ...
 
 
 @dataclass(frozen=True, slots=True)
 class SourceLayout:
-    """Every tensor of an HF safetensors folder and whether it is the multimodal layout."""
+    """Every tensor of an HF safetensors folder and whether it is the multimodal layout; ``warnings``: what
+    the files say that is odd but loadable (kernelguard.train.weight_files)."""
 
     folder: Path
     tensors: dict[str, TensorEntry]
     multimodal: bool
+    warnings: tuple[str, ...] = ()
 
     def file_key(self, model_key: str) -> str:
         """The name in the files of a causal-LM state-dict key (``model.X`` or ``lm_head.weight``)."""
@@ -80,12 +76,14 @@ class SourceLayout:
 
 @dataclass(frozen=True, slots=True)
 class WeightPlan:
-    """What a sharded load reads: model key -> file key, and the file tensors carried into the export."""
+    """What a sharded load reads: model key -> file key, the file tensors carried into the export, and the
+    warnings to print once (rank 0) before training."""
 
     layout: SourceLayout
     names: dict[str, str]
     carried: tuple[str, ...]
     tied: bool
+    warnings: tuple[str, ...] = ()
 
 
 def read_header(path: Path) -> dict[str, Any]:
@@ -104,36 +102,49 @@ def read_header(path: Path) -> dict[str, Any]:
     return header
 
 
-def _weight_files(folder: Path) -> list[str] | None:
+def _weight_files(folder: Path) -> tuple[list[str], dict[str, str] | None] | None:
+    """(files to read, the index's weight_map or None); None when the folder holds no safetensors layout."""
     index = folder / INDEX_FILE
     if index.is_file():
         try:
-            return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            weight_map = json.loads(index.read_text())["weight_map"]
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise TypeError("weight_map is not a mapping of tensor names to file names")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(
                 f"{index} is not a valid safetensors index ({e}).", fix="re-save the checkpoint"
             ) from e
-    return [SINGLE_FILE] if (folder / SINGLE_FILE).is_file() else None
+        return sorted(set(weight_map.values())), weight_map
+    return ([SINGLE_FILE], None) if (folder / SINGLE_FILE).is_file() else None
 
 
 def read_layout(folder: Path) -> SourceLayout | None:
-    """The tensors of ``folder`` from its headers; None when it holds no safetensors (``pytorch_model.bin``)."""
-    files = _weight_files(folder)
-    if files is None:
+    """The tensors of ``folder`` from its headers; None when it holds no safetensors (``pytorch_model.bin``).
+    Raises CheckpointError, one paragraph per problem class, for files that cannot be right."""
+    listing = _weight_files(folder)
+    if listing is None:
         return None
-    tensors: dict[str, TensorEntry] = {}
-    for name in files:
-        path = folder / name
-        if not path.is_file():
-            raise CheckpointError(
-                f"{folder / INDEX_FILE} lists {name}, which is not in {folder}.",
-                fix="download the missing shard (every file the index names)",
-            )
-        for key, entry in read_header(path).items():
-            if key != "__metadata__":
-                tensors[key] = TensorEntry(name, tuple(int(d) for d in entry["shape"]), str(entry["dtype"]))
-    multimodal = any(k.startswith(MULTIMODAL_TEXT_PREFIX) for k in tensors)
-    return SourceLayout(folder, tensors, multimodal)
+    files, index = listing
+    found = read_files(folder, files, index=index)
+    if found.refusals:
+        raise _refusal(folder, found.refusals)
+    multimodal = any(k.startswith(MULTIMODAL_TEXT_PREFIX) for k in found.tensors)
+    warnings = tuple(_paragraph(folder, problem, items) for problem, items in found.warnings.items())
+    return SourceLayout(folder, found.tensors, multimodal, warnings)
+
+
+def _paragraph(folder: Path, problem: str, items: list[str]) -> str:
+    noun = "file(s)" if problem.startswith("files ") else "tensor(s)"
+    return f"{len(items)} {noun} of {folder} {problem.removeprefix('files ')}:\n{listed(items)}"
+
+
+def _refusal(folder: Path, refusals: dict[str, list[str]], fix: str | None = None) -> CheckpointError:
+    text = "\n".join(_paragraph(folder, problem, items) for problem, items in refusals.items())
+    return CheckpointError(
+        f"the weights in {folder} cannot be loaded as they are; nothing was loaded:\n{text}",
+        fix=fix or "re-download the checkpoint (every file the index names, nothing else), or re-save it with "
+        "save_pretrained",
+    )
 
 
 def _is_tied(model: nn.Module) -> bool:
@@ -143,47 +154,114 @@ def _is_tied(model: nn.Module) -> bool:
 
 def plan_weights(model: nn.Module, folder: Path) -> tuple[WeightPlan | None, str | None]:
     """(plan, None) for a sharded load of ``folder`` into ``model`` (meta is fine: only shapes are read), or
-    (None, why the rank-0 path loads it). Raises CheckpointError naming each tensor whose shape differs from
-    what the config builds, or that is missing, before any memory is used."""
+    (None, why the rank-0 path loads it). Before any memory is used, compares every tensor of every file
+    with what the model builds and raises CheckpointError (one paragraph per problem class, naming tensors
+    and files) for what cannot be right: another shape, a dtype a floating-point weight cannot take, a
+    tensor the model needs that no file has, a tied head whose file holds a *different* ``lm_head.weight``,
+    a multimodal config whose files have no vision tower. Tensors the model does not build are carried
+    into the export; unless transformers itself ignores them silently, the plan warns about them."""
     layout = read_layout(folder)
     if layout is None:
         return None, f"{folder} has no safetensors (pytorch_model.bin): rank 0 loads it and broadcasts"
     tied = _is_tied(model)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    expected = {k: v for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
     names = {k: layout.file_key(k) for k in expected}
-    missing = [fk for k, fk in names.items() if fk not in layout.tensors]
-    wrong = [
-        f"{fk} ({layout.tensors[fk].file}): the config builds {list(expected[k])}, the file has "
-        f"{list(layout.tensors[fk].shape)}"
-        for k, fk in names.items()
-        if fk in layout.tensors and layout.tensors[fk].shape != expected[k]
-    ]
-    if wrong:
-        raise CheckpointError(
-            f"the weights in {folder} do not match its model config: {len(wrong)} tensor(s) have another "
-            f"shape:\n  " + _listed(wrong),
-            fix="use the config.json that was saved with these weights (same hidden_size, vocab_size, "
-            "num_hidden_layers, heads); nothing was loaded",
+    refusals: dict[str, list[str]] = {}
+    shape_fix = None
+    for k, fk in names.items():
+        entry = layout.tensors.get(fk)
+        if entry is None:
+            continue
+        if entry.shape != tuple(expected[k].shape):
+            refusals.setdefault("have another shape than the config builds", []).append(
+                f"{fk} ({entry.file}): the config builds {list(expected[k].shape)}, the file has "
+                f"{list(entry.shape)}")
+            shape_fix = ("use the config.json that was saved with these weights (same hidden_size, vocab_size, "
+                         "num_hidden_layers, heads)")
+        elif expected[k].is_floating_point() and entry.dtype not in FLOATS and entry.dtype in BITS:
+            refusals.setdefault("have a dtype a floating-point weight cannot take", []).append(
+                f"{fk} ({entry.file}): {entry.dtype}; the model trains it as floating point")
+    missing = [fk for fk in names.values() if fk not in layout.tensors]
+    if missing and not refusals and _needs_conversion(model):
+        return None, (
+            f"{folder} stores tensors that transformers converts on load (e.g. {missing[0]}): "
+            "rank 0 loads it and broadcasts"
         )
     if missing:
-        if _needs_conversion(model):
-            return None, (
-                f"{folder} stores tensors that transformers converts on load (e.g. {missing[0]}): "
-                "rank 0 loads it and broadcasts"
-            )
-        raise CheckpointError(
-            f"the weights in {folder} lack {len(missing)} tensor(s) the model config builds:\n  "
-            + _listed(missing),
-            fix="download every shard of the checkpoint, or use the config.json saved with these weights",
-        )
+        refusals["are built by the model config but in no file (transformers would leave them random: "
+                 "MISSING)"] = missing
+    if tied:
+        _check_tied_head(layout, refusals)
+    if _multimodal_config(folder) and not any(k.startswith(VISION_PREFIX) for k in layout.tensors):
+        refusals.setdefault("that a multimodal config needs are absent: no vision tower", []).append(
+            f"{VISION_PREFIX}* (no file of {folder} has one; config.json is "
+            f"{_architecture(folder) or 'multimodal'})")
+    if refusals:
+        raise _refusal(folder, refusals, fix=shape_fix if len(refusals) == 1 and shape_fix else
+                       "use the config.json saved with these weights, and download every shard of the checkpoint "
+                       "(see each line above)")
     used = set(names.values())
     carried = tuple(k for k in layout.tensors if k not in used and not (tied and k.endswith("lm_head.weight")))
-    return WeightPlan(layout, names, carried, tied), None
+    ignored = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()]
+    unexpected = [f"{k} ({layout.tensors[k].file})" for k in carried
+                  if not (layout.multimodal and not k.startswith(MULTIMODAL_TEXT_PREFIX))
+                  and not any(p.search(k) for p in ignored)]
+    warnings = list(layout.warnings)
+    if unexpected:
+        warnings.append(_paragraph(folder, "are not built by the model config (UNEXPECTED): not trained, copied "
+                                   "unchanged into the export", unexpected))
+    return WeightPlan(layout, names, carried, tied, tuple(warnings)), None
 
 
-def _listed(items: list[str]) -> str:
-    more = f"\n  ... and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
-    return "\n  ".join(items[:_SHOWN]) + more
+def _check_tied_head(layout: SourceLayout, refusals: dict[str, list[str]]) -> None:
+    """A tied model drops a stored ``lm_head.weight``: refuse when it is not the embedding (a trained head)."""
+    head, embed = layout.file_key("lm_head.weight"), layout.file_key("model.embed_tokens.weight")
+    if head not in layout.tensors or embed not in layout.tensors:
+        return
+    if not _same_bytes(layout, head, embed):
+        refusals.setdefault(
+            "contradict tie_word_embeddings: true (the file's head differs from the embeddings; tying would "
+            "drop it)", []
+        ).append(f"{head} ({layout.tensors[head].file}) differs from {embed} ({layout.tensors[embed].file}); "
+                 "set tie_word_embeddings: false in config.json to train both")
+
+
+def _same_bytes(layout: SourceLayout, a: str, b: str) -> bool:
+    ea, eb = layout.tensors[a], layout.tensors[b]
+    if (ea.shape, ea.dtype) != (eb.shape, eb.dtype):
+        return False
+    starts = []
+    for e in (ea, eb):
+        with (layout.folder / e.file).open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+        starts.append(8 + length + e.offsets[0])
+    remaining = ea.offsets[1] - ea.offsets[0]
+    with (layout.folder / ea.file).open("rb") as fa, (layout.folder / eb.file).open("rb") as fb:
+        fa.seek(starts[0])
+        fb.seek(starts[1])
+        while remaining > 0:
+            n = min(remaining, 1 << 24)
+            if fa.read(n) != fb.read(n):
+                return False
+            remaining -= n
+    return True
+
+
+def _multimodal_config(folder: Path) -> bool:
+    """config.json describes an image-text model (a vision_config and a *ForConditionalGeneration class)."""
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and isinstance(raw.get("vision_config"), dict) and bool(_architecture(folder))
+
+
+def _architecture(folder: Path) -> str | None:
+    try:
+        archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    return next((a for a in archs if isinstance(a, str) and a.endswith("ForConditionalGeneration")), None)
 
 
 def _needs_conversion(model: nn.Module) -> bool:

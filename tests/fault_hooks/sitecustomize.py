@@ -3,6 +3,7 @@ ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
 
 - ``export``: the final export hits a full disk: part of the first shard is written, then write(2) fails with
   ENOSPC, as kernelguard.train.export's shard writer would see it.
+- ``export-slow``: every shard of an export waits 2 s before it is written, so two exports overlap for sure.
 - ``checkpoint:NAME``: DCP's shard writes into a checkpoint folder named ``NAME.tmp`` fail with ``ENOSPC``
   after half of their first write reached the file, as write(2) on a full disk does.
 """
@@ -56,7 +57,23 @@ def _checkpoint_disk_full(folder: str) -> None:
     filesystem.FileSystem.create_stream = create_stream
 
 
+def _export_slow() -> None:
+    import time
+
+    from kernelguard.train import export
+
+    real = export.write_safetensors
+
+    def write_safetensors(path, tensors, fetch):  # type: ignore[no-untyped-def]
+        time.sleep(2)
+        real(path, tensors, fetch)
+
+    export.write_safetensors = write_safetensors
+
+
 if _FAULT == "export":
     _export_disk_full()
+elif _FAULT == "export-slow":
+    _export_slow()
 elif _FAULT.startswith("checkpoint:"):
     _checkpoint_disk_full(_FAULT.split(":", 1)[1])

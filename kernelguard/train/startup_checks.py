@@ -1,0 +1,97 @@
+"""Checks that need nothing but the settings, the environment and the file system, run before any rank starts
+(the launcher) and again in preflight: every folder a run writes into, the ``KERNELGUARD_*`` variables that
+take a number or a word, a layer count no model has. Each is one usage error (ConfigError, exit 2)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from kernelguard.errors import ConfigError
+
+__all__ = ["ENVIRONMENT", "MAX_LAYERS", "check_environment", "check_model_size", "check_paths",
+           "check_writable_folder"]
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # an unreadable parent: treat as absent and look further up
+        return False
+
+
+def check_writable_folder(path: Path, *, flag: str) -> Path:
+    """``path`` (a folder to be created or written into) can be: its nearest existing ancestor is a folder
+    this user may write, on a writable file system. Returns that ancestor."""
+    existing = path
+    while not _exists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(
+            f"{flag} {path}: {existing} is a file, not a folder.",
+            fix=f"pass a folder path for {flag}",
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        if os.statvfs(existing).f_flag & os.ST_RDONLY:
+            raise ConfigError(f"{flag} {path}: {existing} is on a read-only file system.",
+                              fix=f"pass {flag} on a writable disk")
+        raise ConfigError(
+            f"{flag} {path}: {existing} is not writable by this user (uid {os.getuid()}, owner uid "
+            f"{existing.stat().st_uid}).",
+            fix="choose a folder you own, or fix its permissions",
+        )
+    return existing
+
+
+def check_paths(cfg: Any) -> None:
+    """Every folder the run will write into, checked before anything is written or any rank starts (a
+    ``--profile-trace`` under a plain file would otherwise fail at the profiled step, mid-run)."""
+    check_writable_folder(cfg.checkpoint.output_dir, flag="--output-dir")
+    if cfg.metrics.profile_trace is not None:
+        check_writable_folder(Path(cfg.metrics.profile_trace), flag="--profile-trace")
+
+
+# Far above any released model (the largest have ~100-200 layers); each layer takes ~10 ms to build even on the
+# meta device, so a config with tens of thousands (a typo, a generated file) would spend minutes building.
+MAX_LAYERS = 1024
+
+
+def check_model_size(config: Any, *, model: str) -> None:
+    """Refuse a layer count no model has (num_hidden_layers above :data:`MAX_LAYERS`) before building it."""
+    from kernelguard.geometry import text_config
+
+    layers = getattr(text_config(config), "num_hidden_layers", None)
+    if isinstance(layers, int) and layers > MAX_LAYERS:
+        raise ConfigError(
+            f"--model {model}: num_hidden_layers is {layers:,}; kernelguard train builds at most {MAX_LAYERS:,} "
+            "(no released model comes close; building this many would take minutes before anything is said).",
+            fix="check num_hidden_layers in the config (and layer_types, which lists one type per layer)",
+        )
+
+
+# Environment variables kernelguard train reads, and what each must hold (one usage error lists every bad one).
+def _seconds(raw: str) -> bool:
+    try:
+        return float(raw) >= 0 and float(raw) != float("inf")
+    except ValueError:
+        return False
+
+
+ENVIRONMENT = {
+    "KERNELGUARD_ERROR_WAIT_S": (_seconds, "a number of seconds >= 0, e.g. 10"),
+    "KERNELGUARD_IMPORT_PROBE": (lambda raw: raw.strip().lower() in ("fork", "spawn", "off"), "fork, spawn or off"),
+}
+
+
+def check_environment(environ: dict[str, str] | None = None) -> None:
+    """Every KERNELGUARD_* variable that takes a number or a word holds one it can use."""
+    environ = dict(os.environ if environ is None else environ)
+    bad = [f"{name}={environ[name]!r}: expected {expected}" for name, (ok, expected) in ENVIRONMENT.items()
+           if environ.get(name, "").strip() and not ok(environ[name])]
+    if bad:
+        raise ConfigError(
+            "environment variable(s) kernelguard reads hold values it cannot use:\n  " + "\n  ".join(bad),
+            fix="unset " + " ".join(b.split("=")[0] for b in bad) + " (the defaults are fine), or set a value as "
+            "expected above",
+        )

@@ -1,0 +1,100 @@
+"""`kernelguard train` start-up: Ctrl-C and SIGTERM before the ranks exist end in one line and their exit code
+(real processes, real signals); everything preflight can check — the environment, the paths, a multi-node
+launch without a rendezvous endpoint — is one usage error before any rank starts or anything is written."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import train_helpers as h
+
+from kernelguard.train.__main__ import main
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return h.write_train_assets(tmp_path_factory.mktemp("startup"), rows=40)
+
+
+def _argv(assets: dict[str, Path], out: Path, *extra: str) -> list[str]:
+    return ["--model", str(assets["model"]), "--tokenizer", str(assets["tok"]), "--data", str(assets["data"]),
+            "--output-dir", str(out), "--max-steps", "2", "--max-length", "128", "--allow", "attention",
+            "--no-progress", *extra]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "whom", "code", "line"), [
+    (signal.SIGINT, "group", 130, "kernelguard train: interrupted before training started; nothing was written."),
+    (signal.SIGTERM, "launcher", 143,
+     "kernelguard train: stopped by SIGTERM before training started; nothing was saved."),
+], ids=["ctrl-c-to-the-terminal-group", "sigterm-to-the-launcher"])
+def test_a_signal_while_the_launcher_starts_is_one_line_and_its_exit_code(
+    assets: dict[str, Path], tmp_path: Path, sig: int, whom: str, code: int, line: str
+) -> None:
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error",
+               PYTHONPATH=os.pathsep.join([str(h.REPO), str(h.FAKE_PROVIDERS)]))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "kernelguard", "train", "--nproc-per-node", "2",
+                             *_argv(assets, out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True,  # a terminal's foreground job: SIGINT not ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+    time.sleep(1.0)  # the launcher is still importing torch: no rank exists yet
+    if whom == "group":
+        os.killpg(proc.pid, sig)  # what Ctrl-C does: the whole foreground process group
+    else:
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and err.strip().splitlines() == [line], err
+    assert not out.exists()
+
+
+def test_a_bad_numeric_environment_variable_is_one_usage_error_before_anything(
+    assets: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KERNELGUARD_ERROR_WAIT_S", "ten")
+    monkeypatch.setenv("KERNELGUARD_IMPORT_PROBE", "forks")
+    assert main([*_argv(assets, tmp_path / "out"), "--nproc-per-node", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kernelguard train: error: environment variable(s) kernelguard reads hold values it "
+                          "cannot use:\n  KERNELGUARD_ERROR_WAIT_S='ten': expected a number of seconds >= 0")
+    assert "KERNELGUARD_IMPORT_PROBE='forks': expected fork, spawn or off" in err
+    assert "Fix: unset KERNELGUARD_ERROR_WAIT_S KERNELGUARD_IMPORT_PROBE" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_profile_trace_under_a_plain_file_is_refused_before_any_rank_starts(
+    assets: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "plain").write_text("x")
+    trace = tmp_path / "plain" / "traces"
+    assert main([*_argv(assets, tmp_path / "out"), "--nproc-per-node", "2", "--profile-trace", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert f"kernelguard train: error: --profile-trace {trace}: {tmp_path / 'plain'} is a file, not a folder." in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_nnodes_without_a_rendezvous_endpoint_is_a_usage_error(
+    assets: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*_argv(assets, tmp_path / "out"), "--nproc-per-node", "1", "--nnodes", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "kernelguard train: error: --nnodes 2 needs to know where the nodes meet: no --rdzv-endpoint" in err
+    assert "add --rdzv-endpoint HOST:PORT" in err and not (tmp_path / "out").exists()
+
+
+def test_tens_of_thousands_of_layers_are_refused_before_they_are_built(
+    assets: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = h.write_model_config(tmp_path / "deep", num_hidden_layers=50_000,
+                                  layer_types=["linear_attention"] * 49_999 + ["full_attention"])
+    assert main(["--dry-run", "--model", str(config), "--tokenizer", str(assets["tok"]), "--data",
+                 str(assets["data"]), "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "num_hidden_layers is 50,000; kernelguard train builds at most 1,024" in err
