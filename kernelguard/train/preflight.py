@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
-import shlex
 import shutil
 import struct
 from dataclasses import dataclass, field
@@ -33,6 +31,7 @@ from .startup_checks import (
     check_model_size,
     check_paths,
     check_writable_folder,
+    no_tokenizer_error,
 )
 
 __all__ = [
@@ -227,7 +226,7 @@ def check_inputs(cfg: TrainConfig) -> None:
 
     tokenizer = Path(str(cfg.model.tokenizer))
     if not tokenizer.is_dir():
-        raise _no_tokenizer(cfg, tokenizer)
+        raise no_tokenizer_error(cfg, tokenizer)
     template = cfg.model.chat_template
     if template and (template.endswith(".jinja") or os.sep in template) and not Path(template).is_file():
         raise ConfigError(f"chat template file {template} does not exist.", fix="check --chat-template")
@@ -244,27 +243,6 @@ def check_inputs(cfg: TrainConfig) -> None:
                 "its eval loss would measure memorisation, not generalisation.",
                 fix="pass held-out rows as --eval-data, or --eval-fraction 0.05 to hold some out of --data",
             )
-
-
-def _no_tokenizer(cfg: TrainConfig, tokenizer: Path) -> ConfigError:
-    from kernelguard.file_kinds import dangling_link
-
-    broken = dangling_link(tokenizer)
-    what = "is a file" if tokenizer.is_file() else (f"is a symbolic link to {broken.split(' to ', 1)[1]}"
-                                                     if broken else "does not exist")
-    hub_id = not tokenizer.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", str(tokenizer)) is not None
-    download = f"hf download {tokenizer} --local-dir {shlex.quote(tokenizer.name)}" if hub_id else None
-    if str(cfg.model.tokenizer) != str(cfg.model.model):
-        return ConfigError(f"--tokenizer {tokenizer} {what}; expected a local tokenizer folder (nothing is "
-                           "downloaded).", fix=download)
-    if Path(str(cfg.model.model)).suffix == ".json":
-        return ConfigError(f"--model {cfg.model.model} is a config.json, which holds no tokenizer: pass "
-                           "--tokenizer DIR, a local tokenizer folder.")
-    return ConfigError(
-        f"--model {cfg.model.model} {what}; expected a local model folder (its tokenizer is read from it unless "
-        "--tokenizer DIR is given) or a config.json. Nothing is downloaded.",
-        fix=download,
-    )
 
 
 def check_output(output: Path, *, need_bytes: int) -> None:

@@ -5,13 +5,22 @@ take a number or a word, a layer count no model has. Each is one usage error (Co
 from __future__ import annotations
 
 import os
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
 
-__all__ = ["ENVIRONMENT", "MAX_LAYERS", "check_environment", "check_model_size", "check_paths",
-           "check_writable_folder"]
+__all__ = [
+    "ENVIRONMENT",
+    "MAX_LAYERS",
+    "check_environment",
+    "check_model_size",
+    "check_paths",
+    "check_writable_folder",
+    "no_tokenizer_error",
+]
 
 
 def _exists(path: Path) -> bool:
@@ -95,3 +104,25 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
             fix="unset " + " ".join(b.split("=")[0] for b in bad) + " (the defaults are fine), or set a value as "
             "expected above",
         )
+
+
+def no_tokenizer_error(cfg: Any, tokenizer: Path) -> ConfigError:
+    """The refusal for a --tokenizer (or tokenizer-less --model) that is no local folder; nothing is downloaded."""
+    from kernelguard.file_kinds import dangling_link
+
+    broken = dangling_link(tokenizer)
+    what = "is a file" if tokenizer.is_file() else (f"is a symbolic link to {broken.split(' to ', 1)[1]}"
+                                                     if broken else "does not exist")
+    hub_id = not tokenizer.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", str(tokenizer)) is not None
+    download = f"hf download {tokenizer} --local-dir {shlex.quote(tokenizer.name)}" if hub_id else None
+    if str(cfg.model.tokenizer) != str(cfg.model.model):
+        return ConfigError(f"--tokenizer {tokenizer} {what}; expected a local tokenizer folder (nothing is "
+                           "downloaded).", fix=download)
+    if Path(str(cfg.model.model)).suffix == ".json":
+        return ConfigError(f"--model {cfg.model.model} is a config.json, which holds no tokenizer: pass "
+                           "--tokenizer DIR, a local tokenizer folder.")
+    return ConfigError(
+        f"--model {cfg.model.model} {what}; expected a local model folder (its tokenizer is read from it unless "
+        "--tokenizer DIR is given) or a config.json. Nothing is downloaded.",
+        fix=download,
+    )
