@@ -100,7 +100,8 @@ def main(results: Path, dest: Path) -> int:
         f"{tests.get('failure', 0) + tests.get('error', 0)} failed, {tests.get('skipped', 0)} skipped; "
         f"check --run cold {cold.get('wall_s')} s (rc {cold.get('rc')}), warm {warm.get('wall_s')} s "
         f"(rc {warm.get('rc')}); diagnosis "
-        + ", ".join(f"{v}={verdicts[v]}{'' if verdicts_right[v] else ' (WRONG)'}" for v in EXPECTED_VERDICTS)
+        + ", ".join(f"{v}={verdicts[v] or 'not run'}{'' if verdicts_right[v] or (partial and verdicts[v] is None) else ' (WRONG)'}"
+                    for v in EXPECTED_VERDICTS)
         + f"; product {ratio}x stock best"
         + (f"; kernelguard train: {'no alarm' if checks['train_no_alarm'] else 'ALARM or failure'} "
            f"({len(train.get('windows', []))} windows)" if train is not None else "")

@@ -415,9 +415,11 @@ class StepProfiler:
 
 def _allowed_fallback_fixes() -> str | None:
     """The install commands the guard gave for the fallbacks this process was allowed to take."""
+    from kernelguard.decisions import split_fix
     from kernelguard.tripwires import fallback_events
 
-    fixes = sorted({e.fix for e in fallback_events() if e.allowed and e.fix})
+    # The commands only: the verdict is one line, and the guard's own message carries the notes.
+    fixes = sorted({split_fix(e.fix)[0] or e.fix for e in fallback_events() if e.allowed and e.fix})
     return "; ".join(fixes) or None
 
 
