@@ -419,7 +419,7 @@ def pin_command(distribution: str, version: str | None) -> str:
 def fla_backend_command(locked: str | None, here: str | None) -> str:
     """What makes fla choose the locked GDN backward backend again (kernelguard.fla_backend's names)."""
     if locked == "tilelang":
-        return f"{_TILELANG} and put nvcc on PATH (fla's TileLang backend compiles with it); unset FLA_TILELANG=0"
+        return f"{_TILELANG} (and put nvcc on PATH: fla's TileLang backend compiles with it); unset FLA_TILELANG=0"
     if locked == "flash_qla":
         return "install the flash_qla build the lock was written with and unset FLA_FLASH_QLA=0"
     if here == "flash_qla":

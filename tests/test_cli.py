@@ -248,8 +248,10 @@ def test_json_follows_the_documented_schema(tmp_path: Path) -> None:
         "unchecked",
         "numerics",
         "environment",
+        "fla_backend",
     }
     assert (data["schema_version"], data["ok"], data["numerics"], data["allow"]) == (2, False, None, [])
+    assert data["fla_backend"] == {}  # fla does not serve here
     assert data["model"] == {
         "name": "qwen3_5",
         "family": "qwen3_5",

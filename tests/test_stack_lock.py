@@ -164,7 +164,7 @@ def test_fla_choosing_another_backend_is_refused(tmp_path: Path, monkeypatch: py
     error = _refusal(monkeypatch, lock, _facts(tmp_path, backward="triton"))
     assert error.differences == ((
         "fla GDN backward backend on sm 9.0: lock says tilelang, here triton; restore: pip install tilelang "
-        "z3-solver and put nvcc on PATH (fla's TileLang backend compiles with it); unset FLA_TILELANG=0"
+        "z3-solver (and put nvcc on PATH: fla's TileLang backend compiles with it); unset FLA_TILELANG=0"
     ),)
 
 

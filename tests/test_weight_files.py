@@ -31,8 +31,15 @@ def _save(path: Path, shard: str = "5GB", **overrides: Any) -> Path:
 
 
 def _meta(path: Path) -> Any:
+    from conftest import _reset_auto_mappings
+
     from kernelguard.train.parallel import build_meta_model, model_source
 
+    # Auto classes cache the modeling modules they resolved; an earlier test's purge of transformers.models.*
+    # can leave them holding classes from another import of the module (a composite config is then not
+    # recognised and the text model gets it whole). Resolve against the modules imported now, as a fresh
+    # `kernelguard train` process does.
+    _reset_auto_mappings()
     config, _ = model_source(str(path))
     return build_meta_model(config, attn_implementation="sdpa")
 
