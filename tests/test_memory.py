@@ -307,7 +307,8 @@ def test_dry_run_builds_the_model_once_and_names_each_stage_before_it_runs(
     assert events.index("build") == 2, "the meta build is announced before it starts"
     assert "over 64 rank(s)" in out and "host memory per rank over 64 rank(s)" in out and "Traceback" not in err
     # It reads no data, but says when the run itself would be refused (here: no tokenizer folder, no data).
-    assert events[-1].startswith("kernelguard train --dry-run: warning: the run itself would be refused: tokenizer")
+    assert events[-1].startswith("kernelguard train --dry-run: warning: the run itself would be refused: --model ")
+    assert "is a config.json, which holds no tokenizer" in events[-1]
 
 
 def test_dry_run_says_when_the_run_itself_would_be_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -475,6 +475,9 @@ def test_train_throughput_tiny_cpu_times_the_product_step(variant: str, tmp_path
             "layout": "packed",
             "levers": [],
             "activation_checkpointing_applied": True,  # what auto / the flag really did (the bench records it)
+            "micro_batches_per_step": 1,
+            "reshard_after_forward": True,
+            "widths": "tiny",
         }
 
 

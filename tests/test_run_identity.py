@@ -180,7 +180,7 @@ def _make_file(path: Path) -> Path:
 PREFLIGHT_FAILURES: list[tuple[str, Callable[[dict[str, Path], Path], dict[str, Any]], str]] = [
     ("output-under-a-file", lambda a, t: {"output_dir": _make_file(t / "f") / "out"}, "is a file, not a folder"),
     ("no-tokenizer", lambda a, t: {"tokenizer": str(t / "none")}, "does not exist; expected a local tokenizer"),
-    ("tokenizer-is-a-file", lambda a, t: {"tokenizer": str(a["model"])}, "is a file; expected a local tokenizer"),
+    ("tokenizer-is-a-file", lambda a, t: {"tokenizer": str(a["model"])}, "is a config.json, which holds no tokenizer"),
     ("no-data", lambda a, t: {"data": str(t / "none.jsonl")}, "does not exist"),
     ("no-eval-data", lambda a, t: {"eval_data": str(t / "e.jsonl")}, "--eval-data: data path"),
     ("no-template", lambda a, t: {"chat_template": str(t / "x.jinja")}, "chat template file"),

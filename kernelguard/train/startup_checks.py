@@ -117,12 +117,13 @@ def no_tokenizer_error(cfg: Any, tokenizer: Path) -> ConfigError:
     download = f"hf download {tokenizer} --local-dir {shlex.quote(tokenizer.name)}" if hub_id else None
     if str(cfg.model.tokenizer) != str(cfg.model.model):
         return ConfigError(f"--tokenizer {tokenizer} {what}; expected a local tokenizer folder (nothing is "
-                           "downloaded).", fix=download)
+                           "downloaded).", fix=download or "pass --tokenizer DIR, a local tokenizer folder")
     if Path(str(cfg.model.model)).suffix == ".json":
         return ConfigError(f"--model {cfg.model.model} is a config.json, which holds no tokenizer: pass "
-                           "--tokenizer DIR, a local tokenizer folder.")
+                           "--tokenizer DIR, a local tokenizer folder.",
+                           fix="pass --tokenizer DIR, a local tokenizer folder")
     return ConfigError(
         f"--model {cfg.model.model} {what}; expected a local model folder (its tokenizer is read from it unless "
         "--tokenizer DIR is given) or a config.json. Nothing is downloaded.",
-        fix=download,
+        fix=download or "pass --model DIR (a local model folder) or its config.json",
     )
