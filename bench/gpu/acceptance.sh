@@ -34,7 +34,7 @@ export TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=error PYTHONUNBUFFERE
 RESULTS="$OUT/acceptance_parts"; mkdir -p "$RESULTS"
 # Knobs for a call that repeats only part of it (a partial run is reported as such, never as green):
 # SKIP_CHECK=1, VARIANTS="fallback stock_best", GPU_TESTS="tests/test_x.py ...", EXTRA_SCRIPTS="...".
-VARIANTS=${VARIANTS:-product_default fallback stock_best product_noac+compile}
+VARIANTS=${VARIANTS-product_default fallback stock_best product_noac+compile}  # empty: none
 
 if [ $TINY = 1 ]; then
   export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1
