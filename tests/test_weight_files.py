@@ -31,17 +31,13 @@ def _save(path: Path, shard: str = "5GB", **overrides: Any) -> Path:
 
 
 def _meta(path: Path) -> Any:
-    from conftest import _reset_auto_mappings
-
     from kernelguard.train.parallel import build_meta_model, model_source
 
-    # Auto classes cache the modeling modules they resolved; an earlier test's purge of transformers.models.*
-    # can leave them holding classes from another import of the module (a composite config is then not
-    # recognised and the text model gets it whole). Resolve against the modules imported now, as a fresh
-    # `kernelguard train` process does.
-    _reset_auto_mappings()
     config, _ = model_source(str(path))
-    return build_meta_model(config, attn_implementation="sdpa")
+    # A multimodal config builds the text model (AutoModelForCausalLM maps it to *ForCausalLM in a fresh
+    # process). Built from its text config here, so an earlier test's purge of transformers.models.* (Auto
+    # classes then hold another import of the module) cannot hand the text model the composite config.
+    return build_meta_model(config.get_text_config(), attn_implementation="sdpa")
 
 
 def _refusal(path: Path) -> str:

@@ -72,9 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     launched = bool(os.environ.get("KERNELGUARD_LAUNCH_DIR"))  # kernelguard.train.launch.LAUNCH_DIR_ENV; no import yet
 
     def stop(signum: int, frame: Any) -> None:
-        from .signals import Preempted
-
-        raise Preempted("kernelguard train: stopped by SIGTERM before training started; nothing was saved.")
+        # Leave from the handler itself: an exception raised here could land inside an import (accelerate's,
+        # torch's) and come out as that import's ImportError and a traceback instead of this line.
+        if not launched:
+            print_rank0("kernelguard train: stopped by SIGTERM before training started; nothing was saved.")
+        _leave(EXIT_PREEMPTED)
 
     previous = None
     try:  # everything inside: a signal can arrive during any import
