@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
 from . import __version__
 from .errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ConfigError, KernelGuardError
+from .interrupts import end_startup_interrupts, startup_interrupts
 from .report import help_formatter, wrap_message
 
 __all__ = ["main"]
@@ -133,6 +135,8 @@ def _check(args: argparse.Namespace) -> int:
     if result.ok and args.write_lock:
         from .stack_lock import write_lock
 
+        end_startup_interrupts()  # a file is written next: Ctrl-C unwinds through its clean-up
+
         print(f"kernelguard: lock written to {write_lock(result, args.write_lock)}", file=sys.stderr)
     return EXIT_OK if result.ok else EXIT_FAIL
 
@@ -147,6 +151,7 @@ def _lock(args: argparse.Namespace) -> int:
         _print(render(result))
         print(f"kernelguard lock: the check fails, so {args.output} was not written.", file=sys.stderr)
         return EXIT_FAIL
+    end_startup_interrupts()  # a file is written next: Ctrl-C unwinds through its clean-up
     path = write_lock(result, args.output)
     _print(f"kernelguard lock: wrote {path} ({len(result.resolution.verdicts)} kernels, target "
            f"{', '.join(f'sm {a}' for a in result.resolution.target.archs) or 'unknown'}); "
@@ -233,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return export_main(argv[1:])
     args = _parser().parse_args(argv)
+    previous = startup_interrupts(_interrupted)
     try:
         if args.command == "check":
             return _check(args)
@@ -250,6 +256,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line and the shell's code, not a stack of import frames
         print("kernelguard: interrupted.", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """Ctrl-C before anything is written: leave at once (kernelguard.interrupts says why not by raising)."""
+    print("kernelguard: interrupted.", file=sys.stderr, flush=True)
+    os._exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":  # pragma: no cover

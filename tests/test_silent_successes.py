@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -273,3 +276,14 @@ def test_a_marker_keyword_typo_is_a_usage_error() -> None:
     )
     with pytest.raises(pytest.fail.Exception, match=r"unknown keyword\(s\) alow.*keywords: allow, enabled, skip_ok"):
         pytest_plugin._item_settings(item)  # type: ignore[arg-type]
+
+
+def test_ctrl_c_while_torch_imports_numpy_still_stops_check() -> None:
+    """torch clears whatever its own import of numpy raises, a KeyboardInterrupt included: check went on and
+    printed its report when Ctrl-C landed there."""
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, KERNELGUARD_FAULT="ctrl-c-in-torch-numpy-import", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join([str(repo / "tests" / "fault_hooks"), str(repo)]))
+    proc = subprocess.run([sys.executable, "-m", "kernelguard", "check"], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert (proc.returncode, proc.stderr.strip(), proc.stdout) == (130, "kernelguard: interrupted.", ""), proc.stderr

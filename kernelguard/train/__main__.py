@@ -34,6 +34,8 @@ from .config_cli import LaunchOptions
 
 __all__ = ["is_rank0", "main", "print_rank0"]
 
+_INTERRUPTED_LINE = "kernelguard train: interrupted before training started; nothing was written."
+
 
 def is_rank0() -> bool:
     """Rank 0 of a torchrun job (or the only process), known before the process group exists."""
@@ -78,8 +80,16 @@ def main(argv: list[str] | None = None) -> int:
             print_rank0("kernelguard train: stopped by SIGTERM before training started; nothing was saved.")
         _leave(EXIT_PREEMPTED)
 
-    previous = None
+    def interrupted(signum: int, frame: Any) -> None:  # Ctrl-C, for the same reason (kernelguard.interrupts)
+        if not launched:
+            print_rank0(_INTERRUPTED_LINE)
+        _leave(EXIT_INTERRUPTED)
+
+    from kernelguard.interrupts import startup_interrupts
+
+    previous = previous_int = None
     try:  # everything inside: a signal can arrive during any import
+        previous_int = startup_interrupts(interrupted)
         try:
             previous = signal.signal(signal.SIGTERM, stop)
         except ValueError:  # not the main thread (an embedding caller): its own handlers stand
@@ -87,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     except KeyboardInterrupt:  # a launched rank stays quiet: its launcher says it once
         if not launched:
-            print_rank0("kernelguard train: interrupted before training started; nothing was written.")
+            print_rank0(_INTERRUPTED_LINE)
         _leave(EXIT_INTERRUPTED)
     except KernelGuardError as e:
         if getattr(e, "exit_code", None) != EXIT_PREEMPTED:  # kernelguard.train.signals.Preempted
@@ -98,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def _leave(code: int) -> NoReturn:
@@ -156,12 +168,15 @@ def _early_checks(cfg: Any, *, launching: bool) -> None:
 def _train(cfg: Any) -> int:
     import torch.distributed as dist
 
+    from kernelguard.interrupts import end_startup_interrupts
+
     from .launch import launched_by_kernelguard, write_rank_error
     from .logs import setup_logging
     from .loop import run
     from .parallel import init_distributed, on_main
     from .signals import Preempted, die_with_parent, stop_request
 
+    end_startup_interrupts()  # the run lock comes next: Ctrl-C must unwind through its release
     die_with_parent()  # a rank must not outlive its launcher (kill -9 of it included)
     info, lock = None, None
     try:

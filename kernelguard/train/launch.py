@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
+from kernelguard.interrupts import end_startup_interrupts
 
 from . import failures
 from .config_cli import LaunchOptions
@@ -138,6 +139,7 @@ def launch(opts: LaunchOptions, train_argv: list[str], *, output: Path | None = 
     single_node = opts.nnodes == "1"
     shared = None if single_node or output is None else output / failures.ERRORS_DIR
     since = time.time() - _CLOCK_SKEW_S
+    end_startup_interrupts()  # the run lock comes next: Ctrl-C must unwind through its release
     with contextlib.ExitStack() as stack:
         if output is not None and single_node:
             stack.enter_context(acquire(output))

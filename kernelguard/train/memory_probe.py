@@ -115,8 +115,8 @@ def _meta_experts(model: Any) -> list[str]:
         model.set_experts_implementation("grouped_mm")
     except Exception:  # noqa: BLE001 - a transformers without the switch: measured as configured
         return []
-    return ["experts_implementation eager: the experts' activations are measured as grouped_mm (eager's "
-            "per-expert loop needs real routing, which the meta device has not)"]
+    return [("experts_implementation eager: the experts' activations are measured as grouped_mm (eager's "
+             "per-expert loop needs real routing, which the meta device has not)")]
 
 
 @contextmanager

@@ -6,11 +6,15 @@ ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
 - ``export-slow``: every shard of an export waits 2 s before it is written, so two exports overlap for sure.
 - ``checkpoint:NAME``: DCP's shard writes into a checkpoint folder named ``NAME.tmp`` fail with ``ENOSPC``
   after half of their first write reached the file, as write(2) on a full disk does.
+- ``ctrl-c-in-torch-numpy-import``: Ctrl-C (SIGINT to this process) at the moment torch's C extension imports
+  numpy, whose failures (a KeyboardInterrupt included) torch clears: the window where Ctrl-C used to be lost.
 """
 
 from __future__ import annotations
 
 import os
+import signal  # here, not in find_spec: an import there would call find_spec again
+import sys
 
 _FAULT = os.environ.get("KERNELGUARD_FAULT", "")
 
@@ -71,7 +75,16 @@ def _export_slow() -> None:
     export.write_safetensors = write_safetensors
 
 
-if _FAULT == "export":
+class _CtrlCInTorchsNumpyImport:
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == "numpy" and "torch" in sys.modules:  # torch is half imported: its C extension asks
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+if _FAULT == "ctrl-c-in-torch-numpy-import":
+    sys.meta_path.insert(0, _CtrlCInTorchsNumpyImport())
+elif _FAULT == "export":
     _export_disk_full()
 elif _FAULT == "export-slow":
     _export_slow()
