@@ -191,3 +191,50 @@ def test_bench_paths_named_in_docs_exist() -> None:
     for path in [*DOCS, ROOT / "bench" / "RESULTS.md", ROOT / "bench" / "gpu" / "README.md"]:
         for target in re.findall(r"\bbench/(?:cpu|gpu|lib)/[\w./-]+\.(?:py|sh)\b", path.read_text()):
             assert (ROOT / target).exists(), f"{path.relative_to(ROOT)} names missing {target}"
+
+
+def test_check_run_timings_quoted_in_docs_are_the_measured_range() -> None:
+    """Every `check --run` cold/warm figure in the docs and docker/README.md is the range bench/RESULTS.md
+    derives from its measurements, so two pages cannot tell a user different times again."""
+    results = (ROOT / "bench" / "RESULTS.md").read_text()
+    measured = re.search(r"the range\s+quoted in docs is \*\*(\d+-\d+) s cold, (\d+-\d+) s warm\*\*", results)
+    assert measured, "bench/RESULTS.md no longer states the check --run range the docs quote"
+    quoted = []
+    for path in [*DOCS, ROOT / "docker" / "README.md"]:
+        text = re.sub(r"\s+", " ", path.read_text().replace("\n#", " "))
+        quoted += [(path.name, kind, value) for value, kind in re.findall(r"(\d+(?:[.-]\d+)?) s (cold|warm)\b", text)]
+    assert {kind for _, kind, _ in quoted} == {"cold", "warm"}, quoted
+    assert [q for q in quoted if q[2] != measured.group(1 if q[1] == "cold" else 2)] == []
+
+
+_GUARD_EXAMPLE = """
+import sys
+sys.path.insert(0, {tests!r})
+import tiny_models, kernelguard
+model = tiny_models.tiny_model("qwen3_5", num_hidden_layers=48,
+                               layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 12)
+report = kernelguard.inspect(model, mode="training", packed=False,
+                             allow=["chunk_gated_delta_rule", "causal_conv1d_fn"])
+print(report.render())
+"""
+
+
+def test_the_guard_report_in_the_docs_is_what_inspect_renders() -> None:
+    """docs/guard.md's example is produced here, in a process with no GDN package importable (CPU, as the page
+    says); only the transformers version may differ (CI runs two)."""
+    doc = ROOT / "docs" / "guard.md"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"COLUMNS": "100", "PYTHONPATH": str(ROOT),
+                                                                        "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-c", _GUARD_EXAMPLE.format(tests=str(ROOT / "tests"))], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    actual = "```text\n" + proc.stdout + "```\n"
+    marked = re.compile(r"(<!-- guard-output -->\n)(.*?)(<!-- /guard-output -->)", re.S)
+    if os.environ.get("KERNELGUARD_UPDATE_GOLDEN"):
+        doc.write_text(marked.sub(lambda m: m.group(1) + actual + m.group(3), doc.read_text()))
+    found = marked.search(doc.read_text())
+    assert found is not None, "docs/guard.md lost its <!-- guard-output --> block"
+    version = re.compile(r"transformers \d+\.\d+\.\d+\S*")
+    assert version.sub("transformers X", found.group(2)) == version.sub("transformers X", actual), (
+        "regenerate with KERNELGUARD_UPDATE_GOLDEN=1 pytest tests/test_docs_snippets.py")
+    assert len([line for line in actual.splitlines() if line.endswith(" layers")]) == 5
