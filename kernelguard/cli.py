@@ -234,9 +234,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             os._exit(EXIT_INTERRUPTED)
         return train_main(argv[1:])
     if argv[:1] == ["export"]:
-        from .train.export_cli import main as export_main
+        previous = startup_interrupts(_export_interrupted)
+        try:
+            from .train.export_cli import main as export_main  # imports torch
 
-        return export_main(argv[1:])
+            return export_main(argv[1:])  # which ends the start-up before it writes anything
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
     args = _parser().parse_args(argv)
     previous = startup_interrupts(_interrupted)
     try:
@@ -259,6 +264,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+
+
+def _export_interrupted(signum: int, frame: object) -> None:
+    print("kernelguard export: interrupted; nothing was written.", file=sys.stderr, flush=True)
+    os._exit(EXIT_INTERRUPTED)
 
 
 def _interrupted(signum: int, frame: object) -> None:

@@ -278,12 +278,18 @@ def test_a_marker_keyword_typo_is_a_usage_error() -> None:
         pytest_plugin._item_settings(item)  # type: ignore[arg-type]
 
 
-def test_ctrl_c_while_torch_imports_numpy_still_stops_check() -> None:
+@pytest.mark.parametrize(("command", "line"), [
+    (["check"], "kernelguard: interrupted."),
+    (["export", "no-such-checkpoint", "--output", "out"], "kernelguard export: interrupted; nothing was written."),
+], ids=["check", "export"])
+def test_ctrl_c_while_torch_imports_numpy_still_stops_the_command(command: list[str], line: str,
+                                                                   tmp_path: Path) -> None:
     """torch clears whatever its own import of numpy raises, a KeyboardInterrupt included: check went on and
-    printed its report when Ctrl-C landed there."""
+    printed its report, export went on to its own checks, when Ctrl-C landed there."""
     repo = Path(__file__).resolve().parents[1]
     env = dict(os.environ, KERNELGUARD_FAULT="ctrl-c-in-torch-numpy-import", CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=os.pathsep.join([str(repo / "tests" / "fault_hooks"), str(repo)]))
-    proc = subprocess.run([sys.executable, "-m", "kernelguard", "check"], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
-    assert (proc.returncode, proc.stderr.strip(), proc.stdout) == (130, "kernelguard: interrupted.", ""), proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "kernelguard", *command], env=env, capture_output=True, text=True,
+                          timeout=300, check=False, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr.strip(), proc.stdout) == (130, line, ""), proc.stderr
+    assert list(tmp_path.iterdir()) == []

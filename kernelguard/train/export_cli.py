@@ -14,6 +14,7 @@ from kernelguard.errors import (
     ConfigError,
     KernelGuardError,
 )
+from kernelguard.interrupts import end_startup_interrupts
 
 from .config_rules import DEFAULT_MAX_SHARD_SIZE
 from .export import export_checkpoint
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="export with the run's tokenizer / chat template files as they are now, though they "
                         "changed since it trained (checkpoints without their own copy only)")
     args = parser.parse_args(argv)
+    end_startup_interrupts()  # the export takes locks and writes next: Ctrl-C unwinds through their clean-up
     try:
         final = export_checkpoint(args.checkpoint, output=args.output, max_shard_size=args.max_shard_size,
                                   overwrite=args.overwrite, accept_changed_tokenizer=args.accept_changed_tokenizer)
