@@ -633,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
     args.add_argument("--out")
     args.add_argument("--only", help="substring of the case classes to run (e.g. 'round 4')")
     args.add_argument("--names", help="substrings of the case names to run, comma-separated")
+    args.add_argument("--strict", action="store_true",
+                      help="exit 1 unless every case is clear, listing the others (CI runs it so)")
     opts = args.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="kg-sweep-"))
     cases = check_cases(work) + api_cases() + train_cases(work)
@@ -678,6 +680,12 @@ def main(argv: list[str] | None = None) -> int:
     if opts.out:
         Path(opts.out).write_text(json.dumps(summary, indent=1))
     shutil.rmtree(work, ignore_errors=True)
+    unclear = [r for r in rows if r["verdict"] != "clear"]
+    if opts.strict and unclear:
+        print(f"{len(unclear)} of {len(rows)} cases not clear:", file=sys.stderr)
+        for r in unclear:
+            print(f"  {r['verdict']}: {r['class']}: {r['name']}: {r['first_line']}", file=sys.stderr)
+        return 1
     return 0
 
 
