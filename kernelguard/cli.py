@@ -136,7 +136,6 @@ def _check(args: argparse.Namespace) -> int:
         from .stack_lock import write_lock
 
         end_startup_interrupts()  # a file is written next: Ctrl-C unwinds through its clean-up
-
         print(f"kernelguard: lock written to {write_lock(result, args.write_lock)}", file=sys.stderr)
     return EXIT_OK if result.ok else EXIT_FAIL
 
