@@ -229,7 +229,7 @@ def test_the_guard_report_in_the_docs_is_what_inspect_renders() -> None:
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     actual = "```text\n" + proc.stdout + "```\n"
-    marked = re.compile(r"(<!-- guard-output -->\n)(.*?)(<!-- /guard-output -->)", re.S)
+    marked = re.compile(r"(<!-- guard-output -->\n)(.*?)(<!-- /guard-output -->)", re.DOTALL)
     if os.environ.get("KERNELGUARD_UPDATE_GOLDEN"):
         doc.write_text(marked.sub(lambda m: m.group(1) + actual + m.group(3), doc.read_text()))
     found = marked.search(doc.read_text())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -290,6 +291,9 @@ def test_ctrl_c_while_torch_imports_numpy_still_stops_the_command(command: list[
     env = dict(os.environ, KERNELGUARD_FAULT="ctrl-c-in-torch-numpy-import", CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=os.pathsep.join([str(repo / "tests" / "fault_hooks"), str(repo)]))
     proc = subprocess.run([sys.executable, "-m", "kernelguard", *command], env=env, capture_output=True, text=True,
-                          timeout=300, check=False, cwd=tmp_path)
+                          timeout=300, check=False, cwd=tmp_path,
+                          # a suite started in the background ignores SIGINT, and children inherit that: give the
+                          # command the default, as a terminal's foreground job has
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert (proc.returncode, proc.stderr.strip(), proc.stdout) == (130, line, ""), proc.stderr
     assert list(tmp_path.iterdir()) == []
