@@ -39,6 +39,16 @@ def _chunk_log_probs(
     return log_probs, per_token, valid, safe
 
 
+def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The matmuls' dtype: the input's, except bf16/fp16 on a CPU, which runs in fp32. A CPU without bf16
+    matrix instructions takes a slow path for a half-precision matmul whose reduction runs over the vocabulary
+    (the gradient of the hidden states): ~100x an fp32 one, most of a CPU training step. fp32 is also the
+    exact side of what the loss promises."""
+    if hidden.device.type == "cpu" and hidden.dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return hidden.dtype
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -50,27 +60,34 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ignore_index: int,
     ) -> torch.Tensor:
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # type: ignore[attr-defined]
+        compute = _compute_dtype(hidden)
+        w = weight.to(compute)  # the weight itself unless a CPU run upcasts
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
-        grad_weight = torch.zeros_like(weight) if want_weight else None
+        grad_weight = torch.zeros_like(w) if want_weight else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk_tokens):
             stop = start + chunk_tokens
-            h = hidden[start:stop]
-            log_probs, per_token, valid, safe = _chunk_log_probs(h, weight, labels[start:stop], ignore_index)
+            h = hidden[start:stop].to(compute)
+            log_probs, per_token, valid, safe = _chunk_log_probs(h, w, labels[start:stop], ignore_index)
             total += per_token.sum()
             # d(summed loss)/d(logits) = softmax - onehot(label), built in place in the fp32 buffer. Ignored
             # rows are masked on the [chunk, hidden] side below: cheaper than a pass over [chunk, vocab].
             probs = log_probs.exp_()
             probs[torch.arange(probs.shape[0], device=probs.device), safe] -= 1.0
-            grad_logits = probs.to(hidden.dtype)
+            grad_logits = probs.to(compute)
             del log_probs, probs  # free the fp32 chunk buffer before the matmuls allocate
-            keep = valid.to(hidden.dtype)[:, None]
+            keep = valid.to(compute)[:, None]
             if grad_hidden is not None:
-                torch.mm(grad_logits, weight, out=grad_hidden[start:stop])
-                grad_hidden[start:stop].mul_(keep)
+                if compute == hidden.dtype:
+                    torch.mm(grad_logits, w, out=grad_hidden[start:stop])
+                    grad_hidden[start:stop].mul_(keep)
+                else:
+                    grad_hidden[start:stop] = torch.mm(grad_logits, w).mul_(keep)
             if grad_weight is not None:
                 # cuBLAS adds in fp32 and rounds once per chunk (the stock path rounds once per matmul too).
                 grad_weight.addmm_(grad_logits.t(), h * keep)
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
         ctx.save_for_backward(grad_hidden, grad_weight)  # type: ignore[arg-type]  # None: no gradient wanted
         return total
 
