@@ -223,15 +223,18 @@ def _issues(as_json: bool = False) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    program = argv is None  # the console script (or `python -m kernelguard`), not a caller in-process
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:
         try:  # Ctrl-C while the trainer's modules import: its own one line, as from inside it
+            from .train.__main__ import exit_program
             from .train.__main__ import main as train_main
         except KeyboardInterrupt:  # leave at once: the teardown after a half-done import can fail again
             print("kernelguard train: interrupted before training started; nothing was written.", file=sys.stderr,
                   flush=True)
             os._exit(EXIT_INTERRUPTED)
-        return train_main(argv[1:])
+        code = train_main(argv[1:])
+        return exit_program(code) if program else code
     if argv[:1] == ["export"]:
         previous = startup_interrupts(_export_interrupted)
         try:

@@ -93,12 +93,17 @@ def write_train_assets(root: Path, rows: int = 400) -> dict[str, Path]:
 
 
 def run_train(
-    args: list[str], *, fakes: bool = True, nproc: int = 2, timeout: int = 240, cuda: bool = False
+    args: list[str], *, fakes: bool = True, nproc: int = 2, timeout: int = 240, cuda: bool = False,
+    fault: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`python -m torch.distributed.run --nproc-per-node N --standalone -m kernelguard.train ARGS`, on CPU
-    unless ``cuda`` (``nproc=0``: plain `python -m kernelguard.train ARGS`, one process)."""
+    unless ``cuda`` (``nproc=0``: plain `python -m kernelguard.train ARGS`, one process); ``fault``: a
+    tests/fault_hooks fault (``KERNELGUARD_FAULT``) in every process."""
     env = dict(os.environ)
     paths = [str(REPO)] + ([str(FAKE_PROVIDERS)] if fakes else [])
+    if fault:
+        paths.append(str(TESTS_DIR / "fault_hooks"))
+        env["KERNELGUARD_FAULT"] = fault
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH")] if p])
     env.update(
         OMP_NUM_THREADS="1",

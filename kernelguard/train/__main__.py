@@ -112,6 +112,23 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, previous_int)
 
 
+_STATE = {"process_group": False}  # whether this process joined a torch.distributed process group
+
+
+def exit_program(code: int) -> int:
+    """The end of `kernelguard train` as a program (the console script, ``python -m kernelguard.train``):
+    after a process group, leave without the interpreter's teardown. There torch can destroy gloo's process
+    group while its worker threads still run, which aborts the process (``terminate called without an active
+    exception``, SIGABRT) after a run that succeeded, and the launcher then reports the whole run as failed.
+    Every file is closed and every tracker finished by then. Otherwise (or embedded) return ``code``."""
+    if not _STATE["process_group"]:
+        return code
+    import logging
+
+    logging.shutdown()
+    _leave(code)
+
+
 def _leave(code: int) -> NoReturn:
     """Exit now, skipping the interpreter's teardown: an import that the signal cut halfway (torch, numpy)
     can fail again during it ("cannot load module more than once per process") or re-raise the interrupt and
@@ -182,6 +199,7 @@ def _train(cfg: Any) -> int:
     try:
         with stop_request().installed():
             info = init_distributed()
+            _STATE["process_group"] = True
             setup_logging(level=cfg.metrics.log_level, is_main=info.is_main)  # type: ignore[attr-defined]
             held: list[Any] = []  # rank 0's lock stays in rank 0: on_main shares only the refusal
             on_main(info, lambda: held.append(_claim(cfg.checkpoint.output_dir)))
@@ -310,4 +328,4 @@ def _describe(hf_config: Any) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_program(main()))

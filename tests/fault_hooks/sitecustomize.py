@@ -6,6 +6,7 @@ ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
 - ``export-slow``: every shard of an export waits 2 s before it is written, so two exports overlap for sure.
 - ``checkpoint:NAME``: DCP's shard writes into a checkpoint folder named ``NAME.tmp`` fail with ``ENOSPC``
   after half of their first write reached the file, as write(2) on a full disk does.
+- ``teardown-marker``: a process that runs the interpreter's teardown (atexit) says so on stderr.
 - ``ctrl-c-in-torch-numpy-import``: Ctrl-C (SIGINT to this process) at the moment torch's C extension imports
   numpy, whose failures (a KeyboardInterrupt included) torch clears: the window where Ctrl-C used to be lost.
 """
@@ -82,7 +83,12 @@ class _CtrlCInTorchsNumpyImport:
             os.kill(os.getpid(), signal.SIGINT)
 
 
-if _FAULT == "ctrl-c-in-torch-numpy-import":
+if _FAULT == "teardown-marker":
+    import atexit
+
+    atexit.register(lambda: print(f"fault hook: interpreter teardown ran (pid {os.getpid()})", file=sys.stderr,
+                                  flush=True))
+elif _FAULT == "ctrl-c-in-torch-numpy-import":
     sys.meta_path.insert(0, _CtrlCInTorchsNumpyImport())
 elif _FAULT == "export":
     _export_disk_full()
