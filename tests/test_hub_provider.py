@@ -77,6 +77,21 @@ def _add_variant(
     (folder / "metadata.json").write_text(json.dumps(metadata))
 
 
+# What kernels-community/fla's `layers` module offers the GDN ops (check --hub reads it with ast, runs nothing).
+_FLA_LAYERS = """
+class chunk_gated_delta_rule:
+    def forward(self, q, k, v, g=None, beta=None, scale=None, initial_state=None, output_final_state=False,
+                use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+        pass
+
+
+class recurrent_gated_delta_rule:
+    def forward(self, q, k, v, g=None, beta=None, scale=None, initial_state=None, output_final_state=False,
+                use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+        pass
+"""
+
+
 def _repo(root: Path, variants: list[str], *, backend: str = "cpu", archs: list[str] | None = None) -> Path:
     for name in variants:
         _add_variant(root / "build", name, backend=backend, archs=archs)
@@ -439,6 +454,8 @@ def test_check_cli_selects_a_local_hub_kernel_when_kernels_is_in_transformers_wi
 
     low, high = import_utils.KERNELS_MIN_VERSION, import_utils.KERNELS_MAX_VERSION
     repo = _repo(tmp_path / "fla", ["torch213-cxx11-cpu-x86_64-linux", "torch212-cxx11-cpu-x86_64-linux"])
+    for variant in (repo / "build").iterdir():  # the layers transformers maps to kernels-community/fla
+        (variant / "layers.py").write_text(_FLA_LAYERS)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", KERNELS_CACHE=str(tmp_path / "cache"),
                LOCAL_KERNELS=f"kernels-community/fla={repo}")
