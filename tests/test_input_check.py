@@ -1,6 +1,8 @@
-"""`kernelguard train` checks its inputs first: before the stack check and the model build, the tokenizer loads
-(a `.tiktoken`-only folder gets its own message and a command that fixes it), conversational rows have a chat
-template (the shipped names are listed), and the first rows of --data parse in a known format."""
+"""`kernelguard train` checks its inputs first. Before torch is imported: the tokenizer folder holds tokenizer
+files (a `.tiktoken`-only folder gets its own message and a command that fixes it), --chat-template names a file
+or a shipped template, and the first rows of --data parse in a known format. Then, still before the stack check
+and the model build: the tokenizer loads, conversational rows have a chat template (the shipped names are
+listed) and the first rows render with it."""
 
 from __future__ import annotations
 
@@ -129,21 +131,49 @@ def test_a_folder_without_tokenizer_files_says_so_and_the_fix_works(tmp_path: Pa
     assert load_tokenizer(str(folder)).eos_token_id == 248046
 
 
-@pytest.mark.slow
-def test_the_refusal_comes_before_the_stack_check_and_the_model_build(assets: dict[str, Path], tmp_path: Path) -> None:
+_REFUSED_BEFORE_TORCH = """
+import json, sys
+from kernelguard.train.__main__ import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "imported": sorted({"torch", "transformers", "tokenizers"} & set(sys.modules))}))
+"""
+
+
+@pytest.mark.parametrize("case", ["a bad first row", "an unknown template name", "a folder without tokenizer files"])
+def test_wrong_inputs_are_refused_before_torch_and_the_tokenizer_load(
+    assets: dict[str, Path], tmp_path: Path, case: str
+) -> None:
+    """What makes these refusals come in about a second on a CPU: nothing heavy is imported or loaded first."""
+    bad = h.write_jsonl(tmp_path / "bad.jsonl", [{"conversation": []}])
+    empty = tmp_path / "empty_tok"
+    empty.mkdir()
+    tok, data, extra = {
+        "a bad first row": (assets["tok"], bad, []),
+        "an unknown template name": (assets["tok"], assets["data"], ["--chat-template", "nosuch"]),
+        "a folder without tokenizer files": (empty, assets["data"], []),
+    }[case]
+    args = ["--model", str(assets["model"]), "--tokenizer", str(tok), "--data", str(data), *extra,
+            "--output-dir", str(tmp_path / "out"), "--packing", "none", "--no-progress",
+            "--allow", "attention", "causal_conv1d_fn", "chunk_gated_delta_rule"]
+    r = subprocess.run([sys.executable, "-c", _REFUSED_BEFORE_TORCH, *args], capture_output=True, text=True,
+                       cwd=str(h.REPO), timeout=120, check=False)
+    assert json.loads(r.stdout.splitlines()[-1]) == {"code": 2, "imported": []}, r.stderr
+    expected = {"a bad first row": "no column of a known dataset format", "an unknown template name":
+                "--chat-template nosuch: no such file", "a folder without tokenizer files": "holds no tokenizer files"}
+    said = " ".join(r.stderr.split())  # the lines are wrapped to the terminal
+    assert expected[case] in said and "random init" not in said  # before preflight
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_row_is_refused_by_the_launcher_before_any_rank_starts(assets: dict[str, Path], tmp_path: Path) -> None:
     bad = h.write_jsonl(tmp_path / "bad.jsonl", [{"conversation": []}])
     args = ["--model", str(assets["model"]), "--tokenizer", str(assets["tok"]), "--data", str(bad),
             "--output-dir", str(tmp_path / "out"), "--packing", "none", "--no-progress",
             "--allow", "attention", "causal_conv1d_fn", "chunk_gated_delta_rule"]
-    r = h.run_train(args, fakes=False, nproc=0)
-    assert r.returncode == 2, r.stderr
-    assert "no column of a known dataset format" in r.stderr
-    assert "guard passed" not in r.stderr and "random init" in r.stderr  # preflight ran, the gate did not
-    assert not (tmp_path / "out").exists()
-    # Through the launcher: refused in the launcher itself, before any rank starts.
     from kernelguard.train.__main__ import main
 
     assert main(["--nproc-per-node", "2", *args]) == 2
+    assert not (tmp_path / "out").exists()
 
 
 def test_docs_train_md_shows_one_row_of_each_format_and_every_shipped_training_template() -> None:

@@ -56,15 +56,32 @@ def test_a_signal_while_the_launcher_starts_is_one_line_and_its_exit_code(
 
 
 @pytest.mark.slow
-def test_ctrl_c_while_torch_imports_numpy_still_stops_the_launcher(assets: dict[str, Path], tmp_path: Path) -> None:
-    """torch clears whatever its own import of numpy raises, a KeyboardInterrupt included: the launcher went on
-    to train (exit 0) when Ctrl-C landed there."""
+def test_ctrl_c_while_the_launcher_imports_torch_stops_it(assets: dict[str, Path], tmp_path: Path) -> None:
+    """Ctrl-C as the launcher starts importing torch stops it before any rank starts, with its one line. (Torch's
+    own numpy import, where Ctrl-C used to be lost, no longer happens in the launcher: the tokenizer check imports
+    numpy first. tests/test_silent_successes.py covers that window in a single-process run, check and export.)"""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error",
-               KERNELGUARD_FAULT="ctrl-c-in-torch-numpy-import",
+               KERNELGUARD_FAULT="ctrl-c-in-launcher-torch-import",
                PYTHONPATH=os.pathsep.join([str(h.REPO / "tests" / "fault_hooks"), str(h.REPO), str(h.FAKE_PROVIDERS)]))
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "kernelguard", "train", "--nproc-per-node", "2",
                            *_argv(assets, out)], env=env, capture_output=True, text=True, timeout=300, check=False,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert (proc.returncode, proc.stderr.strip().splitlines()) == (
+        130, ["kernelguard train: interrupted before training started; nothing was written."]), proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_torch_imports_numpy_stops_a_one_process_run(assets: dict[str, Path], tmp_path: Path) -> None:
+    """torch clears whatever its own import of numpy raises, a KeyboardInterrupt included: the run went on to
+    train when Ctrl-C landed there. Its inputs are checked before torch is imported, so this is the first import."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error",
+               KERNELGUARD_FAULT="ctrl-c-in-torch-numpy-import",
+               PYTHONPATH=os.pathsep.join([str(h.REPO / "tests" / "fault_hooks"), str(h.REPO), str(h.FAKE_PROVIDERS)]))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "kernelguard", "train", *_argv(assets, out)], env=env,
+                          capture_output=True, text=True, timeout=300, check=False,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert (proc.returncode, proc.stderr.strip().splitlines()) == (
         130, ["kernelguard train: interrupted before training started; nothing was written."]), proc.stderr

@@ -195,6 +195,7 @@ def test_eval_data_that_is_the_training_data_is_refused(tmp_path: Path) -> None:
 
     data = _rows(tmp_path / "d.jsonl")
     (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
     cfg = parse_args(["--model", "m", "--tokenizer", str(tmp_path / "tok"), "--data", str(data),
                       "--eval-data", str(data), "--output-dir", str(tmp_path / "o")])
     with pytest.raises(ConfigError, match="is training data too"):

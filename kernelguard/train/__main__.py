@@ -169,16 +169,21 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _early_checks(cfg: Any, *, launching: bool) -> None:
-    """The environment always; for a launcher also the flags, inputs, paths, tokenizer, template and first rows
-    that rank 0 checks again (cheap, and no rank should start for a run that will be refused)."""
-    from .input_check import check_inputs_early
-    from .preflight import check_environment, check_flags, check_inputs, check_paths
+    """Before torch is imported, so a wrong input is refused in a second or two: the environment; unless a dry
+    run, the flags, inputs, paths, chat template and the first rows' format. A launcher also loads the tokenizer
+    and renders the first rows. Rank 0's preflight checks all of it again (cheap, and no rank should start for a
+    run that will be refused)."""
+    from .input_check import check_inputs_early, check_row_formats
+    from .startup_checks import check_environment, check_flags, check_inputs, check_paths
 
     check_environment()
-    if launching and not cfg.checkpoint.dry_run:
-        check_flags(cfg)
-        check_inputs(cfg)
-        check_paths(cfg)
+    if cfg.checkpoint.dry_run:
+        return
+    check_flags(cfg)
+    check_inputs(cfg)
+    check_paths(cfg)
+    check_row_formats(cfg)
+    if launching:
         check_inputs_early(cfg)
 
 

@@ -13,7 +13,6 @@ same split on every rank and every run, whatever the world size. Rows of the oth
 from __future__ import annotations
 
 import hashlib
-import shlex
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -29,6 +28,7 @@ from .encode import encode_items
 from .packing import IGNORE_INDEX
 from .rows import FORMATS, ChatItem, Item, detect_format, row_item
 from .sources import iter_rows
+from .startup_checks import check_tokenizer_folder
 
 __all__ = [
     "DataStats",
@@ -166,7 +166,7 @@ def load_tokenizer(path: str, *, chat_template: str | Path | None = None) -> Any
     checkpoint keeps the template people run inference with."""
     from transformers import AutoTokenizer
 
-    _refuse_tiktoken_only(Path(path))
+    check_tokenizer_folder(Path(path))
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except Exception as e:
@@ -180,34 +180,6 @@ def load_tokenizer(path: str, *, chat_template: str | Path | None = None) -> Any
         )
     set_chat_template(tok, chat_template)
     return tok
-
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "merges.txt",
-                    "special_tokens_map.json")
-
-
-def _refuse_tiktoken_only(folder: Path) -> None:
-    """A folder with a .tiktoken vocabulary and no tokenizer.json, or with no tokenizer file at all:
-    AutoTokenizer's own error there asks for sentencepiece or tiktoken even when both are installed, so say what
-    is missing and how to make it."""
-    if not folder.is_dir() or (folder / "tokenizer.json").is_file():
-        return
-    files = sorted(p.name for p in folder.glob("*.tiktoken"))
-    if files:
-        raise ConfigError(
-            f"tokenizer folder {folder} holds a .tiktoken vocabulary ({', '.join(files)}) but no tokenizer.json, "
-            "which kernelguard train needs (a fast tokenizer). This writes it there, offline:",
-            fix=f"python -m kernelguard.train.tiktoken_folder {shlex.quote(str(folder))}",
-        )
-    if not any(p.is_file() and (p.name in _TOKENIZER_FILES or p.suffix == ".model") for p in folder.iterdir()):
-        # AutoTokenizer's own error here speaks of sentencepiece and tiktoken, which are not what is missing.
-        held = sorted(p.name for p in folder.iterdir())
-        found = f"it holds {', '.join(held[:5])}{', ...' if len(held) > 5 else ''}" if held else "it is empty"
-        raise ConfigError(
-            f"tokenizer folder {folder} holds no tokenizer files ({found}); --tokenizer must be the folder of a "
-            "Hugging Face model holding tokenizer.json (and tokenizer_config.json). The Qwen3.5 tokenizer, offline:",
-            fix=f"python -m kernelguard.train.tiktoken_folder --qwen3.5 {shlex.quote(str(folder))}",
-        )
 
 
 def set_chat_template(tokenizer: Any, chat_template: str | Path | None = None) -> TemplateChoice:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import struct
 from dataclasses import dataclass, field
@@ -28,10 +27,11 @@ from .identity import RUN_FILE, differences, read_identity, run_identity, write_
 from .parallel import model_source
 from .startup_checks import (
     check_environment,
+    check_flags,
+    check_inputs,
     check_model_size,
     check_paths,
     check_writable_folder,
-    no_tokenizer_error,
 )
 
 __all__ = [
@@ -205,44 +205,6 @@ def _weight_shapes(folder: Path) -> dict[str, list[int]]:
             {k: v.get("shape", []) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
         )
     return shapes
-
-
-def check_flags(cfg: TrainConfig) -> None:
-    if cfg.runtime.fused_norms:
-        from .fused_norms import LIGER_FIX, liger_missing
-
-        if (why := liger_missing()) is not None:
-            raise ConfigError(why, fix=LIGER_FIX)
-    if cfg.evaluation.eval_every and not (cfg.evaluation.eval_data or cfg.evaluation.eval_fraction):
-        raise ConfigError(
-            f"--eval-every {cfg.evaluation.eval_every} needs an eval set.",
-            fix="add --eval-data FILE or --eval-fraction 0.05, or drop --eval-every",
-        )
-
-
-def check_inputs(cfg: TrainConfig) -> None:
-    """Tokenizer folder, chat template file, training and eval data exist (no downloads are made)."""
-    from .sources import resolve_files
-
-    tokenizer = Path(str(cfg.model.tokenizer))
-    if not tokenizer.is_dir():
-        raise no_tokenizer_error(cfg, tokenizer)
-    template = cfg.model.chat_template
-    if template and (template.endswith(".jinja") or os.sep in template) and not Path(template).is_file():
-        raise ConfigError(f"chat template file {template} does not exist.", fix="check --chat-template")
-    train_files = resolve_files(cfg.data.data, split=cfg.data.split)  # None for a dataset name
-    if cfg.evaluation.eval_data:
-        try:
-            eval_files = resolve_files(cfg.evaluation.eval_data, split=None)
-        except ConfigError as e:
-            raise ConfigError(f"--eval-data: {e.message}", fix="check --eval-data") from e
-        same = {p.resolve() for p in train_files or ()} & {p.resolve() for p in eval_files or ()}
-        if same or cfg.evaluation.eval_data == cfg.data.data:
-            raise ConfigError(
-                f"--eval-data {cfg.evaluation.eval_data} is training data too ({', '.join(sorted(map(str, same)))[:200] or cfg.data.data}): "
-                "its eval loss would measure memorisation, not generalisation.",
-                fix="pass held-out rows as --eval-data, or --eval-fraction 0.05 to hold some out of --data",
-            )
 
 
 def check_output(output: Path, *, need_bytes: int) -> None:

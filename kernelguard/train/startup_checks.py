@@ -16,8 +16,11 @@ __all__ = [
     "ENVIRONMENT",
     "MAX_LAYERS",
     "check_environment",
+    "check_flags",
+    "check_inputs",
     "check_model_size",
     "check_paths",
+    "check_tokenizer_folder",
     "check_writable_folder",
     "no_tokenizer_error",
 ]
@@ -127,3 +130,76 @@ def no_tokenizer_error(cfg: Any, tokenizer: Path) -> ConfigError:
         "--tokenizer DIR is given) or a config.json. Nothing is downloaded.",
         fix=download or "pass --model DIR (a local model folder) or its config.json",
     )
+
+
+def check_flags(cfg: Any) -> None:
+    """Flags that need something the settings alone do not say: Liger for --fused-norms, an eval set for
+    --eval-every."""
+    if cfg.runtime.fused_norms:
+        from .fused_norms import LIGER_FIX, liger_missing
+
+        if (why := liger_missing()) is not None:
+            raise ConfigError(why, fix=LIGER_FIX)
+    if cfg.evaluation.eval_every and not (cfg.evaluation.eval_data or cfg.evaluation.eval_fraction):
+        raise ConfigError(
+            f"--eval-every {cfg.evaluation.eval_every} needs an eval set.",
+            fix="add --eval-data FILE or --eval-fraction 0.05, or drop --eval-every",
+        )
+
+
+def check_inputs(cfg: Any) -> None:
+    """The tokenizer folder holds tokenizer files, --chat-template is a readable file or a shipped name, the
+    training and eval data exist (no downloads are made)."""
+    from . import chat_templates
+    from .sources import resolve_files
+
+    tokenizer = Path(str(cfg.model.tokenizer))
+    if not tokenizer.is_dir():
+        raise no_tokenizer_error(cfg, tokenizer)
+    check_tokenizer_folder(tokenizer)
+    template = cfg.model.chat_template
+    if template and (template.endswith(".jinja") or os.sep in template) and not Path(template).is_file():
+        raise ConfigError(f"chat template file {template} does not exist.", fix="check --chat-template")
+    if template:
+        chat_templates.choose(None, template)  # an unknown name is refused here, before the tokenizer loads
+    train_files = resolve_files(cfg.data.data, split=cfg.data.split)  # None for a dataset name
+    if cfg.evaluation.eval_data:
+        try:
+            eval_files = resolve_files(cfg.evaluation.eval_data, split=None)
+        except ConfigError as e:
+            raise ConfigError(f"--eval-data: {e.message}", fix="check --eval-data") from e
+        same = {p.resolve() for p in train_files or ()} & {p.resolve() for p in eval_files or ()}
+        if same or cfg.evaluation.eval_data == cfg.data.data:
+            raise ConfigError(
+                f"--eval-data {cfg.evaluation.eval_data} is training data too ({', '.join(sorted(map(str, same)))[:200] or cfg.data.data}): "
+                "its eval loss would measure memorisation, not generalisation.",
+                fix="pass held-out rows as --eval-data, or --eval-fraction 0.05 to hold some out of --data",
+            )
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "merges.txt",
+                    "special_tokens_map.json")
+
+
+def check_tokenizer_folder(folder: Path) -> None:
+    """A folder with a .tiktoken vocabulary and no tokenizer.json, or with no tokenizer file at all:
+    AutoTokenizer's own error there asks for sentencepiece or tiktoken even when both are installed, so say what
+    is missing and how to make it."""
+    if not folder.is_dir() or (folder / "tokenizer.json").is_file():
+        return
+    files = sorted(p.name for p in folder.glob("*.tiktoken"))
+    if files:
+        raise ConfigError(
+            f"tokenizer folder {folder} holds a .tiktoken vocabulary ({', '.join(files)}) but no tokenizer.json, "
+            "which kernelguard train needs (a fast tokenizer). This writes it there, offline:",
+            fix=f"python -m kernelguard.train.tiktoken_folder {shlex.quote(str(folder))}",
+        )
+    if not any(p.is_file() and (p.name in _TOKENIZER_FILES or p.suffix == ".model") for p in folder.iterdir()):
+        # AutoTokenizer's own error here speaks of sentencepiece and tiktoken, which are not what is missing.
+        held = sorted(p.name for p in folder.iterdir())
+        found = f"it holds {', '.join(held[:5])}{', ...' if len(held) > 5 else ''}" if held else "it is empty"
+        raise ConfigError(
+            f"tokenizer folder {folder} holds no tokenizer files ({found}); --tokenizer must be the folder of a "
+            "Hugging Face model holding tokenizer.json (and tokenizer_config.json). The Qwen3.5 tokenizer, offline:",
+            fix=f"python -m kernelguard.train.tiktoken_folder --qwen3.5 {shlex.quote(str(folder))}",
+        )

@@ -9,6 +9,9 @@ ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
 - ``teardown-marker``: a process that runs the interpreter's teardown (atexit) says so on stderr.
 - ``ctrl-c-in-torch-numpy-import``: Ctrl-C (SIGINT to this process) at the moment torch's C extension imports
   numpy, whose failures (a KeyboardInterrupt included) torch clears: the window where Ctrl-C used to be lost.
+- ``ctrl-c-in-launcher-torch-import``: Ctrl-C as the ``--nproc-per-node`` launcher (the process torchrun did not
+  start) begins importing torch. The launcher loads the tokenizer first, which imports numpy, so torch's own
+  numpy import cannot be the moment there.
 """
 
 from __future__ import annotations
@@ -83,6 +86,13 @@ class _CtrlCInTorchsNumpyImport:
             os.kill(os.getpid(), signal.SIGINT)
 
 
+class _CtrlCAsTheLauncherImportsTorch:
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == "torch" and "LOCAL_RANK" not in os.environ:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 if _FAULT == "teardown-marker":
     import atexit
 
@@ -90,6 +100,8 @@ if _FAULT == "teardown-marker":
                                   flush=True))
 elif _FAULT == "ctrl-c-in-torch-numpy-import":
     sys.meta_path.insert(0, _CtrlCInTorchsNumpyImport())
+elif _FAULT == "ctrl-c-in-launcher-torch-import":
+    sys.meta_path.insert(0, _CtrlCAsTheLauncherImportsTorch())
 elif _FAULT == "export":
     _export_disk_full()
 elif _FAULT == "export-slow":
