@@ -102,8 +102,10 @@ s=$(date +%s)
 # pytest-timeout registers itself through its entry point once installed: only its option is passed.
 TIMEOUT_OPT=(); "$PY" -c "import pytest_timeout" 2>/dev/null && TIMEOUT_OPT=(--timeout "$PYTEST_TIMEOUT")
 RESERVE=${EXTRA_RESERVE_S:-0}  # seconds kept for the extra scripts
+# progress_log: a line per test as it ends, so a run this timeout cuts (no XML then) still reports what it did.
+KG_TEST_PROGRESS="$RESULTS/gpu_tests.progress.jsonl" PYTHONPATH="$PWD/bench/gpu:$PYTHONPATH" \
 timeout $(( $(left) - RESERVE > 330 ? 300 : $(left) - RESERVE - 30 )) "$PY" -m pytest -q -m gpu -p no:cacheprovider "${TIMEOUT_OPT[@]}" \
-  --junitxml "$RESULTS/gpu_tests.xml" -rA ${GPU_TESTS:-"${PYTEST_SELECT[@]}"} 2>&1 | tail -n 60 | tee "$RESULTS/gpu_tests.tail"
+  -p progress_log --junitxml "$RESULTS/gpu_tests.xml" -rA ${GPU_TESTS:-"${PYTEST_SELECT[@]}"} 2>&1 | tail -n 60 | tee "$RESULTS/gpu_tests.tail"
 echo "gpu tests: rc=${PIPESTATUS[0]} wall $(( $(date +%s) - s )) s"
 
 

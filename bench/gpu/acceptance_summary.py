@@ -25,7 +25,7 @@ OPTIONAL = {"product_noac+compile"}  # run only when time is left
 def gpu_tests(results: Path) -> dict[str, Any]:
     xml = results / "gpu_tests.xml"
     if not xml.exists():
-        return {"missing": True}
+        return tests_from_progress(results / "gpu_tests.progress.jsonl")
     root = ET.parse(xml).getroot()
     cases = []
     for case in root.iter("testcase"):
@@ -39,6 +39,25 @@ def gpu_tests(results: Path) -> dict[str, Any]:
                       "s": round(float(case.get("time") or 0), 1)})
     count = {k: sum(1 for c in cases if c["outcome"] == k) for k in ("passed", "failure", "error", "skipped")}
     return {**count, "cases": cases}
+
+
+def tests_from_progress(path: Path) -> dict[str, Any]:
+    """What a run cut before pytest wrote its XML did (bench/gpu/progress_log.py's lines): the tests that
+    ended, and the one that was running when the time ran out. A cut run is never green."""
+    if not path.exists():
+        return {"missing": True}
+    ended: dict[str, dict[str, Any]] = {}
+    started: list[str] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if record["event"] == "start":
+            started.append(record["test"])
+        elif record["test"] not in ended or record["outcome"] != "passed":  # a teardown error outranks the call
+            ended[record["test"]] = {"test": record["test"], "outcome": record["outcome"], "s": record["s"]}
+    cases = list(ended.values())
+    count = {k: sum(1 for c in cases if c["outcome"] == k) for k in ("passed", "failure", "error", "skipped")}
+    running = [t for t in started if t not in ended]
+    return {**count, "cases": cases, "cut": True, "cut_during": running[-1] if running else None}
 
 
 def bench(results: Path) -> dict[str, Any]:
@@ -78,8 +97,8 @@ def main(results: Path, dest: Path) -> int:
     ratio = round(product / stock, 2) if product and stock else None
     tests = summary["gpu_tests"]
     checks = {
-        "gpu_tests": not tests.get("missing") and tests.get("failure", 0) + tests.get("error", 0) == 0
-        and tests.get("passed", 0) > 0,
+        "gpu_tests": not tests.get("missing") and not tests.get("cut")
+        and tests.get("failure", 0) + tests.get("error", 0) == 0 and tests.get("passed", 0) > 0,
         "check_run": all(summary["check"][n].get("rc") == 0 for n in ("cold", "warm")),
         "diagnosis": all(verdicts_right.values()),
     }
@@ -97,7 +116,8 @@ def main(results: Path, dest: Path) -> int:
     line = (
         f"acceptance {('PARTIAL ok' if all(checks.values()) else 'PARTIAL RED') if partial else ('GREEN' if summary['green'] else 'RED')}"
         f"{f' ({partial})' if partial else ''}: gpu tests {tests.get('passed', 0)} passed, "
-        f"{tests.get('failure', 0) + tests.get('error', 0)} failed, {tests.get('skipped', 0)} skipped; "
+        f"{tests.get('failure', 0) + tests.get('error', 0)} failed, {tests.get('skipped', 0)} skipped"
+        f"{_cut_note(tests)}; "
         f"check --run cold {cold.get('wall_s')} s (rc {cold.get('rc')}), warm {warm.get('wall_s')} s "
         f"(rc {warm.get('rc')}); diagnosis "
         + ", ".join(f"{v}={verdicts[v] or 'not run'}{'' if verdicts_right[v] or (partial and verdicts[v] is None) else ' (WRONG)'}"
@@ -111,6 +131,12 @@ def main(results: Path, dest: Path) -> int:
         if case["outcome"] in ("failure", "error"):
             print(f"  {case['outcome']}: {case['test']} ({case['s']} s)")
     return 0 if all(checks.values()) else 1
+
+
+def _cut_note(tests: dict[str, Any]) -> str:
+    if not tests.get("cut"):
+        return ""
+    return f" (CUT by the time limit, during {tests['cut_during']})" if tests.get("cut_during") else " (CUT)"
 
 
 if __name__ == "__main__":
