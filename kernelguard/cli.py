@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from collections.abc import Sequence
 
@@ -236,47 +235,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = train_main(argv[1:])
         return exit_program(code) if program else code
     if argv[:1] == ["export"]:
-        previous = startup_interrupts(_export_interrupted)
-        try:
+        with startup_interrupts("kernelguard export: interrupted; nothing was written."):
             from .train.export_cli import main as export_main  # imports torch
 
             return export_main(argv[1:])  # which ends the start-up before it writes anything
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
     args = _parser().parse_args(argv)
-    previous = startup_interrupts(_interrupted)
-    try:
-        if args.command == "check":
-            return _check(args)
-        if args.command == "lock":
-            return _lock(args)
-        if args.command == "env":
-            return _env(args)
-        return _issues(args.json)
-    except ConfigError as exc:
-        print(wrap_message(f"kernelguard: error: {exc}"), file=sys.stderr)
-        return EXIT_USAGE
-    except KernelGuardError as exc:
-        print(wrap_message(f"kernelguard: {exc}"), file=sys.stderr)
-        return EXIT_FAIL
-    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's code, not a stack of import frames
-        print("kernelguard: interrupted.", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+    with startup_interrupts(_INTERRUPTED):
+        try:
+            if args.command == "check":
+                return _check(args)
+            if args.command == "lock":
+                return _lock(args)
+            if args.command == "env":
+                return _env(args)
+            return _issues(args.json)
+        except ConfigError as exc:
+            print(wrap_message(f"kernelguard: error: {exc}"), file=sys.stderr)
+            return EXIT_USAGE
+        except KernelGuardError as exc:
+            print(wrap_message(f"kernelguard: {exc}"), file=sys.stderr)
+            return EXIT_FAIL
+        except KeyboardInterrupt:  # Ctrl-C once a file is being written: one line and the shell's code
+            print(_INTERRUPTED, file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
 
 
-def _export_interrupted(signum: int, frame: object) -> None:
-    print("kernelguard export: interrupted; nothing was written.", file=sys.stderr, flush=True)
-    os._exit(EXIT_INTERRUPTED)
-
-
-def _interrupted(signum: int, frame: object) -> None:
-    """Ctrl-C before anything is written: leave at once (kernelguard.interrupts says why not by raising)."""
-    print("kernelguard: interrupted.", file=sys.stderr, flush=True)
-    os._exit(EXIT_INTERRUPTED)
+_INTERRUPTED = "kernelguard: interrupted."
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,25 +6,43 @@ handler that ends the process at once instead of raising."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
-from typing import Any
+import sys
+from collections.abc import Iterator
+
+from .errors import EXIT_INTERRUPTED
 
 __all__ = ["end_startup_interrupts", "startup_interrupts"]
 
 _STARTUP_MARK = "kernelguard_startup"
 
 
-def startup_interrupts(leave: Any) -> Any:
-    """Until :func:`end_startup_interrupts`, Ctrl-C calls ``leave`` (which must end the process) instead of
-    raising KeyboardInterrupt. Returns the handler to restore at the end, or None where SIGINT is left alone:
-    ignored (``nohup``, a background job), the caller's own handler, or not the main thread."""
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return None
+@contextlib.contextmanager
+def startup_interrupts(line: str | None) -> Iterator[None]:
+    """Until :func:`end_startup_interrupts` or the block's end, Ctrl-C prints ``line`` on stderr (None: nothing,
+    for a rank whose launcher speaks) and ends the process at once with exit 130, instead of raising
+    KeyboardInterrupt. SIGINT is left alone where it is ignored (``nohup``, a background job), where the caller
+    installed its own handler, and off the main thread. The block's end puts the previous handler back."""
+
+    def leave(signum: int, frame: object) -> None:
+        if line is not None:
+            print(line, file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)  # not sys.exit: the teardown after a half-done import can fail again
+
     setattr(leave, _STARTUP_MARK, True)
+    previous = None
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        with contextlib.suppress(ValueError):  # not the main thread
+            previous = signal.signal(signal.SIGINT, leave)
     try:
-        return signal.signal(signal.SIGINT, leave)
-    except ValueError:  # not the main thread
-        return None
+        yield
+    finally:
+        if previous is not None:
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGINT, previous)
 
 
 def end_startup_interrupts() -> None:

@@ -80,21 +80,17 @@ def main(argv: list[str] | None = None) -> int:
             print_rank0("kernelguard train: stopped by SIGTERM before training started; nothing was saved.")
         _leave(EXIT_PREEMPTED)
 
-    def interrupted(signum: int, frame: Any) -> None:  # Ctrl-C, for the same reason (kernelguard.interrupts)
-        if not launched:
-            print_rank0(_INTERRUPTED_LINE)
-        _leave(EXIT_INTERRUPTED)
-
     from kernelguard.interrupts import startup_interrupts
 
-    previous = previous_int = None
+    previous = None
     try:  # everything inside: a signal can arrive during any import
-        previous_int = startup_interrupts(interrupted)
-        try:
-            previous = signal.signal(signal.SIGTERM, stop)
-        except ValueError:  # not the main thread (an embedding caller): its own handlers stand
-            previous = None
-        return _main(argv)
+        # Ctrl-C, for the same reason as SIGTERM (kernelguard.interrupts); one line per job, from rank 0
+        with startup_interrupts(None if launched or not is_rank0() else _INTERRUPTED_LINE):
+            try:
+                previous = signal.signal(signal.SIGTERM, stop)
+            except ValueError:  # not the main thread (an embedding caller): its own handlers stand
+                previous = None
+            return _main(argv)
     except KeyboardInterrupt:  # a launched rank stays quiet: its launcher says it once
         if not launched:
             print_rank0(_INTERRUPTED_LINE)
@@ -108,8 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        if previous_int is not None:
-            signal.signal(signal.SIGINT, previous_int)
 
 
 _STATE = {"process_group": False}  # whether this process joined a torch.distributed process group
