@@ -316,6 +316,9 @@ def test_dry_run_says_when_the_run_itself_would_be_refused(tmp_path: Path, capsy
 
     (tmp_path / "tok").mkdir()
     argv = [*_dry_run(MOE, tmp_path), "--tokenizer", str(tmp_path / "tok")]
+    assert main(argv) == 0  # an empty tokenizer folder comes first
+    assert "warning: the run itself would be refused: tokenizer folder" in capsys.readouterr().err
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
     assert main(argv) == 0
     assert ("warning: the run itself would be refused: data path unused.jsonl does not exist. Fix: check --data"
             in capsys.readouterr().err)
