@@ -58,7 +58,7 @@ __all__ = [
 ON_FALLBACK = ("raise", "record")
 # While a torch profiler records, an allowed call into a torch reference runs inside a profiler range named
 # REFERENCE_RANGE + "<reference function>@<layer>", so the step diagnosis can attribute the kernels it
-# launches (kernelguard.train.step_diagnosis). Outside a profiler it costs one flag read.
+# launches (kernelguard.diagnosis.verdict). Outside a profiler it costs one flag read.
 REFERENCE_RANGE = "kernelguard.reference:"
 SLOW_PATH_NOTE = (
     "The reference is correct but several times slower (launch-bound) and GPU utilization will not show it."

@@ -1,4 +1,4 @@
-"""One rank of the fp32-decay check (kernelguard.train.parallel.apply_fsdp under a bf16 policy):
+"""One rank of the fp32-decay check (kernelguard.train.model.parallel.apply_fsdp under a bf16 policy):
 ``torchrun --nproc-per-node 2 tests/fp32_decay_worker.py SOURCE_DIR OUT_DIR``.
 
 Loads SOURCE_DIR sharded, runs one optimizer step of kernelguard train's own step functions on this rank's
@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from kernelguard.train.build import BuiltModel, make_optimizer
-from kernelguard.train.config import OptimizerSection
-from kernelguard.train.export import export_run
-from kernelguard.train.parallel import (
+from kernelguard.train.model.build import BuiltModel, make_optimizer
+from kernelguard.train.settings.config import OptimizerSection
+from kernelguard.train.output.export import export_run
+from kernelguard.train.model.parallel import (
     apply_fsdp,
     build_meta_model,
     fp32_params,
@@ -30,8 +30,8 @@ from kernelguard.train.parallel import (
     mixed_precision,
     model_source,
 )
-from kernelguard.train.step import clip_gradients, forward_backward
-from kernelguard.train.weights import load_weights, plan_weights
+from kernelguard.train.step.step import clip_gradients, forward_backward
+from kernelguard.train.model.weights import load_weights, plan_weights
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,6 @@ _BUILT: dict[str, Path] = {}
 
 def qwen3_template() -> str:
     from kernelguard.train import chat_templates
-
     return chat_templates.read("qwen3")
 
 
@@ -58,6 +57,6 @@ def tokenizer_dir(factory: pytest.TempPathFactory) -> Path:
 
 
 def load(factory: pytest.TempPathFactory, **kw: Any) -> Any:
-    from kernelguard.train.data import load_tokenizer
+    from kernelguard.train.inputs.data import load_tokenizer
 
     return load_tokenizer(str(tokenizer_dir(factory)), **kw)

@@ -145,3 +145,42 @@ def test_every_module_declares_its_public_names() -> None:
         if path.name != "__main__.py" and (count := declarations(path)) != 1
     )
     assert wrong == [], "each module declares __all__ exactly once"
+
+
+def _stages_from_doc() -> list[str]:
+    """ARCHITECTURE.md's ``train/`` stage block, lowest first: the first word of each line is a stage, named as
+    its folder in ``kernelguard/train/`` (``run``: the files in ``train/`` itself)."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    block = text.split("<!-- train stages -->", 1)[1].split("<!-- /train stages -->", 1)[0].strip().strip("`").strip()
+    return [line.split()[0] for line in block.splitlines() if line.strip() and not line[0].isspace()][::-1]
+
+
+STAGES = _stages_from_doc()
+
+
+def _stage_of(module: str) -> int | None:
+    """The stage index of a ``train.`` module (``run`` for the files in train/ itself), None outside train/."""
+    parts = module.split(".")
+    if parts[0] != "train":
+        return None
+    if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / "train" / parts[1]).is_dir()):
+        return STAGES.index(parts[1]) if parts[1] in STAGES else -1
+    return STAGES.index("run")
+
+
+def test_every_train_folder_is_a_stage_and_every_stage_a_folder() -> None:
+    folders = {p.parent.name for p in (PACKAGE / "train").glob("*/__init__.py")}
+    assert STAGES[-1] == "run", "the run files (train/ itself) are the top stage"
+    assert sorted(folders) == sorted(s for s in STAGES if s != "run")
+
+
+def test_no_train_stage_imports_a_stage_above_it() -> None:
+    upward = []
+    for path in sorted((PACKAGE / "train").rglob("*.py")):
+        name = _module_name(path)
+        own = _stage_of(name)
+        for imported in sorted(_imports(path, name)):
+            stage = _stage_of(imported)
+            if stage is not None and own is not None and stage > own:
+                upward.append(f"{name} ({STAGES[own]}) imports {imported} ({STAGES[stage]})")
+    assert upward == [], "a train/ stage imports only from its own stage or a lower one (ARCHITECTURE.md)"

@@ -216,7 +216,7 @@ def test_compiled_model_is_checked_on_every_call(fake_providers: Any, tiny: Any,
 
 def test_train_controls_without_boundaries_need_the_allow_item_and_the_warning_says_so() -> None:
     from kernelguard.errors import ConfigError
-    from kernelguard.train.packing import LEAKY_WARNING, check_control_allowed
+    from kernelguard.train.settings.packing_modes import LEAKY_WARNING, check_control_allowed
 
     for control in ("leaky", "naive"):
         with pytest.raises(ConfigError) as info:

@@ -14,14 +14,14 @@ import train_helpers as h
 
 from kernelguard.errors import ConfigError, DataError
 from kernelguard.train import chat_templates
-from kernelguard.train.data import (
+from kernelguard.train.inputs.data import (
     chat_template_name,
     load_examples,
     load_tokenizer,
     set_chat_template,
     template_choice,
 )
-from kernelguard.train.packing import IGNORE_INDEX
+from kernelguard.packed_batch import IGNORE_INDEX
 
 TOOLS = [
     {

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from kernelguard.errors import CheckpointError, ConfigError
-from kernelguard.train import checkpoint as ckpt
-
+from kernelguard.train.output import checkpoint as ckpt
 SHARD = "__0_0.distcp"
 
 
@@ -205,9 +204,9 @@ def test_export_keeps_the_source_folders_generation_config(
     generation = {"eos_token_id": [3, 7], "temperature": 0.6, "do_sample": True}
     if has_generation_config:
         (source / "generation_config.json").write_text(json.dumps(generation))
-    from kernelguard.train.build import BuiltModel
-    from kernelguard.train.export import export_run
-    from kernelguard.train.parallel import DistInfo
+    from kernelguard.train.model.build import BuiltModel
+    from kernelguard.train.output.export import export_run
+    from kernelguard.train.common.ranks import DistInfo
 
     model = tiny_models.tiny_model("qwen3_5")
     built = BuiltModel(model, model.config, None, "sdpa")

@@ -158,7 +158,7 @@ def test_pytest_snippet_configures_the_plugin(snippet: Snippet, tmp_path: Path) 
 
 @pytest.mark.parametrize("snippet", TRAIN_CONFIGS, ids=lambda s: s.id)
 def test_train_config_snippet_is_read_by_kernelguard_train(snippet: Snippet, tmp_path: Path) -> None:
-    from kernelguard.train.config_cli import parse_command
+    from kernelguard.train.settings.config_cli import parse_command
 
     path = tmp_path / f"run.{snippet.lang}"
     path.write_text(snippet.text)

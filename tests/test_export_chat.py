@@ -14,13 +14,13 @@ import pytest
 import train_helpers as h
 
 from kernelguard.train import chat_templates
-from kernelguard.train.inference_files import fill_special_token_ids, generation_config, inference_template
+from kernelguard.train.output.inference_files import fill_special_token_ids, generation_config, inference_template
 
 IM_END, PAD = h.SPECIALS.index("<|im_end|>"), h.SPECIALS.index("<|endoftext|>")
 
 
 def _tokenizer(tmp_path: Path, *, chat_template: str | None, template: str | None = None) -> Any:
-    from kernelguard.train.data import load_tokenizer
+    from kernelguard.train.inputs.data import load_tokenizer
 
     folder = h.write_tokenizer(tmp_path / "tok")
     config = json.loads((folder / "tokenizer_config.json").read_text())

@@ -1,4 +1,4 @@
-"""`kernelguard export` never races or forgets (kernelguard.train.export, kernelguard.train.provenance): a
+"""`kernelguard export` never races or forgets (kernelguard.train.output.export, kernelguard.train.output.provenance): a
 checkpoint carries its config and tokenizer and exports with the original folders gone; an existing --output
 is refused unless --overwrite; a live run's folder is refused naming its pid; two exports to one --output at
 once (real processes): one wins, the other is refused, nothing half-written is left; a checkpoint without its
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import train_helpers as h
 
-from kernelguard.train import checkpoint as ckpt
-from kernelguard.train.export import check_destination, many_shards_warning
-from kernelguard.train.export_cli import main
+from kernelguard.train.output import checkpoint as ckpt
+from kernelguard.train.output.export import check_destination, many_shards_warning
+from kernelguard.cli.export import main
 
 FAULT_HOOKS = h.TESTS_DIR / "fault_hooks"
 
@@ -91,7 +91,7 @@ def test_an_existing_output_is_refused_unless_overwrite(
 def test_a_live_run_is_refused_naming_its_pid(trained: Path, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     run = _copy(trained, tmp_path) / "run"
-    code = ("import sys, time; from pathlib import Path; from kernelguard.train.lock import acquire\n"
+    code = ("import sys, time; from pathlib import Path; from kernelguard.train.common.run_folder_lock import acquire\n"
             "lock = acquire(Path(sys.argv[1]), argv=['kernelguard', 'train', '...']); print('held', flush=True)\n"
             "time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(run)], env=dict(os.environ, PYTHONPATH=str(h.REPO)),
@@ -131,8 +131,7 @@ def test_a_disk_that_fills_ends_in_one_line_and_leaves_nothing(
 ) -> None:
     import errno
 
-    from kernelguard.train import export
-
+    from kernelguard.train.output import export
     def full_disk(path, tensors, fetch):  # type: ignore[no-untyped-def]
         with open(path, "wb") as f:  # the part that fitted, then what write(2) gives on a full disk
             f.write(b"\0" * 4096)
@@ -211,8 +210,8 @@ def test_a_run_that_would_export_over_a_thousand_files_is_told_at_its_start() ->
     import tiny_models
     import torch
 
-    from kernelguard.train.export import export_shards_warning
-    from kernelguard.train.parallel import build_meta_model
+    from kernelguard.train.output.export import export_shards_warning
+    from kernelguard.train.model.parallel import build_meta_model
 
     config = tiny_models.tiny_config("qwen3_5", num_hidden_layers=100, layer_types=["linear_attention", "full_attention"] * 50)
     built = types.SimpleNamespace(config=config, model=build_meta_model(config, attn_implementation="sdpa"),

@@ -108,8 +108,7 @@ def _alive(pid: int) -> bool:
 
 def _assert_consistent(output: Path) -> None:
     """No half-written folder anywhere; every checkpoint sealed."""
-    from kernelguard.train import checkpoint as ckpt
-
+    from kernelguard.train.output import checkpoint as ckpt
     leftovers = sorted(str(p.relative_to(output)) for p in output.rglob("*.tmp"))
     assert leftovers == [], leftovers
     for _, folder in ckpt.complete_checkpoints(output):

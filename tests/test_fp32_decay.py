@@ -1,6 +1,6 @@
 """Qwen3.5's GDN decay parameters (``A_log``, ``dt_bias``) stay fp32 under a bf16 FSDP2 policy: loaded from
 the checkpoint's fp32 values, read in fp32 by the forward, their gradients averaged over ranks, stepped by
-AdamW, exported in fp32 (kernelguard.train.parallel.apply_fsdp, step, build, export)."""
+AdamW, exported in fp32 (kernelguard.train.model.parallel.apply_fsdp, step, build, export)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import torch
 import train_helpers as h
 from safetensors import safe_open
 
-from kernelguard.train.export import tensor_dtype
-from kernelguard.train.parallel import FP32_PARAM_NAMES
+from kernelguard.train.output.export import tensor_dtype
+from kernelguard.train.model.parallel import FP32_PARAM_NAMES
 
 
 def test_export_dtype_keeps_the_decay_parameters_fp32() -> None:

@@ -1,4 +1,4 @@
-"""`kernelguard train --fused-norms` (kernelguard.train.fused_norms): which modules Liger's fused RMSNorm and
+"""`kernelguard train --fused-norms` (kernelguard.train.model.fused_norms): which modules Liger's fused RMSNorm and
 SiLU-gate kernels may replace, decided by what each computes; and the refusal when liger_kernel is missing.
 The kernels themselves need CUDA (bench/gpu/perf_round4.sh measures them)."""
 
@@ -14,9 +14,7 @@ import torch
 from torch import nn
 
 from kernelguard.errors import ConfigError
-from kernelguard.train import fused_norms
-
-
+from kernelguard.train.model import fused_norms
 def _types(model: nn.Module) -> dict[str, Any]:
     decided: dict[str, Any] = {}
     for module in model.modules():
@@ -31,7 +29,7 @@ def _types(model: nn.Module) -> dict[str, Any]:
 def test_qwen3_5_norms_are_offset_one_in_fp32_and_the_gated_norm_is_left() -> None:
     import tiny_models
 
-    from kernelguard.train.parallel import build_meta_model
+    from kernelguard.train.model.parallel import build_meta_model
 
     model = build_meta_model(tiny_models.tiny_config("qwen3_5"), attn_implementation="sdpa")  # on meta, as built
     assert _types(model) == {"Qwen3_5RMSNorm": (1.0, "gemma"), "Qwen3_5RMSNormGated": None, "Qwen3_5MLP": True}
@@ -56,7 +54,7 @@ def test_a_llama_style_norm_and_a_non_silu_mlp() -> None:
 def test_fuse_norms_replaces_only_what_matches(monkeypatch: pytest.MonkeyPatch) -> None:
     import tiny_models
 
-    from kernelguard.train.parallel import build_meta_model
+    from kernelguard.train.model.parallel import build_meta_model
 
     calls: list[str] = []
     ops = types.ModuleType("liger_kernel.ops")
@@ -84,8 +82,8 @@ def test_fuse_norms_replaces_only_what_matches(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_without_liger_the_flag_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    from kernelguard.train.config import TrainConfig
-    from kernelguard.train.preflight import check_flags
+    from kernelguard.train.settings.config import TrainConfig
+    from kernelguard.train.startup.preflight import check_flags
 
     if fused_norms.liger_missing() is None:
         pytest.skip("liger_kernel is installed here")

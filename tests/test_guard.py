@@ -649,7 +649,7 @@ def test_allowed_slow_paths_are_logged_by_rank_0_only(
 # Memoised pure functions of files shipped inside kernelguard: no process fact, nothing for reset() to forget.
 _PURE_MEMOS = {"kernelguard.train.chat_templates.read", "kernelguard.train.chat_templates._known_fingerprints",
                "kernelguard.tripwires._compiled_error_type",  # a class built from torch's own: no process fact
-               "kernelguard.train.config_rules.field_kinds"}  # a dataclass's field types: code, not process state
+               "kernelguard.train.settings.config_rules.field_kinds"}  # a dataclass's field types: code, not process state
 
 
 def _kernelguard_memos() -> dict[str, Any]:

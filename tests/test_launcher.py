@@ -14,7 +14,7 @@ import train_helpers as h
 
 from kernelguard.train import launch as launch_mod
 from kernelguard.train.__main__ import main
-from kernelguard.train.config_cli import LaunchOptions
+from kernelguard.train.settings.config_cli import LaunchOptions
 
 DATA_ERROR = "row 1, field 'messages': the conversation is empty"
 
@@ -137,7 +137,7 @@ def test_launcher_flags_inside_torchrun_are_refused(
 )
 def test_bad_launcher_values_are_usage_errors(tmp_path: Path, flags: list[str], message: str) -> None:
     from kernelguard.errors import ConfigError
-    from kernelguard.train.config_cli import parse_command
+    from kernelguard.train.settings.config_cli import parse_command
 
     with pytest.raises(ConfigError) as info:
         parse_command(["--model", "m", "--data", "d", "--output-dir", str(tmp_path), *flags])

@@ -17,8 +17,6 @@ import pytest
 import train_helpers as h
 
 from kernelguard.train import failures
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -123,7 +121,6 @@ def test_a_launcher_that_hears_from_no_other_node_says_why(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from kernelguard.train import launch
-
     lost = _record(0, 0, 5.0, type="RuntimeError", error="Connection closed by peer")
     launch._say_unshared(tmp_path, [lost], local={0})
     err = capsys.readouterr().err

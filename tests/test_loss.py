@@ -1,4 +1,4 @@
-"""kernelguard.train.loss.linear_cross_entropy against F.cross_entropy on materialised logits."""
+"""kernelguard.train.step.loss.linear_cross_entropy against F.cross_entropy on materialised logits."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernelguard.train.loss import IGNORE_INDEX, linear_cross_entropy
+from kernelguard.train.step.loss import linear_cross_entropy
+from kernelguard.packed_batch import IGNORE_INDEX
 
 
 def _inputs(n: int = 37, h: int = 16, v: int = 53, dtype: torch.dtype = torch.float64, seed: int = 0):
@@ -128,7 +129,7 @@ def test_matches_the_models_own_loss_and_gradients_on_a_tiny_qwen3_5(tied: bool)
 def test_hidden_states_head_keeps_parameters_and_names() -> None:
     from tiny_models import tiny_model
 
-    from kernelguard.train.loss import return_hidden_states_from_head
+    from kernelguard.train.step.loss import return_hidden_states_from_head
 
     model = tiny_model("qwen3_5")
     keys = list(model.state_dict())
@@ -142,7 +143,7 @@ def test_hidden_states_head_keeps_parameters_and_names() -> None:
 
 def test_a_head_with_bias_is_refused_with_the_fallback_flag() -> None:
     from kernelguard.errors import ConfigError
-    from kernelguard.train.loss import return_hidden_states_from_head
+    from kernelguard.train.step.loss import return_hidden_states_from_head
 
     class WithBias(torch.nn.Module):
         def get_output_embeddings(self) -> torch.nn.Module:

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernelguard.train.loss import IGNORE_INDEX, linear_cross_entropy
+from kernelguard.train.step.loss import linear_cross_entropy
+from kernelguard.packed_batch import IGNORE_INDEX
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,4 +1,4 @@
-"""kernelguard.train.memory: per-rank memory of `kernelguard train --dry-run`, on CPU with a tiny Qwen3.5 config.
+"""kernelguard.train.model.memory: per-rank memory of `kernelguard train --dry-run`, on CPU with a tiny Qwen3.5 config.
 
 Parameter, gradient and optimizer figures are checked exactly against a hand count of the architecture;
 activations (measured on the meta device) by their structure: linear in tokens, checkpointing keeps less,
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kernelguard.errors import ConfigError
-from kernelguard.train import memory
-from kernelguard.train.config import TrainConfig
+from kernelguard.train.model import memory
+from kernelguard.train.settings.config import TrainConfig
 
 H, I, V = 64, 128, 512  # hidden, intermediate, vocab
 HK, HV, DK, DV, W = 2, 4, 16, 16, 4  # GDN key/value heads, head dims, conv width
@@ -95,7 +95,7 @@ def test_peak_without_checkpointing_is_the_loss_forward_without_gradients(tiny: 
 
 
 def test_peak_with_checkpointing_is_the_larger_of_loss_forward_and_backward(tiny: Path) -> None:
-    from kernelguard.train.parallel import model_source
+    from kernelguard.train.model.parallel import model_source
 
     config, _ = model_source(str(tiny))
     probe = memory.measure_activations(config, tokens=256)
@@ -124,7 +124,7 @@ def test_loss_terms_by_hand(tiny: Path) -> None:
 
 
 def test_activations_are_linear_in_tokens_and_checkpointing_keeps_less(tiny: Path) -> None:
-    from kernelguard.train.parallel import model_source
+    from kernelguard.train.model.parallel import model_source
 
     config, _ = model_source(str(tiny))
     small = memory.measure_activations(config, tokens=192)
@@ -149,7 +149,7 @@ def test_activations_are_linear_in_tokens_and_checkpointing_keeps_less(tiny: Pat
 def test_fast_kernels_are_measured_not_the_torch_reference(tiny: Path) -> None:
     """The GDN layer's chunk kernel saves what fla saves; the torch reference would save every chunk's
     intermediate matrices (many times more). The stand-ins are restored afterwards."""
-    from kernelguard.train.parallel import model_source
+    from kernelguard.train.model.parallel import model_source
 
     config, _ = model_source(str(tiny))
     probe = memory.measure_activations(config, tokens=256)
@@ -167,7 +167,7 @@ def test_render_and_dict(tiny: Path) -> None:
     est = memory.estimate(_cfg(tiny, block_size=256), world_size=4, gpu_bytes=1000)
     text = est.render()
     assert text.startswith("memory per rank: ") and "over 4 rank(s)" in text
-    from kernelguard.train.metrics import human_count
+    from kernelguard.train.common.logs import human_count
 
     # "16 M parameters", as people write it, not "0.016 B"
     assert f"{human_count(est.num_params)} parameters over 4 rank(s)" in text and " B parameters" not in text
@@ -284,8 +284,7 @@ def test_dry_run_builds_the_model_once_and_names_each_stage_before_it_runs(
     probe) is named on stderr as it starts, and the model is built once for both estimates (it was built
     twice: once for the activation probe, once for the host-memory figures)."""
     import kernelguard.train.__main__ as entry
-    from kernelguard.train import parallel
-
+    from kernelguard.train.model import parallel
     builds: list[tuple[str, str]] = []
     events: list[str] = []
     real = parallel.build_meta_model
@@ -352,7 +351,7 @@ def _write(path: Path, config: dict[str, object]) -> Path:
 def test_checkpointing_never_raises_the_estimate_beyond_one_recomputed_layer(tiny: Path) -> None:
     """Few tokens, so the gradients outweigh everything saved: without checkpointing the backward's end (all
     gradients) is the peak too, so turning checkpointing on can only add the layer it recomputes."""
-    from kernelguard.train.parallel import model_source
+    from kernelguard.train.model.parallel import model_source
 
     config, _ = model_source(str(tiny))
     probe = memory.measure_activations(config, tokens=8)

@@ -422,7 +422,7 @@ def test_fla_at_key_dim_64_on_the_640_stack_is_measured_and_a_wrong_dk_is_caught
 @pytest.mark.slow  # a subprocess importing torch + transformers, FSDP2 on gloo: ~15-40 s on 2 busy cores
 @pytest.mark.parametrize("variant", ["fallback", "stock_best", "product"])
 def test_train_throughput_tiny_cpu_times_the_product_step(variant: str, tmp_path: Path) -> None:
-    """The bench times kernelguard.train.step.optimizer_step after setup_training (FSDP2) for every variant;
+    """The bench times kernelguard.train.step.step.optimizer_step after setup_training (FSDP2) for every variant;
     the variants differ only in their batches and TrainConfig flags."""
     out = tmp_path / f"{variant}.json"
     env = dict(os.environ)
@@ -454,7 +454,7 @@ def test_train_throughput_tiny_cpu_times_the_product_step(variant: str, tmp_path
         "flags",
     ):
         assert key in result, key
-    assert result["step"].startswith("kernelguard.train.step.optimizer_step after kernelguard.train.build")
+    assert result["step"].startswith("kernelguard.train.step.step.optimizer_step after kernelguard.train.model.build")
     assert result["product_path"] is (variant == "product")
     assert result["tokens_per_s"] > 0 and result["cpu_ops_per_step"] > 0 and result["tokens_per_batch"] == 256
     kwargs = result["data"]["batch_kwargs"]

@@ -22,7 +22,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernelguard.train.packing import BOUNDARY_KEYS, IGNORE_INDEX, LEAKY, NAIVE, PACKED, build_batch
+from kernelguard.train.step.packing import build_batch
+from kernelguard.packed_batch import BOUNDARY_KEYWORDS, IGNORE_INDEX
+from kernelguard.train.settings.packing_modes import LEAKY, NAIVE, PACKED
 
 LENGTH, COUNT = 64, 4  # tokens per example, examples per block
 BLOCK = LENGTH * COUNT
@@ -53,7 +55,7 @@ def _examples(seed: int) -> list[tuple[list[int], list[int]]]:
 
 def _inputs(examples: list[tuple[list[int], list[int]]], layout: str, device: torch.device) -> dict[str, Any]:
     batch = build_batch(examples, BLOCK, 0, packing=layout)
-    keys = ("input_ids", "position_ids", *BOUNDARY_KEYS)
+    keys = ("input_ids", "position_ids", *BOUNDARY_KEYWORDS)
     return {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items() if k in keys}
 
 

@@ -1,4 +1,4 @@
-"""The step profiler (kernelguard.train.profiling): the reduction of profiler events to figures, on
+"""The step profiler (kernelguard.diagnosis.profiler): the reduction of profiler events to figures, on
 synthetic event lists and on a real torch.profiler run of a tiny CPU model, its schedule, its settings, and
 `kernelguard train` writing its figures to metrics.jsonl and the end-of-run summary. The verdicts themselves:
 tests/test_step_diagnosis.py."""
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from kernelguard.errors import ConfigError
-from kernelguard.train.config_cli import parse_args
-from kernelguard.train.parallel import DistInfo
-from kernelguard.train.profiling import (
+from kernelguard.train.settings.config_cli import parse_args
+from kernelguard.train.common.ranks import DistInfo
+from kernelguard.diagnosis.profiler import (
     DEFAULT_FIRST_STEP,
     Event,
     StepProfiler,

@@ -42,7 +42,7 @@ def test_single_speaker_conversations_are_skipped_and_turns_capped() -> None:
 
 def test_converter_writes_rows_kernelguard_train_reads(tmp_path: Path) -> None:
     pytest.importorskip("chitchat_dataset", reason="needs the chitchat-dataset package (dev extra)")
-    from kernelguard.train.rows import Row, validate_messages
+    from kernelguard.train.inputs.rows import Row, validate_messages
 
     out = tmp_path / "chat.jsonl"
     assert chitchat_to_jsonl.main(["--out", str(out), "--limit", "20"]) == 0
@@ -55,8 +55,9 @@ def test_converter_writes_rows_kernelguard_train_reads(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------------------------- layouts ---
 def test_padded_batch_predicts_the_packed_blocks_tokens() -> None:
-    from kernelguard.train.packing import BOUNDARY_KEYS, build_batch, build_packed_block
-    from kernelguard.train.step import label_count
+    from kernelguard.train.step.packing import build_batch, build_packed_block
+    from kernelguard.packed_batch import BOUNDARY_KEYWORDS
+    from kernelguard.train.step.step import label_count
 
     examples = [([5, 6, 7], [-100, 6, 7]), ([8, 9], [8, 9]), ([1, 2, 3, 4], [1, 2, 3, 4])]
     packed = build_packed_block(examples, 12, pad_token_id=0)
@@ -67,23 +68,24 @@ def test_padded_batch_predicts_the_packed_blocks_tokens() -> None:
     assert padded["labels"][3].tolist() == [-100] * 4
     assert label_count(padded) == label_count(packed) == 6 and padded["num_real_tokens"] == 9
     leaky = build_batch(examples, 12, 0, packing="leaky")
-    assert not set(BOUNDARY_KEYS) & set(leaky)
+    assert not set(BOUNDARY_KEYWORDS) & set(leaky)
     assert leaky["position_ids"].tolist() == packed["position_ids"].tolist()
     assert leaky["labels"].tolist() == packed["labels"].tolist()
 
 
 def test_held_out_loss_is_measured_with_boundaries_for_the_controls() -> None:
-    from kernelguard.train.packing import LEAKY, NAIVE, PACKED, PADDED, eval_layout
+    from kernelguard.train.settings.packing_modes import LEAKY, NAIVE, PACKED, NO_PACKING, eval_layout
 
-    assert [eval_layout(m) for m in (PACKED, PADDED, LEAKY, NAIVE)] == [PACKED, PADDED, PACKED, PACKED]
+    assert [eval_layout(m) for m in (PACKED, NO_PACKING, LEAKY, NAIVE)] == [PACKED, NO_PACKING, PACKED, PACKED]
 
 
 def test_naive_layout_has_no_boundaries_and_positions_run_on() -> None:
-    from kernelguard.train.packing import BOUNDARY_KEYS, build_batch, build_packed_block
+    from kernelguard.train.step.packing import build_batch, build_packed_block
+    from kernelguard.packed_batch import BOUNDARY_KEYWORDS
 
     examples = [([5, 6, 7], [-100, 6, 7]), ([8, 9], [8, 9])]
     naive = build_batch(examples, 8, 0, packing="naive")
-    assert not set(BOUNDARY_KEYS) & set(naive)
+    assert not set(BOUNDARY_KEYWORDS) & set(naive)
     assert naive["position_ids"].tolist() == [list(range(8))]
     assert naive["labels"].tolist() == build_packed_block(examples, 8, 0)["labels"].tolist()
 
@@ -91,7 +93,7 @@ def test_naive_layout_has_no_boundaries_and_positions_run_on() -> None:
 def test_the_controls_are_refused_without_their_allow_item() -> None:
     from kernelguard.errors import ConfigError
     from kernelguard.policy import AllowPolicy
-    from kernelguard.train.packing import check_control_allowed
+    from kernelguard.train.settings.packing_modes import check_control_allowed
 
     with pytest.raises(ConfigError) as info:
         check_control_allowed("naive", allowed=AllowPolicy.parse(["attention"]).allows_packed_without_boundaries())
@@ -106,7 +108,7 @@ def test_the_controls_are_refused_without_their_allow_item() -> None:
 
 
 def test_first_k_labels_keep_the_first_scored_tokens_of_an_example() -> None:
-    from kernelguard.train.evaluate import first_k_labels
+    from kernelguard.train.step.evaluate import first_k_labels
 
     ids = [1, 2, 3, 4, 5, 6, 7]
     assert first_k_labels((ids, [-100, -100, 3, -100, 5, 6, 7]), 2) == (ids, [-100, -100, 3, -100, 5, -100, -100])
@@ -114,17 +116,18 @@ def test_first_k_labels_keep_the_first_scored_tokens_of_an_example() -> None:
 
 
 def test_the_data_line_of_a_padded_run_says_padded_batches() -> None:
-    from kernelguard.train.packing import PADDED, packing_stats
+    from kernelguard.train.step.packing import packing_stats
+    from kernelguard.train.settings.packing_modes import NO_PACKING
 
     stats = packing_stats([[0, 1], [2]], [3, 4, 5], 8)
     assert stats.render().startswith("packed 3 examples (12 tokens) into 2 blocks of 8: fill 75.00%")
-    assert stats.render(PADDED) == (
+    assert stats.render(NO_PACKING) == (
         "grouped 3 examples (12 tokens) into 2 padded batches of at most 8 real tokens: 0 truncated, 0 dropped"
     )
 
 
 def test_padded_shapes_are_powers_of_two_within_the_block() -> None:
-    from kernelguard.train.packing import padded_shape
+    from kernelguard.train.step.packing import padded_shape
 
     assert padded_shape(1, 1, 8192) == (1, 1)
     assert padded_shape(3, 700, 8192) == (4, 1024)

@@ -14,10 +14,10 @@ import pytest
 import train_helpers as h
 
 from kernelguard.errors import CheckpointError, ConfigError
-from kernelguard.train import checkpoint as ckpt
-from kernelguard.train.config import TrainConfig
-from kernelguard.train.identity import RUN_FILE, differences, read_identity, write_identity
-from kernelguard.train.preflight import StartPlan, claim_output, preflight
+from kernelguard.train.output import checkpoint as ckpt
+from kernelguard.train.settings.config import TrainConfig
+from kernelguard.train.inputs.identity import RUN_FILE, differences, read_identity, write_identity
+from kernelguard.train.startup.preflight import StartPlan, claim_output, preflight
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_resume_refuses_a_different_run_naming_each_difference(
 
 def test_resume_reads_an_old_run_json_by_the_new_setting_names(assets: dict[str, Path], tmp_path: Path) -> None:
     """A run.json written when the settings were called lr, block_size... resumes as the same run."""
-    from kernelguard.train.config import RENAMED
+    from kernelguard.train.settings.config import RENAMED
 
     out = tmp_path / "out"
     identity = preflight(_cfg(assets, out), world_size=2).identity
@@ -223,7 +223,7 @@ def test_checkpoint_estimate_reads_safetensors_headers(tmp_path: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from kernelguard.train.preflight import checkpoint_bytes_estimate
+    from kernelguard.train.startup.preflight import checkpoint_bytes_estimate
 
     save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5)}, str(tmp_path / "model.safetensors"))
     assert checkpoint_bytes_estimate(None, tmp_path) == 12 * 17
@@ -237,7 +237,7 @@ def test_resume_refuses_a_checkpoint_trained_on_another_plan(tmp_path: Path) -> 
     """Same inputs, but without --schedule-steps the LR schedule's length follows --max-steps: a longer
     schedule extends the run (HF users resume with a larger --max-steps); a shorter one cannot continue it."""
     from kernelguard.train.loop import check_resume_plan
-    from kernelguard.train.step import make_plan
+    from kernelguard.train.step.step import make_plan
 
     folder = _seal_run(tmp_path, {"seed": 0})
     state = json.loads((folder / ckpt.TRAINER_STATE).read_text())

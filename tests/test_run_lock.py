@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kernelguard.errors import CheckpointError
-from kernelguard.train.lock import LOCK_FILE, acquire, holder_of
-from kernelguard.train.write_errors import root_cause, write_failure
+from kernelguard.train.common.run_folder_lock import LOCK_FILE, acquire, holder_of
+from kernelguard.train.common.write_errors import root_cause, write_failure
 
 
 def test_a_held_folder_is_refused_naming_the_holder_and_freed_on_release(tmp_path: Path) -> None:
@@ -32,7 +32,7 @@ def test_a_held_folder_is_refused_naming_the_holder_and_freed_on_release(tmp_pat
 
 def test_a_lock_file_left_by_a_dead_process_blocks_nothing(tmp_path: Path) -> None:
     code = (
-        "import sys; from pathlib import Path; from kernelguard.train.lock import acquire; "
+        "import sys; from pathlib import Path; from kernelguard.train.common.run_folder_lock import acquire; "
         "acquire(Path(sys.argv[1])); import os; os._exit(9)"  # dies holding it, the file stays
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=False, cwd=Path(__file__).parents[1])

@@ -32,7 +32,7 @@ def _folder(tmp_path: Path, tiny: Any, *files: str) -> Path:
 
 
 def test_a_folder_with_only_config_json_is_refused_unless_random_is_asked_for(tmp_path: Path, tiny: Any) -> None:
-    from kernelguard.train.preflight import weights_to_load
+    from kernelguard.train.model.weight_files import weights_to_load
 
     folder = _folder(tmp_path, tiny)
     with pytest.raises(ConfigError, match="no weights transformers can load") as e:
@@ -43,7 +43,7 @@ def test_a_folder_with_only_config_json_is_refused_unless_random_is_asked_for(tm
 
 
 def test_sharded_bin_weights_are_loaded_not_ignored(tmp_path: Path, tiny: Any) -> None:
-    from kernelguard.train.preflight import weight_format, weights_to_load
+    from kernelguard.train.model.weight_files import weight_format, weights_to_load
 
     folder = _folder(tmp_path, tiny, "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin")
     index = {"weight_map": {"a": "pytorch_model-00001-of-00002.bin", "b": "pytorch_model-00002-of-00002.bin"}}
@@ -53,7 +53,7 @@ def test_sharded_bin_weights_are_loaded_not_ignored(tmp_path: Path, tiny: Any) -
 
 
 def test_an_index_naming_missing_shards_or_unindexed_shards_are_refused(tmp_path: Path, tiny: Any) -> None:
-    from kernelguard.train.preflight import weights_to_load
+    from kernelguard.train.model.weight_files import weights_to_load
 
     folder = _folder(tmp_path, tiny, "model-00001-of-00002.safetensors")
     with pytest.raises(ConfigError, match="model-00001-of-00002.safetensors"):
@@ -64,7 +64,7 @@ def test_an_index_naming_missing_shards_or_unindexed_shards_are_refused(tmp_path
 
 
 def test_a_config_file_means_random_init_and_pretrained_is_refused(tmp_path: Path, tiny: Any) -> None:
-    from kernelguard.train.preflight import weights_to_load
+    from kernelguard.train.model.weight_files import weights_to_load
 
     config = _folder(tmp_path, tiny) / "config.json"
     weights, notice = weights_to_load(str(config), init=None)
@@ -74,9 +74,9 @@ def test_a_config_file_means_random_init_and_pretrained_is_refused(tmp_path: Pat
 
 
 def test_config_json_that_no_longer_matches_its_weights_is_refused_before_writing(tmp_path: Path, tiny: Any) -> None:
-    # The one header check (kernelguard.train.weights.plan_weights), which build_model runs before any write.
+    # The one header check (kernelguard.train.model.weights.plan_weights), which build_model runs before any write.
     from kernelguard.errors import CheckpointError
-    from kernelguard.train.weights import plan_weights
+    from kernelguard.train.model.weights import plan_weights
 
     model = tiny.tiny_model("qwen3_5")
     folder = tmp_path / "saved"
@@ -92,7 +92,7 @@ def test_config_json_that_no_longer_matches_its_weights_is_refused_before_writin
     [("{not json", "not valid JSON"), ('{"model_type": "qwen99"}', "upgrade transformers"), ("[1]", "no model_type")],
 )
 def test_a_bad_config_json_in_a_model_folder_is_a_config_error(tmp_path: Path, body: str, says: str) -> None:
-    from kernelguard.train.parallel import model_source
+    from kernelguard.train.model.parallel import model_source
 
     (tmp_path / "config.json").write_text(body)
     with pytest.raises(ConfigError) as e:
@@ -104,7 +104,7 @@ def test_a_bad_config_json_in_a_model_folder_is_a_config_error(tmp_path: Path, b
 def test_a_non_finite_step_is_not_applied(one_rank_group: Any) -> None:
     import torch
 
-    from kernelguard.train.step import TrainState, optimizer_step
+    from kernelguard.train.step.step import TrainState, optimizer_step
 
     class Tiny(torch.nn.Module):
         def __init__(self) -> None:
@@ -130,7 +130,7 @@ def one_rank_group() -> Any:
     import torch
     import torch.distributed as dist
 
-    from kernelguard.train.parallel import DistInfo
+    from kernelguard.train.common.ranks import DistInfo
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -141,8 +141,9 @@ def one_rank_group() -> Any:
 
 def test_the_divergence_error_names_the_step_the_value_and_the_fix(tmp_path: Path) -> None:
     from kernelguard.errors import EXIT_DIVERGED
-    from kernelguard.train.config_cli import parse_args
-    from kernelguard.train.step import StepResult, diverged
+    from kernelguard.train.settings.config_cli import parse_args
+    from kernelguard.train.step.step import StepResult
+    from kernelguard.train.output.checkpoint import diverged
 
     cfg = parse_args(["--model", "m", "--data", "d.jsonl", "--output-dir", str(tmp_path), "--learning-rate", "1e6"])
     error = diverged(cfg, 3, StepResult(float("nan"), 10, float("inf"), 1e6, finite=False))
@@ -160,7 +161,7 @@ def _rows(path: Path, n: int = 3) -> Path:
 
 
 def test_split_picks_a_folders_split_files_and_never_trains_on_test(tmp_path: Path) -> None:
-    from kernelguard.train.sources import resolve_files
+    from kernelguard.train.inputs.sources import resolve_files
 
     train, test = _rows(tmp_path / "d" / "train.jsonl"), _rows(tmp_path / "d" / "test.jsonl")
     _rows(tmp_path / "d" / ".ipynb_checkpoints" / "train-checkpoint.jsonl")
@@ -176,7 +177,7 @@ def test_split_picks_a_folders_split_files_and_never_trains_on_test(tmp_path: Pa
 def test_gzip_data_is_read_when_named_gz_and_named_when_it_is_not(tmp_path: Path) -> None:
     from collections import Counter
 
-    from kernelguard.train.sources import iter_rows
+    from kernelguard.train.inputs.sources import iter_rows
 
     text = _rows(tmp_path / "plain.jsonl").read_bytes()
     (tmp_path / "rows.jsonl.gz").write_bytes(gzip.compress(text))
@@ -189,9 +190,9 @@ def test_gzip_data_is_read_when_named_gz_and_named_when_it_is_not(tmp_path: Path
 
 
 def test_eval_data_that_is_the_training_data_is_refused(tmp_path: Path) -> None:
-    from kernelguard.train.config_cli import parse_args
-    from kernelguard.train.data import ExampleStore, check_eval_overlap
-    from kernelguard.train.preflight import check_inputs
+    from kernelguard.train.settings.config_cli import parse_args
+    from kernelguard.train.inputs.data import ExampleStore, check_eval_overlap
+    from kernelguard.train.startup.preflight import check_inputs
 
     data = _rows(tmp_path / "d.jsonl")
     (tmp_path / "tok").mkdir()
@@ -212,7 +213,7 @@ def test_eval_data_that_is_the_training_data_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_flag_overriding_a_config_file_value_says_so(tmp_path: Path) -> None:
-    from kernelguard.train.config_cli import parse_command
+    from kernelguard.train.settings.config_cli import parse_command
 
     file = tmp_path / "c.yaml"
     file.write_text("learning_rate: 1e-5\nmax_steps: 10\n")
@@ -225,11 +226,11 @@ def test_a_flag_overriding_a_config_file_value_says_so(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------------------------------- resume ---
 def test_resume_with_max_steps_at_or_below_the_checkpoint_is_refused(tmp_path: Path, monkeypatch: Any) -> None:
-    from kernelguard.train import checkpoint as ckpt
-    from kernelguard.train.config_cli import parse_args
+    from kernelguard.train.output import checkpoint as ckpt
+    from kernelguard.train.settings.config_cli import parse_args
     from kernelguard.train.loop import check_resume_plan
-    from kernelguard.train.preflight import StartPlan
-    from kernelguard.train.step import Plan
+    from kernelguard.train.startup.preflight import StartPlan
+    from kernelguard.train.step.step import Plan
 
     cfg = parse_args(["--model", "m", "--data", "d.jsonl", "--output-dir", str(tmp_path), "--resume",
                       "--max-steps", "2"])

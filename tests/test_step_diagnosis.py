@@ -1,4 +1,4 @@
-"""The step diagnosis (kernelguard.train.step_diagnosis, kernel_classes): kernel classes by name, attribution of
+"""The step diagnosis (kernelguard.diagnosis.verdict, kernel_classes): kernel classes by name, attribution of
 kernels to the torch reference functions that launched them (forward and backward), and the verdicts — on
 synthetic records, on a real profiler run of a tiny Qwen3.5 model on CPU, and on kernel records recorded from
 real H200 traces of the fallback, the stock recipe and the product (tests/data/profiles/)."""
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard.train.kernel_classes import KERNEL_CLASSES, classify_kernel
-from kernelguard.train.profiling import Event, StepProfiler, events_from_profiler, summarize_events
-from kernelguard.train.step_diagnosis import (
+from kernelguard.diagnosis.kernel_classes import KERNEL_CLASSES, classify_kernel
+from kernelguard.diagnosis.profiler import Event, StepProfiler, events_from_profiler, summarize_events
+from kernelguard.diagnosis.verdict import (
     SLOW_PATH_PCT,
     KernelRecord,
     attribute_kernels,

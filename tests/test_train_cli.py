@@ -209,7 +209,7 @@ def test_log_lines_come_once_through_logging_above_the_progress_bar(assets: dict
     """Rank 0 alone logs; no line lands inside the tqdm bar (the bar starts after the setup lines);
     --logging-steps prints a step line; --log-level warning hides the info lines; train_config.json is keyed
     by the current flag names."""
-    from kernelguard.train.config import INVOCATION_FIELDS, TrainConfig
+    from kernelguard.train.settings.config import INVOCATION_FIELDS, TrainConfig
 
     out = assets["root"] / "logged"
     args = _args(assets, out, "--max-steps", "4", "--logging-steps", "2", "--no-plot", "--no-export")
@@ -236,7 +236,7 @@ def test_log_lines_come_once_through_logging_above_the_progress_bar(assets: dict
 def test_resume_with_a_larger_max_steps_extends_the_run_and_its_schedule(tmp_path: Path) -> None:
     """Hugging Face users extend a run with --resume and a larger --max-steps: the LR schedule is rebuilt for
     the new length (said in one line) and the resumed steps follow it exactly."""
-    from kernelguard.train.step import lr_lambda
+    from kernelguard.train.step.step import lr_lambda
 
     small = h.write_jsonl(tmp_path / "small.jsonl", h.copy_task_rows(12))  # fewer steps than --max-steps
     assets = {"model": h.write_model_config(tmp_path / "model"), "tok": h.write_tokenizer(tmp_path / "tok")}

@@ -1,4 +1,4 @@
-"""`kernelguard train --compile` (kernelguard.train.compile): each decoder layer compiled in place with the fast
+"""`kernelguard train --compile` (kernelguard.train.model.compile): each decoder layer compiled in place with the fast
 kernels and attention kept out of the graph, the same numerics as eager, and the originals put back."""
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def fresh_dynamo() -> Iterator[None]:
 def _blocks(vocab: int) -> list[dict[str, Any]]:
     import torch
 
-    from kernelguard.train.packing import IGNORE_INDEX, build_packed_block
+    from kernelguard.train.step.packing import build_packed_block
+    from kernelguard.packed_batch import IGNORE_INDEX
 
     g = torch.Generator().manual_seed(1)
     examples = []
@@ -45,11 +46,11 @@ def _blocks(vocab: int) -> list[dict[str, Any]]:
 
 
 def _loss_and_grads(model: Any, blocks: list[dict[str, Any]]) -> tuple[list[float], list[Any]]:
-    from kernelguard.train.packing import MODEL_INPUT_KEYS
+    from kernelguard.packed_batch import MODEL_INPUT_KEYWORDS
 
     losses = []
     for b in blocks:
-        out = model(**{k: b[k] for k in MODEL_INPUT_KEYS}, labels=b["labels"], use_cache=False)
+        out = model(**{k: b[k] for k in MODEL_INPUT_KEYWORDS}, labels=b["labels"], use_cache=False)
         out.loss.backward()
         losses.append(float(out.loss.detach()))
     return losses, [p.grad.clone() for p in model.parameters()]
@@ -85,8 +86,8 @@ def test_compiled_layers_call_the_kernels_eagerly_and_match_eager(
     from torch._dynamo.utils import counters
     from transformers import AttentionInterface
 
-    from kernelguard.train.compile import compile_layers
-    from kernelguard.train.parallel import apply_activation_checkpointing
+    from kernelguard.train.model.compile import compile_layers
+    from kernelguard.train.model.parallel import apply_activation_checkpointing
 
     model = tiny.tiny_model("qwen3_5").train()
     module = sys.modules[type(model).__module__]
@@ -125,8 +126,8 @@ def test_without_the_opaque_wrappers_dynamo_would_trace_the_kernels(
     fake_providers: Any, tiny: Any, fresh_dynamo: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control for the test above: the causal conv left out of the opaque call sites is traced."""
-    from kernelguard.train import compile as regional
-    from kernelguard.train.packing import MODEL_INPUT_KEYS
+    from kernelguard.train.model import compile as regional
+    from kernelguard.packed_batch import MODEL_INPUT_KEYWORDS
 
     found = regional._kernel_call_sites
     monkeypatch.setattr(
@@ -138,7 +139,7 @@ def test_without_the_opaque_wrappers_dynamo_would_trace_the_kernels(
     try:
         assert "causal_conv1d_fn" not in done.describe()
         block = _blocks(model.config.vocab_size)[0]
-        model(**{k: block[k] for k in MODEL_INPUT_KEYS}, use_cache=False)
+        model(**{k: block[k] for k in MODEL_INPUT_KEYWORDS}, use_cache=False)
     finally:
         done.restore()
     assert True in tracing, tracing
@@ -149,7 +150,7 @@ def test_compile_layers_twice_wraps_once_and_restore_keeps_foreign_changes(
 ) -> None:
     from transformers import AttentionInterface
 
-    from kernelguard.train.compile import OPAQUE_ATTR, compile_layers
+    from kernelguard.train.model.compile import OPAQUE_ATTR, compile_layers
 
     model = tiny.tiny_model("qwen3_5")
     module = sys.modules[type(model).__module__]

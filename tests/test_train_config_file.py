@@ -15,8 +15,8 @@ import pytest
 
 from kernelguard.errors import ConfigError
 from kernelguard.train.__main__ import main
-from kernelguard.train.config import CONFIG_FILENAME, INVOCATION_FIELDS, TrainConfig, config_dict, save_config
-from kernelguard.train.config_cli import DEPRECATED_FLAGS, build_parser, parse_command
+from kernelguard.train.settings.config import CONFIG_FILENAME, INVOCATION_FIELDS, TrainConfig, config_dict, save_config
+from kernelguard.train.settings.config_cli import DEPRECATED_FLAGS, build_parser, parse_command
 
 YAML = """\
 model: m
@@ -311,10 +311,10 @@ def test_launcher_flags_parse_and_need_nproc(tmp_path: Path) -> None:
 def test_dry_run_without_the_memory_module_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(sys.modules, "kernelguard.train.memory", None)  # import fails as if absent
+    monkeypatch.setitem(sys.modules, "kernelguard.train.model.memory", None)  # import fails as if absent
     assert main([*_base(tmp_path), "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert "--dry-run needs the memory estimate (kernelguard.train.memory)" in err and "Traceback" not in err
+    assert "--dry-run needs the memory estimate (kernelguard.train.model.memory)" in err and "Traceback" not in err
 
 
 def test_dry_run_prints_the_estimate_and_trains_nothing(
@@ -335,13 +335,12 @@ def test_dry_run_prints_the_estimate_and_trains_nothing(
         def render(self) -> str:
             return "host memory per rank: 1.0 GiB"
 
-    monkeypatch.setitem(sys.modules, "kernelguard.train.memory", types.SimpleNamespace(estimate=estimate))
-    monkeypatch.setitem(sys.modules, "kernelguard.train.host_memory",
+    monkeypatch.setitem(sys.modules, "kernelguard.train.model.memory", types.SimpleNamespace(estimate=estimate))
+    monkeypatch.setitem(sys.modules, "kernelguard.train.startup.host_memory",
                         types.SimpleNamespace(host_memory=lambda cfg, *, world_size, model, progress: Host()))
-    monkeypatch.setitem(sys.modules, "kernelguard.train.memory_probe",
+    monkeypatch.setitem(sys.modules, "kernelguard.train.model.memory_probe",
                         types.SimpleNamespace(build_probe_model=lambda config: "the meta model"))
-    from kernelguard.train import parallel
-
+    from kernelguard.train.model import parallel
     monkeypatch.setattr(parallel, "model_source", lambda model: (types.SimpleNamespace(model_type="qwen3_5"), None))
     assert main([*_base(tmp_path), "--dry-run", "--max-length", "128"]) == 0
     assert capsys.readouterr().out == "peak per GPU: 12.3 GiB\nhost memory per rank: 1.0 GiB\n"
@@ -354,7 +353,7 @@ def test_dry_run_prints_the_estimate_and_trains_nothing(
 @pytest.mark.parametrize(("text", "expected"), [('"off"', False), ('"on"', True), ('"auto"', None), ("null", None),
                                                 ("true", True), ("false", False)])
 def test_activation_checkpointing_in_a_config_file(tmp_path: Path, text: str, expected: bool | None) -> None:
-    from kernelguard.train.config_cli import parse_args as parse
+    from kernelguard.train.settings.config_cli import parse_args as parse
 
     config = tmp_path / "run.yaml"
     config.write_text(f"activation_checkpointing: {text}\n")
@@ -363,7 +362,7 @@ def test_activation_checkpointing_in_a_config_file(tmp_path: Path, text: str, ex
 
 
 def test_activation_checkpointing_typo_in_a_config_file(tmp_path: Path) -> None:
-    from kernelguard.train.config_cli import parse_args as parse
+    from kernelguard.train.settings.config_cli import parse_args as parse
 
     config = tmp_path / "run.yaml"
     config.write_text('activation_checkpointing: "maybe"\n')

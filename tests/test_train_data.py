@@ -12,9 +12,9 @@ import pytest
 import train_helpers as h
 
 from kernelguard.errors import ConfigError, DataError
-from kernelguard.train import encode as encode_module
-from kernelguard.train.data import in_eval_split, load_examples
-from kernelguard.train.packing import IGNORE_INDEX
+from kernelguard.train.inputs import encode as encode_module
+from kernelguard.train.inputs.data import in_eval_split, load_examples
+from kernelguard.packed_batch import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +235,7 @@ def test_rows_whose_loss_is_only_end_of_turn_tokens_are_dropped_and_counted(toke
     """An empty or whitespace answer leaves ``<|im_end|>\\n`` as its only labels: it teaches "stop" and nothing
     else, so it is dropped with its own count, in every format (text and prompt/completion rows too). The
     rule is on the trained tokens, not the row's fields: one real turn elsewhere in the row keeps it."""
-    from kernelguard.train.data import content_checker
+    from kernelguard.train.inputs.data import content_checker
 
     empty = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}
     blank = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " \n "}]}

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernelguard.train.packing import IGNORE_INDEX, MODEL_INPUT_KEYS, build_packed_block
+from kernelguard.train.step.packing import build_packed_block
+from kernelguard.packed_batch import IGNORE_INDEX, MODEL_INPUT_KEYWORDS
 
 LENGTHS = (7, 13, 5, 11)
 BLOCK = 40
@@ -63,7 +64,7 @@ def packed_case(
 
 def test_packed_loss_and_grads_equal_separate_examples(packed_case: Any) -> None:
     model, examples, block = packed_case
-    packed = _loss_sum(model, block, MODEL_INPUT_KEYS)
+    packed = _loss_sum(model, block, MODEL_INPUT_KEYWORDS)
     packed.backward()
     g_packed = _grads(model)
     separate = _separate_loss_sum(model, examples)
@@ -85,7 +86,7 @@ def _token_losses(model: Any, block: dict[str, Any], keys: tuple[str, ...]) -> t
 def test_dropping_boundary_kwargs_is_detected_as_leakage(packed_case: Any) -> None:
     model, _, block = packed_case
     with torch.no_grad():
-        exact = _token_losses(model, block, MODEL_INPUT_KEYS)
+        exact = _token_losses(model, block, MODEL_INPUT_KEYWORDS)
         leaky = _token_losses(model, block, ("input_ids", "position_ids"))
     first = block["cu_seq_lens_q"].tolist()[1]
     # The first example sees no earlier tokens either way; every later one leaks GDN state and conv inputs.
@@ -106,7 +107,7 @@ def test_registered_varlen_attention_is_exact_in_the_model(
     examples = _examples(model.config.vocab_size)
     block = build_packed_block(examples, BLOCK, pad_token_id=0)
     with torch.no_grad():
-        packed = _loss_sum(model, block, MODEL_INPUT_KEYS)
+        packed = _loss_sum(model, block, MODEL_INPUT_KEYWORDS)
         separate = _separate_loss_sum(model, examples)
     assert abs(float(packed) - float(separate)) / float(separate) <= 1e-3
 

@@ -7,14 +7,8 @@ import random
 import pytest
 import torch
 
-from kernelguard.train.packing import (
-    IGNORE_INDEX,
-    build_packed_block,
-    pack_best_fit_decreasing,
-    pack_sequential_greedy,
-    packing_stats,
-    shard_blocks,
-)
+from kernelguard.train.step.packing import build_packed_block, pack_best_fit_decreasing, pack_sequential_greedy, packing_stats, shard_blocks
+from kernelguard.packed_batch import IGNORE_INDEX
 
 
 def _example(start: int, n: int, *, loss_from: int = 0) -> tuple[list[int], list[int]]:
@@ -137,7 +131,7 @@ def test_shard_blocks_disjoint_equal_and_deterministic() -> None:
 
 # ------------------------------------------------------------------------------- fla #1077's launch limit ---
 def test_segment_counts_see_the_padding_tail_as_one_more_segment() -> None:
-    from kernelguard.train.packing import segment_counts
+    from kernelguard.train.step.packing import segment_counts
 
     assert segment_counts([[0, 1], [2]], [3, 5, 8], 8) == [2, 1]  # full blocks: no tail
     assert segment_counts([[0, 1], [2]], [3, 4, 6], 8) == [3, 2]
@@ -147,7 +141,7 @@ def test_a_block_past_65535_over_hv_segments_is_refused_on_fla_before_0_6() -> N
     from types import SimpleNamespace
 
     from kernelguard.errors import GuardRefused
-    from kernelguard.train.preflight import check_packed_segments
+    from kernelguard.train.startup.preflight import check_packed_segments
 
     config = SimpleNamespace(linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
                              linear_value_head_dim=128)

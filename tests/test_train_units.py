@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from kernelguard.errors import ConfigError
-from kernelguard.train import checkpoint as ckpt
-from kernelguard.train.config import TrainConfig
-from kernelguard.train.config_cli import parse_args
-from kernelguard.train.metrics import forward_flops_per_token, peak_flops, step_flops
-from kernelguard.train.step import lr_lambda
+from kernelguard.train.output import checkpoint as ckpt
+from kernelguard.train.settings.config import TrainConfig
+from kernelguard.train.settings.config_cli import parse_args
+from kernelguard.train.output.metrics import forward_flops_per_token, peak_flops, step_flops
+from kernelguard.train.step.step import lr_lambda
 
 
 def test_config_validation_names_the_fix(tmp_path: Path) -> None:
@@ -79,8 +79,8 @@ def test_lr_scheduler_types_follow_hugging_face_names() -> None:
 def test_warmup_ratio_and_scheduler_type_flags(tmp_path: Path) -> None:
     import torch
 
-    from kernelguard.train.build import make_optimizer
-    from kernelguard.train.config_cli import build_parser
+    from kernelguard.train.model.build import make_optimizer
+    from kernelguard.train.settings.config_cli import build_parser
 
     base = ["--model", "m", "--data", "d", "--output-dir", str(tmp_path / "o")]
     cfg = parse_args([*base, "--warmup-ratio", "0.25", "--lr-scheduler-type", "linear", "--logging-steps", "5"])
@@ -192,7 +192,7 @@ def one_rank() -> Any:
     import torch
     import torch.distributed as dist
 
-    from kernelguard.train.parallel import DistInfo
+    from kernelguard.train.common.ranks import DistInfo
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -204,7 +204,8 @@ def one_rank() -> Any:
 def _blocks(vocab: int, n: int, block: int = 48) -> tuple[list[Any], list[list[int]], list[dict[str, Any]]]:
     import torch
 
-    from kernelguard.train.packing import IGNORE_INDEX, build_packed_block
+    from kernelguard.train.step.packing import build_packed_block
+    from kernelguard.packed_batch import IGNORE_INDEX
 
     g = torch.Generator().manual_seed(1)
     examples = []
@@ -219,12 +220,12 @@ def _hand_loss(model: Any, batches: list[dict[str, Any]]) -> tuple[float, int]:
     import torch
     import torch.nn.functional as F
 
-    from kernelguard.train.packing import IGNORE_INDEX, MODEL_INPUT_KEYS
+    from kernelguard.packed_batch import IGNORE_INDEX, MODEL_INPUT_KEYWORDS
 
     total, count = 0.0, 0
     with torch.no_grad():
         for b in batches:
-            logits = model(**{k: b[k] for k in MODEL_INPUT_KEYS}, use_cache=False).logits[0, :-1]
+            logits = model(**{k: b[k] for k in MODEL_INPUT_KEYWORDS}, use_cache=False).logits[0, :-1]
             labels = b["labels"][0, 1:]
             total += float(
                 F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
@@ -239,9 +240,9 @@ def test_evaluate_is_the_token_mean_loss_over_every_eval_block(
 ) -> None:
     import copy
 
-    from kernelguard.train.evaluate import evaluate
-    from kernelguard.train.loss import return_hidden_states_from_head
-    from kernelguard.train.step import TrainState
+    from kernelguard.train.step.evaluate import evaluate
+    from kernelguard.train.step.loss import return_hidden_states_from_head
+    from kernelguard.train.step.step import TrainState
 
     model = tiny.tiny_model("qwen3_5").train()
     examples, groups, batches = _blocks(model.config.vocab_size, 5)
@@ -258,7 +259,7 @@ def test_evaluate_is_the_token_mean_loss_over_every_eval_block(
 
 
 def test_eval_blocks_are_dealt_so_every_rank_runs_the_same_number_of_forwards() -> None:
-    from kernelguard.train.evaluate import rank_eval_blocks
+    from kernelguard.train.step.evaluate import rank_eval_blocks
 
     for n, world in [(5, 2), (7, 3), (2, 4), (6, 3), (0, 2)]:
         turns = [rank_eval_blocks(n, rank=r, world_size=world) for r in range(world)]
@@ -276,8 +277,8 @@ def test_step_normalises_by_the_global_label_count_for_any_batch_shape(
 
     import torch
 
-    from kernelguard.train.build import make_optimizer
-    from kernelguard.train.step import TrainState, forward_backward, optimizer_step
+    from kernelguard.train.model.build import make_optimizer
+    from kernelguard.train.step.step import TrainState, forward_backward, optimizer_step
 
     model = tiny.tiny_model("qwen3_5").train()
     g = torch.Generator().manual_seed(2)
@@ -319,11 +320,11 @@ import torch
 import train_helpers as h
 from pathlib import Path
 from torch.distributed.fsdp import FSDPModule
-from kernelguard.train.build import setup_training
-from kernelguard.train.config import TrainConfig
-from kernelguard.train.packing import IGNORE_INDEX, build_packed_block
-from kernelguard.train.parallel import init_distributed
-from kernelguard.train.step import optimizer_step
+from kernelguard.train.model.build import setup_training
+from kernelguard.train.settings.config import TrainConfig
+from kernelguard.train.step.packing import IGNORE_INDEX, build_packed_block
+from kernelguard.train.model.parallel import init_distributed
+from kernelguard.train.step.step import optimizer_step
 
 tmp = Path(sys.argv[1])
 cfg = TrainConfig.from_flags(model=str(h.write_model_config(tmp / "model")), data="unused", output_dir=tmp / "unused",
@@ -367,7 +368,7 @@ def test_eval_sets_held_out_fraction_or_separate_file(tmp_path: Path) -> None:
     never trained on; --eval-data evaluates every row of its own file and trains on all of --data."""
     import train_helpers as h
 
-    from kernelguard.train.data import load_tokenizer
+    from kernelguard.train.inputs.data import load_tokenizer
     from kernelguard.train.loop import read_examples
 
     tok = load_tokenizer(str(h.write_tokenizer(tmp_path / "tok")))
@@ -411,7 +412,7 @@ def test_activation_checkpointing_is_auto_unless_a_flag_says_otherwise(
 
 
 def test_activation_checkpointing_values_and_errors(tmp_path: Path) -> None:
-    from kernelguard.train.config_cli import parse_command
+    from kernelguard.train.settings.config_cli import parse_command
 
     base = {"model": "m", "data": "d", "output_dir": tmp_path / "o"}
     assert TrainConfig.from_flags(**base, activation_checkpointing="auto").runtime.activation_checkpointing is None
@@ -436,8 +437,8 @@ def test_saved_config_keeps_auto_and_compile_and_a_config_file_sets_them(tmp_pat
     its own GPU; true/false in a file are the explicit overrides."""
     import json
 
-    from kernelguard.train.config import config_dict, save_config
-    from kernelguard.train.config_cli import parse_command
+    from kernelguard.train.settings.config import config_dict, save_config
+    from kernelguard.train.settings.config_cli import parse_command
 
     argv = ["--model", "m", "--data", "d", "--output-dir", str(tmp_path / "o")]
     cfg = parse_command([*argv, "--compile"]).config
@@ -454,7 +455,7 @@ def test_saved_config_keeps_auto_and_compile_and_a_config_file_sets_them(tmp_pat
 
 
 def test_checkpointing_switch_reads_auto_on_off_from_a_config_file_value() -> None:
-    from kernelguard.train.config_cli import _CheckpointingSwitch
+    from kernelguard.train.settings.config_cli import _CheckpointingSwitch
 
     read = _CheckpointingSwitch.from_file
     assert [read(v, where="f.yaml: x") for v in (None, True, False, "auto", "on", "off")] == [
@@ -470,8 +471,8 @@ def test_run_identity_ignores_activation_checkpointing_and_compile(tmp_path: Pat
     """Neither changes the results, so a run may resume with either switched."""
     import train_helpers as h
 
-    from kernelguard.train.identity import run_identity
-    from kernelguard.train.parallel import model_source
+    from kernelguard.train.inputs.identity import run_identity
+    from kernelguard.train.model.parallel import model_source
 
     model = h.write_model_config(tmp_path / "model")
     base = {
@@ -496,7 +497,7 @@ def test_run_identity_ignores_activation_checkpointing_and_compile(tmp_path: Pat
 def _cuda_info() -> Any:
     import torch
 
-    from kernelguard.train.parallel import DistInfo
+    from kernelguard.train.common.ranks import DistInfo
 
     return DistInfo(0, 1, 0, torch.device("cuda", 0))  # a device object only: nothing is allocated on it
 
@@ -509,8 +510,8 @@ def test_auto_checkpointing_is_off_when_the_estimate_fits_the_gpu_and_on_when_no
     import torch
     import train_helpers as h
 
-    from kernelguard.train import memory
-    from kernelguard.train.build import resolve_activation_checkpointing
+    from kernelguard.train.model import memory
+    from kernelguard.train.model.build import resolve_activation_checkpointing
 
     cfg = TrainConfig.from_flags(
         model=str(h.write_model_config(tmp_path / "m")), data="d", output_dir=tmp_path / "o", max_length=256
@@ -565,7 +566,7 @@ def _fields(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def test_blocks_left_out_to_even_the_ranks_are_reported() -> None:
-    from kernelguard.train.step import dropped_blocks_note, make_plan
+    from kernelguard.train.step.step import dropped_blocks_note, make_plan
 
     plan = make_plan([[i] for i in range(11)], world_size=2, grad_accum=2, epochs=1, max_steps=None,
                      schedule_steps=None, block_size=8)

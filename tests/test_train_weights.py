@@ -1,4 +1,4 @@
-"""Sharded HF weights in and out (kernelguard.train.weights, kernelguard.train.export): a checkpoint in 3+
+"""Sharded HF weights in and out (kernelguard.train.model.weights, kernelguard.train.output.export): a checkpoint in 3+
 shards loads on 1 and 2 ranks bit-identical to ``from_pretrained``; the export loads back with identical logits;
 a checkpoint that does not fit its config is refused before training naming the tensor; the multimodal
 Qwen3.5 layout trains its text model and exports a folder its own class loads, vision weights unchanged; and
@@ -20,10 +20,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from kernelguard.errors import CheckpointError, ConfigError
-from kernelguard.train.config import TrainConfig
-from kernelguard.train.config_rules import parse_size
-from kernelguard.train.export import OutTensor, plan_shards, shard_names, write_safetensors
-from kernelguard.train.weights import plan_weights, read_layout
+from kernelguard.train.settings.config import TrainConfig
+from kernelguard.train.settings.config_rules import parse_size
+from kernelguard.train.output.export import OutTensor, plan_shards, shard_names, write_safetensors
+from kernelguard.train.model.weights import plan_weights, read_layout
 
 SHARD = "60KB"  # the tiny model (~0.2 MB in bf16) is then 4+ files
 
@@ -40,7 +40,7 @@ def _save(model: Any, path: Path, shard: str = SHARD) -> Path:
 
 
 def _meta(path: Path) -> Any:
-    from kernelguard.train.parallel import build_meta_model, model_source
+    from kernelguard.train.model.parallel import build_meta_model, model_source
 
     config, _ = model_source(str(path))
     return build_meta_model(config, attn_implementation="sdpa")
@@ -163,7 +163,7 @@ def _four_shards() -> tuple[list[OutTensor], dict[str, torch.Tensor]]:
 
 
 def test_each_rank_writes_its_shards_and_takes_part_in_every_gather_in_one_order(tmp_path: Path) -> None:
-    from kernelguard.train.export import write_shards
+    from kernelguard.train.output.export import write_shards
 
     tensors, values = _four_shards()  # 100, 200, ..., 600 bytes: shards [t0 t1] [t2] [t3] [t4] [t5] at 350
     orders = []
@@ -183,8 +183,7 @@ def test_each_rank_writes_its_shards_and_takes_part_in_every_gather_in_one_order
 def test_a_failed_write_still_takes_part_in_every_gather_then_raises(tmp_path: Path, monkeypatch: Any) -> None:
     import errno
 
-    from kernelguard.train import export
-
+    from kernelguard.train.output import export
     def full_disk(path: Path, tensors: list[OutTensor], fetch: Any) -> None:
         fetch(tensors[0])
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -203,7 +202,7 @@ def test_parameters_computed_in_fp32_in_a_bf16_model_stay_fp32_in_the_export(tmp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from kernelguard.train.export import export_tensors, held_in_fp32
+    from kernelguard.train.output.export import export_tensors, held_in_fp32
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -227,7 +226,7 @@ def test_parameters_computed_in_fp32_in_a_bf16_model_stay_fp32_in_the_export(tmp
 
 
 def test_dry_run_host_memory_is_per_rank_for_the_sharded_load(tmp_path: Path) -> None:
-    from kernelguard.train.host_memory import host_memory
+    from kernelguard.train.startup.host_memory import host_memory
 
     model = _text_model()
     largest = max(p.numel() for p in model.parameters())

@@ -1,4 +1,4 @@
-"""Weights whose files lie (kernelguard.train.weight_files, kernelguard.train.weights.plan_weights): every
+"""Weights whose files lie (kernelguard.train.model.weight_files, kernelguard.train.model.weights.plan_weights): every
 header, the index and every shard are compared with what the model builds before any memory is used; what
 cannot be right is refused (one paragraph per problem class, naming tensor and file), what transformers would
 report as UNEXPECTED is warned about."""
@@ -16,7 +16,7 @@ import train_helpers as h
 from safetensors.torch import load_file, save_file
 
 from kernelguard.errors import CheckpointError
-from kernelguard.train.weights import plan_weights
+from kernelguard.train.model.weights import plan_weights
 
 
 def _model(**overrides: Any) -> Any:
@@ -31,7 +31,7 @@ def _save(path: Path, shard: str = "5GB", **overrides: Any) -> Path:
 
 
 def _meta(path: Path) -> Any:
-    from kernelguard.train.parallel import build_meta_model, model_source
+    from kernelguard.train.model.parallel import build_meta_model, model_source
 
     config, _ = model_source(str(path))
     # A multimodal config builds the text model (AutoModelForCausalLM maps it to *ForCausalLM in a fresh

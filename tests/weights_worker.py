@@ -1,4 +1,4 @@
-"""One rank of a sharded load (kernelguard.train.weights) then an export (kernelguard.train.export), without
+"""One rank of a sharded load (kernelguard.train.model.weights) then an export (kernelguard.train.output.export), without
 training: ``torchrun --nproc-per-node N tests/weights_worker.py SOURCE_DIR OUT_DIR MAX_SHARD_SIZE``.
 
 Rank 0 writes the loaded parameters, gathered, to OUT_DIR/loaded.safetensors (only for the test to compare);
@@ -16,16 +16,16 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
-from kernelguard.train.build import BuiltModel
-from kernelguard.train.export import export_run
-from kernelguard.train.parallel import (
+from kernelguard.train.model.build import BuiltModel
+from kernelguard.train.output.export import export_run
+from kernelguard.train.model.parallel import (
     apply_fsdp,
     build_meta_model,
     init_distributed,
     mixed_precision,
     model_source,
 )
-from kernelguard.train.weights import load_weights, plan_weights
+from kernelguard.train.model.weights import load_weights, plan_weights
 
 
 def main(source: Path, out: Path, max_shard_size: str) -> None:

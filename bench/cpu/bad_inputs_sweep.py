@@ -583,7 +583,7 @@ def held_lock(folder: str | None) -> Iterator[None]:
     if folder is None:
         yield
         return
-    code = ("import sys, time; from pathlib import Path; from kernelguard.train.lock import acquire\n"
+    code = ("import sys, time; from pathlib import Path; from kernelguard.train.common.run_folder_lock import acquire\n"
             "lock = acquire(Path(sys.argv[1]), argv=['kernelguard', 'train', '(live run)']); print('held', flush=True)\n"
             "time.sleep(600)")
     holder = subprocess.Popen([sys.executable, "-c", code, folder], env=environment(), stdout=subprocess.PIPE,

@@ -1,5 +1,5 @@
 """Peak host RSS per rank of loading an HF checkpoint into FSDP2 shards on CPU (gloo): the sharded load
-(kernelguard.train.weights, every rank reads its own slices) vs the rank-0 path (rank 0 builds the full fp32
+(kernelguard.train.model.weights, every rank reads its own slices) vs the rank-0 path (rank 0 builds the full fp32
 model with from_pretrained and broadcasts it).
 
     python bench/cpu/bench_sharded_load.py [--ranks 1 2 4] [--hidden 1024] [--layers 8] [--dir /tmp/kg_bench]
@@ -51,7 +51,7 @@ def worker(folder: str, path: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from kernelguard.train.parallel import (
+    from kernelguard.train.model.parallel import (
         apply_fsdp,
         build_meta_model,
         init_distributed,
@@ -59,7 +59,7 @@ def worker(folder: str, path: str) -> None:
         mixed_precision,
         model_source,
     )
-    from kernelguard.train.weights import load_weights, plan_weights
+    from kernelguard.train.model.weights import load_weights, plan_weights
 
     info = init_distributed()
     config, weights = model_source(folder)

@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --nproc-per-node 2 --standalone bench/cpu/export_speed.py OUT_DIR [--mb 256]
 
-- ``gathered``: kernelguard.train.export's path: each tensor cast to bf16 on its shards, gathered whole,
+- ``gathered``: kernelguard.train.output.export's path: each tensor cast to bf16 on its shards, gathered whole,
   written by its rank's writer thread while the next is gathered (written once);
 - ``pieces``: the path before round 4: an fp32 DCP copy of the whole model (``.pieces``), read back one tensor
   at a time and cast (what ``kernelguard export`` still does from a training checkpoint);
@@ -64,8 +64,7 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
 def main() -> None:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    from kernelguard.train import export as ex
-
+    from kernelguard.train.output import export as ex
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--mb", type=int, default=256)

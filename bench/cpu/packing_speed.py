@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kernelguard.train.packing import (
+from kernelguard.train.step.packing import (
     build_packed_block,
     pack_best_fit_decreasing,
     pack_sequential_greedy,

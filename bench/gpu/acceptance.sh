@@ -2,7 +2,7 @@
 # Every GPU claim of kernelguard, checked in one call (< 9 minutes on one H200, from a bare machine):
 #
 #   1. `kernelguard check --run` through the console script, cold (empty Triton cache), then warm;
-#   2. the step diagnosis (kernelguard.train.step_diagnosis) on the fallback, the product and the stock recipe:
+#   2. the step diagnosis (kernelguard.diagnosis.verdict) on the fallback, the product and the stock recipe:
 #      bench/gpu/train_throughput.py, one process each, a short timed run (a product-vs-stock-best ratio) and
 #      one profiled window each, whose kernel records land in profiles/ (the CPU tests' fixtures);
 #   3. the whole `pytest -m gpu tests` suite, each test bounded (pytest-timeout), the Triton cache of 1 reused;

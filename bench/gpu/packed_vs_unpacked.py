@@ -38,7 +38,8 @@ def main() -> int:
     from kernelguard.attention import register_varlen_attention
     from kernelguard.guard import guard
     from kernelguard.numerics import lift_fla_hopper_refusal
-    from kernelguard.train.packing import MODEL_INPUT_KEYS, build_packed_block
+    from kernelguard.train.step.packing import build_packed_block
+    from kernelguard.packed_batch import MODEL_INPUT_KEYWORDS
 
     lifted = lift_fla_hopper_refusal()
     attn = register_varlen_attention(device_type="cuda")
@@ -84,7 +85,7 @@ def main() -> int:
 
     block_size = sum(lengths) + 100  # leaves a padding tail, as real blocks do
     block = build_packed_block(examples, block_size, pad_token_id=0)
-    inputs = {k: (v.to("cuda") if torch.is_tensor(v) else v) for k, v in block.items() if k in MODEL_INPUT_KEYS}
+    inputs = {k: (v.to("cuda") if torch.is_tensor(v) else v) for k, v in block.items() if k in MODEL_INPUT_KEYWORDS}
     labels = block["labels"].to("cuda")
 
     def packed(with_boundaries: bool) -> tuple[float, torch.Tensor]:

@@ -4,7 +4,7 @@
 #   1. bench/gpu/train_throughput.py --all over fallback, stock_best, product_default (what `kernelguard train`
 #      runs with no performance flags) and product_noac+compile: 4 warm-up + 12 timed steps each, step times
 #      through bench/lib/step_stats.py (median/min/max, > 3x median = outlier, excluded), and the step
-#      diagnosis (kernelguard.train.step_diagnosis) on each variant's own step: it must call the fallback a
+#      diagnosis (kernelguard.diagnosis.verdict) on each variant's own step: it must call the fallback a
 #      slow path and the product healthy.
 #   2. `kernelguard train` itself on the 1.16 B proxy for 15 steps (detector at steps 5, 10, 15; one
 #      Chrome/Perfetto trace), when the time left allows: the detector's figures as a user sees them.

@@ -4,7 +4,7 @@
 # Parts (PARTS, space-separated, in this order; each runs only if what it needs still fits in BUDGET_S):
 #   proxy   bench/gpu/train_throughput.py on the 1.16 B proxy at 8,192 tokens: stock_best and product_default,
 #           one process each; each profiles its own step (GPU time by kernel class, the matmul ops' achieved
-#           TFLOP/s, kernelguard.train.kernel_classes when importable) and runs the step diagnosis.
+#           TFLOP/s, kernelguard.diagnosis.kernel_classes when importable) and runs the step diagnosis.
 #   levers  product_default + one lever each, one process each (--no-detector): no_reshard, accum2, tokens2x,
 #           compile, then fused_norms and liger when liger_kernel is importable (a carried wheel in .whl/);
 #           LEVERS=product_default+X,... picks others. Each variant's JSON is kept as soon as it ends, so a budget

@@ -37,13 +37,9 @@ import torch
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "lib"))
 from step_stats import steady_rate, steady_stats
 
-from kernelguard.train.loss import linear_cross_entropy
-from kernelguard.train.packing import (
-    IGNORE_INDEX,
-    MODEL_INPUT_KEYS,
-    build_packed_block,
-    pack_best_fit_decreasing,
-)
+from kernelguard.train.step.loss import linear_cross_entropy
+from kernelguard.train.step.packing import build_packed_block, pack_best_fit_decreasing
+from kernelguard.packed_batch import IGNORE_INDEX, MODEL_INPUT_KEYWORDS
 
 USER, ASSISTANT, END = 10, 11, 12  # marker tokens
 WORDS_FROM = 1000  # the alphabet of "words" starts here
@@ -103,7 +99,7 @@ def step_groups(examples: list[tuple[list[int], list[int]]], block: int, steps: 
 
 def packed_batch(examples: list[tuple[list[int], list[int]]], group: list[int], block: int, device: str) -> dict[str, Any]:
     built = build_packed_block([examples[i] for i in group], block, pad_token_id=0)
-    inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in built.items() if k in MODEL_INPUT_KEYS}
+    inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in built.items() if k in MODEL_INPUT_KEYWORDS}
     return {"inputs": inputs, "labels": built["labels"].to(device)}
 
 

@@ -12,8 +12,8 @@ built in bf16 directly on ``--device`` (no fp32 copy), saved with ``save_pretrai
 
 ``train``: ``kernelguard.train``'s own ``main``, in-process, with the end-of-run checkpoint skipped (what
 is timed is the load and the export; a 5.6 B model's fp32 weights + AdamW state would not fit the disk).
-``--rank0``: `kernelguard train` has no switch for the rank-0 load path (kernelguard.train.weights uses it
-only where the sharded load cannot run), so ``kernelguard.train.build.load_weights`` is called with no plan:
+``--rank0``: `kernelguard train` has no switch for the rank-0 load path (kernelguard.train.model.weights uses it
+only where the sharded load cannot run), so ``kernelguard.train.model.build.load_weights`` is called with no plan:
 rank 0 reads the folder with ``from_pretrained`` (fp32, on the host) and
 ``set_model_state_dict(broadcast_from_rank0=True)`` fills the shards. Everything else (guard, data, step,
 export, log lines, metrics.jsonl) is the product's.
@@ -85,8 +85,7 @@ def train(argv: list[str]) -> int:
     loop.save = lambda *args, **kwargs: loop.log(args[1], "checkpoint skipped by the bench")
     # No checkpoint is written, so preflight's room-for-a-checkpoint check (12 bytes per parameter: 62 GiB at
     # 8 layers, more than the machine's free disk) is not this run's; writability is still checked.
-    from kernelguard.train import preflight
-
+    from kernelguard.train.startup import preflight
     real_check = preflight.check_output
     preflight.check_output = lambda output, *, need_bytes: real_check(output, need_bytes=0)
     if argv[:1] == ["--rank0"]:

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Training throughput of `kernelguard train`'s own step on a Qwen3.5-shaped proxy; one JSON per variant.
 
-Every variant builds the model with ``kernelguard.train.build.setup_training`` (meta device -> activation
+Every variant builds the model with ``kernelguard.train.model.build.setup_training`` (meta device -> activation
 checkpointing -> chunked-loss head -> FSDP2 ``fully_shard`` on a 1-rank mesh -> weights -> fused AdamW) and
-times ``kernelguard.train.step.optimizer_step`` (forward/backward, clip, AdamW, LR schedule): the product's
+times ``kernelguard.train.step.step.optimizer_step`` (forward/backward, clip, AdamW, LR schedule): the product's
 step, FSDP2 included. Variants differ only in their input batches and TrainConfig flags:
 
   fallback        padded 2D batches of sequential examples (rows x longest <= --tokens-per-batch), fla and
@@ -21,12 +21,12 @@ step, FSDP2 included. Variants differ only in their input batches and TrainConfi
 
 Levers (``--lever``, comma list, measured one at a time). Product flags (the JSON still says product_path:
 true): ``compile`` is ``--compile`` (regional torch.compile of each decoder layer, fla/causal-conv1d/attention
-left opaque: kernelguard.train.compile); ``no_reshard`` is ``--no-reshard-after-forward`` (FSDP2 keeps each
+left opaque: kernelguard.train.model.compile); ``no_reshard`` is ``--no-reshard-after-forward`` (FSDP2 keeps each
 layer's gathered weights from forward to backward: on one GPU the "all-gather" is a copy, done twice per step
 otherwise); ``accum2`` is ``--gradient-accumulation-steps 2`` (two micro-batches per optimizer step: the
 optimizer and clipping are paid once per 2 blocks); ``tokens2x`` is ``--max-length 2 x --tokens-per-batch``
 (one block of twice the tokens); ``fused_norms`` is ``--fused-norms`` (Liger-Kernel's fused RMSNorm and SiLU x up,
-kernelguard.train.fused_norms). Bench-side patches `kernelguard train` does not run (product_path: false):
+kernelguard.train.model.fused_norms). Bench-side patches `kernelguard train` does not run (product_path: false):
 ``liger`` (Liger-Kernel's fused linear cross-entropy instead of the chunked loss), ``sac2`` (activation
 checkpointing on every 2nd layer). ``liger`` and ``fused_norms`` need ``liger-kernel`` importable (a pure-Python
 wheel) and CUDA.
@@ -203,7 +203,7 @@ def padded_batches(lengths: list[int], cap: int) -> list[list[int]]:
 
 
 def group_examples(layout: str, lengths: list[int], cap: int) -> list[list[int]]:
-    from kernelguard.train.packing import pack_best_fit_decreasing, pack_sequential_greedy
+    from kernelguard.train.step.packing import pack_best_fit_decreasing, pack_sequential_greedy
 
     if layout == "padded":
         return padded_batches(lengths, cap)
@@ -256,7 +256,7 @@ def build_batch(
             collator([{"input_ids": tok, "labels": lab} for tok, lab in examples], return_tensors="pt")
         )
     else:
-        from kernelguard.train.packing import build_packed_block
+        from kernelguard.train.step.packing import build_packed_block
 
         batch = build_packed_block(examples, cap, 0)
     batch["_seq_lens"] = [lengths[i] for i in idx]
@@ -293,7 +293,7 @@ def apply_levers(levers: list[str], notes: list[str]) -> None:
     if "sac2" in levers:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-        from kernelguard.train.parallel import decoder_layers
+        from kernelguard.train.model.parallel import decoder_layers
 
         def every_second(model: Any) -> None:
             layers = decoder_layers(model)
@@ -314,11 +314,11 @@ def apply_levers(levers: list[str], notes: list[str]) -> None:
         step.linear_cross_entropy = liger_loss  # type: ignore[assignment]
         notes.append("lever liger: Liger-Kernel fused linear cross-entropy replaces the chunked loss")
     if "fused_norms" in levers:  # the product's --fused-norms (TrainConfig.runtime.fused_norms, set in run_variant)
-        notes.append("lever fused_norms: `kernelguard train --fused-norms` (kernelguard.train.fused_norms): Liger's "
+        notes.append("lever fused_norms: `kernelguard train --fused-norms` (kernelguard.train.model.fused_norms): Liger's "
                      "fused RMSNorm for every norm that computes what it computes, and its fused SiLU x up in every MLP")
     if "compile" in levers:  # the product's --compile (TrainConfig.compile, set in run_variant)
         notes.append(
-            "lever compile: `kernelguard train --compile` (kernelguard.train.compile.compile_layers): "
+            "lever compile: `kernelguard train --compile` (kernelguard.train.model.compile.compile_layers): "
             "torch.compile per decoder layer before fully_shard; GDN kernels, conv and attention opaque"
         )
 
@@ -443,10 +443,10 @@ def profile_counts(step_fn: Any, batches: list[dict[str, Any]], device: Any) -> 
 
 
 def kernel_classifier() -> Any:
-    """The product's kernel classes (kernelguard.train.kernel_classes) when this checkout has them, else a
+    """The product's kernel classes (kernelguard.diagnosis.kernel_classes) when this checkout has them, else a
     local fallback with the same class names."""
     try:
-        from kernelguard.train.kernel_classes import classify_kernel
+        from kernelguard.diagnosis.kernel_classes import classify_kernel
 
         return classify_kernel
     except ImportError:
@@ -499,7 +499,7 @@ def matmul_rates(prof: Any, steps: int, *, cuda: bool, top: int = 12) -> list[di
 def detector_figures(
     step_fn: Any, batches: list[dict[str, Any]], device: Any, *, config: Any, dump: Path | None = None
 ) -> dict[str, Any]:
-    """`kernelguard train`'s step diagnosis (kernelguard.train.profiling) on this variant's step, as the loop
+    """`kernelguard train`'s step diagnosis (kernelguard.diagnosis.profiler) on this variant's step, as the loop
     runs it: the references armed and allowed as the gate arms them under --allow, unprofiled steps until three
     agree, then one profiled step. ``dump``: the window's kernel records (gzipped JSON), for the CPU tests."""
     import gzip
@@ -507,9 +507,9 @@ def detector_figures(
     import torch
 
     from kernelguard.geometry import layer_types
-    from kernelguard.train.metrics import peak_flops, step_flops
-    from kernelguard.train.profiling import StepProfiler
-    from kernelguard.train.step_diagnosis import attribute_kernels
+    from kernelguard.train.output.metrics import peak_flops, step_flops
+    from kernelguard.diagnosis.profiler import StepProfiler
+    from kernelguard.diagnosis.verdict import attribute_kernels
     from kernelguard.tripwires import arm_tripwires
 
     said: list[str] = []
@@ -573,8 +573,8 @@ def lift_refusal(key_dim: int, device: Any) -> tuple[bool, str]:
 
 
 def memory_estimate(cfg: Any, measured: int, device: Any) -> dict[str, Any] | None:
-    """kernelguard.train.memory's estimate for this configuration next to the measured peak."""
-    from kernelguard.train.memory import estimate
+    """kernelguard.train.model.memory's estimate for this configuration next to the measured peak."""
+    from kernelguard.train.model.memory import estimate
 
     est = estimate(cfg, world_size=1)
     return {
@@ -593,7 +593,7 @@ def _step_batch(micro: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def train_config(args: argparse.Namespace, variant: Variant, model_path: Path, out_dir: Path) -> Any:
-    from kernelguard.train.config import TrainConfig
+    from kernelguard.train.settings.config import TrainConfig
 
     return TrainConfig.from_flags(
         model=str(model_path),
@@ -614,7 +614,7 @@ def train_config(args: argparse.Namespace, variant: Variant, model_path: Path, o
 
 
 def timed_steps(state: Any, batches: list[list[dict[str, Any]]], device: Any) -> tuple[list[float], list[float]]:
-    from kernelguard.train.step import optimizer_step
+    from kernelguard.train.step.step import optimizer_step
 
     times, losses = [], []
     for b in batches:
@@ -633,8 +633,8 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     hide_packages(set(variant.hide) | set(filter(None, os.environ.get(HIDE_ENV, "").split(","))))
     import torch
 
-    from kernelguard.train.metrics import peak_flops, step_flops
-    from kernelguard.train.parallel import init_distributed
+    from kernelguard.train.output.metrics import peak_flops, step_flops
+    from kernelguard.train.model.parallel import init_distributed
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -667,7 +667,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     schedule, layout = make_schedule(args, variant, config["vocab_size"], micro=micro)
     baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
-    from kernelguard.train.build import setup_training
+    from kernelguard.train.model.build import setup_training
 
     result["kernels"] = which_implementations()  # before a lever wraps the call sites
     t0 = time.perf_counter()
@@ -682,7 +682,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     peak_mem = (torch.cuda.max_memory_allocated(device) - baseline) if device.type == "cuda" else 0
 
     def one_step(b: dict[str, Any], st: Any = state) -> None:
-        from kernelguard.train.step import optimizer_step
+        from kernelguard.train.step.step import optimizer_step
 
         optimizer_step(st, b["_micro"])
 
@@ -716,7 +716,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         {
             "ok": bool(losses) and all(math.isfinite(x) for x in losses),
             "product_path": variant.product_path and not set(levers) - PRODUCT_LEVERS,  # flags of kernelguard train
-            "step": "kernelguard.train.step.optimizer_step after kernelguard.train.build.setup_training "
+            "step": "kernelguard.train.step.step.optimizer_step after kernelguard.train.model.build.setup_training "
             f"(FSDP2 fully_shard, world size {info.world_size})",
             "device": torch.cuda.get_device_name(device)
             if device.type == "cuda"
@@ -755,7 +755,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
             "mfu_datasheet": round(flops_per_s / peak, 4) if peak and total else None,
             "matmul_bf16": {"n": 256 if args.tiny else 8192, "tflops": round(mm, 1)},
             "mfu_vs_measured_matmul": round(flops_per_s / (mm * 1e12), 4) if mm and total else None,
-            "flops_source": "kernelguard.train.metrics.step_flops (3 x forward, real tokens only; AC recompute not counted)",
+            "flops_source": "kernelguard.train.output.metrics.step_flops (3 x forward, real tokens only; AC recompute not counted)",
             "peak_memory_bytes": int(peak_mem),
             "losses": [round(x, 4) for x in losses],
             **prof,

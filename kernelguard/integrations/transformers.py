@@ -314,8 +314,8 @@ def _step_profiler(settings: tuple[int | None, int, Any], model: Any, state: Any
     if not getattr(state, "is_world_process_zero", True):
         return None
     from kernelguard.geometry import layer_types
-    from kernelguard.train.metrics import peak_flops
-    from kernelguard.train.profiling import DEFAULT_FIRST_STEP, StepProfiler
+    from kernelguard.train.output.metrics import peak_flops
+    from kernelguard.diagnosis.profiler import DEFAULT_FIRST_STEP, StepProfiler
 
     device = next((p.device for p in model.parameters()), None)
     if first is None:
@@ -366,7 +366,7 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         self.packing: Packing | None = None
         self.summary: dict[str, Any] | None = None
         self.profile = (profile_step, profile_every, profile_trace)
-        self.profiler: Any = None  # kernelguard.train.profiling.StepProfiler on rank 0 while training runs
+        self.profiler: Any = None  # kernelguard.diagnosis.profiler.StepProfiler on rank 0 while training runs
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.disarm()  # a previous train() that crashed never reached on_train_end

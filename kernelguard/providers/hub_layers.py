@@ -22,11 +22,13 @@ from pathlib import Path
 
 from ..facts import HubLayerCheck
 from ..transformers_calls import CallShape
+from ..packed_batch import BOUNDARY_KEYWORDS
 
-__all__ = ["PACKED_KEYWORDS", "check_hub_layer", "variant_folder"]
+__all__ = [
+    "check_hub_layer",
+    "variant_folder",
+]
 
-# What a packed batch adds to every layer's keyword arguments (transformers' flash-attention kwargs + seq_idx).
-PACKED_KEYWORDS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
 def variant_folder(location: str | None, variant: str | None) -> Path | None:
@@ -42,7 +44,7 @@ def variant_folder(location: str | None, variant: str | None) -> Path | None:
 
 def check_hub_layer(kernel: str, repo_id: str, layer_name: str, folder: Path, call: CallShape, *,
                     packed: bool) -> HubLayerCheck:
-    spread = tuple(k for k in PACKED_KEYWORDS if k not in call.popped) if packed and call.spreads else ()
+    spread = tuple(k for k in BOUNDARY_KEYWORDS if k not in call.popped) if packed and call.spreads else ()
     shown = _describe(kernel, call, spread)
 
     def result(problem: str | None, file: Path | None = None) -> HubLayerCheck:

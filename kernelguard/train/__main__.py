@@ -4,7 +4,7 @@ Exit codes (the table in kernelguard.errors): 0 ok; 2 usage, config or data erro
 half-written left behind); 3 the guard refused to start because a kernel would run a slow fallback that was not
 ``--allow``-ed; 4 the loss or gradient norm became NaN/inf (the last good checkpoint is kept); 130 interrupted
 (Ctrl-C); 143 stopped by SIGTERM after saving a checkpoint of the last finished step (``--resume`` continues
-exactly). One run per ``--output-dir`` at a time (kernelguard.train.lock).
+exactly). One run per ``--output-dir`` at a time (kernelguard.train.common.run_folder_lock).
 With ``--nproc-per-node`` (kernelguard.train.launch) the same codes come back from the ranks; plain
 ``torchrun`` exits 1 whenever a rank fails.
 """
@@ -30,7 +30,7 @@ from kernelguard.errors import (
     TrainingDiverged,
 )
 
-from .config_cli import LaunchOptions
+from .settings.config_cli import LaunchOptions
 
 __all__ = ["is_rank0", "main", "print_rank0"]
 
@@ -133,7 +133,7 @@ def _leave(code: int) -> NoReturn:
 
 
 def _main(argv: list[str] | None) -> int:
-    from .config_cli import parse_command
+    from .settings.config_cli import parse_command
     from .launch import launch, launched_by_kernelguard
     from .signals import remember_command
 
@@ -167,8 +167,8 @@ def _early_checks(cfg: Any, *, launching: bool) -> None:
     run, the flags, inputs, paths, chat template and the first rows' format. A launcher also loads the tokenizer
     and renders the first rows. Rank 0's preflight checks all of it again (cheap, and no rank should start for a
     run that will be refused)."""
-    from .input_check import check_inputs_early, check_row_formats
-    from .startup_checks import check_environment, check_flags, check_inputs, check_paths
+    from .startup.input_check import check_inputs_early, check_row_formats
+    from .startup.startup_checks import check_environment, check_flags, check_inputs, check_paths
 
     check_environment()
     if cfg.checkpoint.dry_run:
@@ -187,9 +187,10 @@ def _train(cfg: Any) -> int:
     from kernelguard.interrupts import end_startup_interrupts
 
     from .launch import launched_by_kernelguard, write_rank_error
-    from .logs import setup_logging
+    from .common.logs import setup_logging
     from .loop import run
-    from .parallel import init_distributed, on_main
+    from .model.parallel import init_distributed
+    from kernelguard.train.common.ranks import on_main
     from .signals import Preempted, die_with_parent, stop_request
 
     end_startup_interrupts()  # the run lock comes next: Ctrl-C must unwind through its release
@@ -242,7 +243,7 @@ def _train(cfg: Any) -> int:
 def _claim(output: Any) -> Any:
     """Rank 0: the run lock, then (a multi-node launch) the error records of an earlier run cleared under it."""
     from .failures import clear
-    from .lock import hold_for_run
+    from .common.run_folder_lock import hold_for_run
 
     lock = hold_for_run(output)
     clear()
@@ -258,24 +259,24 @@ def _launch_world_size(opts: LaunchOptions | None) -> int | None:
 
 
 def _dry_run(cfg: Any, *, world_size: int | None) -> int:
-    """--dry-run: the memory estimate (kernelguard.train.memory), no process group, no training. Each stage is
+    """--dry-run: the memory estimate (kernelguard.train.model.memory), no process group, no training. Each stage is
     named on stderr as it starts (rank 0): the imports and the meta build take seconds on a cold disk, and
     a dry run must never look hung. The model is built once, for both estimates."""
     try:
-        from .host_memory import host_memory
-        from .memory import estimate
-        from .memory_probe import build_probe_model
+        from .startup.host_memory import host_memory
+        from .model.memory import estimate
+        from .model.memory_probe import build_probe_model
     except ImportError:
         return _fail(
             EXIT_USAGE,
-            "kernelguard train: error: --dry-run needs the memory estimate (kernelguard.train.memory), "
+            "kernelguard train: error: --dry-run needs the memory estimate (kernelguard.train.model.memory), "
             "which this kernelguard does not have.\nFix: run without --dry-run, or upgrade kernelguard",
         )
     say = _stage_printer()
     try:
         say("loading torch and transformers")
-        from .parallel import model_source
-        from .preflight import check_model_size
+        from .model.parallel import model_source
+        from .startup.preflight import check_model_size
 
         hf_config, _ = model_source(str(cfg.model.model))
         check_model_size(hf_config, model=str(cfg.model.model))
@@ -295,7 +296,7 @@ def _dry_run(cfg: Any, *, world_size: int | None) -> int:
 def _would_refuse(cfg: Any) -> str | None:
     """The refusal preflight's input and flag checks would give this run (the estimate needs neither data nor
     a tokenizer, but a dry run that says "fits" for a run that cannot start would be a silent success)."""
-    from .preflight import check_flags, check_inputs
+    from .startup.preflight import check_flags, check_inputs
 
     try:
         check_flags(cfg)

@@ -142,7 +142,7 @@ def first_cause(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 def wait_for_cause(folder: Path, *, since: float) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """Poll ``folder`` until a root-cause record newer than ``since`` is there, at most the wait; return it
     (None: none came) and every record read."""
-    try:  # checked before any rank started (kernelguard.train.preflight.check_environment); never fatal here
+    try:  # checked before any rank started (kernelguard.train.startup.preflight.check_environment); never fatal here
         limit = max(0.0, float(os.environ.get(WAIT_ENV, "10") or 0))
     except ValueError:
         limit = 10.0

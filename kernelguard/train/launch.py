@@ -31,8 +31,8 @@ from kernelguard.errors import ConfigError
 from kernelguard.interrupts import end_startup_interrupts
 
 from . import failures
-from .config_cli import LaunchOptions
-from .lock import HOLDER_ENV, acquire
+from .settings.config_cli import LaunchOptions
+from .common.run_folder_lock import HOLDER_ENV, acquire
 
 __all__ = [
     "LAUNCH_DIR_ENV",
@@ -114,7 +114,7 @@ def torchrun_argv(opts: LaunchOptions, train_argv: list[str]) -> list[str]:
 def launch(opts: LaunchOptions, train_argv: list[str], *, output: Path | None = None) -> int:
     """Run ``kernelguard.train`` in ``opts.nproc_per_node`` ranks; return the run's documented exit code.
 
-    On one node the launcher holds ``output``'s run lock (kernelguard.train.lock) for the whole job, before
+    On one node the launcher holds ``output``'s run lock (kernelguard.train.common.run_folder_lock) for the whole job, before
     any rank starts; with several nodes global rank 0 takes it."""
     if "LOCAL_RANK" in os.environ and not launched_by_kernelguard():
         raise ConfigError(

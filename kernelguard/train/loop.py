@@ -2,8 +2,8 @@
 (eval, save) -> finish.
 
 Each stage is one function below, in the order it runs. The per-step math (loss normalisation, clipping,
-optimizer) is :mod:`kernelguard.train.step`; building and sharding the model is :mod:`kernelguard.train.build`;
-what is checked before any expensive work is :mod:`kernelguard.train.preflight`.
+optimizer) is :mod:`kernelguard.train.step.step`; building and sharding the model is :mod:`kernelguard.train.model.build`;
+what is checked before any expensive work is :mod:`kernelguard.train.startup.preflight`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from kernelguard.gate import check_stack, run_gate
 from kernelguard.install import extra_command
 from kernelguard.policy import AllowPolicy
 
-from . import checkpoint as ckpt
-from .build import BuiltModel, build_model, prepare_training
-from .config import TrainConfig
-from .data import (
+from .output import checkpoint as ckpt
+from .model.build import BuiltModel, build_model, prepare_training
+from .settings.config import TrainConfig
+from .inputs.data import (
     chat_template_name,
     check_eval_overlap,
     load_examples,
@@ -32,26 +32,16 @@ from .data import (
     pad_token_id,
     template_choice,
 )
-from .evaluate import evaluate, pack_eval_blocks
-from .export import export_run, start_warnings
-from .input_check import check_inputs_early
-from .logs import log
-from .metrics import peak_flops, plot_metrics, step_flops
-from .packing import (
-    LEAKY,
-    LEAKY_WARNING,
-    NAIVE,
-    NAIVE_WARNING,
-    PADDED,
-    build_batch,
-    check_control_allowed,
-    eval_layout,
-    pack_best_fit_decreasing,
-    packing_stats,
-    segment_counts,
-)
-from .parallel import DTYPES, DistInfo, on_main
-from .preflight import (
+from .step.evaluate import evaluate, pack_eval_blocks
+from .output.export import export_run, start_warnings
+from .startup.input_check import check_inputs_early
+from .common.logs import log
+from .output.metrics import peak_flops, plot_metrics, step_flops
+from .step.packing import build_batch, pack_best_fit_decreasing, packing_stats, segment_counts
+from kernelguard.train.settings.packing_modes import LEAKY, LEAKY_WARNING, NAIVE, NAIVE_WARNING, NO_PACKING, check_control_allowed, eval_layout
+from .model.parallel import DTYPES
+from kernelguard.train.common.ranks import DistInfo, on_main
+from .startup.preflight import (
     StartPlan,
     check_checkpoint_shapes,
     check_image_lock,
@@ -59,22 +49,12 @@ from .preflight import (
     claim_output,
     preflight,
 )
-from .profiling import step_profiler
-from .provenance import write_source
-from .reporting import Reporter, process_age_s, step_record
+from ..diagnosis.profiler import step_profiler
+from .output.provenance import write_source
+from .output.reporting import Reporter, process_age_s, step_record
 from .signals import Preempted, resume_command, stop_request
-from .step import (
-    Plan,
-    StepResult,
-    TrainState,
-    diverged,
-    dropped_blocks_note,
-    extended_schedule_note,
-    make_plan,
-    optimizer_step,
-    restart_schedule_at,
-    step_block_ids,
-)
+from .step.step import Plan, StepResult, TrainState, dropped_blocks_note, extended_schedule_note, make_plan, optimizer_step, restart_schedule_at, step_block_ids
+from kernelguard.train.output.checkpoint import diverged
 
 __all__ = ["run"]
 
@@ -108,7 +88,7 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     # Inputs before the stack check and the model build: a wrong tokenizer, template or row fails in seconds.
     template = on_main(info, lambda: _template_line(check_inputs_early(cfg)))
     log(info, template)
-    packed = cfg.packing.packing != PADDED  # padded batches carry no boundaries a torch reference could drop
+    packed = cfg.packing.packing != NO_PACKING  # padded batches carry no boundaries a torch reference could drop
     on_main(info, lambda: check_image_lock(cfg.runtime.lock, policy))
     stack = check_stack(str(cfg.model.model), allow=policy, packed=packed, device=info.device)
     built = build_model(model=cfg.model, runtime=cfg.runtime, info=info, padded=not packed)

@@ -58,8 +58,8 @@ def stopped_lines(output: Any, how: str) -> list[str]:
     """What a stopped run says last: what was saved, and on a line of its own the command to paste."""
     from pathlib import Path
 
-    from .checkpoint import complete_checkpoints
-    from .preflight import run_artifacts
+    from .output.checkpoint import complete_checkpoints
+    from .startup.preflight import run_artifacts
 
     done = complete_checkpoints(Path(output)) if output is not None else []
     if done:

@@ -2,7 +2,7 @@
 ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
 
 - ``export``: the final export hits a full disk: part of the first shard is written, then write(2) fails with
-  ENOSPC, as kernelguard.train.export's shard writer would see it.
+  ENOSPC, as kernelguard.train.output.export's shard writer would see it.
 - ``export-slow``: every shard of an export waits 2 s before it is written, so two exports overlap for sure.
 - ``checkpoint:NAME``: DCP's shard writes into a checkpoint folder named ``NAME.tmp`` fail with ``ENOSPC``
   after half of their first write reached the file, as write(2) on a full disk does.
@@ -26,8 +26,7 @@ _FAULT = os.environ.get("KERNELGUARD_FAULT", "")
 def _export_disk_full() -> None:
     import errno
 
-    from kernelguard.train import export
-
+    from kernelguard.train.output import export
     def write_safetensors(path, tensors, fetch):  # type: ignore[no-untyped-def]
         with open(path, "wb") as f:  # the part that fitted
             f.write(b"\0" * 4096)
@@ -68,8 +67,7 @@ def _checkpoint_disk_full(folder: str) -> None:
 def _export_slow() -> None:
     import time
 
-    from kernelguard.train import export
-
+    from kernelguard.train.output import export
     real = export.write_safetensors
 
     def write_safetensors(path, tensors, fetch):  # type: ignore[no-untyped-def]

@@ -1,0 +1,3 @@
+"""diagnosis"""
+
+__all__: list[str] = []

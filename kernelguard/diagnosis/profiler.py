@@ -1,0 +1,446 @@
+"""Where a training step's GPU time goes, and whether it is on a slow path: a short profiler window, now and then.
+
+At one steady step (after warm-up, compilation and autotuning; see :class:`StepProfiler`) and then every N
+steps, one step runs under ``torch.profiler``. Its events become plain :class:`Event` records
+(:func:`events_from_profiler`: kernels linked to the op that launched them, ops nested, autograd sequence
+numbers kept), and :mod:`kernelguard.diagnosis.verdict` turns them into figures and a verdict that does not
+rest on "GPU busy": GPU time by kernel class and by what launched it (the torch reference functions or not),
+kernels per decoder layer, MFU. A verdict other than healthy is logged as one line.
+
+:func:`summarize_events` is a pure function of the records, tested with synthetic lists and with lists
+recorded from real H200 traces. :class:`StepProfiler` decides when to profile and does it, for ``kernelguard
+train``'s loop and for ``KernelGuardCallback`` alike; its cost (profiled step and event parsing, minus an
+unprofiled step) is measured and reported with the figures.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .kernel_classes import classify_kernel
+from .verdict import Diagnosis, KernelRecord, attribute_kernels, diagnose
+
+__all__ = [
+    "DEFAULT_FIRST_STEP",
+    "Event",
+    "StepProfile",
+    "StepProfiler",
+    "busy_us",
+    "classify_kernel",
+    "events_from_profiler",
+    "step_profiler",
+    "summarize_events",
+]
+
+DEFAULT_FIRST_STEP = 10  # on a GPU when --profile-step is not given
+TOP_OPS = 4
+# Wrapper ranges that enclose whole steps: never the op to blame.
+_WRAPPERS = ("ProfilerStep", "## ", "kernelguard.profile")
+_RECENT = 5  # unprofiled step times kept as the reference wall time
+# Recent steps are steady when the slowest is within this factor of the fastest: a compile, autotune or first
+# eval shape makes a step many times slower (bench/lib/step_stats.py calls > 3x the median an outlier).
+_STEADY_SPREAD = 3.0
+_MAX_RETRIES = 50  # windows postponed (autotune inside, steps not steady yet) before one is reported anyway
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One profiler event. ``kind``: ``op`` (a CPU op or range), ``launch`` (a CUDA runtime/driver call that
+    launches a kernel), ``runtime`` (another runtime call), ``kernel`` (a GPU kernel), ``copy`` (a GPU
+    memcpy/memset). ``parent``: index of the enclosing CPU event in the same list; for a kernel, the op that
+    launched it. ``seq``: autograd's sequence number of an op (-1: none); a backward node carries the number
+    of the forward op that created it."""
+
+    name: str
+    kind: str
+    start_us: float = 0.0
+    end_us: float = 0.0
+    parent: int | None = None
+    seq: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class StepProfile:
+    """The figures of one profiled window (per step); GPU figures are None on a CPU-only run."""
+
+    step: int
+    steps: int
+    wall_s: float  # profiled, per step
+    reference_step_s: float | None  # median of recent unprofiled steps
+    cpu_s: float  # process CPU time per step
+    cpu_ops: float
+    kernels: float | None
+    gpu_busy_s: float | None  # union of kernel/copy intervals per step
+    top_ops: tuple[tuple[str, float], ...]  # (op, count per step), by kernel launches (GPU) or calls (CPU)
+    overhead_s: float = 0.0  # what the window cost beyond an unprofiled step
+    trace: str | None = None
+    diagnosis: Diagnosis | None = None  # None on a CPU-only run
+
+    @property
+    def step_s(self) -> float:
+        """The step time busy is measured against: the recent unprofiled steps' median, but never more than
+        the profiled step itself (the profiler only slows a step down, so a larger median means those steps
+        were still compiling or autotuning, and would make a busy GPU look idle)."""
+        if self.reference_step_s and self.reference_step_s > 0:
+            return min(self.reference_step_s, self.wall_s)
+        return self.wall_s
+
+    @property
+    def gpu_busy_pct(self) -> float | None:
+        if self.gpu_busy_s is None:
+            return None
+        wall = self.step_s
+        return min(100.0, 100.0 * self.gpu_busy_s / wall) if wall > 0 else None
+
+    @property
+    def verdict(self) -> str | None:
+        return None if self.diagnosis is None else self.diagnosis.verdict
+
+    def record(self) -> dict[str, Any]:
+        """The keys added to this step's metrics.jsonl record (and KernelGuardCallback's log_history)."""
+        busy = self.gpu_busy_pct
+        return {
+            "gpu_busy_pct": None if busy is None else round(busy, 1),
+            "kernels_per_step": None if self.kernels is None else round(self.kernels, 1),
+            "cpu_s_per_step": round(self.cpu_s, 4),
+            "cpu_ops_per_step": round(self.cpu_ops, 1),
+            **(self.diagnosis.record() if self.diagnosis is not None else {"verdict": None}),
+            "launch_heavy_ops": [{"op": op, "per_step": round(n, 1)} for op, n in self.top_ops],
+            "profile_overhead_s": round(self.overhead_s, 4),
+            **({"profile_trace": self.trace} if self.trace else {}),
+        }
+
+    def line(self) -> str:
+        """One sentence of the figures, for the end-of-run summary."""
+        if self.diagnosis is None:
+            gpu = "GPU figures n/a (no GPU)"
+        else:
+            gpu = f"{self.diagnosis.line}; {self.kernels:,.0f} kernels/step, GPU busy {self.gpu_busy_pct:.0f}%"
+        return f"step {self.step}: {gpu}, {self.cpu_ops:,.0f} CPU ops/step, {self.cpu_s:.3f} s CPU/step"
+
+    def warning(self) -> str | None:
+        """One line when the verdict is not healthy."""
+        if self.diagnosis is None or not self.diagnosis.alarm:
+            return None
+        return f"at step {self.step}: {self.diagnosis.line} (a trace: --profile-trace DIR)"
+
+
+# ------------------------------------------------------------------------------------------ reduction ---
+def busy_us(intervals: Sequence[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals: overlapping kernels (streams) count once."""
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start  # type: ignore[operator]
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start  # type: ignore[operator]
+    return total
+
+
+def summarize_events(
+    events: Sequence[Event],
+    *,
+    step: int,
+    steps: int = 1,
+    wall_s: float,
+    cpu_s: float,
+    reference_step_s: float | None = None,
+    gpu: bool,
+    layers: int | None = None,
+    flops_per_step: float | None = None,
+    peak_flops: float | None = None,
+    fix: str | None = None,
+) -> StepProfile:
+    """The figures of a window of ``steps`` steps from its events (totals divided by ``steps``).
+
+    Ops are ranked by the kernels they launched on a GPU, and by their top-level calls on a CPU-only run."""
+    ops = [e for e in events if e.kind == "op" and not e.name.startswith(_WRAPPERS)]
+    counts: Counter[str] = Counter()
+    diagnosis = None
+    kernels: list[KernelRecord] = []
+    if gpu:
+        kernels = attribute_kernels(events)
+        counts.update(k.op for k in kernels if not k.copy)
+    else:
+        counts.update(
+            e.name for e in ops if e.parent is None or events[e.parent].name.startswith(_WRAPPERS)
+        )
+    profile = StepProfile(
+        step=step,
+        steps=steps,
+        wall_s=wall_s / steps,
+        reference_step_s=reference_step_s,
+        cpu_s=cpu_s / steps,
+        cpu_ops=len(ops) / steps,
+        kernels=sum(1 for k in kernels if not k.copy) / steps if gpu else None,
+        gpu_busy_s=busy_us([(k.start_us, k.end_us) for k in kernels]) / 1e6 / steps if gpu else None,
+        top_ops=tuple((name, n / steps) for name, n in counts.most_common(TOP_OPS)),
+    )
+    if gpu:
+        diagnosis = diagnose(
+            kernels, steps=steps, step_s=profile.step_s, layers=layers, flops_per_step=flops_per_step,
+            peak_flops=peak_flops, fix=fix,
+        )
+        profile = replace(profile, diagnosis=diagnosis)
+    return profile
+
+
+def events_from_profiler(prof: Any) -> list[Event]:
+    """A finished ``torch.profiler.profile``'s events as :class:`Event` records: CPU events nested by their
+    CPU parent, each GPU kernel linked to the op that launched it.
+
+    The link is the profiler's correlation id: a kernel's ``linked_correlation_id`` is the ``id`` of the op
+    that launched it. It is read from the raw Kineto events, which carry it in every supported torch (the
+    parsed device events do not in all of them)."""
+    from torch.autograd import DeviceType
+
+    raw = list(prof.events())
+    index = {id(e): i for i, e in enumerate(raw)}
+    out: list[Event] = []
+    by_correlation: dict[int, int] = {}
+    for e in raw:
+        if e.device_type != DeviceType.CPU:
+            continue
+        name = e.name
+        runtime = name.startswith(("cuda", "cu", "hip"))
+        kind = ("launch" if "Launch" in name else "runtime") if runtime else "op"
+        if kind == "op":
+            by_correlation.setdefault(e.id, len(out))
+        seq = getattr(e, "sequence_nr", -1)
+        out.append(Event(name, kind, float(e.time_range.start), float(e.time_range.end), None,
+                         seq if isinstance(seq, int) else -1))
+    cpu_index = {i_raw: i_out for i_out, i_raw in enumerate(
+        i for i, e in enumerate(raw) if e.device_type == DeviceType.CPU)}
+    for i_raw, i_out in cpu_index.items():
+        parent = raw[i_raw].cpu_parent
+        if parent is not None and index.get(id(parent)) in cpu_index:
+            out[i_out] = replace(out[i_out], parent=cpu_index[index[id(parent)]])
+    out.extend(_device_events(prof, raw, by_correlation))
+    return out
+
+
+def _device_events(prof: Any, parsed: list[Any], by_correlation: dict[int, int]) -> list[Event]:
+    """GPU kernels and memcpy/memset, from the raw Kineto events when the profiler kept them."""
+    from torch.autograd import DeviceType
+
+    results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    if results is not None:
+        start = results.trace_start_ns()
+        rows = [
+            (k.name(), (k.start_ns() - start) / 1e3, (k.end_ns() - start) / 1e3, k.linked_correlation_id())
+            for k in results.events()
+            if k.device_type() != DeviceType.CPU and not k.is_user_annotation()
+            and not getattr(k, "is_hidden_event", lambda: False)()
+        ]
+    else:
+        rows = [
+            (e.name, float(e.time_range.start), float(e.time_range.end), getattr(e, "linked_correlation_id", 0))
+            for e in parsed
+            if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)
+        ]
+    out = []
+    for name, start_us, end_us, corr in rows:
+        kind = "copy" if "memcpy" in name.lower() or "memset" in name.lower() else "kernel"
+        out.append(Event(name, kind, start_us, end_us, by_correlation.get(corr) if corr else None))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- profiler ---
+@dataclass(slots=True)
+class StepProfiler:
+    """Profiles step ``first_step`` and every ``every`` steps after it (0: never again); ``first_step`` 0
+    turns it off. ``begin(step)``/``end(step)`` bracket each step (``run`` does both); only profiled steps
+    pay anything beyond two clock reads. A window is postponed to the next step while the recent unprofiled
+    steps are not steady (a compile, an autotune or a first eval shape is still among them) or when an fla
+    autotune search ran inside it. ``trace_dir``: the first window is also written as a Chrome/Perfetto trace
+    there. ``log``: where a verdict other than healthy goes. ``layers``, ``peak_flops``, ``fix``: for kernels
+    per decoder layer, MFU and the slow-path line (the step's FLOPs come with each ``run``)."""
+
+    first_step: int = DEFAULT_FIRST_STEP
+    every: int = 500
+    trace_dir: Path | None = None
+    device: Any = None
+    log: Callable[[str], None] | None = None
+    searches: Callable[[], int] | None = None  # autotune results held so far (default: fla's caches)
+    layers: int | None = None
+    peak_flops: float | None = None
+    fix: str | None = None
+    on_events: Callable[[list[Event]], None] | None = None  # each reported window's events (benches keep them)
+    clock: Callable[[], float] = time.perf_counter
+    profiles: list[StepProfile] = field(default_factory=list)
+    retried: int = 0  # windows postponed: an autotune search inside, or steps not steady yet
+    total_s: float = 0.0
+    _recent: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT))
+    _t0: float | None = None
+    _cpu0: float = 0.0
+    _prof: Any = None
+    _searches0: int = 0
+    _retry: bool = False
+    _flops: float | None = None
+
+    def due(self, step: int) -> bool:
+        """Step ``step`` is scheduled for a window (or a postponed one is waiting)."""
+        if self.first_step <= 0 or step < self.first_step:
+            return False
+        if self._retry:
+            return True
+        return step == self.first_step or bool(self.every and (step - self.first_step) % self.every == 0)
+
+    def _should_profile(self, step: int) -> bool:
+        if not self.due(step):
+            return False
+        if self._steady() or self.retried >= _MAX_RETRIES:
+            self._retry = False
+            return True
+        self._retry = True  # not steady yet: try again at the next step
+        self.retried += 1
+        return False
+
+    def _steady(self) -> bool:
+        """The last unprofiled steps agree: none of them is still compiling, autotuning or warming up."""
+        recent = list(self._recent)[-3:]
+        return len(recent) >= 3 and max(recent) <= _STEADY_SPREAD * min(recent)
+
+    def _search_count(self) -> int:
+        if self.searches is not None:
+            return self.searches()
+        from ..fla_autotune import fla_autotuners
+
+        return sum(len(getattr(tuner, "cache", ())) for _, tuner in fla_autotuners())
+
+    @property
+    def gpu(self) -> bool:
+        return getattr(self.device, "type", None) == "cuda"
+
+    def run(
+        self, step: int, fn: Callable[..., Any], *args: Any, flops: float | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """``fn(*args)`` as step ``step`` (``flops``: its model FLOPs, for MFU); returns its result and the
+        figures to add to the step's record."""
+        self.begin(step, flops=flops)
+        result = fn(*args)
+        return result, self.end(step)
+
+    def begin(self, step: int, *, flops: float | None = None) -> None:
+        if self._t0 is not None:  # already begun (a callback's per-micro-batch hook): one window per step
+            return
+        self._flops = flops
+        if self._should_profile(step):
+            from torch.profiler import ProfilerActivity, profile
+
+            self._sync()
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.gpu else [])
+            self._searches0 = self._search_count()
+            self._prof = profile(activities=activities)
+            self._prof.__enter__()
+        self._cpu0, self._t0 = time.process_time(), self.clock()
+
+    def end(self, step: int) -> dict[str, Any]:
+        if self._t0 is None:
+            return {}
+        prof, t0 = self._prof, self._t0
+        self._prof = self._t0 = None
+        if prof is None:
+            wall = self.clock() - t0
+            self._recent.append(wall)
+            self.total_s += wall
+            return {}
+        self._sync()
+        wall, cpu = self.clock() - t0, time.process_time() - self._cpu0
+        prof.__exit__(None, None, None)
+        # A search inside the window launches each candidate config many times: the figures would describe
+        # the autotuner, not the step (a busy GPU read launch-bound). Profile the next step instead.
+        self._retry = self._search_count() > self._searches0 and self.retried < _MAX_RETRIES
+        if self._retry:
+            self.retried += 1
+            self.total_s += wall
+            return {}
+        reference = statistics.median(self._recent) if self._recent else None
+        events = events_from_profiler(prof)
+        if self.on_events is not None:
+            self.on_events(events)
+        profile = summarize_events(
+            events, step=step, wall_s=wall, cpu_s=cpu, reference_step_s=reference,
+            gpu=self.gpu, layers=self.layers, flops_per_step=self._flops, peak_flops=self.peak_flops,
+            fix=self.fix or _allowed_fallback_fixes(),
+        )
+        trace = self._write_trace(prof, step)
+        spent = self.clock() - t0
+        self.total_s += spent
+        profile = replace(profile, trace=trace)
+        profile = replace(profile, overhead_s=max(0.0, spent - profile.step_s))
+        self.profiles.append(profile)
+        warning = profile.warning()
+        if warning and self.log is not None:
+            self.log(warning)
+        return profile.record()
+
+    def summary(self) -> str | None:
+        """The end-of-run line: the figures of the last window and what profiling cost."""
+        if not self.profiles:
+            return None
+        last = self.profiles[-1]
+        cost = sum(p.overhead_s for p in self.profiles)
+        pct = 100.0 * cost / self.total_s if self.total_s > 0 else 0.0
+        head = f"profile ({len(self.profiles)} window(s)): {last.line()}"
+        return f"{head}; profiling cost {cost:.2f} s, {pct:.1f}% of the steps' time"
+
+    def _write_trace(self, prof: Any, step: int) -> str | None:
+        if self.trace_dir is None or len(self.profiles) > 0:
+            return None
+        path = Path(self.trace_dir) / f"trace_step{step}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(path))
+        if self.log is not None:
+            self.log(f"profile trace of step {step}: {path} (open it in https://ui.perfetto.dev)")
+        return str(path)
+
+    def _sync(self) -> None:
+        if self.gpu:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+
+
+def _allowed_fallback_fixes() -> str | None:
+    """The install commands the guard gave for the fallbacks this process was allowed to take."""
+    from kernelguard.decisions import split_fix
+    from kernelguard.tripwires import fallback_events
+
+    # The commands only: the verdict is one line, and the guard's own message carries the notes.
+    fixes = sorted({split_fix(e.fix)[0] or e.fix for e in fallback_events() if e.allowed and e.fix})
+    return "; ".join(fixes) or None
+
+
+def step_profiler(
+    cfg: Any, info: Any, hf_config: Any = None, peak: float = 0.0, *, log: Callable[[str], None] | None = None
+) -> StepProfiler:
+    """`kernelguard train`'s profiler for this rank (``cfg``: its TrainConfig, ``info``: its DistInfo): rank 0
+    only. Without --profile-step: from step 10 on a GPU, never on a CPU-only run (no GPU to judge; asking for a
+    trace asks for profiling)."""
+    from kernelguard.geometry import layer_types
+
+    first = cfg.metrics.profile_step
+    if first is None:
+        wanted = getattr(info.device, "type", None) == "cuda" or cfg.metrics.profile_trace is not None
+        first = DEFAULT_FIRST_STEP if wanted else 0
+    return StepProfiler(
+        first_step=first if info.is_main else 0,
+        every=cfg.metrics.profile_every,
+        trace_dir=cfg.metrics.profile_trace,
+        device=info.device,
+        log=log,
+        layers=(len(layer_types(hf_config)) or None) if hf_config is not None else None,
+        peak_flops=peak or None,
+    )

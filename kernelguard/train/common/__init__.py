@@ -1,0 +1,3 @@
+"""common"""
+
+__all__: list[str] = []

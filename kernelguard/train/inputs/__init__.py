@@ -1,0 +1,3 @@
+"""inputs"""
+
+__all__: list[str] = []

@@ -1,0 +1,168 @@
+"""A run's identity: what must be equal for a checkpoint to continue exactly, written to ``OUTPUT/run.json``.
+
+Fingerprints (sha256) of the model config, the tokenizer files, the chat template and the training data, plus
+every setting that changes which examples exist, how they pack, their order, or the LR schedule. Settings
+that only change speed or logging (``--max-steps``, ``--save-steps``, attention, activation checkpointing,
+loss implementation, eval) are not part of it: changing them between a run and its resume is fine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kernelguard.errors import CheckpointError, ConfigError
+
+from ..settings.config import RENAMED, TrainConfig
+
+__all__ = [
+    "IDENTITY_VERSION",
+    "RUN_FILE",
+    "chat_template_fingerprint",
+    "config_fingerprint",
+    "data_fingerprint",
+    "differences",
+    "read_identity",
+    "run_identity",
+    "tokenizer_fingerprint",
+    "write_identity",
+]
+
+RUN_FILE = "run.json"
+IDENTITY_VERSION = 1
+
+# Settings that change the examples, their packing and order, or the schedule (see the module docstring).
+_SETTINGS = (
+    "max_length",
+    "seed",
+    "gradient_accumulation_steps",
+    "num_train_epochs",
+    "learning_rate",
+    "min_lr_ratio",
+    "warmup_steps",
+    "schedule_steps",
+    "dataset_format",
+    "messages_column",
+    "split",
+    "overlong",
+    "skip_bad_rows",
+    "assistant_only_loss",
+    "eval_fraction",
+)
+# Keys of a config's to_dict() that differ between equal models (bookkeeping, not architecture).
+_VOLATILE_CONFIG_KEYS = frozenset(
+    {"transformers_version", "_name_or_path", "use_cache", "_attn_implementation", "attn_implementation",
+     "_attn_implementation_autoset", "dtype", "torch_dtype", "_commit_hash"}
+)  # fmt: skip
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt")
+
+
+def _sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _sha256_files(paths: Iterable[Path], root: Path | None = None) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(str(path.relative_to(root) if root else path.name).encode() + b"\0")
+        try:
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot read {path}: {e.strerror or e}.", fix="check the file's permissions"
+            ) from e
+    return h.hexdigest()
+
+
+def config_fingerprint(config: Any) -> str:
+    """sha256 of the model config's architecture fields (to_dict minus bookkeeping), canonical JSON."""
+    raw = {k: v for k, v in config.to_dict().items() if k not in _VOLATILE_CONFIG_KEYS}
+    return _sha256_bytes(json.dumps(raw, sort_keys=True, default=str).encode())
+
+
+def _is_tokenizer_file(path: Path) -> bool:
+    name = path.name
+    if not path.is_file() or name.endswith(_WEIGHT_SUFFIXES):
+        return False
+    return (
+        name.startswith(
+            ("tokenizer", "chat_template", "special_tokens_map", "added_tokens", "vocab", "merges")
+        )
+        or path.suffix == ".tiktoken"
+    )
+
+
+def tokenizer_fingerprint(tokenizer: str) -> str:
+    """sha256 over the tokenizer files of a local tokenizer folder (never its model weights)."""
+    folder = Path(tokenizer)
+    files = sorted(p for p in folder.iterdir() if _is_tokenizer_file(p)) if folder.is_dir() else []
+    return _sha256_files(files) if files else f"unhashed:{tokenizer}"
+
+
+def chat_template_fingerprint(chat_template: str | None) -> str | None:
+    if chat_template is None:
+        return None
+    path = Path(chat_template)
+    return _sha256_files([path]) if path.is_file() else f"name:{chat_template}"
+
+
+def data_fingerprint(data: str, split: str) -> str:
+    """sha256 over the content of the local data files; a dataset name is identified by name and split."""
+    from .sources import resolve_files
+
+    files = resolve_files(data)
+    if files is None:
+        return f"dataset:{data}:{split}"
+    root = Path(data) if Path(data).is_dir() else None
+    return _sha256_files(files, root)
+
+
+def run_identity(cfg: TrainConfig, *, world_size: int, model_config: Any) -> dict[str, Any]:
+    """The identity of the run ``cfg`` describes (see the module docstring)."""
+    assert cfg.model.tokenizer is not None
+    identity: dict[str, Any] = {
+        "version": IDENTITY_VERSION,
+        "model_config_sha256": config_fingerprint(model_config),
+        "tokenizer_sha256": tokenizer_fingerprint(cfg.model.tokenizer),
+        "chat_template_sha256": chat_template_fingerprint(cfg.model.chat_template),
+        "data_sha256": data_fingerprint(cfg.data.data, cfg.data.split),
+        "world_size": world_size,
+    }
+    flags = cfg.flags()
+    for name in _SETTINGS:
+        value = flags[name]
+        identity[name] = list(value) if isinstance(value, tuple) else value
+    return identity
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """One line per field whose value differs: ``name: was X, now Y``. An old run.json's setting names
+    (``lr``, ``block_size``...) are read as the flag names they became (RENAMED)."""
+    old = {RENAMED.get(k, k): v for k, v in old.items()}
+    keys = [k for k in new if k != "version"] + [k for k in old if k not in new and k != "version"]
+    return [f"{k}: was {old.get(k)!r}, now {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def read_identity(file: Path) -> dict[str, Any]:
+    try:
+        identity = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(
+            f"{file} cannot be read ({e}).", fix="restore it, or start again with --overwrite"
+        ) from e
+    if not isinstance(identity, dict):
+        raise CheckpointError(f"{file} is not a run identity.", fix="start again with --overwrite")
+    return identity
+
+
+def write_identity(output: Path, identity: dict[str, Any]) -> Path:
+    path = output / RUN_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
+    return path

@@ -1,0 +1,253 @@
+"""Where training rows come from: a local ``.jsonl``/``.json``/``.parquet`` file, a folder of them, or a dataset
+name (see kernelguard.train.inputs.data's docstring for why JSON is read line by line with the standard library)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from kernelguard.errors import ConfigError
+from kernelguard.file_kinds import dangling_link, saved_dataset
+from kernelguard.install import extra_command
+
+from .rows import Row, data_error
+
+__all__ = ["JSON_SUFFIXES", "PARQUET_SUFFIXES", "SPLIT_NAMES", "Keep", "iter_rows", "resolve_files"]
+
+JSON_SUFFIXES = (".jsonl", ".json")
+PARQUET_SUFFIXES = (".parquet",)
+
+
+# A file or folder name token that marks its split, as datasets' data-file patterns do (train.jsonl,
+# data/test-00000.parquet, valid/...). A folder with such names is read split by split, never all at once.
+SPLIT_NAMES = {
+    "train": ("train", "training"),
+    "validation": ("validation", "valid", "val", "dev"),
+    "test": ("test", "testing", "eval", "evaluation"),
+}
+# Files in a data folder that are never rows: a saved dataset's metadata, a run's own outputs.
+_NOT_DATA = {"dataset_info.json", "state.json", "dataset_dict.json", "metrics.jsonl", "run.json",
+             "train_config.json", "config.json"}
+
+
+def _data_suffix(path: Path) -> str:
+    """``.jsonl`` for ``x.jsonl`` and ``x.jsonl.gz`` (gzip is read transparently); else the last suffix."""
+    suffixes = path.suffixes[-2:]
+    return suffixes[0] if len(suffixes) == 2 and suffixes[1] == ".gz" and suffixes[0] in JSON_SUFFIXES else path.suffix
+
+
+def _split_of(path: Path, root: Path) -> str | None:
+    tokens = {t for part in path.relative_to(root).parts for t in re.split(r"[-._ 0-9]+", part.lower()) if t}
+    found = [name for name, spellings in SPLIT_NAMES.items() if tokens & set(spellings)]
+    return found[0] if len(found) == 1 else None
+
+
+def resolve_files(data: str, *, split: str | None = "train") -> list[Path] | None:
+    """Local files to read, or None when ``data`` is not a local path (then it is a dataset name). In a
+    folder, files named by split (train.jsonl, test/...) are read for ``split`` only; hidden files and
+    metadata are skipped. ``split`` None: every file (an --eval-data folder is all eval data)."""
+    path = Path(data)
+    known = JSON_SUFFIXES + PARQUET_SUFFIXES
+    if path.is_file():
+        if _data_suffix(path) not in known:
+            raise ConfigError(
+                f"data file {path} has suffix {path.suffix!r}; expected .jsonl, .json or .parquet (or .jsonl.gz).",
+                fix="convert it to JSON lines or Parquet",
+            )
+        if split not in ("train", None):
+            raise ConfigError(
+                f"--split {split}: {path} is one file, which has no splits.",
+                fix="pass the file of that split as --data, or leave --split out",
+            )
+        return [path]
+    if path.is_dir() and (saved := saved_dataset(path)):
+        raise ConfigError(
+            f"--data {path} is {saved}; kernelguard train reads JSON lines, JSON or Parquet files.",
+            fix=f"python -c \"import datasets; d = datasets.load_from_disk('{path}'); "
+            + ("d['train']" if "DatasetDict" in saved else "d") + f".to_json('{path}.jsonl')\" then --data "
+            f"{path}.jsonl",
+        )
+    if path.is_dir():
+        files = sorted(
+            p for p in path.rglob("*")
+            if p.is_file() and _data_suffix(p) in known and p.name not in _NOT_DATA
+            and not any(part.startswith((".", "__")) for part in p.relative_to(path).parts)
+        )
+        if not files:
+            raise ConfigError(
+                f"data folder {path} holds no .jsonl, .json or .parquet files.", fix="check --data"
+            )
+        return files if split is None else _files_of_split(files, path, split)
+    if (broken := dangling_link(path)) is not None:
+        raise ConfigError(f"--data {broken}.", fix="check --data")
+    if _data_suffix(path) in known or data.startswith((".", "/")):
+        raise ConfigError(f"data path {data} does not exist.", fix="check --data")
+    return None
+
+
+def _files_of_split(files: list[Path], root: Path, split: str) -> list[Path]:
+    splits = {p: _split_of(p, root) for p in files}
+    named = sorted({s for s in splits.values() if s})
+    if not named:
+        if split != "train":
+            raise ConfigError(
+                f"--split {split}: no file in {root} is named for a split, so every file is training data.",
+                fix="name the files by split (train.jsonl, test.jsonl), or leave --split out",
+            )
+        return files
+    chosen = [p for p, s in splits.items() if s == split]
+    if not chosen:
+        raise ConfigError(
+            f"--split {split}: {root} has files for the split(s) {', '.join(named)}, none for {split}.",
+            fix=f"--split {named[0]}",
+        )
+    return chosen
+
+
+Keep = Callable[[int], bool]
+
+
+class _Counter:
+    """Row indices across files; ``keep`` decides (before any parsing) whether a row belongs to this split."""
+
+    def __init__(self, keep: Keep | None) -> None:
+        self.next = 0
+        self.keep = keep
+
+    def take(self) -> tuple[int, bool]:
+        index, self.next = self.next, self.next + 1
+        return index, self.keep is None or self.keep(index)
+
+
+def _iter_json_file(path: Path, skipped: Counter[str], skip_bad: bool, counter: _Counter) -> Iterator[Row]:
+    name = str(path)
+    raw = _decompressed(path, path.read_bytes())
+    if raw.lstrip()[:1] == b"[":
+        try:
+            items = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise data_error(
+                name, 0, "<file>", f"not valid UTF-8 at byte {e.start}", "re-encode the file as UTF-8"
+            )
+        except json.JSONDecodeError as e:
+            raise data_error(name, 0, "<file>", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}")
+        for i, item in enumerate(items):
+            index, keep = counter.take()
+            if keep:
+                yield Row(name, i, item, index)
+        return
+    if raw.lstrip()[:1] == b"{":
+        _refuse_one_object(name, raw)
+    for lineno, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        index, keep = counter.take()
+        if not keep:
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            err = data_error(name, lineno, "<line>", f"not valid UTF-8 at byte {e.start} of the line")
+            if not skip_bad:
+                raise err from None
+            skipped["not_utf8"] += 1
+            continue
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            if not skip_bad:
+                raise data_error(
+                    name, lineno, "<line>", f"invalid JSON at column {e.colno}: {e.msg}"
+                ) from None
+            skipped["invalid_json"] += 1
+            continue
+        yield Row(name, lineno, value, index)
+
+
+def _refuse_one_object(name: str, raw: bytes) -> None:
+    """A file that is one JSON object spread over lines (or an object of rows keyed by id) is not JSON lines:
+    name it, instead of an "invalid JSON at column 2" on its first line or one row with odd columns."""
+    lines = [line for line in raw.split(b"\n") if line.strip()]
+    try:
+        whole = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return
+    if not isinstance(whole, dict):
+        return
+    rows_by_key = len(whole) > 1 and all(isinstance(v, dict) for v in whole.values())
+    if len(lines) == 1 and not rows_by_key:
+        return  # one JSON line: a file of one row
+    keys = ", ".join(repr(k) for k in list(whole)[:3]) + (", ..." if len(whole) > 3 else "")
+    raise data_error(
+        name, 0, "<file>",
+        f"this file is one JSON object (keys {keys}), not rows: expected one JSON object per line (JSON lines) "
+        "or a JSON array of rows",
+        "python -c \"import json,sys; d=json.load(open(sys.argv[1])); "
+        "[print(json.dumps(r)) for r in d.values()]\" FILE > rows.jsonl   (when each value is one row)",
+    )
+
+
+# Magic bytes of compressed files, so a compressed file is named as such instead of "not valid UTF-8".
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ": "xz",
+               b"PK\x03\x04": "zip"}
+
+
+def _decompressed(path: Path, raw: bytes) -> bytes:
+    kind = next((k for magic, k in _COMPRESSED.items() if raw.startswith(magic)), None)
+    if kind == "gzip" and path.suffix == ".gz":
+        try:
+            return gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise data_error(str(path), 0, "<file>", f"a damaged gzip file ({e})", "re-create the file") from None
+    if kind is not None:
+        fix = "name it .jsonl.gz (read as is) or decompress it" if kind == "gzip" else "decompress it"
+        raise data_error(str(path), 0, "<file>", f"this file is {kind}-compressed, not JSON text", fix)
+    return raw
+
+
+def _iter_dataset(ds: Any, name: str, counter: _Counter) -> Iterator[Row]:
+    for i, item in enumerate(ds):
+        index, keep = counter.take()
+        if keep:
+            yield Row(name, i, item, index)
+
+
+def iter_rows(
+    data: str, *, split: str | None = "train", skipped: Counter[str], skip_bad: bool, keep: Keep | None = None
+) -> Iterator[Row]:
+    """Every row of ``data`` whose index ``keep`` accepts (all rows without ``keep``)."""
+    counter = _Counter(keep)
+    files = resolve_files(data, split=split)
+    if files is None:
+        try:
+            import datasets
+        except ImportError as e:
+            raise ConfigError(
+                "reading a dataset by name needs `datasets`.", fix=extra_command("train")
+            ) from e
+        try:
+            ds = datasets.load_dataset(data, split=split or "train")
+        except Exception as e:
+            raise ConfigError(
+                f"could not load dataset {data!r} (split {split!r}): {e}", fix="check --data"
+            ) from e
+        yield from _iter_dataset(ds, data, counter)
+        return
+    for path in files:
+        if _data_suffix(path) in JSON_SUFFIXES:
+            yield from _iter_json_file(path, skipped, skip_bad, counter)
+        else:
+            import datasets
+
+            try:
+                ds = datasets.load_dataset("parquet", data_files=[str(path)], split="train")
+            except Exception as e:
+                raise data_error(
+                    str(path), 0, "<file>", f"unreadable Parquet: {e}", "rewrite the file"
+                ) from e
+            yield from _iter_dataset(ds, str(path), counter)

@@ -1,0 +1,3 @@
+"""model"""
+
+__all__: list[str] = []

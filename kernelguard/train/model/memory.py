@@ -1,0 +1,359 @@
+"""Per-rank GPU memory of a `kernelguard train` run, estimated before any GPU is touched (`--dry-run`).
+
+What `kernelguard train` holds per rank (FSDP2, ``MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32)``):
+
+- **parameters**: fp32 shards, ``4 N / world`` bytes;
+- **gradients**: fp32 shards, ``4 N / world``; they exist from the first backward of a step until
+  ``zero_grad(set_to_none=True)``, so they are part of the peak only when the peak falls inside the backward
+  or a later micro-batch (``--grad-accum`` > 1);
+- **optimizer state**: AdamW ``exp_avg`` + ``exp_avg_sq`` in fp32, ``8 N / world``;
+- **unsharded compute copies** (``param_dtype``): the root module (embeddings, final norm, LM head) stays
+  gathered for the whole step (``reshard_after_forward=False``), plus up to two decoder layers in flight
+  (the one running and the one FSDP2 prefetches);
+- **activations**: what autograd saves for the backward, *measured* by running the model's own forward on
+  the meta device (no memory, no GPU) under ``torch.autograd.graph.saved_tensors_hooks`` with one packed
+  block of ``block_size`` tokens, the fast kernels stood in for by what they save
+  (kernelguard.train.model.memory_probe). With activation checkpointing only each layer's input is kept, plus one
+  layer's activations while it is recomputed;
+- **loss**: ``--loss chunked`` keeps the hidden-state and LM-head gradients (``T x hidden`` + ``vocab x
+  hidden`` in ``param_dtype``) and, one 4,096-token chunk at a time, holds its logits, their fp32 copy
+  (``log_softmax(dtype=float32)`` upcasts a bf16 input first) and the fp32 log-softmax; ``--loss logits``
+  keeps the fp32 log-softmax of every token and holds the logits and their fp32 copy through the loss.
+
+``--activation-checkpointing auto`` (the default) uses this estimate at the start of a GPU run:
+checkpointing off when the peak without it fits the card (keeping the 8% below free), on otherwise
+(:func:`choose_checkpointing`; kernelguard.train.model.build logs the choice with both figures).
+
+The peak is the larger of two moments: the loss's forward (all saved activations + the loss buffers) and the
+backward, where each layer's saved tensors are freed as its gradients appear, so the larger of all saved and
+all gradients (with checkpointing: plus the layer being recomputed). CUDA context, NCCL buffers and
+allocator slack are not in torch's ``max_memory_allocated``; "fits" keeps 8% of the card free for them.
+Checked on an H200 against the measured peak of the product's step (bench/RESULTS.md, 2026-12-01): within
+5% for the 1.16 B proxy with and without checkpointing, at 8k and 16k tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from kernelguard.errors import ConfigError
+
+from .memory_probe import PROBE_ATTENTION, ActivationProbe, measure_activations
+from kernelguard.train.common.logs import human_count
+
+GIB = 2**30
+HEADROOM = 0.92  # share of the card torch may allocate before "does not fit"
+COMMON_GPUS: tuple[tuple[str, float], ...] = (("80 GB (H100/A100)", 80e9), ("141 GB (H200)", 141e9))
+
+__all__ = [
+    "COMMON_GPUS",
+    "GIB",
+    "HEADROOM",
+    "PROBE_ATTENTION",
+    "ActivationProbe",
+    "CheckpointingChoice",
+    "MemoryEstimate",
+    "choose_checkpointing",
+    "combine",
+    "estimate",
+    "measure_activations",
+    "min_world_size",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Per-rank bytes of one `kernelguard train` configuration; ``fits`` against ``gpu_bytes`` when known."""
+
+    world_size: int
+    block_size: int
+    activation_checkpointing: bool
+    loss: str
+    param_dtype: str
+    grad_accum: int
+    num_params: int
+    params_per_rank: int
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    unsharded_bytes: int
+    activation_bytes: int
+    loss_bytes: int
+    peak_bytes: int
+    gpu_bytes: int | None
+    gpu_source: str
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.gpu_bytes is None else self.peak_bytes <= HEADROOM * self.gpu_bytes
+
+    def fits_on(self, gpu_bytes: float) -> bool:
+        return self.peak_bytes <= HEADROOM * gpu_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["notes"] = list(self.notes)
+        data["fits"] = self.fits
+        data["fits_common_gpus"] = {name: self.fits_on(size) for name, size in COMMON_GPUS}
+        return data
+
+    def render(self) -> str:
+        ac = "on every decoder layer" if self.activation_checkpointing else "off"
+        rows = [
+            ("parameters (fp32 shards)", self.parameter_bytes),
+            ("gradients (fp32 shards)", self.gradient_bytes),
+            ("optimizer state (AdamW, fp32 shards)", self.optimizer_bytes),
+            (f"unsharded {self.param_dtype} copies (root + 2 layers)", self.unsharded_bytes),
+            ("activations", self.activation_bytes),
+            (f"loss ({self.loss})", self.loss_bytes),
+        ]
+        head = (
+            f"memory per rank: {human_count(self.num_params)} parameters over {self.world_size} rank(s) "
+            f"({human_count(self.params_per_rank)} each), {self.block_size:,}-token blocks, activation "
+            f"checkpointing {ac}, grad accum {self.grad_accum}"
+        )
+        lines = [head]
+        lines += [f"  {name:<44} {_gib(value):>9}" for name, value in rows]
+        lines.append(f"  {'estimated peak':<44} {_gib(self.peak_bytes):>9}")
+        lines.append("  " + self._verdict())
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def _verdict(self) -> str:
+        if self.gpu_bytes is not None:
+            word = "fits" if self.fits else "does NOT fit"
+            return f"{word} on {self.gpu_source} ({_gib(self.gpu_bytes)}, keeping {1 - HEADROOM:.0%} free)"
+        parts = [
+            f"{'fits' if self.fits_on(size) else 'does NOT fit'} on {name}" for name, size in COMMON_GPUS
+        ]
+        return "; ".join(parts) + f" (no GPU visible; keeping {1 - HEADROOM:.0%} free)"
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+# ------------------------------------------------------------------------------------------------ entry ---
+def estimate(
+    cfg: Any,
+    *,
+    world_size: int | None = None,
+    gpu_bytes: int | None = None,
+    model: Any = None,
+    progress: Callable[[str], None] | None = None,
+) -> MemoryEstimate:
+    """Estimate per-rank memory for ``cfg`` (a :class:`kernelguard.train.settings.config.TrainConfig`).
+
+    ``world_size``: default ``$WORLD_SIZE``, else 1. ``gpu_bytes``: default the
+    visible GPU's memory; with no GPU the verdict is given for 80 GB and 141 GB cards. With
+    ``activation_checkpointing=None`` (auto) the estimate is for the setting :func:`choose_checkpointing` picks
+    on that GPU, with its reason in the notes; with no GPU, for the setting it picks on the largest of
+    ``COMMON_GPUS``, and the notes give its choice on each. ``model``: the run's model from
+    :func:`kernelguard.train.model.memory_probe.build_probe_model`, when the caller has it (else it is built);
+    ``progress`` hears each stage (``--dry-run`` prints them)."""
+    estimate_for, gpu, source = _estimator(
+        cfg, world_size=world_size, gpu_bytes=gpu_bytes, model=model, progress=progress
+    )
+    if cfg.runtime.activation_checkpointing is not None:
+        return estimate_for(bool(cfg.runtime.activation_checkpointing))
+    if gpu is None:  # the job's GPU decides; shown: what auto picks on the largest common card
+        without, with_ac = estimate_for(False), estimate_for(True)
+        cards = ", ".join(f"{name}: {'off' if without.fits_on(size) else 'on'}" for name, size in COMMON_GPUS)
+        note = (
+            f"--activation-checkpointing auto decides on the job's GPU ({cards}): off where the peak without it "
+            f"({_gib(without.peak_bytes)}) fits, else on ({_gib(with_ac.peak_bytes)})"
+        )
+        shown = without if without.fits_on(max(size for _, size in COMMON_GPUS)) else with_ac
+        return replace(shown, notes=(*shown.notes, note))
+    choice = _choose(estimate_for, gpu, source)
+    note = f"--activation-checkpointing auto: {'on' if choice.enabled else 'off'}, {choice.reason}"
+    return replace(choice.estimate, notes=(*choice.estimate.notes, note))
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointingChoice:
+    """What ``--activation-checkpointing auto`` chose for one run, why (with the figures), and the estimate."""
+
+    enabled: bool
+    reason: str
+    estimate: MemoryEstimate
+
+    def line(self) -> str:
+        return f"activation checkpointing: {'on' if self.enabled else 'off'} (auto: {self.reason})"
+
+
+def choose_checkpointing(
+    cfg: Any, *, gpu_bytes: int, gpu_source: str, world_size: int | None = None
+) -> CheckpointingChoice:
+    """Off when the run's estimated peak without checkpointing fits ``HEADROOM`` of ``gpu_bytes``, else on.
+
+    Checkpointing never changes the results (the forward is recomputed exactly); off is ~25% faster when the
+    activations fit (bench/RESULTS.md). ``cfg.runtime.activation_checkpointing`` is not read: this is what auto means."""
+    estimate_for, _, _ = _estimator(cfg, world_size=world_size, gpu_bytes=gpu_bytes, gpu_source=gpu_source)
+    return _choose(estimate_for, gpu_bytes, gpu_source)
+
+
+def _choose(estimate_for: Callable[[bool], MemoryEstimate], gpu: int, source: str) -> CheckpointingChoice:
+    without = estimate_for(False)
+    budget = f"{HEADROOM:.0%} of {_gib(gpu)} on {source}"
+    if without.fits_on(gpu):
+        return CheckpointingChoice(
+            False, f"estimated peak {_gib(without.peak_bytes)} without it fits {budget}", without
+        )
+    with_ac = estimate_for(True)
+    reason = (
+        f"estimated peak {_gib(without.peak_bytes)} without it exceeds {budget}; "
+        f"{_gib(with_ac.peak_bytes)} with it"
+    )
+    if not with_ac.fits_on(gpu):
+        reason += " (does not fit either: see --dry-run for more ranks or a smaller --max-length)"
+    return CheckpointingChoice(True, reason, with_ac)
+
+
+def _estimator(
+    cfg: Any, *, world_size: int | None, gpu_bytes: int | None, gpu_source: str = "the given GPU memory",
+    model: Any = None, progress: Callable[[str], None] | None = None,
+) -> tuple[Callable[[bool], MemoryEstimate], int | None, str]:
+    """(checkpointing on/off -> the estimate, GPU bytes, where they came from): the model is probed once."""
+    from .parallel import model_source
+
+    ranks = _world_size(world_size)
+    hf_config = model.config if model is not None else model_source(str(cfg.model.model))[0]
+    probe = measure_activations(
+        hf_config, tokens=int(cfg.packing.max_length), param_dtype=cfg.runtime.param_dtype, model=model,
+        progress=progress,
+    )
+    gpu, source = (gpu_bytes, gpu_source) if gpu_bytes else _visible_gpu()
+
+    def estimate_for(activation_checkpointing: bool) -> MemoryEstimate:
+        return combine(
+            probe,
+            world_size=ranks,
+            block_size=int(cfg.packing.max_length),
+            activation_checkpointing=activation_checkpointing,
+            loss=str(cfg.runtime.loss),
+            param_dtype=str(cfg.runtime.param_dtype),
+            grad_accum=int(cfg.training.gradient_accumulation_steps),
+            gpu_bytes=gpu,
+            gpu_source=source,
+        )
+
+    return estimate_for, gpu, source
+
+
+def _world_size(given: int | None) -> int:
+    raw = given or os.environ.get("WORLD_SIZE") or 1
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        value = 0
+    if value <= 0:
+        raise ConfigError(
+            f"world size is {raw!r}; it must be a positive integer.", fix="WORLD_SIZE=8 (or unset)"
+        )
+    return value
+
+
+def _visible_gpu() -> tuple[int | None, str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, "no GPU"
+    props = torch.cuda.get_device_properties(0)
+    return int(props.total_memory), props.name
+
+
+# ---------------------------------------------------------------------------------------------- combine ---
+def combine(
+    probe: ActivationProbe,
+    *,
+    world_size: int,
+    block_size: int,
+    activation_checkpointing: bool,
+    loss: str,
+    param_dtype: str,
+    grad_accum: int = 1,
+    gpu_bytes: int | None = None,
+    gpu_source: str = "no GPU",
+) -> MemoryEstimate:
+    """The per-rank figures and peak from a probe (see the module docstring for each term)."""
+    n, cb = probe.num_params, probe.compute_bytes
+    per_rank = math.ceil(n / world_size)
+    params, grads, optim = 4 * per_rank, 4 * per_rank, 8 * per_rank
+    unsharded = cb * (probe.root_params + 2 * probe.max_layer_params)
+    static = params + optim + unsharded
+    kept, transient = _loss_bytes(probe, loss)
+    if activation_checkpointing:
+        layer_inputs = probe.num_layers * probe.tokens * probe.hidden_size * cb
+        saved_fwd = layer_inputs + probe.root_saved
+        activations = saved_fwd + probe.max_layer_saved  # plus the layer being recomputed in the backward
+    else:
+        saved_fwd = activations = probe.total_saved
+    # Two candidate moments: the loss's forward (everything saved + its chunk buffers) and the backward.
+    # Going down the layers the backward frees each layer's saved tensors as its gradients appear, so saved +
+    # gradients is largest at one end: all saved (its start) or all gradients (its end); with checkpointing,
+    # one recomputed layer on top. Gradients of an earlier micro-batch are alive throughout when --grad-accum
+    # > 1; otherwise zero_grad(set_to_none=True) freed the last step's.
+    accum_grads = grads if grad_accum > 1 else 0
+    at_loss = static + saved_fwd + kept + transient + accum_grads
+    saved_and_grads = saved_fwd + grads if grad_accum > 1 else max(saved_fwd, grads)
+    in_backward = static + kept + saved_and_grads + (activations - saved_fwd)
+    peak = max(at_loss, in_backward)
+    notes = list(probe.notes)
+    notes.append(
+        "the peak is reached in the loss's forward (saved activations + its chunk buffers)"
+        if at_loss >= in_backward
+        else "the peak is reached in the backward (gradients + one recomputed layer)"
+    )
+    return MemoryEstimate(
+        world_size=world_size,
+        block_size=block_size,
+        activation_checkpointing=activation_checkpointing,
+        loss=loss,
+        param_dtype=param_dtype,
+        grad_accum=grad_accum,
+        num_params=n,
+        params_per_rank=per_rank,
+        parameter_bytes=params,
+        gradient_bytes=grads,
+        optimizer_bytes=optim,
+        unsharded_bytes=unsharded,
+        activation_bytes=activations,
+        loss_bytes=kept + transient,
+        peak_bytes=peak,
+        gpu_bytes=gpu_bytes,
+        gpu_source=gpu_source,
+        notes=tuple(notes),
+    )
+
+
+def _loss_bytes(probe: ActivationProbe, loss: str) -> tuple[int, int]:
+    """(kept for the backward, transient at the loss's forward) bytes of the loss."""
+    from ..step.loss import DEFAULT_CHUNK_TOKENS
+
+    t, h, v, cb = probe.tokens, probe.hidden_size, probe.vocab_size, probe.compute_bytes
+    # log_softmax(x, dtype=float32) of a bf16/fp16 x first makes an fp32 copy of x (only CUDA fp16 skips it)
+    upcast = 4 if cb != 4 else 0
+    if loss == "chunked":
+        chunk = min(DEFAULT_CHUNK_TOKENS, t)
+        # kept: d(hidden) and d(LM head); per chunk: its logits, their fp32 copy and the fp32 log-softmax
+        return cb * (t * h + v * h), chunk * v * (cb + upcast + 4)
+    # the fp32 log-softmax is kept; the logits and their fp32 copy live through the loss's forward
+    return 4 * t * v, t * v * (cb + 4)
+
+
+def min_world_size(
+    estimate_for: Callable[[int], MemoryEstimate], gpu_bytes: float, limit: int = 4096
+) -> int | None:
+    """The smallest world size whose per-rank peak fits ``gpu_bytes`` (None when even ``limit`` does not)."""
+    ranks = 1
+    while ranks <= limit:
+        if estimate_for(ranks).fits_on(gpu_bytes):
+            return ranks
+        ranks *= 2
+    return None

@@ -1,0 +1,3 @@
+"""output"""
+
+__all__: list[str] = []

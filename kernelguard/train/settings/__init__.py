@@ -1,0 +1,3 @@
+"""settings"""
+
+__all__: list[str] = []

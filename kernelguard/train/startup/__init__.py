@@ -1,0 +1,3 @@
+"""startup"""
+
+__all__: list[str] = []

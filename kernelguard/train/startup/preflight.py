@@ -1,0 +1,339 @@
+"""Checks a run passes before any expensive work (model build, guard, tokenisation, data reading), and the
+claim of the output folder once the gate has passed.
+
+Preflight reads, never writes: a refusal leaves the output folder exactly as it was. It checks that the
+inputs exist, the flags agree, the output folder can take at least one checkpoint, and how this start
+relates to a run already in the folder: without ``--resume`` a folder holding a run is refused unless
+``--overwrite``; with ``--resume`` the newest checkpoint is verified against its manifest (falling back to
+the newest valid one) and its run identity must equal this one (``--resume-anyway`` overrides, warning).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelguard.errors import CheckpointError, ConfigError
+from kernelguard.geometry import estimated_params
+
+from ..output import checkpoint as ckpt
+from ..settings.config import CONFIG_FILENAME, TrainConfig, save_config
+from ..inputs.identity import RUN_FILE, differences, read_identity, run_identity, write_identity
+from ..model.parallel import model_source
+from ..model.weight_files import weights_to_load
+from .startup_checks import (
+    check_environment,
+    check_flags,
+    check_inputs,
+    check_model_size,
+    check_paths,
+    check_writable_folder,
+)
+
+__all__ = [
+    "RUN_ARTIFACTS",
+    "StartPlan",
+    "check_checkpoint_shapes",
+    "check_environment",
+    "check_flags",
+    "check_image_lock",
+    "check_inputs",
+    "check_model_size",
+    "check_output",
+    "check_packed_segments",
+    "check_paths",
+    "check_writable_folder",
+    "checkpoint_bytes_estimate",
+    "claim_output",
+    "plan_resume",
+    "preflight",
+    "refuse_existing_run",
+    "run_artifacts",
+]
+
+# What a run writes into its output folder; --overwrite removes exactly these.
+RUN_ARTIFACTS = (
+    RUN_FILE,
+    CONFIG_FILENAME,
+    "checkpoints",
+    "final",
+    "final.tmp",
+    "metrics.jsonl",
+    "metrics.png",
+    "tensorboard",
+    "wandb",
+)
+# fp32 master weights + AdamW's two fp32 moments, per parameter (DCP stores them as trained).
+CHECKPOINT_BYTES_PER_PARAM = 12
+
+
+@dataclass(frozen=True, slots=True)
+class StartPlan:
+    """What preflight decided: this run's identity, the verified checkpoint to resume from, warnings, and
+    notices (what the user asked for, said once at info level: e.g. random init from a config file)."""
+
+    identity: dict[str, Any]
+    resume_from: Path | None = None
+    warnings: tuple[str, ...] = field(default=())
+    notices: tuple[str, ...] = field(default=())
+
+
+def preflight(cfg: TrainConfig, *, world_size: int) -> StartPlan:
+    """Every check that needs no model, no tokenizer load and no data parse. Raises ConfigError/DataError."""
+    check_environment()
+    check_flags(cfg)
+    check_inputs(cfg)
+    check_paths(cfg)
+    config, _ = model_source(cfg.model.model)
+    check_model_size(config, model=str(cfg.model.model))
+    weights, notice = weights_to_load(cfg.model.model, init=cfg.model.init)
+    check_output(cfg.checkpoint.output_dir, need_bytes=checkpoint_bytes_estimate(config, weights))
+    identity = run_identity(cfg, world_size=world_size, model_config=config)
+    notices = (notice,) if notice else ()
+    if not cfg.checkpoint.resume:
+        refuse_existing_run(cfg)
+        return StartPlan(identity, notices=notices)
+    plan = plan_resume(cfg, identity)
+    return StartPlan(plan.identity, plan.resume_from, plan.warnings, notices)
+
+
+def check_checkpoint_shapes(model: Any, checkpoint: Path | None) -> None:
+    """Refuse resuming a checkpoint whose tensors have other shapes than this model's (a wider or deeper
+    config under --resume-anyway): no flag can continue across that, and the checkpoint itself is fine."""
+    if checkpoint is None:
+        return
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        meta = FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
+    except Exception:  # noqa: BLE001 - unreadable metadata is find_resumable's to report, not this check's
+        return
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    wrong = [
+        f"{name[6:]}: {tuple(entry.size)} in the checkpoint, {expected[name[6:]]} now"
+        for name, entry in meta.items()
+        if name.startswith("model.") and name[6:] in expected and hasattr(entry, "size")
+        and tuple(entry.size) != expected[name[6:]]
+    ]
+    if wrong:
+        raise CheckpointError(
+            f"--resume: {checkpoint} holds a model of another shape ({len(wrong)} tensor(s) differ, e.g. "
+            + "; ".join(wrong[:2]) + "); --resume-anyway cannot continue across a change of architecture.",
+            fix="resume with the model config it was trained with (the checkpoint is intact: keep it), or start "
+            "the new architecture in another --output-dir",
+        )
+
+
+def _weight_shapes(folder: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape from safetensors headers (no tensor data read); {} for other formats."""
+    index = folder / "model.safetensors.index.json"
+    files = [folder / "model.safetensors"]
+    if index.is_file():
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+            files = [folder / s for s in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    shapes: dict[str, list[int]] = {}
+    for path in files:
+        header = _safetensors_header(path) or {}
+        shapes.update(
+            {k: v.get("shape", []) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+        )
+    return shapes
+
+
+def check_output(output: Path, *, need_bytes: int) -> None:
+    """The output folder (or its nearest existing parent) is a writable folder with room for a checkpoint."""
+    existing = check_writable_folder(output, flag="--output-dir")
+    free = shutil.disk_usage(existing).free
+    if free < need_bytes:
+        raise ConfigError(
+            f"--output-dir {output}: {free / 2**30:.1f} GiB free on its disk; one checkpoint needs about "
+            f"{need_bytes / 2**30:.1f} GiB (12 bytes per parameter).",
+            fix="free disk space or put --output-dir on a larger disk",
+        )
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # an unreadable parent: treat as absent and look further up
+        return False
+
+
+def run_artifacts(output: Path) -> list[str]:
+    """Names of a previous run's artifacts in ``output``."""
+    return [name for name in RUN_ARTIFACTS if _exists(output / name)] if output.is_dir() else []
+
+
+def refuse_existing_run(cfg: TrainConfig) -> None:
+    found = run_artifacts(cfg.checkpoint.output_dir)
+    if found and not cfg.checkpoint.overwrite:
+        raise CheckpointError(
+            f"--output-dir {cfg.checkpoint.output_dir} already holds a run ({', '.join(found)}).",
+            fix="--resume to continue it, --overwrite to delete it and start again, or another --output-dir",
+        )
+
+
+def plan_resume(cfg: TrainConfig, identity: dict[str, Any]) -> StartPlan:
+    """The newest verified checkpoint, refused when its run identity differs (unless --resume-anyway)."""
+    path, problems = ckpt.find_resumable(cfg.checkpoint.output_dir)
+    warnings = [*problems, *ckpt.unsealed_warnings(cfg.checkpoint.output_dir, path)]
+    if problems and path is not None:
+        done = ckpt.complete_checkpoints(cfg.checkpoint.output_dir)
+        kept = next(s for s, p in done if p == path)
+        newer = [p.name for s, p in done if s > kept]
+        warnings.append(
+            f"falling back to {path.name}, the newest checkpoint that verifies; the unusable "
+            f"{', '.join(newer) or 'newer checkpoint'} (all of its files, intact ones too) will be replaced when "
+            "this run saves that step again: copy it away now to keep it"
+        )
+    reference, source = _reference_identity(cfg.checkpoint.output_dir, path)
+    if reference is not None:
+        diffs = differences(reference, identity)
+        if diffs and not cfg.checkpoint.resume_anyway:
+            raise CheckpointError(
+                f"--resume: {source} belongs to a different run; what differs:\n  " + "\n  ".join(diffs),
+                fix="resume with the original inputs and settings; or --resume-anyway to continue from it "
+                "anyway (not an exact continuation); or --overwrite / another --output-dir to start again",
+            )
+        warnings += [f"--resume-anyway: {source} differs: {d}" for d in diffs]
+    return StartPlan(identity, path, tuple(warnings))
+
+
+def _reference_identity(output: Path, checkpoint: Path | None) -> tuple[dict[str, Any] | None, Path]:
+    """The identity recorded with the checkpoint, else the folder's run.json (None: nothing recorded)."""
+    if checkpoint is not None:
+        saved = ckpt.read_trainer_state(checkpoint).get("identity")
+        if isinstance(saved, dict):
+            return saved, checkpoint
+    run_file = output / RUN_FILE
+    if run_file.is_file():
+        return read_identity(run_file), run_file
+    return None, run_file
+
+
+def claim_output(cfg: TrainConfig, plan: StartPlan) -> list[str]:
+    """Rank 0, after the gate passed: --overwrite deletes the old run's artifacts (returned), then the folder
+    is created, leftovers of a crash mid-save are removed and this run's identity and configuration
+    (``train_config.json``) are written."""
+    removed = []
+    try:
+        for name in run_artifacts(cfg.checkpoint.output_dir) if cfg.checkpoint.overwrite else []:
+            target = cfg.checkpoint.output_dir / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+            removed.append(name)
+        cfg.checkpoint.output_dir.mkdir(parents=True, exist_ok=True)
+        ckpt.remove_incomplete(cfg.checkpoint.output_dir)
+        write_identity(cfg.checkpoint.output_dir, plan.identity)
+        save_config(cfg, cfg.checkpoint.output_dir)  # a --config file that repeats this run
+    except OSError as e:
+        raise ConfigError(
+            f"--output-dir {cfg.checkpoint.output_dir}: {e.filename or cfg.checkpoint.output_dir} cannot be written ({e.strerror or e}).",
+            fix="choose a folder you own, or fix its permissions",
+        ) from e
+    return removed
+
+
+# ---------------------------------------------------------------------------------------- disk estimate ---
+def checkpoint_bytes_estimate(config: Any, weights: Path | None) -> int:
+    """Bytes of one checkpoint: parameters (from the weight files' headers, else the config) x 12."""
+    params = _params_from_weights(weights) if weights is not None else None
+    return CHECKPOINT_BYTES_PER_PARAM * (params or estimated_params(config))
+
+
+def _params_from_weights(folder: Path) -> int | None:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        counts = [_safetensors_params(folder / s) for s in shards]
+        return None if None in counts else sum(c for c in counts if c is not None)
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return _safetensors_params(single)
+    binary = folder / "pytorch_model.bin"
+    return binary.stat().st_size // 2 if binary.is_file() else None  # assume 16-bit weights
+
+
+def _safetensors_header(path: Path) -> dict[str, Any] | None:
+    """A safetensors header (8-byte length, then JSON): no tensor data is read."""
+    try:
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+    except (OSError, ValueError, struct.error):
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def _safetensors_params(path: Path) -> int | None:
+    """Parameter count from a safetensors header."""
+    header = _safetensors_header(path)
+    if header is None:
+        return None
+    total = 0
+    for name, entry in header.items():
+        if name != "__metadata__" and isinstance(entry, dict):
+            n = 1
+            for dim in entry.get("shape", []):
+                n *= int(dim)
+            total += n
+    return total
+
+
+def check_packed_segments(counts: list[int], *, config: Any, fla_version: str | None = None) -> None:
+    """fla < 0.6.0 (fla PR #1077) launches its GDN state kernels with N * HV on a grid axis CUDA caps at 65,535:
+    a block with more than 65,535 // HV segments fails at its first step. Refused here, before step 1."""
+    from packaging.version import InvalidVersion, Version
+
+    from kernelguard.env import distribution_version
+    from kernelguard.errors import GuardRefused
+    from kernelguard.geometry import gdn_dims
+    from kernelguard.known_issues import FLA_1077_GRID_LIMIT, by_id
+
+    issue = by_id("fla-1077-too-many-segments")
+    version = fla_version or distribution_version("fla-core") or distribution_version("flash-linear-attention")
+    dims = gdn_dims(config)
+    try:
+        affected = version is not None and Version(Version(version).base_version) < Version("0.6.0")
+    except InvalidVersion:
+        affected = False
+    if issue is None or dims is None or not counts or not affected:
+        return
+    limit = FLA_1077_GRID_LIMIT // dims.num_v_heads
+    over = [(i, n) for i, n in enumerate(counts) if n > limit]
+    if not over:
+        return
+    worst = max(over, key=lambda item: item[1])
+    raise GuardRefused(
+        f"known issue {issue.id} ({issue.source}): {len(over)} packed block(s) hold more than {limit} segments "
+        f"(65,535 // {dims.num_v_heads} value heads), the most {worst[1]} in block {worst[0]}; fla {version} "
+        "would fail the launch of that step with 'Triton Error [CUDA]: invalid argument'.",
+        fix=issue.fix,
+    )
+
+
+def check_image_lock(lock: str | None, policy: Any) -> None:
+    """--lock / KERNELGUARD_LOCK, on every device and before the model is built: a node whose stack differs from
+    the image's lock is refused (exit 3) with one line per difference; so is one where the lock's check fails.
+    The run's --allow items are compared with the lock's: the guard will run with them."""
+    from kernelguard.errors import GuardRefused, LockMismatch
+    from kernelguard.gate import check_lock
+
+    try:
+        result = check_lock(lock, allow=policy)  # the run's own --allow: it must be the lock's
+    except LockMismatch as e:
+        raise GuardRefused(str(e)) from e
+    if result is not None and not result.ok:
+        from kernelguard.report import render
+
+        raise GuardRefused(render(result))

@@ -1,0 +1,3 @@
+"""step"""
+
+__all__: list[str] = []

@@ -1,0 +1,305 @@
+"""Packing tokenized examples into fixed 1D blocks.
+
+Pure Python for the bin packing (no torch import at module level), torch only to build block tensors.
+
+Best-fit decreasing keeps one sorted list of the *distinct* remaining capacities (at most ``block_size``
+values) and, per capacity, a stack of open blocks. Placing an example is one ``bisect`` on that list, so
+packing n examples is O(n log block_size), not O(n * blocks) like the textbook loop.
+"""
+
+from __future__ import annotations
+
+import random
+from bisect import bisect_left, insort
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..settings.packing_modes import NAIVE, NO_BOUNDARIES, NO_PACKING, PACKED, PACKING_MODES
+from kernelguard.packed_batch import BOUNDARY_KEYWORDS, IGNORE_INDEX
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "PackingStats",
+    "build_batch",
+    "build_packed_block",
+    "build_padded_batch",
+    "pack_best_fit_decreasing",
+    "pack_sequential_greedy",
+    "packing_stats",
+    "padded_shape",
+    "segment_counts",
+    "shard_blocks",
+]
+
+
+
+@dataclass(kw_only=True, slots=True)
+class PackingStats:
+    """What packing did. ``fill`` is real tokens / (blocks * block_size), in percent."""
+
+    blocks: int
+    examples: int
+    tokens: int
+    block_size: int
+    truncated: int = 0
+    dropped: int = 0
+
+    @property
+    def fill(self) -> float:
+        capacity = self.blocks * self.block_size
+        return 100.0 * self.tokens / capacity if capacity else 0.0
+
+    @property
+    def padding(self) -> float:
+        return 100.0 - self.fill if self.blocks else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "fill": round(self.fill, 3), "padding": round(self.padding, 3)}
+
+    def render(self, packing: str = "packed") -> str:
+        """One line; ``packing`` ``none`` words it as the padded batches those groups become."""
+        if packing == NO_PACKING:
+            return (
+                f"grouped {self.examples} examples ({self.tokens} tokens) into {self.blocks} padded batches "
+                f"of at most {self.block_size} real tokens: {self.truncated} truncated, {self.dropped} dropped"
+            )
+        return (
+            f"packed {self.examples} examples ({self.tokens} tokens) into {self.blocks} blocks of "
+            f"{self.block_size}: fill {self.fill:.2f}%, {self.truncated} truncated, {self.dropped} dropped"
+        )
+
+
+def _check_lengths(lengths: Sequence[int], block_size: int) -> None:
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    for i, n in enumerate(lengths):
+        if n <= 0 or n > block_size:
+            # Zero-length segments break fla's varlen kernels; overlong ones must be truncated or dropped first.
+            raise ValueError(
+                f"example {i} has length {n}; every length must be in [1, block_size={block_size}]"
+            )
+
+
+def segment_counts(blocks: Sequence[Sequence[int]], lengths: Sequence[int], block_size: int) -> list[int]:
+    """Segments per packed block as the GDN kernels see them (cu_seqlens): its examples, plus the padding tail,
+    which is one more segment whenever the examples do not fill the block."""
+    return [len(b) + (sum(lengths[i] for i in b) < block_size) for b in blocks]
+
+
+def pack_best_fit_decreasing(lengths: Sequence[int], block_size: int, *, seed: int = 0) -> list[list[int]]:
+    """Best-fit decreasing: longest example first, each into the open block it fills most tightly.
+
+    Returns example indices per block, in block creation order. Deterministic for a given ``seed``; examples
+    of equal length are ordered by a seeded shuffle (so the same data never packs the same duplicates
+    together across seeds). Among open blocks with the same remaining capacity the most recently touched
+    one is used.
+    """
+    _check_lengths(lengths, block_size)
+    order = list(range(len(lengths)))
+    random.Random(seed).shuffle(order)
+    order.sort(key=lengths.__getitem__, reverse=True)  # stable: ties keep the seeded order
+
+    blocks: list[list[int]] = []
+    capacities: list[int] = []  # sorted distinct remaining capacities that have at least one open block
+    open_by_capacity: dict[int, list[int]] = {}
+    for idx in order:
+        n = lengths[idx]
+        pos = bisect_left(capacities, n)
+        if pos == len(capacities):
+            block_id = len(blocks)
+            blocks.append([idx])
+            remaining = block_size - n
+        else:
+            cap = capacities[pos]
+            stack = open_by_capacity[cap]
+            block_id = stack.pop()
+            if not stack:
+                del open_by_capacity[cap]
+                del capacities[pos]
+            blocks[block_id].append(idx)
+            remaining = cap - n
+        if remaining > 0:
+            same = open_by_capacity.get(remaining)
+            if same is None:
+                open_by_capacity[remaining] = [block_id]
+                insort(capacities, remaining)
+            else:
+                same.append(block_id)
+    return blocks
+
+
+def pack_sequential_greedy(lengths: Sequence[int], block_size: int) -> list[list[int]]:
+    """The stock baseline: examples in order; start a new block when the next one does not fit."""
+    _check_lengths(lengths, block_size)
+    blocks: list[list[int]] = []
+    used = block_size  # forces a new block for the first example
+    for idx, n in enumerate(lengths):
+        if used + n > block_size:
+            blocks.append([])
+            used = 0
+        blocks[-1].append(idx)
+        used += n
+    return blocks
+
+
+def packing_stats(
+    blocks: Sequence[Sequence[int]],
+    lengths: Sequence[int],
+    block_size: int,
+    *,
+    truncated: int = 0,
+    dropped: int = 0,
+) -> PackingStats:
+    return PackingStats(
+        blocks=len(blocks),
+        examples=sum(len(b) for b in blocks),
+        tokens=sum(lengths[i] for b in blocks for i in b),
+        block_size=block_size,
+        truncated=truncated,
+        dropped=dropped,
+    )
+
+
+def shard_blocks(num_blocks: int, *, rank: int, world_size: int, seed: int, epoch: int = 0) -> list[int]:
+    """This rank's block indices for one epoch: a seeded permutation, dealt round-robin, cut so every rank
+    gets the same count (ranks must run the same number of collective steps)."""
+    order = list(range(num_blocks))
+    random.Random(f"{seed}:{epoch}").shuffle(order)
+    usable = (num_blocks // world_size) * world_size
+    return order[rank:usable:world_size]
+
+
+def build_packed_block(
+    examples: Sequence[tuple[list[int], list[int]]], block_size: int, pad_token_id: int
+) -> dict[str, torch.Tensor | int]:
+    """Concatenate ``(input_ids, labels)`` examples into one [1, block_size] block with varlen kwargs.
+
+    - ``labels``: each example's labels (unshifted, as transformers expects), with the first token of every
+      example set to -100 so the shifted loss never predicts across a boundary; padding is -100.
+    - ``position_ids`` restart at 0 for every example; the padding tail is ONE extra segment (positions
+      0..pad-1, its own ``seq_idx``) so ``cu_seq_lens`` shapes stay stable and no segment has length 0.
+    - ``cu_seq_lens_q``/``cu_seq_lens_k`` int32 [segments + 1]; ``max_length_q``/``max_length_k`` ints;
+      ``seq_idx`` int32 [1, block_size].
+    """
+    import torch
+
+    if not examples:
+        raise ValueError("a packed block needs at least one example")
+    input_ids: list[int] = []
+    labels: list[int] = []
+    positions: list[int] = []
+    seq_idx: list[int] = []
+    seg_lens: list[int] = []
+    for segment, (ids, labs) in enumerate(examples):
+        n = len(ids)
+        if n == 0 or n != len(labs):
+            raise ValueError(
+                f"example {segment}: {n} input ids and {len(labs)} labels (need equal, non-zero)"
+            )
+        input_ids.extend(ids)
+        labels.append(IGNORE_INDEX)
+        labels.extend(labs[1:])
+        positions.extend(range(n))
+        seq_idx.extend([segment] * n)
+        seg_lens.append(n)
+    real = len(input_ids)
+    if real > block_size:
+        raise ValueError(f"examples hold {real} tokens, more than block_size={block_size}")
+    pad = block_size - real
+    if pad:
+        input_ids.extend([pad_token_id] * pad)
+        labels.extend([IGNORE_INDEX] * pad)
+        positions.extend(range(pad))
+        seq_idx.extend([len(examples)] * pad)
+        seg_lens.append(pad)
+    cu = [0]
+    for n in seg_lens:
+        cu.append(cu[-1] + n)
+    cu_q = torch.tensor(cu, dtype=torch.int32)
+    max_len = max(seg_lens)
+    return {
+        "input_ids": torch.tensor([input_ids], dtype=torch.long),
+        "labels": torch.tensor([labels], dtype=torch.long),
+        "position_ids": torch.tensor([positions], dtype=torch.long),
+        "cu_seq_lens_q": cu_q,
+        "cu_seq_lens_k": cu_q.clone(),
+        "max_length_q": max_len,
+        "max_length_k": max_len,
+        "seq_idx": torch.tensor([seq_idx], dtype=torch.int32),
+        "num_real_tokens": real,
+    }
+
+
+
+def padded_shape(rows: int, longest: int, block_size: int) -> tuple[int, int]:
+    """The ``[rows, length]`` a padded batch is laid out in: each rounded up to a power of two (the length
+    never beyond ``max(longest, block_size)``).
+
+    fla's kernels autotune per batch size and Triton compiles per shape class, so every new ``[rows,
+    longest]`` costs a search of seconds; a packer's blocks hold anywhere from one to hundreds of examples, so
+    exact shapes mean a search every few steps for the whole run. Powers of two bound the shapes to a handful
+    (about 13 on 4,017 real conversations at 8,192 tokens) for the price of extra padding."""
+    return _next_power_of_two(rows), min(_next_power_of_two(longest), max(longest, block_size))
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def build_padded_batch(
+    examples: Sequence[tuple[list[int], list[int]]], pad_token_id: int, *, block_size: int | None = None
+) -> dict[str, torch.Tensor | int]:
+    """The examples of one block as a right-padded batch with an attention mask, laid out in
+    :func:`padded_shape` (``block_size`` given) or exactly ``[len(examples), longest]``.
+
+    Labels as in :func:`build_packed_block` (each example's first label and the padding are -100), so a step
+    predicts exactly the tokens its packed block predicts; right padding leaves every real token's causal
+    context, and so its loss, as it is in the packed block. Filler rows (to reach the row count) attend to
+    one pad token and predict nothing: a row with no attended token would give attention an empty softmax."""
+    import torch
+
+    if not examples:
+        raise ValueError("a padded batch needs at least one example")
+    longest = max(len(ids) for ids, _ in examples)
+    rows, length = (len(examples), longest) if block_size is None else padded_shape(
+        len(examples), longest, block_size
+    )
+    input_ids = torch.full((rows, length), pad_token_id, dtype=torch.long)
+    labels = torch.full((rows, length), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((rows, length), dtype=torch.long)
+    mask[len(examples) :, 0] = 1
+    for row, (ids, labs) in enumerate(examples):
+        n = len(ids)
+        if n == 0 or n != len(labs):
+            raise ValueError(f"example {row}: {n} input ids and {len(labs)} labels (need equal, non-zero)")
+        input_ids[row, :n] = torch.tensor(ids)
+        labels[row, 1:n] = torch.tensor(labs[1:])
+        mask[row, :n] = 1
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "attention_mask": mask,
+        "num_real_tokens": sum(len(ids) for ids, _ in examples),
+    }
+
+
+def build_batch(
+    examples: Sequence[tuple[list[int], list[int]]], block_size: int, pad_token_id: int, *, packing: str
+) -> dict[str, torch.Tensor | int]:
+    """One micro-batch of ``examples`` in the ``packing`` layout (see PACKING_MODES)."""
+    if packing == NO_PACKING:
+        return build_padded_batch(examples, pad_token_id, block_size=block_size)
+    block = build_packed_block(examples, block_size, pad_token_id)
+    if packing in NO_BOUNDARIES:
+        for key in BOUNDARY_KEYWORDS:
+            del block[key]
+        if packing == NAIVE:
+            import torch
+
+            block["position_ids"] = torch.arange(block_size, dtype=torch.long).unsqueeze(0)
+    elif packing != PACKED:
+        raise ValueError(f"unknown packing {packing!r}; expected one of {', '.join(PACKING_MODES)}")
+    return block

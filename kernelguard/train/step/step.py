@@ -1,0 +1,285 @@
+"""One optimizer step of `kernelguard train`, and the data plan that says which blocks each step trains on.
+
+Loss normalisation: each optimizer step sums token cross-entropy over every micro-batch of every rank and
+divides by the GLOBAL number of valid label tokens of that step (all-reduced before the first forward), so
+the gradient is the same for any split of the same blocks across ranks and micro-steps. FSDP2 averages
+gradients over ranks, so each rank backpropagates ``world_size * local_sum / global_count``. Evaluation
+(:func:`kernelguard.train.step.evaluate.evaluate`) uses the same token sum / global count.
+
+:func:`optimizer_step` is the product's step; ``bench/train_throughput.py`` times exactly this function.
+A micro-batch is any dict with ``labels`` (unshifted, ``-100`` where no loss) and model inputs: a packed
+block from :func:`kernelguard.train.step.packing.build_packed_block` ([1, T] plus varlen kwargs), or a padded
+[B, T] batch with ``attention_mask``. Keys in :data:`NON_MODEL_KEYS` and keys starting with ``_`` are not
+passed to the model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from kernelguard.errors import DataError
+
+from .loss import linear_cross_entropy
+from .packing import shard_blocks
+from kernelguard.packed_batch import IGNORE_INDEX
+from ..common.ranks import DistInfo, sync_replicated_grads
+
+__all__ = [
+    "NON_MODEL_KEYS",
+    "Plan",
+    "StepResult",
+    "TrainState",
+    "clip_gradients",
+    "dropped_blocks_note",
+    "extended_schedule_note",
+    "forward_backward",
+    "label_count",
+    "lr_lambda",
+    "make_plan",
+    "model_inputs",
+    "optimizer_step",
+    "restart_schedule_at",
+    "step_block_ids",
+    "token_loss_sum",
+    "token_loss_sums",
+    "warmup_length",
+]
+
+NON_MODEL_KEYS = frozenset({"labels", "num_real_tokens"})
+
+
+# ------------------------------------------------------------------------------------------------ plan ---
+@dataclass(slots=True)
+class Plan:
+    """Which packed blocks each optimizer step trains on: epochs of a seeded per-rank permutation."""
+
+    blocks: list[list[int]]
+    steps_per_epoch: int
+    total_steps: int
+    stop_step: int
+    schedule_steps: int
+
+
+def make_plan(
+    blocks: list[list[int]],
+    *,
+    world_size: int,
+    grad_accum: int,
+    epochs: int,
+    max_steps: int | None,
+    schedule_steps: int | None,
+    block_size: int,
+    data: str = "",
+) -> Plan:
+    per_rank = len(blocks) // world_size
+    steps_per_epoch = per_rank // grad_accum
+    if steps_per_epoch == 0:
+        raise DataError(
+            f"the data packs into {len(blocks)} blocks of {block_size}: not enough for one step of "
+            f"{world_size} ranks x {grad_accum} micro-batches.",
+            fix="add data, lower --grad-accum or --block-size, or use fewer ranks",
+            details={"file": data, "row": None, "field": None},
+        )
+    total = steps_per_epoch * epochs
+    stop = max_steps if max_steps is not None else total
+    return Plan(blocks, steps_per_epoch, total, stop, schedule_steps or max(total, stop))
+
+
+def dropped_blocks_note(plan: Plan, *, world_size: int, grad_accum: int) -> str | None:
+    """The blocks each epoch leaves out so that every rank and micro-step gets whole blocks, said out loud."""
+    used = plan.steps_per_epoch * grad_accum * world_size
+    dropped = len(plan.blocks) - used
+    if dropped <= 0:
+        return None
+    return (
+        f"{dropped} of {len(plan.blocks)} packed blocks are left out of each epoch to even the ranks "
+        f"({world_size} rank(s) x {grad_accum} micro-batch(es) x {plan.steps_per_epoch} steps); the blocks are "
+        "reshuffled every epoch, so a different set is left out each time"
+    )
+
+
+def step_block_ids(
+    plan: Plan, step: int, *, rank: int, world_size: int, seed: int, grad_accum: int
+) -> list[int]:
+    """Block indices this rank trains on at 0-based optimizer step ``step`` (epochs cycle)."""
+    epoch, within = divmod(step, plan.steps_per_epoch)
+    mine = shard_blocks(len(plan.blocks), rank=rank, world_size=world_size, seed=seed, epoch=epoch)
+    return mine[within * grad_accum : (within + 1) * grad_accum]
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float, kind: str = "cosine") -> Any:
+    """The LR factor at 0-based step: linear warmup over ``warmup`` steps, then by ``kind`` (Hugging Face's
+    names): ``cosine`` or ``linear`` from 1 to ``min_ratio`` at step ``total`` (held there after it),
+    ``constant`` / ``constant_with_warmup`` 1."""
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if kind.startswith("constant"):
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if kind == "cosine" else 1.0 - progress
+        return min_ratio + (1.0 - min_ratio) * shape
+
+    return f
+
+
+def warmup_length(steps: int, ratio: float, schedule_steps: int) -> int:
+    """``--warmup-steps``, or ``--warmup-ratio`` of the schedule rounded up (as Hugging Face does)."""
+    return steps or math.ceil(ratio * schedule_steps)
+
+
+def extended_schedule_note(saved: int, now: int, *, step: int) -> str:
+    """The one line a resumed run logs when its LR schedule grew (a larger --max-steps): the schedule is
+    rebuilt for the new length, as Hugging Face's Trainer does, so the LR goes on from where the longer
+    schedule is at ``step``."""
+    return (
+        f"--resume: the LR schedule now spans {now} steps (it was {saved}); from step {step} the LR follows "
+        f"the {now}-step schedule. To hold the final LR of the old one instead, pass --schedule-steps {saved}"
+    )
+
+
+def restart_schedule_at(scheduler: Any) -> None:
+    """After loading a checkpoint's scheduler state into a schedule of another length: set each group's LR
+    to the new schedule's value at the restored step (the optimizer state holds the old schedule's)."""
+    step = scheduler.last_epoch
+    lrs = [base * fn(step) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
+
+
+# ------------------------------------------------------------------------------------------------ step ---
+@dataclass(slots=True)
+class TrainState:
+    """Everything one optimizer step touches (built by :func:`kernelguard.train.model.build.setup_training`).
+
+    ``head``: the LM head made to return hidden states (chunked loss), or None for the model's logits."""
+
+    model: torch.nn.Module
+    optimizer: Any
+    scheduler: Any
+    info: DistInfo
+    head: torch.nn.Linear | None = None
+    grad_clip: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    loss: float  # global token-mean cross-entropy of the step
+    loss_tokens: int  # global number of tokens with a label
+    grad_norm: float  # before clipping
+    lr: float  # the learning rate this step used
+    finite: bool = True  # False: loss or grad norm was NaN/inf on some rank, and the update was NOT applied
+
+
+def model_inputs(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {
+        k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v)
+        for k, v in batch.items()
+        if k not in NON_MODEL_KEYS and not k.startswith("_")
+    }
+
+
+def label_count(batch: dict[str, Any]) -> int:
+    """Tokens that are predicted (shifted labels that are not ignored)."""
+    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+
+
+def token_loss_sum(
+    model: torch.nn.Module, batch: dict[str, Any], *, device: torch.device, head: torch.nn.Linear | None
+) -> torch.Tensor:
+    """Summed (not averaged) next-token cross-entropy of one micro-batch, fp32."""
+    return token_loss_sums(model, batch, [batch["labels"]], device=device, head=head)[0]
+
+
+def token_loss_sums(
+    model: torch.nn.Module,
+    batch: dict[str, Any],
+    label_sets: list[torch.Tensor],
+    *,
+    device: torch.device,
+    head: torch.nn.Linear | None,
+) -> list[torch.Tensor]:
+    """:func:`token_loss_sum` for each of ``label_sets`` (each shaped like ``batch["labels"]``), one forward."""
+    out = model(**model_inputs(batch, device), use_cache=False).logits  # hidden states when `head` is set
+    shifted = out[:, :-1].reshape(-1, out.shape[-1])
+    sums = []
+    for label_set in label_sets:
+        labels = label_set.to(device)[:, 1:].reshape(-1)
+        if head is not None:
+            total, _ = linear_cross_entropy(shifted, head.weight, labels, ignore_index=IGNORE_INDEX)
+            sums.append(total)
+        else:
+            sums.append(F.cross_entropy(shifted.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum"))
+    return sums
+
+
+def forward_backward(
+    model: torch.nn.Module,
+    micro: list[dict[str, Any]],
+    *,
+    info: DistInfo,
+    head: torch.nn.Linear | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward/backward over this rank's micro-batches. Returns (global loss sum, global label count)."""
+    count = torch.tensor(float(sum(label_count(mb) for mb in micro)), dtype=torch.float64, device=info.device)
+    dist.all_reduce(count)
+    denom = count.clamp(min=1.0).float()
+    loss_sum = torch.zeros((), dtype=torch.float32, device=info.device)
+    for mb in micro:
+        local = token_loss_sum(model, mb, device=info.device, head=head)
+        (local * info.world_size / denom).backward()
+        loss_sum += local.detach()
+    sync_replicated_grads(model, info.world_size)
+    dist.all_reduce(loss_sum)
+    return loss_sum, count
+
+
+def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
+    """Total gradient norm over all ranks' shards (and the parameters kept whole on every rank,
+    :func:`kernelguard.train.model.parallel.apply_fsdp`); clip to ``max_norm`` when it is > 0."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for p in model.parameters() if p.grad is not None]
+    # foreach kernels take DTensors or plain tensors, not a mix: one norm (and one clip) per kind.
+    kinds = [[p for p in params if isinstance(p.grad, DTensor) == sharded] for sharded in (True, False)]
+    kinds = [k for k in kinds if k]
+    norms = []
+    for kind in kinds:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in kind], norm_type=2.0, foreach=True)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if not norms:
+        return 0.0
+    total = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
+    if max_norm > 0:
+        for kind in kinds:
+            torch.nn.utils.clip_grads_with_norm_(kind, max_norm, total, foreach=True)
+    return float(total)
+
+
+def optimizer_step(state: TrainState, micro: list[dict[str, Any]]) -> StepResult:
+    """One optimizer step over this rank's micro-batches: forward/backward, clip, AdamW, LR schedule."""
+    loss_sum, count = forward_backward(state.model, micro, info=state.info, head=state.head)
+    grad_norm = clip_gradients(state.model, state.grad_clip)
+    lr = float(state.optimizer.param_groups[0]["lr"])
+    tokens = float(count)
+    loss = float(loss_sum) / max(1.0, tokens)
+    # Both values are already global; the flag is still agreed on explicitly so that every rank skips the
+    # update and stops together even if one rank's reduction saw something the others did not.
+    bad = torch.tensor(0.0 if math.isfinite(loss) and math.isfinite(grad_norm) else 1.0, device=state.info.device)
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    finite = not bool(bad)
+    if finite:  # a NaN update would poison every weight and AdamW moment: never apply it
+        state.optimizer.step()
+        state.scheduler.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss, int(tokens), grad_norm, lr, finite)
+
+
