@@ -23,6 +23,10 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "DataError",
+    "EXIT_CODES",
     "EXIT_DIVERGED",
     "EXIT_FAIL",
     "EXIT_GUARD",
@@ -30,17 +34,16 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PREEMPTED",
     "EXIT_USAGE",
-    "CheckpointError",
-    "ConfigError",
-    "DataError",
     "GuardRefused",
     "KernelFallbackError",
     "KernelGuardError",
     "LockMismatch",
     "PackedWithoutBoundariesError",
+    "Preempted",
     "ResolutionError",
     "TrainingDiverged",
     "UnsupportedTransformersError",
+    "exit_code_for",
 ]
 
 EXIT_OK = 0
@@ -201,3 +204,25 @@ class CheckpointError(ConfigError):
 class TrainingDiverged(KernelGuardError):
     """A training step's loss or gradient norm was NaN or infinite: the run stopped before applying it, so
     the weights and the newest checkpoint are the last good ones. Exit code 4."""
+
+
+class Preempted(KernelGuardError):
+    """``kernelguard train``: SIGTERM stopped the run; ``message`` says what was saved. Exit code 143."""
+
+
+# The one table from an error to the exit code a command ends with: the first row the error is an instance of.
+# `kernelguard check`, `lock`, `env`, `export` and `train` (each rank and the launcher) all read it.
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (KeyboardInterrupt, EXIT_INTERRUPTED),
+    (Preempted, EXIT_PREEMPTED),
+    (GuardRefused, EXIT_GUARD),
+    (TrainingDiverged, EXIT_DIVERGED),
+    (ConfigError, EXIT_USAGE),  # CheckpointError too
+    (DataError, EXIT_USAGE),
+    (KernelGuardError, EXIT_FAIL),
+)
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The exit code a command ends with when ``error`` stops it (:data:`EXIT_CODES`; anything else 1)."""
+    return next((code for kind, code in EXIT_CODES if isinstance(error, kind)), EXIT_FAIL)

@@ -92,7 +92,7 @@ CHECK_CASES: dict[str, tuple[Setup, str]] = {
                             "kernelguard: error: [tool.kernelguard] mode in "),
     "pyproject-packed-string": (_pyproject("[tool.kernelguard]\npacked = 'yes'\n"),
                                 "kernelguard: error: [tool.kernelguard] packed in "),
-    "flag-unknown": (lambda p: ["check", "--archs", "9.0"], "kernelguard: error: unrecognized arguments: --archs 9.0"),
+    "flag-unknown": (lambda p: ["check", "--archs", "9.0"], "kernelguard check: error: unrecognized arguments: --archs 9.0"),
     "mode-unknown": (lambda p: ["check", "--mode", "train"], "kernelguard check: error: argument --mode"),
 }
 

@@ -417,8 +417,8 @@ USAGE_ERRORS = {
     ),
     "unknown-flag": (
         lambda p: ["check", "--bogus"],
-        "kernelguard: error: unrecognized arguments: --bogus",
-        "(see `kernelguard --help`)",
+        "kernelguard check: error: unrecognized arguments: --bogus",
+        "(see `kernelguard check --help`)",
     ),
     "bad-mode": (
         lambda p: ["check", "--mode", "train"],

@@ -15,20 +15,16 @@ import torch
 from kernelguard.errors import ConfigError
 from kernelguard.train.settings.config_cli import parse_args
 from kernelguard.train.common.ranks import DistInfo
-from kernelguard.diagnosis.profiler import (
-    DEFAULT_FIRST_STEP,
-    Event,
-    StepProfiler,
-    busy_us,
-    step_profiler,
-    summarize_events,
-)
+from kernelguard.diagnosis.profiler import DEFAULT_FIRST_STEP, StepProfiler
+from kernelguard.diagnosis.events import Event, busy_and_gap_us
+from kernelguard.train.output.profiling import step_profiler
+from kernelguard.diagnosis.window import summarize_events
 
 
 def test_busy_time_is_the_union_of_kernel_intervals() -> None:
-    assert busy_us([]) == 0.0
-    assert busy_us([(0, 10), (5, 15), (20, 30)]) == 25.0  # overlapping kernels (two streams) count once
-    assert busy_us([(20, 30), (0, 10), (2, 3)]) == 20.0
+    assert busy_and_gap_us([]) == (0.0, 0.0)
+    assert busy_and_gap_us([(0, 10), (5, 15), (20, 30)]) == (25.0, 5.0)  # overlapping kernels (two streams) count once
+    assert busy_and_gap_us([(20, 30), (0, 10), (2, 3)]) == (20.0, 10.0)
 
 
 def _small_kernel_events() -> list[Event]:

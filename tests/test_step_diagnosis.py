@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from kernelguard.diagnosis.kernel_classes import KERNEL_CLASSES, classify_kernel
-from kernelguard.diagnosis.profiler import Event, StepProfiler, events_from_profiler, summarize_events
+from kernelguard.diagnosis.profiler import StepProfiler, events_from_profiler
+from kernelguard.diagnosis.events import Event
+from kernelguard.diagnosis.window import summarize_events
 from kernelguard.diagnosis.verdict import (
     SLOW_PATH_PCT,
     KernelRecord,

@@ -48,6 +48,7 @@ from typing import Any
 
 from kernelguard.tripwires import REFERENCE_RANGE
 
+from .events import WRAPPERS, Event, busy_and_gap_us
 from .kernel_classes import FUSED_CLASSES, KERNEL_CLASSES, classify_kernel
 
 __all__ = [
@@ -69,7 +70,6 @@ SMALL_KERNELS_PER_LAYER = 700.0
 IDLE_BUSY_PCT = 40.0
 IDLE_GAP_PCT = 25.0
 _BACKWARD_NODE = "autograd::engine::evaluate_function: "
-_WRAPPERS = ("ProfilerStep", "## ", "kernelguard.profile")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +103,8 @@ class KernelRecord:
 
 
 # ----------------------------------------------------------------------------------------- attribution ---
-def attribute_kernels(events: Sequence[Any]) -> list[KernelRecord]:
-    """The kernels of a window of :class:`kernelguard.diagnosis.profiler.Event` records, each with its launcher.
+def attribute_kernels(events: Sequence[Event]) -> list[KernelRecord]:
+    """The kernels of a window of :class:`~kernelguard.diagnosis.events.Event` records, each with its launcher.
 
     A kernel's ``parent`` is the op that launched it (the profiler's correlation id); ops nest by ``parent``;
     an op's ``seq`` is autograd's sequence number (the backward node of a forward op carries the same one)."""
@@ -148,13 +148,13 @@ def attribute_kernels(events: Sequence[Any]) -> list[KernelRecord]:
     return records
 
 
-def _outer_op(events: Sequence[Any], index: int | None) -> tuple[str, int | None]:
+def _outer_op(events: Sequence[Event], index: int | None) -> tuple[str, int | None]:
     """The outermost enclosing op that is not a whole-step wrapper, and the sequence number of the nearest
     enclosing backward node (None in forward code)."""
     blamed, node_seq = "(no enclosing op)", None
     while index is not None:
         e = events[index]
-        if not e.name.startswith(_WRAPPERS) and not e.name.startswith(REFERENCE_RANGE):
+        if not e.name.startswith(WRAPPERS) and not e.name.startswith(REFERENCE_RANGE):
             blamed = e.name
         if node_seq is None and e.name.startswith(_BACKWARD_NODE) and e.seq >= 0:
             node_seq = e.seq
@@ -299,16 +299,7 @@ def _busy_and_gap(
     """Union of kernel intervals, and the longest stretch with none, each as % of the steady step time."""
     if not records or not step_s or step_s <= 0:
         return None, None
-    spans = sorted((r.start_us, r.end_us) for r in records)
-    busy, gap, cur_start, cur_end = 0.0, 0.0, spans[0][0], spans[0][1]
-    for start, end in spans[1:]:
-        if start > cur_end:
-            busy += cur_end - cur_start
-            gap = max(gap, start - cur_end)
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    busy += cur_end - cur_start
+    busy, gap = busy_and_gap_us([(r.start_us, r.end_us) for r in records])
     step_us = step_s * 1e6
     return min(100.0, 100.0 * busy / steps / step_us), min(100.0, 100.0 * gap / step_us)
 

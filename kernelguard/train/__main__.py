@@ -16,9 +16,7 @@ import sys
 from typing import Any, NoReturn
 
 from kernelguard.errors import (
-    EXIT_DIVERGED,
     EXIT_FAIL,
-    EXIT_GUARD,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_PREEMPTED,
@@ -26,8 +24,9 @@ from kernelguard.errors import (
     ConfigError,
     DataError,
     GuardRefused,
-    KernelGuardError,
+    Preempted,
     TrainingDiverged,
+    exit_code_for,
 )
 
 from .settings.config_cli import LaunchOptions
@@ -95,12 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         if not launched:
             print_rank0(_INTERRUPTED_LINE)
         _leave(EXIT_INTERRUPTED)
-    except KernelGuardError as e:
-        if getattr(e, "exit_code", None) != EXIT_PREEMPTED:  # kernelguard.train.signals.Preempted
-            raise
+    except Preempted as e:
         if not launched:
             print_rank0(str(e))
-        _leave(EXIT_PREEMPTED)
+        _leave(exit_code_for(e))
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -142,7 +139,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         cmd = parse_command(argv)
     except ConfigError as e:
-        return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
+        return _fail(exit_code_for(e), f"kernelguard train: error: {e}")
     except SystemExit as e:  # --help
         return int(e.code or 0)
     if not launched_by_kernelguard():
@@ -151,14 +148,14 @@ def _main(argv: list[str] | None) -> int:
     try:  # before any rank starts or anything is written: the environment, the flags, inputs and paths
         _early_checks(cmd.config, launching=cmd.launch is not None and not launched_by_kernelguard())
     except (ConfigError, DataError) as e:
-        return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
+        return _fail(exit_code_for(e), f"kernelguard train: error: {e}")
     if cmd.config.checkpoint.dry_run:
         return _dry_run(cmd.config, world_size=_launch_world_size(cmd.launch))
     if cmd.launch is not None and not launched_by_kernelguard():
         try:
             return launch(cmd.launch, argv, output=cmd.config.checkpoint.output_dir)
         except (ConfigError, DataError) as e:
-            return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
+            return _fail(exit_code_for(e), f"kernelguard train: error: {e}")
     return _train(cmd.config)
 
 
@@ -191,7 +188,7 @@ def _train(cfg: Any) -> int:
     from .loop import run
     from .model.parallel import init_distributed
     from kernelguard.train.common.ranks import on_main
-    from .signals import Preempted, die_with_parent, stop_request
+    from .signals import die_with_parent, stop_request
 
     end_startup_interrupts()  # the run lock comes next: Ctrl-C must unwind through its release
     die_with_parent()  # a rank must not outlive its launcher (kill -9 of it included)
@@ -206,15 +203,12 @@ def _train(cfg: Any) -> int:
             lock = held[0] if held else None
             return run(cfg, info)
     except Preempted as e:
-        return _fail(EXIT_PREEMPTED, str(e), is_main=info.is_main if info else None, error=e)
+        return _fail(exit_code_for(e), str(e), is_main=info.is_main if info else None, error=e)
     except GuardRefused as e:
-        line = "kernelguard train: refused to start (exit 3)." + (f"\n{e.fix}" if e.fix else "")
-        return _fail(EXIT_GUARD, line, report=e.report, is_main=info.is_main if info else None, error=e)
-    except (ConfigError, DataError) as e:
-        return _fail(EXIT_USAGE, f"kernelguard train: error: {e}", is_main=info.is_main if info else None,
-                     error=e)
-    except TrainingDiverged as e:
-        return _fail(EXIT_DIVERGED, f"kernelguard train: error: {e}", is_main=info.is_main if info else None,
+        line = f"kernelguard train: refused to start (exit {exit_code_for(e)})." + (f"\n{e.fix}" if e.fix else "")
+        return _fail(exit_code_for(e), line, report=e.report, is_main=info.is_main if info else None, error=e)
+    except (ConfigError, DataError, TrainingDiverged) as e:
+        return _fail(exit_code_for(e), f"kernelguard train: error: {e}", is_main=info.is_main if info else None,
                      error=e)
     except Exception as e:
         if not launched_by_kernelguard():
@@ -285,7 +279,7 @@ def _dry_run(cfg: Any, *, world_size: int | None) -> int:
         text = estimate(cfg, world_size=world_size, model=model, progress=say).render()
         text += "\n" + host_memory(cfg, world_size=world_size, model=model, progress=say).render()
     except (ConfigError, DataError) as e:
-        return _fail(EXIT_USAGE, f"kernelguard train: error: {e}")
+        return _fail(exit_code_for(e), f"kernelguard train: error: {e}")
     if is_rank0():
         print(text, flush=True)
     if (refusal := _would_refuse(cfg)) is not None:

@@ -49,10 +49,11 @@ from .startup.preflight import (
     claim_output,
     preflight,
 )
-from ..diagnosis.profiler import step_profiler
+from kernelguard.train.output.profiling import step_profiler
 from .output.provenance import write_source
 from .output.reporting import Reporter, process_age_s, step_record
-from .signals import Preempted, resume_command, stop_request
+from .signals import resume_command, stop_request
+from kernelguard.errors import Preempted
 from .step.step import Plan, StepResult, TrainState, dropped_blocks_note, extended_schedule_note, make_plan, optimizer_step, restart_schedule_at, step_block_ids
 from kernelguard.train.output.checkpoint import diverged
 

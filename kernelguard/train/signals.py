@@ -24,10 +24,9 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from kernelguard.errors import EXIT_PREEMPTED, KernelGuardError
+from kernelguard.errors import Preempted
 
 __all__ = [
-    "Preempted",
     "StopRequest",
     "die_with_parent",
     "remember_command",
@@ -72,12 +71,6 @@ def stopped_lines(output: Any, how: str) -> list[str]:
     return [f"kernelguard train: {how}; nothing was written. Start again with the same command."]
 
 _PR_SET_PDEATHSIG = 1
-
-
-class Preempted(KernelGuardError):
-    """SIGTERM stopped the run; ``message`` says what was saved. Exit code 143 (EXIT_PREEMPTED)."""
-
-    exit_code = EXIT_PREEMPTED
 
 
 def die_with_parent() -> bool:

@@ -1,0 +1,95 @@
+"""``kernelguard check``: which provider serves each kernel, and why every other candidate was rejected."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import EXIT_FAIL, EXIT_OK, ConfigError
+from ..interrupts import end_startup_interrupts
+from .common import command_parser, print_out, run_command
+
+__all__ = ["HELP", "add_check_arguments", "check_options", "main"]
+
+HELP = "which provider serves each kernel, and why the others were rejected"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = command_parser(
+        "check",
+        description="Resolve which provider serves each kernel a model family needs, and why every other "
+        "candidate was rejected. Works without a GPU (pass --arch). Defaults come from [tool.kernelguard] in "
+        "the nearest pyproject.toml.",
+        epilog="exit codes: 0 every required kernel is served; 1 a requirement fails; 2 usage or configuration error",
+    )
+    add_check_arguments(parser)
+    parser.add_argument("--run", action="store_true", help="on a GPU: run each fast kernel fwd+bwd vs the torch reference")
+    parser.add_argument("--json", action="store_true", help="machine-readable output (its schema: docs/json-schema.md)")
+    parser.add_argument("--lock", metavar="FILE",
+                        help="refuse when this node's stack differs from FILE (written by kernelguard lock); the "
+                        "model, mode, target and allow items are the lock's")
+    parser.add_argument("--write-lock", metavar="FILE", help="when the check passes, write its lock to FILE")
+    return parser
+
+
+def add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments ``check`` and ``lock`` share: what to check, for which target."""
+    parser.add_argument("--model", help="family (qwen3_5), config.json, or local model folder [default: qwen3_5]")
+    parser.add_argument("--mode", choices=("training", "inference"), help="[default: training]")
+    parser.add_argument("--arch", action="append", metavar="CC",
+                        help="target compute capability, repeatable (9.0 = H100/H200); default: visible GPUs")
+    parser.add_argument("--allow", action="append", metavar="ID",
+                        help="accept one known issue, a kernel's fallback, or 'attention' (repeatable)")
+    packed = parser.add_mutually_exclusive_group()
+    packed.add_argument("--packed", dest="packed", action="store_true", default=None,
+                        help="packed 1D sequences (default for training): needs a varlen attention")
+    packed.add_argument("--no-packed", dest="packed", action="store_false")
+    parser.add_argument("--hub", action="store_true", default=None,
+                        help="the job loads with use_kernels=True: also resolve Kernel Hub kernels")
+
+
+def check_options(args: argparse.Namespace) -> object:
+    """The :class:`kernelguard.check.CheckOptions` of the flags, the rest from ``[tool.kernelguard]``."""
+    from ..check import CheckOptions, load_pyproject_defaults
+
+    defaults = load_pyproject_defaults()
+    return CheckOptions(
+        model=args.model if args.model is not None else defaults.get("model", "qwen3_5"),
+        mode=args.mode if args.mode is not None else defaults.get("mode", "training"),
+        archs=tuple(args.arch or defaults.get("arch", ())),
+        allow=tuple(args.allow or ()) + tuple(defaults.get("allow", ())),
+        packed=args.packed if args.packed is not None else defaults.get("packed"),
+        hub=bool(args.hub if args.hub is not None else defaults.get("hub", False)),
+        run=getattr(args, "run", False),
+        arch_source="--arch" if args.arch else "arch in [tool.kernelguard] of pyproject.toml",
+    )
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    return run_command(lambda: _check(args))
+
+
+def _check(args: argparse.Namespace) -> int:
+    from ..check import run_check
+    from ..report import render, to_json
+
+    if args.lock:
+        from ..stack_lock import verify_lock
+
+        given = [flag for flag, value in (("--model", args.model), ("--mode", args.mode), ("--arch", args.arch),
+                                          ("--packed/--no-packed", args.packed), ("--hub", args.hub)) if value is not None]
+        if given:
+            raise ConfigError(f"--lock checks the model, mode, target and Hub use the lock was written for; "
+                              f"{', '.join(given)} cannot change them.",
+                              fix=f"drop {', '.join(given)}, or write a new lock with them: kernelguard lock {' '.join(given)} ...")
+        result = verify_lock(args.lock, allow=tuple(args.allow) if args.allow else None)
+    else:
+        result = run_check(check_options(args))  # type: ignore[arg-type]
+    print_out(to_json(result) if args.json else render(result))
+    if result.ok and args.write_lock:
+        from ..stack_lock import write_lock
+
+        end_startup_interrupts()  # a file is written next: Ctrl-C unwinds through its clean-up
+        print(f"kernelguard: lock written to {write_lock(result, args.write_lock)}", file=sys.stderr)
+    return EXIT_OK if result.ok else EXIT_FAIL

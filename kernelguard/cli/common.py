@@ -1,0 +1,54 @@
+"""What every ``kernelguard`` subcommand shares: its parser class, printing to a pipe that may close, and the run
+of a command through the one exit-code table (:func:`kernelguard.errors.exit_code_for`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from ..errors import EXIT_USAGE, ConfigError, KernelGuardError, exit_code_for
+from ..interrupts import startup_interrupts
+from ..report import help_formatter, wrap_message
+
+__all__ = ["INTERRUPTED", "Parser", "command_parser", "print_out", "run_command"]
+
+INTERRUPTED = "kernelguard: interrupted."
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # argparse's default exit code is already 2; keep it, with our one-line hint.
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n(see `{self.prog} --help`)\n")
+
+
+def command_parser(name: str, *, description: str, epilog: str | None = None) -> Parser:
+    """The parser of ``kernelguard NAME``."""
+    return Parser(prog=f"kernelguard {name}", formatter_class=help_formatter(), description=description,
+                  epilog=epilog)
+
+
+def print_out(text: str) -> None:
+    """Print, tolerating a closed pipe (`kernelguard check | head`)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Point stdout at devnull so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def run_command(body: Callable[[], int]) -> int:
+    """Run a command that reads and reports (check, lock, env, issues): Ctrl-C while it starts is one line,
+    a kernelguard error is its message and its exit code, never a traceback."""
+    with startup_interrupts(INTERRUPTED):
+        try:
+            return body()
+        except KernelGuardError as exc:
+            usage = isinstance(exc, ConfigError)
+            print(wrap_message(f"kernelguard: {'error: ' if usage else ''}{exc}"), file=sys.stderr)
+            return exit_code_for(exc)
+        except KeyboardInterrupt as exc:  # Ctrl-C once a file is being written: one line and the shell's code
+            print(INTERRUPTED, file=sys.stderr, flush=True)
+            return exit_code_for(exc)

@@ -1,0 +1,51 @@
+"""``kernelguard lock``: run the check and, when it passes, write the lock of the stack it verified."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import EXIT_FAIL, EXIT_OK
+from ..interrupts import end_startup_interrupts
+from .check import add_check_arguments, check_options
+from .common import command_parser, print_out, run_command
+
+__all__ = ["HELP", "main"]
+
+HELP = "check, then write kernelguard.lock: the verified stack, enforced at job start with --lock"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = command_parser(
+        "lock",
+        description="Run the check and, when it passes, write the lock of the stack it verified (schema in "
+        "docs/lock.md). Jobs enforce it with `kernelguard check --lock`, `kernelguard train --lock`, "
+        "kernelguard.require(lock=...) or KERNELGUARD_LOCK.",
+        epilog="exit codes: 0 written; 1 the check fails (nothing written); 2 usage or configuration error",
+    )
+    add_check_arguments(parser)
+    parser.add_argument("--output", "-o", default="kernelguard.lock", metavar="FILE", help="[default: kernelguard.lock]")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    return run_command(lambda: _lock(args))
+
+
+def _lock(args: argparse.Namespace) -> int:
+    from ..check import run_check
+    from ..report import render
+    from ..stack_lock import write_lock
+
+    result = run_check(check_options(args))  # type: ignore[arg-type]
+    if not result.ok:  # a lock of a stack that fails its own check would only pin the failure
+        print_out(render(result))
+        print(f"kernelguard lock: the check fails, so {args.output} was not written.", file=sys.stderr)
+        return EXIT_FAIL
+    end_startup_interrupts()  # a file is written next: Ctrl-C unwinds through its clean-up
+    path = write_lock(result, args.output)
+    print_out(f"kernelguard lock: wrote {path} ({len(result.resolution.verdicts)} kernels, target "
+              f"{', '.join(f'sm {a}' for a in result.resolution.target.archs) or 'unknown'}); "
+              f"enforce it at job start with `kernelguard check --lock {path}` or KERNELGUARD_LOCK={path}")
+    return EXIT_OK

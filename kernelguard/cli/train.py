@@ -1,0 +1,27 @@
+"""``kernelguard train``: everything after ``train`` goes to :mod:`kernelguard.train` untouched (its own parser,
+launcher, signals and exit codes)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..errors import EXIT_INTERRUPTED
+
+__all__ = ["HELP", "main"]
+
+HELP = "packed FSDP2 fine-tuning that starts only once the guard passes (kernelguard train --help)"
+
+
+def main(argv: list[str], *, program: bool = False) -> int:
+    """``program``: the console script (or ``python -m kernelguard``), which may leave without the
+    interpreter's teardown once a process group existed; an in-process caller gets the code back."""
+    try:  # Ctrl-C while the trainer's modules import: its own one line, as from inside it
+        from ..train.__main__ import exit_program
+        from ..train.__main__ import main as train_main
+    except KeyboardInterrupt:  # leave at once: the teardown after a half-done import can fail again
+        print("kernelguard train: interrupted before training started; nothing was written.", file=sys.stderr,
+              flush=True)
+        os._exit(EXIT_INTERRUPTED)
+    code = train_main(argv)
+    return exit_program(code) if program else code
