@@ -131,7 +131,7 @@ def test_multi_turn_reasoning_and_tool_call_train_exactly_the_assistant_tokens(
     qwen: Any, tmp_path: Path
 ) -> None:
     data = h.write_jsonl(tmp_path / "d.jsonl", [CONVERSATION])
-    (ex, stats) = load_examples(data=str(data), tokenizer=qwen, block_size=4096)
+    (ex, stats) = load_examples(data=str(data), tokenizer=qwen, max_length=4096)
     ((ids, labels),) = ex
     # Special tokens start and end every segment, so the segments tokenize independently.
     want_ids: list[int] = []
@@ -155,16 +155,16 @@ def test_official_template_is_refused_with_fixes_that_work(qwen_dir: Path, qwen:
     assert chat_template_name(tok) == f"file:{original}"
     data = h.write_jsonl(tmp_path / "d.jsonl", [h.copy_task_rows(1)[0], CONVERSATION])
     with pytest.raises(DataError) as info:
-        load_examples(data=str(data), tokenizer=tok, block_size=4096)
+        load_examples(data=str(data), tokenizer=tok, max_length=4096)
     text = str(info.value)
     assert f"{data}, row 2, field 'messages[2]'" in text and "prefix-stably" in text
     assert "--chat-template qwen3_training" in text and "--all-tokens-loss" in text
     # Each suggested fix works: the shipped template, all-tokens loss, or skipping the row.
-    _, stats = load_examples(data=str(data), tokenizer=with_template(tok, "qwen3_training"), block_size=4096)
+    _, stats = load_examples(data=str(data), tokenizer=with_template(tok, "qwen3_training"), max_length=4096)
     assert stats.examples == 2
-    ex, stats = load_examples(data=str(data), tokenizer=tok, block_size=4096, assistant_only=False)
+    ex, stats = load_examples(data=str(data), tokenizer=tok, max_length=4096, assistant_only=False)
     assert stats.examples == 2 and all(ids == labels for ids, labels in ex)
-    _, stats = load_examples(data=str(data), tokenizer=tok, block_size=4096, skip_bad_rows=True)
+    _, stats = load_examples(data=str(data), tokenizer=tok, max_length=4096, skip_bad_rows=True)
     assert stats.examples == 1 and stats.bad_rows == {"messages": 1}
 
 
@@ -177,7 +177,7 @@ def test_unknown_qwen_like_template_error_names_the_shipped_variant(qwen: Any, t
         DataError, match=r"looks like qwen3_training's original, so try --chat-template qwen3_training"
     ):
         load_examples(
-            data=str(h.write_jsonl(tmp_path / "d.jsonl", [CONVERSATION])), tokenizer=tok, block_size=4096
+            data=str(h.write_jsonl(tmp_path / "d.jsonl", [CONVERSATION])), tokenizer=tok, max_length=4096
         )
 
 
@@ -245,7 +245,7 @@ def test_official_template_with_prompt_completion_rows(qwen: Any, tmp_path: Path
     final = {"role": "assistant", "reasoning_content": "r", "content": "a2"}
     rows = [{"prompt": prompt, "completion": [final]}]
     ((ids, labels),), stats = load_examples(
-        data=str(h.write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer=tok, block_size=4096
+        data=str(h.write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer=tok, max_length=4096
     )
     assert tok.decode([t for t, lab in zip(ids, labels) if lab != IGNORE_INDEX]) == (
         "<think>\nr\n</think>\n\na2<|im_end|>\n"
@@ -253,7 +253,7 @@ def test_official_template_with_prompt_completion_rows(qwen: Any, tmp_path: Path
     assert stats.template == f"file:{original}"
     rows = [{"prompt": prompt, "completion": [final, {"role": "user", "content": "q3"}, final]}]
     with pytest.raises(DataError, match=r"row 1, field 'completion\[0\]': the chat template does not render"):
-        load_examples(data=str(h.write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer=tok, block_size=4096)
+        load_examples(data=str(h.write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer=tok, max_length=4096)
 
 
 def test_batched_rendering_keeps_each_rows_tools_and_isolates_a_bad_row(qwen: Any, tmp_path: Path) -> None:
@@ -274,13 +274,13 @@ def test_batched_rendering_keeps_each_rows_tools_and_isolates_a_bad_row(qwen: An
     with pytest.raises(
         DataError, match=r"row 3, field 'messages': the chat template could not render .*No user query"
     ):
-        load_examples(data=str(data), tokenizer=tok, block_size=4096)
-    ex, stats = load_examples(data=str(data), tokenizer=tok, block_size=4096, skip_bad_rows=True)
+        load_examples(data=str(data), tokenizer=tok, max_length=4096)
+    ex, stats = load_examples(data=str(data), tokenizer=tok, max_length=4096, skip_bad_rows=True)
     assert stats.bad_rows == {"messages": 1} and len(ex) == 4
     texts = [tok.decode(ids) for ids, _ in ex]
     assert ['"alpha"' in t for t in texts] == [True, False, False, True]
     assert ['"beta"' in t for t in texts] == [False, True, False, False]
-    one_by_one, _ = load_examples(data=str(data), tokenizer=tok, block_size=4096, skip_bad_rows=True, chunk=1)
+    one_by_one, _ = load_examples(data=str(data), tokenizer=tok, max_length=4096, skip_bad_rows=True, chunk=1)
     assert list(one_by_one) == list(ex)
 
 
@@ -315,11 +315,11 @@ def test_empty_answers_teach_only_end_of_turn_and_are_dropped_with_the_real_qwen
         tok = with_template(qwen, "qwen3_5_think")
         kept = KEPT[:3]
     data = h.write_jsonl(tmp_path / "d.jsonl", EMPTY_ANSWERS + kept)
-    examples, stats = load_examples(data=str(data), tokenizer=tok, block_size=4096)
+    examples, stats = load_examples(data=str(data), tokenizer=tok, max_length=4096)
     assert (stats.rows, stats.examples, stats.dropped_template_only, stats.dropped_no_loss) == (
         3 + len(kept), len(kept), 3, 0)
     trained = [tok.decode([t for t in labels if t != IGNORE_INDEX]) for _, labels in examples]
     assert trained[0].endswith("</think>\n\n.<|im_end|>\n")  # the original opens <think> in the prompt
     assert "3 dropped with loss only on template tokens (empty answers)" in stats.render()
     with pytest.raises(DataError, match=r"no usable training examples .* 3 dropped with loss only on template"):
-        load_examples(data=str(h.write_jsonl(tmp_path / "e.jsonl", EMPTY_ANSWERS)), tokenizer=tok, block_size=4096)
+        load_examples(data=str(h.write_jsonl(tmp_path / "e.jsonl", EMPTY_ANSWERS)), tokenizer=tok, max_length=4096)

@@ -33,7 +33,7 @@ def qwen(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def _load(tokenizer: Any, tmp_path: Path, rows: list[Any], **kw: Any) -> tuple[list[Any], Any]:
     data = h.write_jsonl(tmp_path / "d.jsonl", rows)
-    kw.setdefault("block_size", 512)
+    kw.setdefault("max_length", 512)
     ex, stats = load_examples(data=str(data), tokenizer=tokenizer, **kw)
     return list(ex), stats
 

@@ -25,7 +25,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def _load(tokenizer: Any, data: Path, **kw: Any) -> tuple[Any, Any]:
-    kw.setdefault("block_size", 512)
+    kw.setdefault("max_length", 512)
     return load_examples(data=str(data), tokenizer=tokenizer, **kw)
 
 
@@ -53,9 +53,9 @@ def test_assistant_only_labels_cover_exactly_the_assistant_turns(tokenizer: Any,
 def test_overlong_truncate_and_drop_are_counted(tokenizer: Any, tmp_path: Path) -> None:
     long = {"messages": [{"role": "user", "content": "x" * 10}, {"role": "assistant", "content": "y" * 100}]}
     data = h.write_jsonl(tmp_path / "d.jsonl", [GOOD, long, GOOD])
-    ex, stats = _load(tokenizer, data, block_size=64)
+    ex, stats = _load(tokenizer, data, max_length=64)
     assert stats.truncated == 1 and stats.examples == 3 and max(len(i) for i, _ in ex) == 64
-    ex, stats = _load(tokenizer, data, block_size=64, overlong="drop")
+    ex, stats = _load(tokenizer, data, max_length=64, overlong="drop")
     assert stats.dropped_overlong == 1 and stats.examples == 2
 
 

@@ -44,7 +44,7 @@ def test_full_block_has_no_padding_segment() -> None:
 
 
 def test_block_rejects_overflow_and_empty() -> None:
-    with pytest.raises(ValueError, match="more than block_size"):
+    with pytest.raises(ValueError, match="more than max_length"):
         build_packed_block([_example(0, 5), _example(0, 5)], 8, pad_token_id=0)
     with pytest.raises(ValueError):
         build_packed_block([], 8, pad_token_id=0)

@@ -66,7 +66,7 @@ def test_eval_loss_equals_a_hand_computed_loss_on_the_eval_blocks(
     examples, _ = load_examples(
         data=str(assets["data"]),
         tokenizer=tok,
-        block_size=256,
+        max_length=256,
         eval_fraction=EVAL_FRACTION,
         seed=0,
         take="eval",

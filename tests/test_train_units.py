@@ -250,7 +250,7 @@ def test_evaluate_is_the_token_mean_loss_over_every_eval_block(
     evaluated = copy.deepcopy(model)
     head = return_hidden_states_from_head(evaluated) if chunked else None
     state = TrainState(evaluated, optimizer=None, scheduler=None, info=one_rank, head=head)
-    result = evaluate(state, examples, groups, block_size=48, pad_id=0)
+    result = evaluate(state, examples, groups, max_length=48, pad_id=0)
     loss, count = result.loss, result.tokens
     assert count == tokens
     assert loss == pytest.approx(expected, rel=1e-5)
@@ -569,11 +569,11 @@ def test_blocks_left_out_to_even_the_ranks_are_reported() -> None:
     from kernelguard.train.step.step import dropped_blocks_note, make_plan
 
     plan = make_plan([[i] for i in range(11)], world_size=2, grad_accum=2, epochs=1, max_steps=None,
-                     schedule_steps=None, block_size=8)
+                     schedule_steps=None, max_length=8)
     assert dropped_blocks_note(plan, world_size=2, grad_accum=2) == (
         "3 of 11 packed blocks are left out of each epoch to even the ranks (2 rank(s) x 2 micro-batch(es) x 2 "
         "steps); the blocks are reshuffled every epoch, so a different set is left out each time"
     )
     even = make_plan([[i] for i in range(8)], world_size=2, grad_accum=2, epochs=1, max_steps=None,
-                     schedule_steps=None, block_size=8)
+                     schedule_steps=None, max_length=8)
     assert dropped_blocks_note(even, world_size=2, grad_accum=2) is None

@@ -120,8 +120,8 @@ def unigram_baseline(*, train_data: str, eval_data: str, tokenizer: Any, block_s
     """Eval cross-entropy (nats/token) of the best additively smoothed unigram over the train file's loss tokens."""
     from kernelguard.train.inputs.data import load_examples
 
-    train, _ = load_examples(data=train_data, tokenizer=tokenizer, block_size=block_size, take="all")
-    held, _ = load_examples(data=eval_data, tokenizer=tokenizer, block_size=block_size, take="all")
+    train, _ = load_examples(data=train_data, tokenizer=tokenizer, max_length=block_size, take="all")
+    held, _ = load_examples(data=eval_data, tokenizer=tokenizer, max_length=block_size, take="all")
     fit, target = _loss_token_counts(train), _loss_token_counts(held)
     n_fit, n_eval, vocab = sum(fit.values()), sum(target.values()), QWEN_VOCAB
     by_alpha = {}
@@ -150,7 +150,7 @@ def eval_counts(*, eval_data: str, tokenizer: Any, block_size: int) -> dict[str,
     """The eval file's example, token and loss-token counts (what ``--no-unigram`` still checks)."""
     from kernelguard.train.inputs.data import load_examples
 
-    held, _ = load_examples(data=eval_data, tokenizer=tokenizer, block_size=block_size, take="all")
+    held, _ = load_examples(data=eval_data, tokenizer=tokenizer, max_length=block_size, take="all")
     return {"eval_examples": len(held), "eval_tokens": sum(len(ids) for ids, _ in held),
             "eval_loss_tokens": sum(_loss_token_counts(held).values())}  # fmt: skip
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .kernel_classes import classify_kernel
 from .events import Event
+from .kernel_classes import classify_kernel
 from .window import StepProfile, summarize_events
 
 __all__ = [

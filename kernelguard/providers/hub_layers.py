@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..facts import HubLayerCheck
-from ..transformers_calls import CallShape
 from ..packed_batch import BOUNDARY_KEYWORDS
+from ..transformers_calls import CallShape
 
 __all__ = [
     "check_hub_layer",

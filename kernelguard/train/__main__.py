@@ -130,8 +130,8 @@ def _leave(code: int) -> NoReturn:
 
 
 def _main(argv: list[str] | None) -> int:
-    from .settings.config_cli import parse_command
     from .launch import launch, launched_by_kernelguard
+    from .settings.config_cli import parse_command
     from .signals import remember_command
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -183,11 +183,11 @@ def _train(cfg: Any) -> int:
 
     from kernelguard.interrupts import end_startup_interrupts
 
-    from .launch import launched_by_kernelguard, write_rank_error
     from .common.logs import setup_logging
+    from .common.ranks import on_main
+    from .launch import launched_by_kernelguard, write_rank_error
     from .loop import run
     from .model.parallel import init_distributed
-    from kernelguard.train.common.ranks import on_main
     from .signals import die_with_parent, stop_request
 
     end_startup_interrupts()  # the run lock comes next: Ctrl-C must unwind through its release
@@ -236,8 +236,8 @@ def _train(cfg: Any) -> int:
 
 def _claim(output: Any) -> Any:
     """Rank 0: the run lock, then (a multi-node launch) the error records of an earlier run cleared under it."""
-    from .failures import clear
     from .common.run_folder_lock import hold_for_run
+    from .failures import clear
 
     lock = hold_for_run(output)
     clear()
@@ -257,9 +257,9 @@ def _dry_run(cfg: Any, *, world_size: int | None) -> int:
     named on stderr as it starts (rank 0): the imports and the meta build take seconds on a cold disk, and
     a dry run must never look hung. The model is built once, for both estimates."""
     try:
-        from .startup.host_memory import host_memory
         from .model.memory import estimate
         from .model.memory_probe import build_probe_model
+        from .startup.host_memory import host_memory
     except ImportError:
         return _fail(
             EXIT_USAGE,

@@ -31,8 +31,8 @@ from kernelguard.errors import ConfigError
 from kernelguard.interrupts import end_startup_interrupts
 
 from . import failures
-from .settings.config_cli import LaunchOptions
 from .common.run_folder_lock import HOLDER_ENV, acquire
+from .settings.config_cli import LaunchOptions
 
 __all__ = [
     "LAUNCH_DIR_ENV",

@@ -16,14 +16,13 @@ from typing import Any, NoReturn
 
 import torch
 
-from kernelguard.errors import CheckpointError
+from kernelguard.errors import CheckpointError, Preempted
 from kernelguard.gate import check_stack, run_gate
 from kernelguard.install import extra_command
 from kernelguard.policy import AllowPolicy
 
-from .output import checkpoint as ckpt
-from .model.build import BuiltModel, build_model, prepare_training
-from .settings.config import TrainConfig
+from .common.logs import log
+from .common.ranks import DistInfo, on_main
 from .inputs.data import (
     chat_template_name,
     check_eval_overlap,
@@ -32,15 +31,27 @@ from .inputs.data import (
     pad_token_id,
     template_choice,
 )
-from .step.evaluate import evaluate, pack_eval_blocks
-from .output.export import export_run, start_warnings
-from .startup.input_check import check_inputs_early
-from .common.logs import log
-from .output.metrics import peak_flops, plot_metrics, step_flops
-from .step.packing import build_batch, pack_best_fit_decreasing, packing_stats, segment_counts
-from kernelguard.train.settings.packing_modes import LEAKY, LEAKY_WARNING, NAIVE, NAIVE_WARNING, NO_PACKING, check_control_allowed, eval_layout
+from .model.build import BuiltModel, build_model, prepare_training
 from .model.parallel import DTYPES
-from kernelguard.train.common.ranks import DistInfo, on_main
+from .output import checkpoint as ckpt
+from .output.checkpoint import diverged
+from .output.export import export_run, start_warnings
+from .output.metrics import peak_flops, plot_metrics, step_flops
+from .output.profiling import step_profiler
+from .output.provenance import write_source
+from .output.reporting import Reporter, process_age_s, step_record
+from .settings.config import TrainConfig
+from .settings.packing_modes import (
+    LEAKY,
+    LEAKY_WARNING,
+    NAIVE,
+    NAIVE_WARNING,
+    NO_PACKING,
+    check_control_allowed,
+    eval_layout,
+)
+from .signals import resume_command, stop_request
+from .startup.input_check import check_inputs_early
 from .startup.preflight import (
     StartPlan,
     check_checkpoint_shapes,
@@ -49,13 +60,19 @@ from .startup.preflight import (
     claim_output,
     preflight,
 )
-from kernelguard.train.output.profiling import step_profiler
-from .output.provenance import write_source
-from .output.reporting import Reporter, process_age_s, step_record
-from .signals import resume_command, stop_request
-from kernelguard.errors import Preempted
-from .step.step import Plan, StepResult, TrainState, dropped_blocks_note, extended_schedule_note, make_plan, optimizer_step, restart_schedule_at, step_block_ids
-from kernelguard.train.output.checkpoint import diverged
+from .step.evaluate import evaluate, pack_eval_blocks
+from .step.packing import build_batch, pack_best_fit_decreasing, packing_stats, segment_counts
+from .step.step import (
+    Plan,
+    StepResult,
+    TrainState,
+    dropped_blocks_note,
+    extended_schedule_note,
+    make_plan,
+    optimizer_step,
+    restart_schedule_at,
+    step_block_ids,
+)
 
 __all__ = ["run"]
 
@@ -142,7 +159,7 @@ def load_training_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
         epochs=cfg.training.num_train_epochs,
         max_steps=cfg.training.max_steps,
         schedule_steps=cfg.training.schedule_steps,
-        block_size=cfg.packing.max_length,
+        max_length=cfg.packing.max_length,
         data=cfg.data.data,
     )
     note = dropped_blocks_note(
@@ -172,7 +189,7 @@ def read_examples(cfg: TrainConfig, tokenizer: Any, *, take: str) -> tuple[Any, 
     return load_examples(
         data=data,
         tokenizer=tokenizer,
-        block_size=cfg.packing.max_length,
+        max_length=cfg.packing.max_length,
         column=cfg.data.messages_column,
         split=split,
         overlong=cfg.packing.overlong,
@@ -323,7 +340,7 @@ def train(
                     state,
                     data.eval_examples,
                     data.eval_blocks,
-                    block_size=cfg.packing.max_length,
+                    max_length=cfg.packing.max_length,
                     pad_id=data.pad_id,
                     packing=eval_layout(cfg.packing.packing),
                 )

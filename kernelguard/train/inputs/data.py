@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError, DataError
+from kernelguard.packed_batch import IGNORE_INDEX
 
 from .. import chat_templates
 from ..chat_templates import TemplateChoice
 from .encode import encode_items
-from kernelguard.packed_batch import IGNORE_INDEX
 from .rows import FORMATS, ChatItem, Item, detect_format, row_item
 from .sources import iter_rows
-from kernelguard.train.inputs.tokenizer_folder import check_tokenizer_folder
+from .tokenizer_folder import check_tokenizer_folder
 
 __all__ = [
     "DataStats",
@@ -243,7 +243,7 @@ def load_examples(
     *,
     data: str,
     tokenizer: Any,
-    block_size: int,
+    max_length: int,
     column: str = "messages",
     split: str | None = "train",
     overlong: str = "truncate",
@@ -278,7 +278,7 @@ def load_examples(
         )
         pending.clear()
         for ids, labels in encoded:
-            _add_example(examples, stats, ids, labels, block_size=block_size, overlong=overlong, teaches=teaches)
+            _add_example(examples, stats, ids, labels, max_length=max_length, overlong=overlong, teaches=teaches)
 
     for row in iter_rows(data, split=split, skipped=stats.bad_rows, skip_bad=skip_bad_rows, keep=keep):
         stats.rows += 1
@@ -372,15 +372,15 @@ def _add_example(
     ids: list[int],
     labels: list[int],
     *,
-    block_size: int,
+    max_length: int,
     overlong: str,
     teaches: Callable[[int], bool] = lambda _: True,
 ) -> None:
-    if len(ids) > block_size:
+    if len(ids) > max_length:
         if overlong == "drop":
             stats.dropped_overlong += 1
             return
-        ids, labels = ids[:block_size], labels[:block_size]
+        ids, labels = ids[:max_length], labels[:max_length]
         stats.truncated += 1
     loss_tokens = sum(1 for x in labels[1:] if x != IGNORE_INDEX)
     if loss_tokens == 0:

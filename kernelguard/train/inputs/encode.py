@@ -11,10 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from kernelguard.errors import ConfigError, DataError
+from kernelguard.packed_batch import IGNORE_INDEX
 
 from .. import chat_templates
 from ..chat_templates import GENERATION, NO_TEMPLATE, TemplateChoice
-from kernelguard.packed_batch import IGNORE_INDEX
 from .rows import ChatItem, Item, Span, TextItem, data_error
 
 __all__ = ["assistant_spans", "encode_items", "generation_examples"]

@@ -20,13 +20,19 @@ import torch
 
 from kernelguard.errors import ConfigError
 
-from ..settings.config import ModelSection, OptimizerSection, RuntimeSection, TrainConfig
 from ..common.logs import logger
+from ..common.ranks import DistInfo, on_main
+from ..settings.config import ModelSection, OptimizerSection, RuntimeSection, TrainConfig
 from ..step.loss import return_hidden_states_from_head
-from .parallel import apply_activation_checkpointing, apply_fsdp, build_meta_model, mixed_precision, model_source
-from kernelguard.train.common.ranks import DistInfo, on_main
-from kernelguard.train.model.weight_files import weights_to_load
 from ..step.step import TrainState, lr_lambda, warmup_length
+from .parallel import (
+    apply_activation_checkpointing,
+    apply_fsdp,
+    build_meta_model,
+    mixed_precision,
+    model_source,
+)
+from .weight_files import weights_to_load
 from .weights import load_weights, plan_weights
 
 __all__ = [

@@ -42,8 +42,8 @@ from typing import Any
 
 from kernelguard.errors import ConfigError
 
+from ..common.logs import human_count
 from .memory_probe import PROBE_ATTENTION, ActivationProbe, measure_activations
-from kernelguard.train.common.logs import human_count
 
 GIB = 2**30
 HEADROOM = 0.92  # share of the card torch may allocate before "does not fit"

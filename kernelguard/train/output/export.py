@@ -40,6 +40,7 @@ from kernelguard.errors import (
     CheckpointError,
 )
 
+from ..common.write_errors import write_failure
 from ..settings.config_rules import DEFAULT_MAX_SHARD_SIZE, parse_size
 from .export_checks import (
     check_destination,
@@ -50,7 +51,6 @@ from .export_checks import (
     run_in_use,
 )
 from .export_stream import IN_FLIGHT, Gathered, feed, held_in_fp32, stream_files
-from ..common.write_errors import write_failure
 
 __all__ = [
     "OutTensor",

@@ -105,8 +105,8 @@ class ExportSource:
 
 
 def export_source(checkpoint: Path, saved: dict[str, Any], *, accept_changed_tokenizer: bool) -> ExportSource:
-    from .checkpoint import read_trainer_state
     from ..model.parallel import model_source
+    from .checkpoint import read_trainer_state
     from .provenance import read_source, tokenizer_changes
 
     record = read_source(checkpoint)

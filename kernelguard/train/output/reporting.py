@@ -13,13 +13,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..settings.config import TrainConfig, config_dict
 from ..common.logs import bar_safe_logging, log, logger
-from .metrics import MetricsLog, open_metrics, step_flops
-from kernelguard.train.common.ranks import DistInfo, on_main
+from ..common.ranks import DistInfo, on_main
+from ..settings.config import TrainConfig, config_dict
 from ..step.step import (
     StepResult,
 )
+from .metrics import MetricsLog, open_metrics, step_flops
 
 __all__ = ["Reporter", "process_age_s", "progress_bar", "step_line", "step_record"]
 

@@ -348,7 +348,9 @@ class MetricsSection:
     def __post_init__(self) -> None:
         validate(self)
         self.report_to = normalize_report_to(self.report_to)
-        from kernelguard.train.settings.config_rules import check_trackers  # a missing tracker library is refused now, not after the build
+        from .config_rules import (
+            check_trackers,  # a missing tracker library is refused now, not after the build
+        )
 
         check_trackers(self.report_to)
 

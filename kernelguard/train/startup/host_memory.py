@@ -67,9 +67,9 @@ def host_memory(
     """The figures for ``cfg`` (a TrainConfig): shapes from the model built on the meta device (``model``, when
     the caller built it already: --dry-run builds it once), dtypes and carried tensors from the checkpoint's
     headers."""
-    from ..output.export_stream import IN_FLIGHT
     from ..model.parallel import DTYPES, build_meta_model, model_source
     from ..model.weights import plan_weights
+    from ..output.export_stream import IN_FLIGHT
 
     ranks = max(1, int(world_size or os.environ.get("WORLD_SIZE") or 1))
     config, weights = model_source(str(cfg.model.model))

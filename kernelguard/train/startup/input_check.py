@@ -14,11 +14,11 @@ from typing import Any
 
 from kernelguard.errors import DataError
 
-from ..settings.config import TrainConfig
 from ..inputs.data import load_tokenizer, template_choice
 from ..inputs.encode import encode_items
 from ..inputs.rows import Item, detect_format, row_item
 from ..inputs.sources import iter_rows, resolve_files
+from ..settings.config import TrainConfig
 
 __all__ = ["SAMPLE_ROWS", "check_inputs_early", "check_row_formats", "check_rows"]
 

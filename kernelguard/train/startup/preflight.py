@@ -21,11 +21,11 @@ from typing import Any
 from kernelguard.errors import CheckpointError, ConfigError
 from kernelguard.geometry import estimated_params
 
-from ..output import checkpoint as ckpt
-from ..settings.config import CONFIG_FILENAME, TrainConfig, save_config
 from ..inputs.identity import RUN_FILE, differences, read_identity, run_identity, write_identity
 from ..model.parallel import model_source
 from ..model.weight_files import weights_to_load
+from ..output import checkpoint as ckpt
+from ..settings.config import CONFIG_FILENAME, TrainConfig, save_config
 from .startup_checks import (
     check_environment,
     check_flags,

@@ -18,9 +18,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .packing import build_batch, pack_best_fit_decreasing
 from kernelguard.packed_batch import IGNORE_INDEX
-from kernelguard.train.settings.packing_modes import PACKED
+
+from ..settings.packing_modes import PACKED
+from .packing import build_batch, pack_best_fit_decreasing
 from .step import TrainState, label_count, token_loss_sums
 
 __all__ = ["FIRST_K", "EvalResult", "evaluate", "first_k_labels", "pack_eval_blocks", "rank_eval_blocks"]
@@ -54,9 +55,9 @@ def first_k_labels(example: tuple[list[int], list[int]], k: int = FIRST_K) -> tu
     return ids, out
 
 
-def pack_eval_blocks(examples: Any, block_size: int, *, seed: int) -> list[list[int]]:
+def pack_eval_blocks(examples: Any, max_length: int, *, seed: int) -> list[list[int]]:
     """Example indices per eval block (best-fit decreasing, like training)."""
-    return pack_best_fit_decreasing(examples.lengths(), block_size, seed=seed)
+    return pack_best_fit_decreasing(examples.lengths(), max_length, seed=seed)
 
 
 def rank_eval_blocks(num_blocks: int, *, rank: int, world_size: int) -> list[int | None]:
@@ -71,7 +72,7 @@ def evaluate(
     examples: Any,
     blocks: list[list[int]],
     *,
-    block_size: int,
+    max_length: int,
     pad_id: int,
     packing: str = PACKED,
 ) -> EvalResult:
@@ -84,8 +85,8 @@ def evaluate(
     try:
         for b in rank_eval_blocks(len(blocks), rank=info.rank, world_size=info.world_size):
             group = [examples[i] for i in blocks[b if b is not None else 0]]
-            batch = build_batch(group, block_size, pad_id, packing=packing)
-            first = build_batch([first_k_labels(e) for e in group], block_size, pad_id, packing=packing)
+            batch = build_batch(group, max_length, pad_id, packing=packing)
+            first = build_batch([first_k_labels(e) for e in group], max_length, pad_id, packing=packing)
             whole, head_k = token_loss_sums(
                 model, batch, [batch["labels"], first["labels"]], device=info.device, head=state.head
             )

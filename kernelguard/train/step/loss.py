@@ -19,8 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...errors import ConfigError
 from kernelguard.packed_batch import IGNORE_INDEX
+
+from ...errors import ConfigError
 
 DEFAULT_CHUNK_TOKENS = 4096
 

@@ -2,9 +2,9 @@
 
 Pure Python for the bin packing (no torch import at module level), torch only to build block tensors.
 
-Best-fit decreasing keeps one sorted list of the *distinct* remaining capacities (at most ``block_size``
+Best-fit decreasing keeps one sorted list of the *distinct* remaining capacities (at most ``max_length``
 values) and, per capacity, a stack of open blocks. Placing an example is one ``bisect`` on that list, so
-packing n examples is O(n log block_size), not O(n * blocks) like the textbook loop.
+packing n examples is O(n log max_length), not O(n * blocks) like the textbook loop.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..settings.packing_modes import NAIVE, NO_BOUNDARIES, NO_PACKING, PACKED, PACKING_MODES
 from kernelguard.packed_batch import BOUNDARY_KEYWORDS, IGNORE_INDEX
+
+from ..settings.packing_modes import NAIVE, NO_BOUNDARIES, NO_PACKING, PACKED, PACKING_MODES
 
 if TYPE_CHECKING:
     import torch
@@ -38,18 +39,18 @@ __all__ = [
 
 @dataclass(kw_only=True, slots=True)
 class PackingStats:
-    """What packing did. ``fill`` is real tokens / (blocks * block_size), in percent."""
+    """What packing did. ``fill`` is real tokens / (blocks * max_length), in percent."""
 
     blocks: int
     examples: int
     tokens: int
-    block_size: int
+    max_length: int
     truncated: int = 0
     dropped: int = 0
 
     @property
     def fill(self) -> float:
-        capacity = self.blocks * self.block_size
+        capacity = self.blocks * self.max_length
         return 100.0 * self.tokens / capacity if capacity else 0.0
 
     @property
@@ -64,32 +65,32 @@ class PackingStats:
         if packing == NO_PACKING:
             return (
                 f"grouped {self.examples} examples ({self.tokens} tokens) into {self.blocks} padded batches "
-                f"of at most {self.block_size} real tokens: {self.truncated} truncated, {self.dropped} dropped"
+                f"of at most {self.max_length} real tokens: {self.truncated} truncated, {self.dropped} dropped"
             )
         return (
             f"packed {self.examples} examples ({self.tokens} tokens) into {self.blocks} blocks of "
-            f"{self.block_size}: fill {self.fill:.2f}%, {self.truncated} truncated, {self.dropped} dropped"
+            f"{self.max_length}: fill {self.fill:.2f}%, {self.truncated} truncated, {self.dropped} dropped"
         )
 
 
-def _check_lengths(lengths: Sequence[int], block_size: int) -> None:
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
+def _check_lengths(lengths: Sequence[int], max_length: int) -> None:
+    if max_length <= 0:
+        raise ValueError(f"max_length must be positive, got {max_length}")
     for i, n in enumerate(lengths):
-        if n <= 0 or n > block_size:
+        if n <= 0 or n > max_length:
             # Zero-length segments break fla's varlen kernels; overlong ones must be truncated or dropped first.
             raise ValueError(
-                f"example {i} has length {n}; every length must be in [1, block_size={block_size}]"
+                f"example {i} has length {n}; every length must be in [1, max_length={max_length}]"
             )
 
 
-def segment_counts(blocks: Sequence[Sequence[int]], lengths: Sequence[int], block_size: int) -> list[int]:
+def segment_counts(blocks: Sequence[Sequence[int]], lengths: Sequence[int], max_length: int) -> list[int]:
     """Segments per packed block as the GDN kernels see them (cu_seqlens): its examples, plus the padding tail,
     which is one more segment whenever the examples do not fill the block."""
-    return [len(b) + (sum(lengths[i] for i in b) < block_size) for b in blocks]
+    return [len(b) + (sum(lengths[i] for i in b) < max_length) for b in blocks]
 
 
-def pack_best_fit_decreasing(lengths: Sequence[int], block_size: int, *, seed: int = 0) -> list[list[int]]:
+def pack_best_fit_decreasing(lengths: Sequence[int], max_length: int, *, seed: int = 0) -> list[list[int]]:
     """Best-fit decreasing: longest example first, each into the open block it fills most tightly.
 
     Returns example indices per block, in block creation order. Deterministic for a given ``seed``; examples
@@ -97,7 +98,7 @@ def pack_best_fit_decreasing(lengths: Sequence[int], block_size: int, *, seed: i
     together across seeds). Among open blocks with the same remaining capacity the most recently touched
     one is used.
     """
-    _check_lengths(lengths, block_size)
+    _check_lengths(lengths, max_length)
     order = list(range(len(lengths)))
     random.Random(seed).shuffle(order)
     order.sort(key=lengths.__getitem__, reverse=True)  # stable: ties keep the seeded order
@@ -111,7 +112,7 @@ def pack_best_fit_decreasing(lengths: Sequence[int], block_size: int, *, seed: i
         if pos == len(capacities):
             block_id = len(blocks)
             blocks.append([idx])
-            remaining = block_size - n
+            remaining = max_length - n
         else:
             cap = capacities[pos]
             stack = open_by_capacity[cap]
@@ -131,13 +132,13 @@ def pack_best_fit_decreasing(lengths: Sequence[int], block_size: int, *, seed: i
     return blocks
 
 
-def pack_sequential_greedy(lengths: Sequence[int], block_size: int) -> list[list[int]]:
+def pack_sequential_greedy(lengths: Sequence[int], max_length: int) -> list[list[int]]:
     """The stock baseline: examples in order; start a new block when the next one does not fit."""
-    _check_lengths(lengths, block_size)
+    _check_lengths(lengths, max_length)
     blocks: list[list[int]] = []
-    used = block_size  # forces a new block for the first example
+    used = max_length  # forces a new block for the first example
     for idx, n in enumerate(lengths):
-        if used + n > block_size:
+        if used + n > max_length:
             blocks.append([])
             used = 0
         blocks[-1].append(idx)
@@ -148,7 +149,7 @@ def pack_sequential_greedy(lengths: Sequence[int], block_size: int) -> list[list
 def packing_stats(
     blocks: Sequence[Sequence[int]],
     lengths: Sequence[int],
-    block_size: int,
+    max_length: int,
     *,
     truncated: int = 0,
     dropped: int = 0,
@@ -157,7 +158,7 @@ def packing_stats(
         blocks=len(blocks),
         examples=sum(len(b) for b in blocks),
         tokens=sum(lengths[i] for b in blocks for i in b),
-        block_size=block_size,
+        max_length=max_length,
         truncated=truncated,
         dropped=dropped,
     )
@@ -173,16 +174,16 @@ def shard_blocks(num_blocks: int, *, rank: int, world_size: int, seed: int, epoc
 
 
 def build_packed_block(
-    examples: Sequence[tuple[list[int], list[int]]], block_size: int, pad_token_id: int
+    examples: Sequence[tuple[list[int], list[int]]], max_length: int, pad_token_id: int
 ) -> dict[str, torch.Tensor | int]:
-    """Concatenate ``(input_ids, labels)`` examples into one [1, block_size] block with varlen kwargs.
+    """Concatenate ``(input_ids, labels)`` examples into one [1, max_length] block with varlen kwargs.
 
     - ``labels``: each example's labels (unshifted, as transformers expects), with the first token of every
       example set to -100 so the shifted loss never predicts across a boundary; padding is -100.
     - ``position_ids`` restart at 0 for every example; the padding tail is ONE extra segment (positions
       0..pad-1, its own ``seq_idx``) so ``cu_seq_lens`` shapes stay stable and no segment has length 0.
     - ``cu_seq_lens_q``/``cu_seq_lens_k`` int32 [segments + 1]; ``max_length_q``/``max_length_k`` ints;
-      ``seq_idx`` int32 [1, block_size].
+      ``seq_idx`` int32 [1, max_length].
     """
     import torch
 
@@ -206,9 +207,9 @@ def build_packed_block(
         seq_idx.extend([segment] * n)
         seg_lens.append(n)
     real = len(input_ids)
-    if real > block_size:
-        raise ValueError(f"examples hold {real} tokens, more than block_size={block_size}")
-    pad = block_size - real
+    if real > max_length:
+        raise ValueError(f"examples hold {real} tokens, more than max_length={max_length}")
+    pad = max_length - real
     if pad:
         input_ids.extend([pad_token_id] * pad)
         labels.extend([IGNORE_INDEX] * pad)
@@ -234,15 +235,15 @@ def build_packed_block(
 
 
 
-def padded_shape(rows: int, longest: int, block_size: int) -> tuple[int, int]:
+def padded_shape(rows: int, longest: int, max_length: int) -> tuple[int, int]:
     """The ``[rows, length]`` a padded batch is laid out in: each rounded up to a power of two (the length
-    never beyond ``max(longest, block_size)``).
+    never beyond ``max(longest, max_length)``).
 
     fla's kernels autotune per batch size and Triton compiles per shape class, so every new ``[rows,
     longest]`` costs a search of seconds; a packer's blocks hold anywhere from one to hundreds of examples, so
     exact shapes mean a search every few steps for the whole run. Powers of two bound the shapes to a handful
     (about 13 on 4,017 real conversations at 8,192 tokens) for the price of extra padding."""
-    return _next_power_of_two(rows), min(_next_power_of_two(longest), max(longest, block_size))
+    return _next_power_of_two(rows), min(_next_power_of_two(longest), max(longest, max_length))
 
 
 def _next_power_of_two(n: int) -> int:
@@ -250,10 +251,10 @@ def _next_power_of_two(n: int) -> int:
 
 
 def build_padded_batch(
-    examples: Sequence[tuple[list[int], list[int]]], pad_token_id: int, *, block_size: int | None = None
+    examples: Sequence[tuple[list[int], list[int]]], pad_token_id: int, *, max_length: int | None = None
 ) -> dict[str, torch.Tensor | int]:
     """The examples of one block as a right-padded batch with an attention mask, laid out in
-    :func:`padded_shape` (``block_size`` given) or exactly ``[len(examples), longest]``.
+    :func:`padded_shape` (``max_length`` given) or exactly ``[len(examples), longest]``.
 
     Labels as in :func:`build_packed_block` (each example's first label and the padding are -100), so a step
     predicts exactly the tokens its packed block predicts; right padding leaves every real token's causal
@@ -264,8 +265,8 @@ def build_padded_batch(
     if not examples:
         raise ValueError("a padded batch needs at least one example")
     longest = max(len(ids) for ids, _ in examples)
-    rows, length = (len(examples), longest) if block_size is None else padded_shape(
-        len(examples), longest, block_size
+    rows, length = (len(examples), longest) if max_length is None else padded_shape(
+        len(examples), longest, max_length
     )
     input_ids = torch.full((rows, length), pad_token_id, dtype=torch.long)
     labels = torch.full((rows, length), IGNORE_INDEX, dtype=torch.long)
@@ -287,19 +288,19 @@ def build_padded_batch(
 
 
 def build_batch(
-    examples: Sequence[tuple[list[int], list[int]]], block_size: int, pad_token_id: int, *, packing: str
+    examples: Sequence[tuple[list[int], list[int]]], max_length: int, pad_token_id: int, *, packing: str
 ) -> dict[str, torch.Tensor | int]:
     """One micro-batch of ``examples`` in the ``packing`` layout (see PACKING_MODES)."""
     if packing == NO_PACKING:
-        return build_padded_batch(examples, pad_token_id, block_size=block_size)
-    block = build_packed_block(examples, block_size, pad_token_id)
+        return build_padded_batch(examples, pad_token_id, max_length=max_length)
+    block = build_packed_block(examples, max_length, pad_token_id)
     if packing in NO_BOUNDARIES:
         for key in BOUNDARY_KEYWORDS:
             del block[key]
         if packing == NAIVE:
             import torch
 
-            block["position_ids"] = torch.arange(block_size, dtype=torch.long).unsqueeze(0)
+            block["position_ids"] = torch.arange(max_length, dtype=torch.long).unsqueeze(0)
     elif packing != PACKED:
         raise ValueError(f"unknown packing {packing!r}; expected one of {', '.join(PACKING_MODES)}")
     return block

@@ -24,11 +24,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from kernelguard.errors import DataError
+from kernelguard.packed_batch import IGNORE_INDEX
 
+from ..common.ranks import DistInfo, sync_replicated_grads
 from .loss import linear_cross_entropy
 from .packing import shard_blocks
-from kernelguard.packed_batch import IGNORE_INDEX
-from ..common.ranks import DistInfo, sync_replicated_grads
 
 __all__ = [
     "NON_MODEL_KEYS",
@@ -74,14 +74,14 @@ def make_plan(
     epochs: int,
     max_steps: int | None,
     schedule_steps: int | None,
-    block_size: int,
+    max_length: int,
     data: str = "",
 ) -> Plan:
     per_rank = len(blocks) // world_size
     steps_per_epoch = per_rank // grad_accum
     if steps_per_epoch == 0:
         raise DataError(
-            f"the data packs into {len(blocks)} blocks of {block_size}: not enough for one step of "
+            f"the data packs into {len(blocks)} blocks of {max_length}: not enough for one step of "
             f"{world_size} ranks x {grad_accum} micro-batches.",
             fix="add data, lower --grad-accum or --block-size, or use fewer ranks",
             details={"file": data, "row": None, "field": None},
