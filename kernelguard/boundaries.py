@@ -38,6 +38,7 @@ from typing import Any
 
 from kernelguard.boundary_check import BoundaryCheck
 from kernelguard.boundary_facts import GdnBoundaries, decoder_stacks, gdn_boundaries
+from kernelguard.equivalence import FirstRowProbe
 from kernelguard.policy import AllowPolicy
 from kernelguard.registry import REGISTRY
 from kernelguard.terms import PYTHON
@@ -51,10 +52,14 @@ class BoundaryWatch:
     (or leaving ``with``) removes it."""
 
     def __init__(self, stacks: list[tuple[str, Any]], facts: GdnBoundaries, policy: AllowPolicy, *,
-                 syntax: str = PYTHON, allow_fix: str | None = None, probe: Any = None) -> None:
+                 syntax: str = PYTHON, allow_fix: str | None = None, probe: bool = True) -> None:
         self.stacks = [path for path, _ in stacks]
-        self.checks = [BoundaryCheck(module, facts, policy, syntax=syntax, allow_fix=allow_fix, probe=probe)
+        self.checks = [BoundaryCheck(module, facts, policy, syntax=syntax, allow_fix=allow_fix)
                        for _, module in stacks]
+        self.probes: list[FirstRowProbe] = []
+        for (path, module), check in zip(stacks, self.checks) if probe else ():
+            check.probe = FirstRowProbe(module, path, quiet=_silencer(check))
+            self.probes.append(check.probe)
         self.check = self.checks[0]
         self.key = self.check.key
         self._handles: list[Any] = [
@@ -156,6 +161,13 @@ class ModelCallWatch:
         self.disarm()
 
 
+def _silencer(check: BoundaryCheck) -> Any:
+    def quiet(on: bool) -> None:
+        check.quiet = on
+
+    return quiet
+
+
 def check_hook(check: BoundaryCheck) -> Any:
     def before_forward(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         check.check_call(args, kwargs)
@@ -164,9 +176,9 @@ def check_hook(check: BoundaryCheck) -> Any:
 
 
 def watch_boundaries(model: Any, policy: AllowPolicy, *, mode: str = "training", syntax: str = PYTHON,
-                     allow_fix: str | None = None, probe: Any = None) -> BoundaryWatch | None:
-    """Arm the check on the decoder stacks of ``model``; None when it has no GDN layer. ``probe``: run on the
-    first packed row (:func:`kernelguard.equivalence.first_row_probe`)."""
+                     allow_fix: str | None = None, probe: bool = True) -> BoundaryWatch | None:
+    """Arm the check on the decoder stacks of ``model``; None when it has no GDN layer. ``probe``: run the first
+    packed row example by example (:class:`kernelguard.equivalence.FirstRowProbe`)."""
     named = [(path or type(model).__name__, m) for path, m in model.named_modules()]
     facts = gdn_boundaries(named, policy, mode=mode)
     if not facts.layers:

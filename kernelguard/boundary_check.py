@@ -69,7 +69,7 @@ class BoundaryCheck:
     (:mod:`kernelguard.equivalence`), with ``(args, kwargs, segments)``."""
 
     def __init__(self, root: Any, facts: GdnBoundaries, policy: AllowPolicy, *, syntax: str = PYTHON,
-                 allow_fix: str | None = None, probe: Callable[[Any, Any, RowSegments], None] | None = None) -> None:
+                 allow_fix: str | None = None, probe: Callable[[Any, Any, RowSegments], Any] | None = None) -> None:
         self.facts = facts
         self.policy = policy
         self.key = f"boundaries-{next(_CHECK_IDS)}"
@@ -117,16 +117,17 @@ class BoundaryCheck:
             return
         if seg.examples <= 1:
             return
-        if missing:
-            self.judge(seg.examples, seg.source, missing)
+        accepted = bool(missing) and self.judge(seg.examples, seg.source, missing)
         cache = bool(kwargs.get("use_cache")) or any(kwargs.get(k) is not None for k in ("cache", "past_key_values"))
         blind = attention_blind_reason(self.facts.attention_impl, seg, mask=mask is not None, cache=cache) \
             if self.facts.attention else None
         if blind is not None:
-            self._refuse(self._attention_error(seg, *blind))
+            accepted = self._refuse(self._attention_error(seg, *blind)) or accepted
         if self.probe is not None:
-            probe, self.probe = self.probe, None  # once: the first packed row
-            probe(args, kwargs, seg)
+            probe, self.probe = self.probe, None  # once: the first packed row that every static check passed
+            error = None if accepted else probe(args, kwargs, seg)
+            if error is not None:
+                self._refuse(error)
 
     def _due(self) -> bool:
         return self.calls <= FIRST_CALLS or self.calls % RECHECK_EVERY == 0
@@ -141,15 +142,16 @@ class BoundaryCheck:
         elif positions is not None and hasattr(positions, "dim") and mask is None:
             self._op(positions, self.key, _SEP_ROW.join(f"{p}{_SEP_FIELD}{why}" for p, why in missing))
 
-    def judge(self, examples: int, source: str, missing: list[tuple[str, str]]) -> None:
-        if examples > 1:
-            self._refuse(self._error(examples, source, missing))
+    def judge(self, examples: int, source: str, missing: list[tuple[str, str]]) -> bool:
+        """Refuse a row of several examples whose GDN kernels miss a boundary; True when the policy accepted it."""
+        return examples > 1 and self._refuse(self._error(examples, source, missing))
 
-    def _refuse(self, error: PackedWithoutBoundariesError) -> None:
+    def _refuse(self, error: PackedWithoutBoundariesError) -> bool:
+        """Raise ``error``, or log it once and return True when ``packed-without-boundaries`` accepts it."""
         if self.policy.allows_packed_without_boundaries():
             log_once(("packed-without-boundaries", self.key, error.details.get("kind")),
                      f"kernelguard: allowed ({PACKED_WITHOUT_BOUNDARIES}): {error.message}")
-            return
+            return True
         raise error
 
     def _layers(self, layers: tuple[str, ...], kind: str) -> tuple[str, str]:

@@ -369,3 +369,67 @@ def test_the_allow_item_accepts_a_contradiction_once_logged(
             model(**{**_bounded(), "seq_idx": torch.zeros(1, 12, dtype=torch.int32)})
     lines = [r.getMessage() for r in caplog.records if "allowed (packed-without-boundaries)" in r.getMessage()]
     assert len(lines) == 1 and "seq_idx 1 example" in lines[0]
+
+
+# ------------------------------------------------------------------------------------- the first-row probe ---
+def _ignoring_cu_seqlens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake fla's chunk kernel still takes `cu_seqlens` (every static check passes) but no longer honours it:
+    the GDN state runs on from each example into the next, a way of going wrong nobody listed."""
+    import fla.ops.gated_delta_rule as fake
+
+    varlen = fake._varlen
+    monkeypatch.setattr(fake, "_varlen", lambda *a, **k: varlen(*a, **{**k, "cu_seqlens": None}))
+
+
+def test_the_first_row_probe_finds_a_leak_no_static_check_sees(
+    fake_providers: Any, tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _ignoring_cu_seqlens(monkeypatch)
+    model, report = _guarded(tiny)
+    error = _refused(model, _bounded())
+    assert error.details["kind"] == "probe" and error.layer == "model.layers.1"
+    assert error.message.startswith(
+        "kernelguard: the first packed row, run example by example, differs from the packed run from "
+        "model.layers.1 on: the example at tokens ")
+    assert "The layers do not keep the row's examples apart, whatever its boundary keywords say" in error.message
+    reference, worst, tolerance = error.details["layers"][1][1:]
+    assert worst > 10 * tolerance and tolerance >= 8 * reference  # measured 2.9e-5 vs 1e-6 (fp32 floor)
+    with torch.no_grad():
+        model(**_bounded())  # once per stack: the next rows pass (the static checks stay armed)
+
+
+def test_the_probe_is_what_refuses_it_and_can_be_turned_off(
+    fake_providers: Any, tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative controls: with the comparison disabled, or first_row_probe=False, the same leaking row passes
+    silently; the measurement still shows the leak."""
+    _ignoring_cu_seqlens(monkeypatch)
+    model, report = _guarded(tiny)
+    (probe,) = report.boundaries.probes
+    probe.compare = False
+    with torch.no_grad():
+        model(**_bounded())
+    assert any(d.differs for d in probe.measured)
+    REGISTRY.reset()
+    model = _model(tiny)
+    report = guard(model, packed=True, allow=["attention"], first_row_probe=False)
+    assert report.boundaries.probes == []
+    with torch.no_grad():
+        model(**_bounded())
+    with pytest.raises(ConfigError, match="first_row_probe must be True or False"):
+        guard(model, packed=True, allow=["attention"], first_row_probe="no")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("collator", ["flattening", "trl"])
+def test_the_probe_passes_correct_rows_exact_to_fp32(fake_providers: Any, tiny: Any, collator: str) -> None:
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    batch = _bounded() if collator == "flattening" else {
+        k: v for k, v in DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, pad_to_multiple_of=16)(
+            FEATURES).items() if k != "labels"}
+    model, report = _guarded(tiny)
+    with torch.no_grad():
+        model(**batch)
+    (probe,) = report.boundaries.probes
+    assert len(probe.measured) == 4 and max(d.worst for d in probe.measured) < 1e-5  # measured ~2e-7
+    assert [d.example for d in probe.measured][0] in ((5, 8), (8, 12))
