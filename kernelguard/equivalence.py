@@ -66,12 +66,24 @@ class FirstRowProbe:
         self.measured: list[LayerDifference] = []
         self._quiet = quiet  # silences the stack's own check while the probe calls it
 
-    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], seg: RowSegments) -> PackedWithoutBoundariesError | None:
-        """The refusal for this row, or None (the caller raises it, or logs it under the allow item)."""
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], seg: RowSegments, *,
+                 lockstep: bool = False) -> PackedWithoutBoundariesError | None:
+        """The refusal for this row, or None (the caller raises it, or logs it under the allow item).
+        ``lockstep``: one of several ranks, which must all run the same number of forwards (FSDP gathers
+        parameters in each): always ``PROBED_EXAMPLES`` examples, repeats standing in for missing ones."""
+        if args:  # positional calls: the stack's own caller always passes keywords
+            return None
         spans = _chosen(seg)
-        if len(spans) < 2 or args:  # positional calls: the stack's own caller always passes keywords
+        real = len(spans)
+        if lockstep:
+            spans = (spans or [(0, seg.length)]) + [spans[0] if spans else (0, seg.length)] * PROBED_EXAMPLES
+            spans = spans[:PROBED_EXAMPLES]
+        elif real < 2:
             return None
         self.measured = self.measure(kwargs, spans)
+        if real < 2:
+            self.measured = []
+            return None
         first = next((d for d in self.measured if d.differs), None)
         return _error(first, self.measured) if first is not None and self.compare else None
 
@@ -119,7 +131,7 @@ def _alone(kwargs: dict[str, Any], a: int, b: int) -> dict[str, Any]:
         if kwargs.get(key) is not None:
             out[key] = kwargs[key][:, a:b]
     like = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs.get("inputs_embeds")
-    out["position_ids"] = torch.arange(b - a, device=like.device).unsqueeze(0)
+    out["position_ids"] = torch.arange(b - a, device=like.device).unsqueeze(0).expand(like.shape[0], -1)
     out["use_cache"] = False
     return out
 
