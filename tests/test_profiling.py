@@ -116,13 +116,15 @@ def test_a_real_profiler_window_on_a_tiny_cpu_model(tmp_path: Path) -> None:
         return float(loss.detach())
 
     logged: list[str] = []
+    # The clock ticks 0.1 s per read: every step takes the same time, whatever the machine's load (a step of this
+    # model is a millisecond: under load one 3x slower than another can postpone the window past step 8).
     prof = StepProfiler(first_step=3, every=2, trace_dir=tmp_path / "trace", device=torch.device("cpu"),
-                        log=logged.append)
+                        log=logged.append, clock=iter([i / 10 for i in range(100)]).__next__)
     records = [prof.run(s, step) for s in range(1, 9)]
     assert all(isinstance(loss, float) for loss, _ in records)
     windows = [s for s, (_, figures) in enumerate(records, start=1) if figures]
-    # the first window waits for three unprofiled steps that agree (steps 1-3 at the earliest)
-    assert windows and windows[0] >= 4, windows
+    # the first window waits for three unprofiled steps that agree (steps 1-3), then every 2 from step 3
+    assert windows == [4, 5, 7], windows
     rec = records[windows[0] - 1][1]
     assert rec["gpu_busy_pct"] is None and rec["kernels_per_step"] is None and rec["verdict"] is None
     assert rec["cpu_ops_per_step"] > 10 and rec["cpu_s_per_step"] > 0 and rec["profile_overhead_s"] >= 0
