@@ -395,7 +395,7 @@ def test_the_first_row_probe_finds_a_leak_no_static_check_sees(
     reference, worst, tolerance = error.details["layers"][1][1:]
     # measured 3.8e-5 against a 1e-6 tolerance (the fp32 floor), where a correct row's layers differ by at most
     # 2.4e-7: 3x the tolerance is 12.8x under the one and 12.6x over the other
-    assert worst > 3 * tolerance and tolerance >= 8 * reference
+    assert worst > 3 * tolerance and tolerance >= 20 * reference
     with torch.no_grad():
         model(**_bounded())  # once per stack: the next rows pass (the static checks stay armed)
 
