@@ -76,9 +76,9 @@ def _model(device: torch.device, dtype: torch.dtype, **gdn: int) -> Any:
     return Qwen3_5ForCausalLM(config).to(device=device, dtype=dtype).train()
 
 
-def _train(model: Any, device: torch.device) -> tuple[float, float]:
+def _train(model: Any, device: torch.device, lr: float) -> tuple[float, float]:
     """TRAIN_STEPS AdamW steps on packed blocks (with boundaries); mean loss of the first and the last 5."""
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
     for step in range(TRAIN_STEPS):
         examples = _examples(1000 + step)
@@ -133,8 +133,8 @@ def measure(model: Any, device: torch.device) -> dict[str, dict[str, float]]:
     return out
 
 
-def _check(model: Any, device: torch.device, *, tol: float, factor: float) -> dict[str, Any]:
-    first, last = _train(model, device)
+def _check(model: Any, device: torch.device, *, tol: float, factor: float, lr: float = 2e-3) -> dict[str, Any]:
+    first, last = _train(model, device, lr)
     assert last < first - 0.1, (first, last)  # it learned something
     figures = measure(model, device)
     result = {"device": str(device), "train_loss": [first, last], "tolerance": tol, "factor": factor, **figures}

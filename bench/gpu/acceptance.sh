@@ -22,7 +22,8 @@
 # cut, no part skipped or stopped for time, every variant's verdict present and right, wall <= 480 s.
 #
 #   bash bench/gpu/acceptance.sh            # on the GPU machine, repository root, wheels in .whl/
-#   bash bench/gpu/acceptance.sh --tiny     # the same plumbing on CPU with tests/fake_providers
+#   bash bench/gpu/acceptance.sh --tiny     # the same plumbing on CPU with tests/fake_providers: `check`
+#                                           # without --run, the GPU test files skip (they must collect)
 #
 # Wheels in .whl/ (carried): fla-core + flash-linear-attention 0.6.0, causal_conv1d 1.7.0 (built for the
 # machine's torch), pytest-timeout, and kernelguard's own wheel for the console script
@@ -61,7 +62,7 @@ if [ $TINY = 1 ]; then
   export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1
   export PYTHONPATH=$PWD:$PWD/tests/fake_providers:${PYTHONPATH:-}
   KG=("$PY" -m kernelguard)
-  CHECK_ARGS=(--model qwen3_5 --mode training --allow attention)
+  CHECK_ARGS=(--model qwen3_5 --mode training --allow attention)  # no --run: it needs CUDA (exit 2 on a CPU)
   BENCH=(--tiny --device cpu --steps 4 --warmup 1 --profile-steps 1 --no-memory-estimate)
   CHILD_TIMEOUT=${CHILD_TIMEOUT:-300}; PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-300}; TEST_THREADS=1
 else
@@ -71,7 +72,7 @@ else
   export PYTHONPATH=$PWD:/tmp/site
   KG=(/tmp/site/bin/kernelguard)
   [ -x "${KG[0]}" ] || KG=("$PY" -m kernelguard)
-  CHECK_ARGS=(--model qwen3_5 --mode training --allow fla-640-refusal)
+  CHECK_ARGS=(--model qwen3_5 --mode training --allow fla-640-refusal --run)
   BENCH=(--steps 8 --warmup 3 --no-memory-estimate)
   CHILD_TIMEOUT=${CHILD_TIMEOUT:-150}; PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-150}; TEST_THREADS=4
 fi
@@ -93,7 +94,7 @@ skip_part() {  # NAME KIND REASON
 check_run() {  # NAME LIMIT SHARED
   local name=$1 t0; t0=$(now)
   local s; s=$(date +%s.%N)
-  TRITON_PRINT_AUTOTUNING=1 timeout -k 10 "$2" "${KG[@]}" check "${CHECK_ARGS[@]}" --run --json \
+  TRITON_PRINT_AUTOTUNING=1 timeout -k 10 "$2" "${KG[@]}" check "${CHECK_ARGS[@]}" --json \
     > "$RESULTS/check_$name.out" 2> "$RESULTS/check_$name.err"
   local rc=$?
   "$PY" - "$RESULTS/check_$name.out" "$rc" "$("$PY" -c "print(round($(date +%s.%N)-$s,1))")" \
