@@ -204,3 +204,24 @@ def test_a_part_stopped_by_its_limit_is_not_whole_even_when_its_files_look_fine(
     assert rc == 1 and summary["checks"]["parts_whole"] is False
     assert summary["not_whole"] == ["variant_fallback stopped at its 215 s limit"]
     assert "  not whole: variant_fallback stopped at its 215 s limit" in capsys.readouterr().out
+
+
+def test_tiny_run_on_cpu_needs_each_variant_to_run_not_a_gpu_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = tmp_path / "results"
+    _whole_run(results)
+    for path in results.glob("bench_*.json"):  # what a CPU run writes: steps timed, no GPU kernels to judge
+        data = json.loads(path.read_text())
+        data["detector"] = {v: {"verdict": None} for v in data["detector"]}
+        path.write_text(json.dumps(data))
+    rc, summary = _summarise(tmp_path, monkeypatch)
+    assert rc == 1 and summary["checks"]["diagnosis"] is False  # on a GPU a missing verdict is red
+    monkeypatch.setenv("ACCEPTANCE_TINY", "1")
+    capsys.readouterr()
+    rc, summary = _summarise(tmp_path, monkeypatch)
+    assert rc == 0 and summary["green"] is True
+    assert capsys.readouterr().out.startswith("acceptance GREEN (--tiny: CPU plumbing, no GPU verdicts) in 437 s")
+    (results / "bench_stock_best.json").write_text(json.dumps({"errors": {"stock_best": "boom"}}))
+    rc, summary = _summarise(tmp_path, monkeypatch)
+    assert rc == 1 and summary["verdicts_right"]["stock_best"] is False

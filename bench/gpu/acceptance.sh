@@ -221,7 +221,7 @@ step "summary"
 [ -n "${SKIP_CHECK:-}${GPU_TESTS:-}" ] || [ "$VARIANTS" != "$ALL_VARIANTS" ] \
   || [ "${EXTRA_SCRIPTS-bench/gpu/train_diagnosis.sh}" != bench/gpu/train_diagnosis.sh ] \
   && export ACCEPTANCE_PARTIAL="SKIP_CHECK=${SKIP_CHECK:-} VARIANTS=$VARIANTS GPU_TESTS=${GPU_TESTS:-all} EXTRA_SCRIPTS=${EXTRA_SCRIPTS-bench/gpu/train_diagnosis.sh}"
-ACCEPTANCE_WALL_S=$(now) ACCEPTANCE_TARGET_S=$TARGET_S \
+ACCEPTANCE_WALL_S=$(now) ACCEPTANCE_TARGET_S=$TARGET_S ACCEPTANCE_TINY=$TINY \
   "$PY" bench/gpu/acceptance_summary.py "$RESULTS" "$OUT/acceptance.json" | tee "$OUT/acceptance.txt"
 # Few files come back from the machine: every part goes home in one archive.
 tar czf "$OUT/acceptance_parts.tgz" -C "$OUT" acceptance_parts && rm -rf "$RESULTS"
