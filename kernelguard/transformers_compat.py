@@ -29,6 +29,7 @@ from typing import Any
 
 from kernelguard.catalog import PACKAGES, KernelRequirement
 from kernelguard.errors import UnsupportedTransformersError
+from kernelguard.hub_load import transformers_package_devices
 from kernelguard.known_issues import KNOWN_ISSUES, KnownIssue
 
 __all__ = [
@@ -421,15 +422,14 @@ def pip_fix(package: str) -> str:
 
 
 def provider_devices(implementation: Any) -> tuple[str, ...]:
-    """Devices a provider declares via ``__kernelguard_devices__`` on its top-level package."""
+    """Devices a provider declares via ``__kernelguard_devices__`` on its top-level package (else its package's
+    default, e.g. fla: cuda and xpu), narrowed to those transformers 5.25+ hands it (others take the torch path)."""
     top = str(getattr(implementation, "__module__", "") or "").split(".")[0]
-    package = sys.modules.get(top)
-    declared = getattr(package, DEVICES_ATTR, None)
-    if declared is None:
-        # The same per-package default `kernelguard check` uses (e.g. fla: cuda and xpu).
-        spec = PACKAGES.get(top)
-        return spec.default_devices if spec else DEFAULT_DEVICES
-    return tuple(str(d) for d in declared)
+    declared = getattr(sys.modules.get(top), DEVICES_ATTR, None)
+    spec = PACKAGES.get(top)
+    devices = tuple(map(str, declared)) if declared is not None else spec.default_devices if spec else DEFAULT_DEVICES
+    handed = transformers_package_devices(top)
+    return devices if handed is None else tuple(d for d in devices if d in handed)
 
 
 def kernels_hub_status() -> str | None:
