@@ -17,14 +17,15 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from .versions import base_version, version_in
+from .decisions import REJECTED, Decision
+from .facts import HubLoad
 
 __all__ = [
     "ENV_VAR",
-    "HubLoad",
+    "LOAD",
+    "load_decision",
     "load_error_sentence",
     "probe_hub_load",
     "resolve_use_hub",
@@ -32,35 +33,10 @@ __all__ = [
 ]
 
 ENV_VAR = "USE_HUB_KERNELS"
-_TRUE = ("1", "ON", "YES", "TRUE")  # transformers' ENV_VARS_TRUE_VALUES: anything else is false
 # 5.25's from_pretrained: `use_kernels = kwargs.pop("use_kernels", None)` then `elif use_kernels is None:`
 # `use_kernels = True`; 5.17-5.24 pop it with the default False.
 _DEFAULT_NONE = re.compile(r"""use_kernels\s*=\s*kwargs\.pop\(\s*["']use_kernels["']\s*,\s*None\s*\)""")
 _NONE_MEANS_TRUE = re.compile(r"use_kernels\s+is\s+None\s*:\s*\n\s*use_kernels\s*=\s*True")
-
-
-@dataclass(frozen=True, slots=True)
-class HubLoad:
-    """What a plain ``from_pretrained`` does with Kernel Hub kernels under the installed transformers."""
-
-    transformers_version: str
-    default_on: bool  # from_pretrained(use_kernels=None) means True (transformers 5.25+)
-    env_value: str | None  # USE_HUB_KERNELS as set in this environment (None: unset)
-    window: tuple[str, str] | None  # [min, max) of kernels this transformers accepts
-    kernels_version: str | None  # the installed kernels (None: not installed)
-
-    @property
-    def env_off(self) -> bool:
-        return self.env_value is not None and self.env_value.upper() not in _TRUE
-
-    @property
-    def kernels_usable(self) -> bool:
-        """transformers' is_kernels_available(): installed and inside the window."""
-        if self.kernels_version is None:
-            return False
-        if self.window is None:
-            return True
-        return version_in(base_version(self.kernels_version), f">={self.window[0]},<{self.window[1]}")
 
 
 def probe_hub_load(root: Path, transformers_version: str, window: tuple[str, str] | None,
@@ -72,22 +48,34 @@ def probe_hub_load(root: Path, transformers_version: str, window: tuple[str, str
         text = ""
     default_on = bool(_DEFAULT_NONE.search(text) and _NONE_MEANS_TRUE.search(text))
     env = os.environ if environ is None else environ
-    return HubLoad(transformers_version, default_on, env.get(ENV_VAR), window, kernels_version)
+    return HubLoad(transformers_version, default_on, env.get(ENV_VAR), window, kernels_version,
+                   kernels_core=_requires_kernels())
+
+
+def _requires_kernels() -> bool:
+    """The installed transformers lists kernels among its own requirements (5.25+), not only in an extra."""
+    from importlib import metadata
+
+    try:
+        requires = metadata.requires("transformers") or []
+    except metadata.PackageNotFoundError:
+        return False
+    return any(re.match(r"kernels\b", line) and "extra" not in line for line in requires)
 
 
 def resolve_use_hub(asked: bool | None, load: HubLoad) -> tuple[bool, str]:
     """(does the job's load use Hub kernels, where that came from), for ``asked``: True (``--hub``: the job
     passes use_kernels=True), False (``--no-hub``: use_kernels=False), None (the job passes nothing)."""
     if asked is False:
-        return False, "--no-hub (the job loads with use_kernels=False)"
+        return False, "--no-hub: the job loads with use_kernels=False"
     if load.env_off:
         # transformers 5.25 turns even an explicit use_kernels=True off under a false USE_HUB_KERNELS (a warning).
         if load.default_on:
-            return False, f"{ENV_VAR}={load.env_value} (transformers {load.transformers_version} then loads without them)"
+            return False, f"{ENV_VAR}={load.env_value}: transformers {load.transformers_version} loads without them"
         if asked is None:
             return False, f"transformers {load.transformers_version} loads with use_kernels=False by default"
     if asked:
-        return True, "--hub (the job loads with use_kernels=True)"
+        return True, "--hub: the job loads with use_kernels=True"
     if load.default_on:
         return True, (f"transformers {load.transformers_version}'s default: from_pretrained(use_kernels=None) "
                       f"means use_kernels=True unless {ENV_VAR} is false")
@@ -114,3 +102,18 @@ def transformers_package_devices(package: str) -> tuple[str, ...] | None:
     if not isinstance(table, dict) or package not in table:
         return None
     return tuple(str(d) for d in table[package])
+
+
+LOAD = "model load"  # the Decision.kernel of the load itself: not a kernel, but it decides before any kernel runs
+
+
+def load_decision(load: HubLoad | None, *, use_hub: bool, hub_source: str, fix: str) -> Decision | None:
+    """The load's own verdict when it uses Hub kernels and ``kernels`` cannot serve: rejected, because
+    from_pretrained raises (``fix``: kernelguard.install's kernels command); None when the load is fine."""
+    if load is None or not use_hub or not load.default_on:
+        return None  # before 5.25 the same raise needs an explicit use_kernels=True: said per Hub candidate
+    sentence = load_error_sentence(load)
+    if sentence is None:
+        return None
+    why = f" The job loads with Hub kernels: {hub_source}." if hub_source else ""
+    return Decision(LOAD, "from_pretrained(use_kernels=True)", "hub", REJECTED, f"{sentence}.{why}", fix)

@@ -44,8 +44,12 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     packed.add_argument("--packed", dest="packed", action="store_true", default=None,
                         help="packed 1D sequences (default for training): needs a varlen attention")
     packed.add_argument("--no-packed", dest="packed", action="store_false")
-    parser.add_argument("--hub", action="store_true", default=None,
-                        help="the job loads with use_kernels=True: also resolve Kernel Hub kernels")
+    hub = parser.add_mutually_exclusive_group()
+    hub.add_argument("--hub", dest="hub", action="store_true", default=None,
+                     help="the job loads with use_kernels=True: also resolve Kernel Hub kernels [default: what "
+                     "the installed transformers does: 5.25+ loads them unless USE_HUB_KERNELS=NO]")
+    hub.add_argument("--no-hub", dest="hub", action="store_false",
+                     help="the job loads with use_kernels=False (or USE_HUB_KERNELS=NO): pip packages only")
 
 
 def check_options(args: argparse.Namespace) -> object:
@@ -59,7 +63,7 @@ def check_options(args: argparse.Namespace) -> object:
         archs=tuple(args.arch or defaults.get("arch", ())),
         allow=tuple(args.allow or ()) + tuple(defaults.get("allow", ())),
         packed=args.packed if args.packed is not None else defaults.get("packed"),
-        hub=bool(args.hub if args.hub is not None else defaults.get("hub", False)),
+        hub=args.hub if args.hub is not None else defaults.get("hub"),
         run=getattr(args, "run", False),
         arch_source="--arch" if args.arch else "arch in [tool.kernelguard] of pyproject.toml",
     )
@@ -78,7 +82,7 @@ def _check(args: argparse.Namespace) -> int:
         from ..stack_lock import verify_lock
 
         given = [flag for flag, value in (("--model", args.model), ("--mode", args.mode), ("--arch", args.arch),
-                                          ("--packed/--no-packed", args.packed), ("--hub", args.hub)) if value is not None]
+                                          ("--packed/--no-packed", args.packed), ("--hub" if args.hub else "--no-hub", args.hub)) if value is not None]
         if given:
             raise ConfigError(f"--lock checks the model, mode, target and Hub use the lock was written for; "
                               f"{', '.join(given)} cannot change them.",
