@@ -98,7 +98,7 @@ def _hub_mapping(root: str) -> dict[str, HubRepo]:
 # "chunk_gated_delta_rule", devices, modes), ...]) maps each name to kernels-community/<repo>.
 _COMMUNITY_CALL = re.compile(r'add_kernels_community_layers\(\s*"([^"]+)"\s*,\s*version\s*=\s*(\d+)\s*,'
                              r"\s*entries\s*=\s*\[(.*?)\n\s*\],?\s*\)", re.DOTALL)
-_COMMUNITY_ENTRY = re.compile(r'\(\s*"(\w+)"\s*,\s*"(\w+)"\s*,')
+_COMMUNITY_ENTRY = re.compile(r'\(\s*"(\w+)"\s*,\s*"(\w+)"\s*,\s*\(')  # (name, layer, (devices...), (modes...))
 
 
 def _community_layers(text: str) -> dict[str, HubRepo]:
