@@ -15,6 +15,7 @@ a config). Only the standard library is imported at module import time.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -302,14 +303,16 @@ def _forward_names(cls: type) -> tuple[tuple[str, ...], dict[str, Any]]:
     forward = getattr(cls, "forward", None)
     if forward is None:
         return (), {}
-    try:
+    with contextlib.suppress(ValueError):
         forward = inspect.unwrap(forward)
-    except ValueError:
-        pass
-    code = getattr(forward, "__code__", None)
+    code, globals_ = getattr(forward, "__code__", None), getattr(forward, "__globals__", {})
     if code is None:
         return (), {}
-    return tuple(code.co_names), getattr(forward, "__globals__", {})
+    # One level into the module's own helpers: 5.25 calls causal_conv1d_fn / _update via causal_conv1d_forward.
+    helpers = [inspect.unwrap(v) for n in code.co_names if isinstance(v := globals_.get(n), FunctionType)
+               and v.__module__ == globals_.get("__name__") and unpack_closure(v) is None]
+    inner = [name for helper in helpers for name in getattr(helper, "__code__", code).co_names]
+    return tuple(dict.fromkeys((*code.co_names, *inner))), globals_
 
 
 def layer_global_sites(layer: Any) -> list[GlobalSite]:
@@ -440,17 +443,15 @@ def kernels_hub_status() -> str | None:
         from transformers.utils import import_utils
     except ImportError:
         return None
-    low = getattr(import_utils, "KERNELS_MIN_VERSION", None)
-    high = getattr(import_utils, "KERNELS_MAX_VERSION", None)
+    low, high = getattr(import_utils, "KERNELS_MIN_VERSION", None), getattr(import_utils, "KERNELS_MAX_VERSION", None)
     try:
         installed = version("kernels")
     except PackageNotFoundError:
         return "Kernel Hub off: `kernels` is not installed"
-    available = getattr(import_utils, "is_kernels_available", lambda: True)()
-    if available:
+    if getattr(import_utils, "is_kernels_available", lambda: True)():
         return None
-    window = f" [{low}, {high})" if low and high else ""
-    return f"Kernel Hub off: kernels {installed} is outside transformers' accepted range{window}"
+    return f"Kernel Hub off: kernels {installed} is outside transformers' accepted range" + \
+        (f" [{low}, {high})" if low and high else "")
 
 
 def clear_caches() -> None:

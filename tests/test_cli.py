@@ -247,6 +247,7 @@ def test_json_follows_the_documented_schema(tmp_path: Path) -> None:
         "kernels",
         "notes",
         "unchecked",
+        "load_error",
         "numerics",
         "environment",
         "fla_backend",
