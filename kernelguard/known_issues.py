@@ -176,12 +176,21 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         id="kernels-version",
         title="kernels package outside the version window transformers accepts",
-        source="transformers/utils/import_utils.py KERNELS_MIN_VERSION / KERNELS_MAX_VERSION, is_kernels_available()",
-        effect="is_kernels_available() is False, so transformers silently never uses Kernel Hub kernels",
+        source=(
+            "transformers/utils/import_utils.py KERNELS_MIN_VERSION / KERNELS_MAX_VERSION, is_kernels_available(); "
+            "modeling_utils.py set_use_kernels (5.25: from_pretrained(use_kernels=None) means True unless "
+            "USE_HUB_KERNELS is false)"
+        ),
+        effect=(
+            "is_kernels_available() is False: transformers never uses Kernel Hub kernels, and a load with "
+            "use_kernels=True raises ValueError: Kernels are not available - under transformers 5.25 that is every "
+            "from_pretrained() that does not turn the Hub off"
+        ),
         fix=(
-            "pip install 'kernels>=MIN,<MAX' (the window of the installed transformers) when a release is inside it; "
-            "when none is yet (transformers 5.23/5.24: [0.18.2, 0.19)), transformers 5.17 with kernels 0.16.x, or "
-            "the pip packages fla / causal-conv1d (kernelguard check says which)"
+            "pip install 'kernels>=MIN,<MAX' (the window of the installed transformers; 5.25: 'kernels>=0.19.1,<0.20', "
+            "its own requirement); or load without the Hub (use_kernels=False, or USE_HUB_KERNELS=NO) and use the pip "
+            "packages fla / causal-conv1d (kernelguard check --no-hub gives their commands); transformers 5.23/5.24, "
+            "whose window [0.18.2, 0.19) has no release on some indexes: transformers 5.17 with kernels 0.16.x"
         ),
         detector="kernels-window",
     ),

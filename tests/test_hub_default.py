@@ -127,6 +127,15 @@ def test_kernels_fix_when_transformers_requires_kernels_itself() -> None:
     assert advice.commands == ("pip install 'kernels>=0.19.1,<0.20.0'", "export USE_HUB_KERNELS=NO")
 
 
+def test_the_kernels_version_row_fixes_keep_the_users_transformers_first() -> None:
+    from kernelguard.known_issues import by_id
+
+    row = by_id("kernels-version")
+    assert row is not None and row.fix.startswith("pip install 'kernels>=MIN,<MAX'")
+    assert "USE_HUB_KERNELS=NO" in row.fix and "raises ValueError: Kernels are not available" in row.effect
+    assert row.fix.index("transformers 5.17") > row.fix.index("USE_HUB_KERNELS=NO")  # the old pair only last
+
+
 def test_525_community_layers_are_read_as_hub_repos() -> None:
     text = '''
         add_kernels_community_layers(
