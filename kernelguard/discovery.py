@@ -89,8 +89,8 @@ def _hub_mapping(root: str) -> dict[str, HubRepo]:
                 revision.group(1) if revision else None,
             ),
         )
-    for kernel, repo in _community_layers(text).items():
-        repos.setdefault(kernel, repo)
+    for kernel, community in _community_layers(text).items():
+        repos.setdefault(kernel, community)
     return repos
 
 

@@ -25,6 +25,7 @@ from .facts import HubLoad
 __all__ = [
     "ENV_VAR",
     "LOAD",
+    "kernels_hub_status",
     "load_decision",
     "load_error_sentence",
     "probe_hub_load",
@@ -117,3 +118,22 @@ def load_decision(load: HubLoad | None, *, use_hub: bool, hub_source: str, fix: 
         return None
     why = f" The job loads with Hub kernels: {hub_source}." if hub_source else ""
     return Decision(LOAD, "from_pretrained(use_kernels=True)", "hub", REJECTED, f"{sentence}.{why}", fix)
+
+
+def kernels_hub_status() -> str | None:
+    """A sentence when transformers has Hub kernels switched off because of the kernels version, else None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        from transformers.utils import import_utils
+    except ImportError:
+        return None
+    low, high = getattr(import_utils, "KERNELS_MIN_VERSION", None), getattr(import_utils, "KERNELS_MAX_VERSION", None)
+    try:
+        installed = version("kernels")
+    except PackageNotFoundError:
+        return "Kernel Hub off: `kernels` is not installed"
+    if getattr(import_utils, "is_kernels_available", lambda: True)():
+        return None
+    return f"Kernel Hub off: kernels {installed} is outside transformers' accepted range" + \
+        (f" [{low}, {high})" if low and high else "")

@@ -210,8 +210,9 @@ def _window_releases(window: tuple[str, str]) -> list[str]:
 # transformers 5.25+ loads Hub kernels by default and raises without a usable kernels; these keep the user's
 # transformers and load without the Hub, so the pip packages serve (`kernelguard check --no-hub` checks them).
 HUB_OFF_ALTERNATIVES = (
-    ("export USE_HUB_KERNELS=NO", "transformers then loads without Hub kernels, as from_pretrained(..., "
-     "use_kernels=False) does; kernelguard check --no-hub gives the pip packages' commands"),
+    ("export USE_HUB_KERNELS=NO", ("transformers then loads without Hub kernels, as from_pretrained(..., "
+                                   "use_kernels=False) does; kernelguard check --no-hub gives the pip packages' "
+                                   "commands")),
 )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FLA_640", "FLA_1077", "FLA_1077_GRID_LIMIT", "FLASH_QLA_28", "KNOWN_ISSUES", "KnownIssue", "by_id"]
+__all__ = ["FLASH_QLA_28", "FLA_640", "FLA_1077", "FLA_1077_GRID_LIMIT", "KNOWN_ISSUES", "KnownIssue", "by_id"]
 
 
 @dataclass(frozen=True, slots=True)

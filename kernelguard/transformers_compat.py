@@ -30,7 +30,7 @@ from typing import Any
 
 from kernelguard.catalog import PACKAGES, KernelRequirement
 from kernelguard.errors import UnsupportedTransformersError
-from kernelguard.hub_load import transformers_package_devices
+from kernelguard.hub_load import kernels_hub_status, transformers_package_devices
 from kernelguard.known_issues import KNOWN_ISSUES, KnownIssue
 
 __all__ = [
@@ -309,10 +309,15 @@ def _forward_names(cls: type) -> tuple[tuple[str, ...], dict[str, Any]]:
     if code is None:
         return (), {}
     # One level into the module's own helpers: 5.25 calls causal_conv1d_fn / _update via causal_conv1d_forward.
-    helpers = [inspect.unwrap(v) for n in code.co_names if isinstance(v := globals_.get(n), FunctionType)
-               and v.__module__ == globals_.get("__name__") and unpack_closure(v) is None]
-    inner = [name for helper in helpers for name in getattr(helper, "__code__", code).co_names]
-    return tuple(dict.fromkeys((*code.co_names, *inner))), globals_
+    names = [(n, *_helper_names(globals_.get(n), globals_.get("__name__"))) for n in code.co_names]
+    return tuple(dict.fromkeys(name for group in names for name in group)), globals_  # in call order
+
+
+def _helper_names(value: Any, module: Any) -> tuple[str, ...]:
+    """The names a plain function of the modeling module itself looks up (never a kernel wrapper's)."""
+    if not isinstance(value, FunctionType) or value.__module__ != module or unpack_closure(value) is not None:
+        return ()
+    return tuple(getattr(getattr(inspect.unwrap(value), "__code__", None), "co_names", ()))
 
 
 def layer_global_sites(layer: Any) -> list[GlobalSite]:
@@ -433,25 +438,6 @@ def provider_devices(implementation: Any) -> tuple[str, ...]:
     devices = tuple(map(str, declared)) if declared is not None else spec.default_devices if spec else DEFAULT_DEVICES
     handed = transformers_package_devices(top)
     return devices if handed is None else tuple(d for d in devices if d in handed)
-
-
-def kernels_hub_status() -> str | None:
-    """A sentence when transformers has Hub kernels switched off because of the kernels version, else None."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        from transformers.utils import import_utils
-    except ImportError:
-        return None
-    low, high = getattr(import_utils, "KERNELS_MIN_VERSION", None), getattr(import_utils, "KERNELS_MAX_VERSION", None)
-    try:
-        installed = version("kernels")
-    except PackageNotFoundError:
-        return "Kernel Hub off: `kernels` is not installed"
-    if getattr(import_utils, "is_kernels_available", lambda: True)():
-        return None
-    return f"Kernel Hub off: kernels {installed} is outside transformers' accepted range" + \
-        (f" [{low}, {high})" if low and high else "")
 
 
 def clear_caches() -> None:
