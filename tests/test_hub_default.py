@@ -2,7 +2,10 @@
 
 Run under transformers 5.24 (the main venv) and 5.25 (.ci/run's 5.25 pass): the pure tests pin both releases'
 facts; the CLI tests assert what the *installed* transformers does. kernels 0.19.x (5.25's window) is not on
-the package index here, so "in window" is made-up facts (the installed kernels, 0.17.2, is out of both windows).
+the package index here, and its source is not in the public snapshots this was built from (newest there:
+0.17.0.dev0), so "in window" is made-up facts, and at the CLI a stand-in: a ``kernels-0.19.1.dist-info`` record
+first on the path over the installed kernels 0.17.2 code (the version is what transformers compares with its
+window; whether the Hub lookups read 0.19's internals is tests/test_hub_provider.py's business).
 """
 
 from __future__ import annotations
@@ -197,6 +200,22 @@ def test_cli_default_follows_the_installed_transformers(tmp_path: Path) -> None:
         hub = next(c for k in data["kernels"] for c in k["candidates"] if c["kind"] == "hub")
         assert hub["reason"].startswith(
             f"not requested (transformers {TRANSFORMERS} loads with use_kernels=False by default): ")
+
+
+def test_cli_in_window_kernels_stand_in_loads_and_lists_the_hub_first(tmp_path: Path) -> None:
+    window = discovery.kernels_version_window()
+    assert window is not None
+    site = tmp_path / "site"
+    (info := site / f"kernels-{window[0]}.dist-info").mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: kernels\nVersion: {window[0]}\n")
+    data = kg_json(*ALLOW_ALL, "--no-packed", cwd=tmp_path, rc=0, pythonpath=(site, REPO))
+    assert data["environment"]["packages"]["kernels"]["value"] == window[0]
+    assert data["load_error"] is None
+    chunk = next(k for k in data["kernels"] if k["kernel"] == "chunk_gated_delta_rule")
+    first = chunk["candidates"][0]
+    assert first["kind"] == "hub" and first["provider"].startswith("hub kernels-community/fla")
+    assert (first["status"] == "rejected") is HUB_DEFAULT  # looked up (offline: no build here) only when on
+    assert "outside" not in first["reason"]  # in the window
 
 
 @pytest.mark.parametrize(("args", "env"), [(("--no-hub",), None), ((), "NO")])
