@@ -61,9 +61,9 @@ def _allow(allow: object) -> AllowPolicy:
 
 
 def require(
-    model: str = "qwen3_5",
+    model: str | None = None,
     *,
-    mode: str = "training",
+    mode: str | None = None,
     arch: str | float | Iterable[str] | None = None,
     allow: Iterable[str] = (),
     packed: bool | None = None,
@@ -72,17 +72,22 @@ def require(
 ) -> CheckResult:
     """Raise ``ResolutionError`` (with the full ``kernelguard check`` trace) unless every kernel is served.
 
-    ``lock`` (or ``KERNELGUARD_LOCK``): the ``kernelguard.lock`` the image was built with; this node's stack must
-    match it (``LockMismatch``, one line per difference), and the check is the lock's model, mode and target."""
+    Defaults: ``model="qwen3_5"``, ``mode="training"``, ``hub=False``. ``lock`` (or ``KERNELGUARD_LOCK``): the
+    ``kernelguard.lock`` the image was built with; this node's stack must match it (``LockMismatch``, one line per
+    difference), and the check is the lock's model, mode and target: an explicit ``model``, ``mode``, ``arch``,
+    ``packed`` or ``hub`` that contradicts the lock is a ``ConfigError`` (repeating the lock's value is not)."""
     from .stack_lock import lock_path, verify_lock
 
     if lock_path(lock) is not None:
         items = list(allow) + [a for a in os.environ.get("KERNELGUARD_ALLOW", "").split(",") if a.strip()]
-        result = verify_lock(lock_path(lock), allow=items or None, syntax=PYTHON, option="lock=")  # type: ignore[arg-type]
+        given = {"model": model, "mode": mode, "arch": arch, "packed": packed, "hub": hub}
+        result = verify_lock(lock_path(lock), allow=items or None, syntax=PYTHON, option="lock=",  # type: ignore[arg-type]
+                             given=given)
         if not result.ok:
             raise resolution_error(result)
         return result
-    result = check(model, mode=mode, arch=arch, allow=allow, packed=packed, hub=hub)
+    result = check(model or "qwen3_5", mode=mode or "training", arch=arch, allow=allow, packed=packed,
+                   hub=bool(hub))
     if not result.ok:
         raise resolution_error(result)
     return result

@@ -189,20 +189,24 @@ def _probe_hub(requirements: catalog.Requirements, target: Target, env: Environm
 
 
 def _check_hub_layers(requirements: catalog.Requirements, probes: dict[str, Any]) -> dict[str, Any]:
-    """For each mapped op whose repository resolved to a variant: the layer is there and takes transformers'
-    call (read from the variant's files; see :mod:`kernelguard.providers.hub_layers`)."""
+    """For each mapped op whose repository resolved to a variant: the installed kernels accepts its layer for
+    the check's mode, and the layer takes transformers' call (see :mod:`kernelguard.providers.hub_layers`)."""
     from .providers.hub_layers import check_hub_layer, variant_folder
-    from .transformers_calls import call_shape
+    from .transformers_calls import call_shape, reference_parameters
 
     checks: dict[str, Any] = {}
     for req in requirements.kernels:
         probe = probes.get(req.hub.repo_id) if req.hub is not None else None
-        folder = variant_folder(probe.location, probe.chosen_variant) if probe is not None else None
+        trusted = probe is not None and probe.trusted  # the variant's code runs only for a trusted repository
+        folder = variant_folder(probe.location, probe.chosen_variant) if trusted else None
         shape = call_shape(requirements.family.source, req.call_site)
         if req.hub is None or folder is None or shape is None:
             continue
-        checks[req.kernel] = check_hub_layer(req.kernel, req.hub.repo_id, req.hub.layer_name, folder, shape,
-                                             packed=requirements.packed)
+        checks[req.kernel] = check_hub_layer(
+            req.kernel, req.hub.repo_id, req.hub.layer_name, folder, shape, packed=requirements.packed,
+            training=requirements.mode == "training",
+            reference=reference_parameters(requirements.family.source, req.call_site),
+        )
     return checks
 
 

@@ -197,8 +197,10 @@ class FlaBackend:
 
 @dataclass(frozen=True, slots=True)
 class HubLayerCheck:
-    """Whether the variant a Hub mapping resolves to has the mapped layer, and whether its ``forward`` takes the
-    call transformers makes; read from the variant's files, never run. ``problem`` is None when both hold."""
+    """Whether the installed kernels accepts the mapped layer of the variant a Hub mapping resolves to (for the
+    check's mode), and whether its ``forward`` takes the call transformers makes. ``problem`` is None when both
+    hold; ``judged_by`` says who decided ("kernels 0.17.2", or kernelguard's reading of the source when kernels
+    could not be asked here, ``note`` saying why)."""
 
     kernel: str  # the mapped op, e.g. "chunk_gated_delta_rule"
     repo_id: str
@@ -207,6 +209,8 @@ class HubLayerCheck:
     call: str  # the call transformers makes, e.g. "chunk_gated_delta_rule(3 positional, g=, beta=, ...)"
     problem: str | None  # which check failed, in a sentence
     file: str | None = None  # where the layer's forward was read
+    judged_by: str | None = None
+    note: str | None = None
 
 
 _TRUE = ("1", "ON", "YES", "TRUE")  # transformers' ENV_VARS_TRUE_VALUES: anything else is false

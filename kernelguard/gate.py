@@ -110,18 +110,19 @@ def lift_accepted_fla_refusal(accepted: set[str]) -> list[str]:
 
 
 def guard_model(
-    model: Any, *, allow: AllowPolicy | Iterable[str], packed: bool, strict: bool = False
+    model: Any, *, allow: AllowPolicy | Iterable[str], packed: bool, strict: bool = False, first_row_probe: bool = True
 ) -> GuardReport:
     """``kernelguard.guard`` in training mode. Not strict: the full per-layer table, armed, whatever it says
     (the caller judges ``ok``); strict: raises ``KernelFallbackError`` naming every offending site instead."""
     from kernelguard.guard import guard
 
     allowed = allow.values() if isinstance(allow, AllowPolicy) else allow
-    return guard(model, mode="training", packed=packed, allow=allowed, strict=strict)
+    return guard(model, mode="training", packed=packed, allow=allowed, strict=strict, first_row_probe=first_row_probe)
 
 
 def run_gate(
-    model: Any, *, policy: AllowPolicy, packed: bool = True, stack: CheckResult | None = None
+    model: Any, *, policy: AllowPolicy, packed: bool = True, stack: CheckResult | None = None,
+    first_row_probe: bool = True,
 ) -> GuardReport:
     """Guard ``model`` (after :func:`check_stack` returned ``stack``); return the armed GuardReport.
 
@@ -134,7 +135,7 @@ def run_gate(
 
         sections.append(render(stack))
     try:
-        report = guard_model(model, allow=policy, packed=packed)
+        report = guard_model(model, allow=policy, packed=packed, first_row_probe=first_row_probe)
     except KernelFallbackError as e:  # a guard that refuses even when not strict: its message is the report
         raise GuardRefused(str(e)) from e
     if report.ok and not sections:

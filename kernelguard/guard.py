@@ -341,6 +341,7 @@ def guard(
     allow: Iterable[str] | AllowPolicy = (),
     strict: bool = True,
     attention: str = "error",
+    first_row_probe: bool = True,
 ) -> GuardReport:
     """Report what every kernel call site of ``model`` runs and arm tripwires on its reference paths.
 
@@ -351,7 +352,15 @@ def guard(
     call site and no attention layer. ``strict=False``: reports and arms; the first entry into a reference
     path still raises unless allowed. The tripwires stay armed for the process until ``disarm()`` (or the end
     of a ``with`` block); :func:`inspect` reports without arming.
+
+    Packed rows are checked where they reach the decoder stack (:mod:`kernelguard.boundaries`);
+    ``first_row_probe`` (default True) also runs the first packed row example by example and refuses when a
+    decoder layer's output differs from the examples' own (:mod:`kernelguard.equivalence`; its cost: one extra
+    no-grad forward of that row and of up to three of its examples, once).
     """
+    if not isinstance(first_row_probe, bool):
+        raise ConfigError(f"first_row_probe must be True or False, got {first_row_probe!r}.",
+                          fix="kernelguard.guard(model, first_row_probe=False)")
     report, found = _collect(model, mode=mode, packed=packed, allow=allow, attention=attention, strict=strict)
     _log_allowed_and_warned(report)
     offending = report.offending()
@@ -361,7 +370,8 @@ def guard(
     quiet_transformers_duplicates()
     for owner, name, kernel, site, closure in found.to_arm:
         report.tripwires.arm(owner, name, kernel, site, closure)
-    report.boundaries = watch_boundaries(model, report.tripwires.policy, mode=mode)
+    report.boundaries = watch_boundaries(model, report.tripwires.policy, mode=mode,
+                                         probe=first_row_probe and report.packed)
     return report
 
 

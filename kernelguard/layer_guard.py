@@ -21,6 +21,7 @@ from kernelguard.policy import AllowPolicy
 
 __all__ = [
     "VARLEN_ATTENTION_IMPLEMENTATIONS",
+    "is_attention_layer",
     "CallSite",
     "Collected",
     "attention_site",
@@ -140,6 +141,12 @@ def attention_site(layer: str, module: Any, model: Any, *, packed: bool, policy:
     return _site(layer, "attention", impl, kind, slow, reason, fix)
 
 
+def is_attention_layer(module: Any) -> bool:
+    """A module whose forward dispatches through transformers' attention functions (an attention layer)."""
+    names, _ = compat.forward_code_names(type(module))
+    return bool(_ATTENTION_FORWARD_NAMES.intersection(names))
+
+
 def _attention_registered(name: str) -> bool:
     try:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -187,7 +194,6 @@ def collect_call_sites(
     for path, module in model.named_modules():
         path = path or type(model).__name__
         _collect_decorator_sites(found, path, module, device, mode, policy, packed, hub_asked)
-        names, _ = compat.forward_code_names(type(module))
-        if _ATTENTION_FORWARD_NAMES.intersection(names):
+        if is_attention_layer(module):
             found.entries.append(attention_site(path, module, model, packed=packed, policy=policy))
     return found

@@ -175,14 +175,19 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
         )
     layer = facts.hub_layers.get(req.kernel)
     if layer is not None and layer.problem is not None:
+        note = f" ({layer.note})" if layer.note else ""
         return rejected(
-            f"build variant {probe.chosen_variant} from {probe.source} does not fit transformers' call "
-            f"{layer.call}: {layer.problem}; kernelize() would fall back or fail at the first call.",
-            f"use a revision of {req.hub.repo_id} whose `{req.hub.layer_name}` layer takes this call, or load "
-            "without use_kernels=True and install the package",
+            f"build variant {probe.chosen_variant} from {probe.source}, loaded for transformers' call "
+            f"{layer.call}: {layer.problem.rstrip('.')}{note}.",
+            f"use a revision of {req.hub.repo_id} whose `{req.hub.layer_name}` layer the installed kernels accepts "
+            "and that takes this call, or load without use_kernels=True and install the package",
         )
+    judged = f"; {layer.judged_by} accepts its `{layer.layer_name}` layer" if layer is not None and layer.judged_by \
+        else ""
+    note = f" ({layer.note})" if layer is not None and layer.note else ""
     return Decision(
-        req.kernel, label, "hub", ACCEPTED, f"build variant {probe.chosen_variant} from {probe.source}.", None
+        req.kernel, label, "hub", ACCEPTED, f"build variant {probe.chosen_variant} from {probe.source}{judged}{note}.",
+        None,
     )
 
 

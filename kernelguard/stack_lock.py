@@ -24,9 +24,10 @@ from .capability import ComputeCapability
 from .check import CheckOptions, CheckResult, run_check
 from .errors import ConfigError, LockMismatch
 from .install import fla_backend_command, pin_command
-from .terms import CLI, allow_hint
+from .terms import CLI, PYTHON, allow_hint
 
-__all__ = ["LOCK_SCHEMA", "Difference", "build_lock", "compare", "lock_path", "read_lock", "verify_lock", "write_lock"]
+__all__ = ["LOCK_SCHEMA", "Difference", "build_lock", "compare", "lock_path", "read_lock", "refuse_contradictions",
+           "verify_lock", "write_lock"]
 
 LOCK_SCHEMA = 1
 DEFAULT_LOCK = "kernelguard.lock"
@@ -318,6 +319,11 @@ def compare(locked: Mapping[str, Any], here: Mapping[str, Any], *, syntax: str =
     had_k, has_k = locked.get("kernels", {}), here.get("kernels", {})
     for kernel in had_k:
         out.extend(_kernel_differences(kernel, had_k[kernel], has_k.get(kernel, {})))
+    for kernel in has_k:  # both ways: a kernel the check requires that the lock has no entry for vouches nothing
+        if kernel not in had_k:
+            out.append(Difference(kernel, "no entry for it", _entry_text(has_k[kernel]),
+                                  "write the lock again where the image is built (kernelguard lock --output FILE): "
+                                  "a lock without this kernel's entry cannot say which build of it the image verified"))
     had_b, has_b = locked.get("fla_backend", {}), here.get("fla_backend", {})
     for arch in had_b:
         a, b = had_b[arch], has_b.get(arch, {})
@@ -330,6 +336,12 @@ def compare(locked: Mapping[str, Any], here: Mapping[str, Any], *, syntax: str =
         out.append(Difference("fla autotune pins", _pins_text(locked), _pins_text(here),
                               f"install kernelguard {version}, the release the lock was written with (its pins file)"))
     return out
+
+
+def _entry_text(entry: Mapping[str, Any]) -> str:
+    versions = ", ".join(f"{d} {v}" for d, v in entry.get("distributions", {}).items())
+    provider = entry.get("provider") or "no fast provider"
+    return f"{provider} ({versions})" if versions else str(provider)
 
 
 def _pins_text(lock: Mapping[str, Any]) -> str:
@@ -354,12 +366,16 @@ def _gpu_differences(result: CheckResult, locked: Mapping[str, Any], model: str)
 
 
 def verify_lock(
-    path: str | os.PathLike[str], *, allow: Any = None, syntax: str = CLI, option: str = "--lock"
+    path: str | os.PathLike[str], *, allow: Any = None, syntax: str = CLI, option: str = "--lock",
+    given: Mapping[str, Any] | None = None,
 ) -> CheckResult:
     """Check this node against the lock at ``path``. ``allow`` None: the lock's own allow items; otherwise the
-    caller's, which must equal the lock's. Raises :class:`LockMismatch` with one line per difference; returns the
-    check (its verdict may still fail: the caller reports that as for any check)."""
+    caller's, which must equal the lock's. ``given``: the model, mode, arch, packed and hub the caller passed
+    explicitly (None: not passed); one that contradicts the lock is a usage error (:func:`refuse_contradictions`).
+    Raises :class:`LockMismatch` with one line per difference; returns the check (its verdict may still fail: the
+    caller reports that as for any check)."""
     locked = read_lock(path, option=option)
+    refuse_contradictions(locked, given or {}, syntax=syntax, option=option)
     model = locked.get("model", {})
     name = str(model.get("name") or model.get("family") or "qwen3_5")
     if not Path(name).exists() and ("/" in name or name.endswith(".json")):
@@ -380,3 +396,51 @@ def verify_lock(
             fix=f"run each restore above, or rebuild the image and its lock (kernelguard lock --output {path})",
         )
     return result
+
+
+def _locked_value(locked: Mapping[str, Any], name: str) -> Any:
+    model = locked.get("model", {})
+    if name == "arch":
+        return sorted(str(ComputeCapability.parse(a, source="the lock's target_archs"))
+                      for a in locked.get("target_archs", []))
+    return model.get(name) if name != "model" else model.get("name")
+
+
+def _normalised(name: str, value: Any) -> Any:
+    if name == "arch":
+        values = [value] if isinstance(value, (str, int, float)) else list(value)
+        return sorted(str(ComputeCapability.parse(str(a), source="arch")) for a in values)
+    return bool(value) if name in ("packed", "hub") else str(value)
+
+
+def _spelled(name: str, value: Any, syntax: str) -> str:
+    if syntax == PYTHON:
+        return f"{name}={value!r}"
+    if name in ("packed", "hub"):
+        return f"--{name}" if value else f"--no-{name}"
+    values = [value] if name != "arch" or isinstance(value, (str, int, float)) else list(value)
+    return " ".join(f"--{name} {v}" for v in values)
+
+
+def refuse_contradictions(locked: Mapping[str, Any], given: Mapping[str, Any], *, syntax: str = CLI,
+                          option: str = "--lock") -> None:
+    """A usage error naming each explicit argument (model, mode, arch, packed, hub; None: not given) whose value
+    is not the lock's: the lock decides what is checked, and repeating exactly its value is no contradiction."""
+    clashes = []
+    for name in ("model", "mode", "arch", "packed", "hub"):
+        value = given.get(name)
+        if value is None:
+            continue
+        locked_value = _locked_value(locked, name)
+        if _normalised(name, value) != (locked_value if name == "arch" else _normalised(name, locked_value)):
+            shown = (", ".join(locked_value) or "none") if name == "arch" else locked_value
+            clashes.append((_spelled(name, value, syntax), f"the lock's {name} is {shown}"))
+    if not clashes:
+        return
+    named = "; ".join(f"{arg} contradicts it ({why})" for arg, why in clashes)
+    args = " ".join(_spelled(n, given[n], CLI) for n in ("model", "mode", "arch", "packed", "hub")
+                    if given.get(n) is not None)
+    raise ConfigError(
+        f"{option} checks the model, mode, target and Hub use the lock was written for: {named}.",
+        fix=f"drop {', '.join(arg for arg, _ in clashes)}, or write a new lock with them: kernelguard lock {args} "
+            "--output FILE")

@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CallShape", "call_shape", "clear_caches"]
+__all__ = ["CallShape", "Parameter", "call_shape", "clear_caches", "reference_parameters"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,40 @@ def _shape_of(node: ast.Call, name: str) -> CallShape:
 
 
 
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    """One parameter of a module-level function, as :class:`inspect.Parameter` would describe it."""
+
+    name: str
+    kind: str  # an inspect.Parameter kind's name: POSITIONAL_ONLY, POSITIONAL_OR_KEYWORD, VAR_POSITIONAL, ...
+    has_default: bool
+
+
+@functools.lru_cache(maxsize=64)
+def reference_parameters(source: str, function: str) -> tuple[Parameter, ...] | None:
+    """The parameters of the module-level ``def function`` in the modeling file ``source`` (the torch reference a
+    Hub layer replaces: kernels compares the layer's ``forward`` with it), read with ast; None when absent."""
+    try:
+        tree = ast.parse(Path(source).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    found = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function), None)
+    if found is None:
+        return None
+    args = found.args
+    positional = [*args.posonlyargs, *args.args]
+    first_default = len(positional) - len(args.defaults)
+    params = [Parameter(a.arg, "POSITIONAL_ONLY" if a in args.posonlyargs else "POSITIONAL_OR_KEYWORD",
+                        i >= first_default) for i, a in enumerate(positional)]
+    if args.vararg is not None:
+        params.append(Parameter(args.vararg.arg, "VAR_POSITIONAL", False))
+    params += [Parameter(a.arg, "KEYWORD_ONLY", d is not None) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    if args.kwarg is not None:
+        params.append(Parameter(args.kwarg.arg, "VAR_KEYWORD", False))
+    return tuple(params)
+
+
 def clear_caches() -> None:
     """Forget the parsed call shapes (kernelguard.registry.reset() calls this)."""
     call_shape.cache_clear()
+    reference_parameters.cache_clear()

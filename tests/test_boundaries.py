@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard.boundaries import examples_per_row
+from kernelguard.segments import examples_per_row
 from kernelguard.errors import ConfigError, PackedWithoutBoundariesError
 from kernelguard.guard import guard, inspect
 from kernelguard.policy import AllowPolicy
@@ -172,10 +172,11 @@ def test_a_torch_reference_drops_the_boundaries_the_batch_carries(fresh_transfor
 def test_inspect_arms_nothing_and_disarm_removes_the_hook(fake_providers: Any, tiny: Any) -> None:
     model = _model(tiny)
     inspect(model, packed=True, allow=["attention"])
-    assert not model._forward_pre_hooks and not REGISTRY.boundary_watches
-    with guard(model, packed=True, allow=["attention"]) as report:
-        assert report.boundaries.armed and len(model._forward_pre_hooks) == 1
-    assert not model._forward_pre_hooks and not REGISTRY.boundary_watches
+    assert not model.model._forward_pre_hooks and not REGISTRY.boundary_watches
+    with guard(model, packed=True, allow=["attention"]) as report:  # armed on the decoder stack, not the head
+        assert report.boundaries.armed and report.boundaries.stacks == ["model"]
+        assert len(model.model._forward_pre_hooks) == 1 and not model._forward_pre_hooks
+    assert not model.model._forward_pre_hooks and not REGISTRY.boundary_watches
     with torch.no_grad():
         model(**_flatten())  # disarmed: the leak is the user's again
 
@@ -183,7 +184,7 @@ def test_inspect_arms_nothing_and_disarm_removes_the_hook(fake_providers: Any, t
 def test_registry_reset_disarms(fake_providers: Any, tiny: Any) -> None:
     model, report = _guarded(tiny)
     REGISTRY.reset()
-    assert not report.boundaries.armed and not model._forward_pre_hooks
+    assert not report.boundaries.armed and not model.model._forward_pre_hooks
 
 
 def test_examples_per_row() -> None:
@@ -251,3 +252,184 @@ def test_a_layer_that_does_not_pass_the_boundary_is_named(fake_providers: Any, t
     assert error.message == _message(3, "cu_seq_lens_q", (
         "its gated-delta kernels get no `cu_seqlens` (transformers' layer does not pass `cu_seqlens` to "
         "`chunk_gated_delta_rule`)"))
+
+
+# ------------------------------------------------------------------ the invariant, wherever it is consumed ---
+STARTS = (0, 5, 8)  # FEATURES: 5, 3 and 4 tokens
+
+
+def _bounded() -> dict[str, Any]:
+    return _flatten(return_flash_attn_kwargs=True, return_seq_idx=True)
+
+
+def _disagree(told: str) -> str:
+    return (f"kernelguard: {FIRST} (and 2 more GDN layers) got a packed row whose boundary signals disagree: "
+            f"{told}: each layer would split the row where its own signal says (the gated-delta kernels by "
+            "cu_seq_lens_q, the conv by seq_idx, attention by cu_seq_lens_q or position_ids), so examples run "
+            f"into each other. {LEAK.split('. ', 1)[1]}")
+
+
+def test_an_all_ones_attention_mask_is_not_a_padding_mask(fake_providers: Any, tiny: Any) -> None:
+    """A hand-made collator keeping the tokenizer's all-ones mask with restarting position ids: the GDN layers
+    get no boundaries (refused as before a mask hid the row), and with every GDN boundary given, attention
+    still cannot see them behind the mask."""
+    model, _ = _guarded(tiny)
+    positions_only = {k: v for k, v in _flatten().items() if k != "labels"}
+    masked = {**positions_only, "attention_mask": torch.ones_like(positions_only["input_ids"])}
+    assert _refused(model, masked).message == _message(3, "position_ids", BOTH)
+    error = _refused(model, {**_bounded(), "attention_mask": torch.ones_like(masked["input_ids"])})
+    assert error.message == (
+        "kernelguard: model.layers.3.self_attn got a packed row of 3 examples (by its cu_seq_lens_q) but cannot see "
+        "where they begin: sdpa builds its mask from the attention_mask given, which has no boundaries (all ones). "
+        "Attention would reach across examples. The results are wrong, not only slow, and nothing else raises.")
+    assert error.fix.startswith("drop the attention_mask from packed batches (an all-ones mask hides the "
+                                "boundaries), or a varlen attention")
+    assert (error.missing, error.details["kind"]) == (("attention",), "attention")
+
+
+def test_boundary_signals_that_contradict_each_other_are_refused(fake_providers: Any, tiny: Any) -> None:
+    model, _ = _guarded(tiny)
+    zeros = {**_bounded(), "seq_idx": torch.zeros(1, 12, dtype=torch.int32)}
+    error = _refused(model, zeros)
+    assert error.message == _disagree("position_ids 3 examples (starting at 0, 5, 8), cu_seq_lens_q 3 examples "
+                                      "(starting at 0, 5, 8), seq_idx 1 example (starting at 0)")
+    assert error.details["signals"] == {"position_ids": [0, 5, 8], "cu_seq_lens_q": [0, 5, 8], "seq_idx": [0]}
+    two = torch.tensor([0, 5, 12], dtype=torch.int32)  # cu_seq_lens and seq_idx: 2 examples; positions: 3
+    fewer = {**_bounded(), "cu_seq_lens_q": two, "cu_seq_lens_k": two, "max_length_q": 7, "max_length_k": 7,
+             "seq_idx": torch.tensor([[0] * 5 + [1] * 7], dtype=torch.int32)}
+    assert _refused(model, fewer).message == _disagree(
+        "position_ids 3 examples (starting at 0, 5, 8), cu_seq_lens_q 2 examples (starting at 0, 5), seq_idx 2 "
+        "examples (starting at 0, 5)")
+    short = {**_bounded(), "cu_seq_lens_q": torch.tensor([0, 5, 8, 10], dtype=torch.int32)}
+    short["cu_seq_lens_k"] = short["cu_seq_lens_q"]
+    assert "cu_seq_lens_q ends at 10, but the row has 12 tokens" in _refused(model, short).message
+
+
+def test_a_wrapper_and_the_base_model_are_checked_where_the_batch_reaches_the_layers(
+    fake_providers: Any, tiny: Any
+) -> None:
+    """The check sits on the decoder stack: a wrapper whose forward(batch) calls the model, guarded as the wrapper,
+    and `model.model(...)` for hidden states (a chunked-loss trainer) are refused like the model itself."""
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, batch: dict[str, Any]) -> Any:
+            return self.inner(**batch)
+
+    leaky = {k: v for k, v in _flatten().items() if k != "labels"}
+    wrapper = Wrapper(_model(tiny))
+    report = guard(wrapper, packed=True, allow=["attention"])
+    assert report.boundaries.stacks == ["inner.model"]
+    with torch.no_grad(), pytest.raises(PackedWithoutBoundariesError) as info:
+        wrapper(leaky)
+    assert info.value.message == _message(3, "position_ids", BOTH).replace(FIRST, "inner." + FIRST)
+    model, _ = _guarded(tiny)
+    assert _refused(model.model, leaky).message == _message(3, "position_ids", BOTH)
+
+
+def test_sdpa_without_position_ids_cannot_see_the_rows_boundaries_even_when_attention_is_allowed(
+    fake_providers: Any, tiny: Any
+) -> None:
+    """cu_seq_lens + seq_idx keep the GDN layers exact, but sdpa finds a packed row only in its position ids:
+    `attention` accepts a slow attention, never a blind one."""
+    model, _ = _guarded(tiny, allow=("attention",))
+    error = _refused(model, {k: v for k, v in _bounded().items() if k != "position_ids"})
+    assert "sdpa finds a packed row's boundaries only in its position_ids, and the batch has none" in error.message
+    assert error.fix.startswith("pass position_ids that restart at 0 for each example, or a varlen attention")
+    with torch.no_grad():
+        model(**_bounded(), use_cache=False)
+    cached = _refused(model, {**_bounded(), "use_cache": True})
+    assert "this call builds one (use_cache=True)" in cached.message
+
+
+def test_trl_padding_free_with_pad_to_multiple_of_passes_and_keeps_examples_apart(fake_providers: Any, tiny: Any) -> None:
+    """TRL >= 1.16's padding-free batch: position ids padded with zeros (each pad its own segment), cu_seq_lens and
+    seq_idx written from them: every signal agrees, and each example's outputs are its outputs alone."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, pad_to_multiple_of=16)(FEATURES)
+    assert batch["input_ids"].shape == (1, 16) and batch["cu_seq_lens_q"].tolist() == [0, 5, 8, 12, 13, 14, 15, 16]
+    model, _ = _guarded(tiny, num_hidden_layers=3, layer_types=["linear_attention"] * 3)
+    with torch.no_grad():
+        packed = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        for (a, b), feature in zip(zip(STARTS, (5, 8, 12)), FEATURES):
+            alone = model(input_ids=torch.tensor([feature["input_ids"]])).logits
+            torch.testing.assert_close(packed[0, a:b], alone[0], rtol=1e-4, atol=1e-5)
+
+
+def test_the_allow_item_accepts_a_contradiction_once_logged(
+    fake_providers: Any, tiny: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    model, _ = _guarded(tiny, allow=("attention", "packed-without-boundaries"))
+    with caplog.at_level(logging.WARNING, logger="kernelguard"), torch.no_grad():
+        for _ in range(2):
+            model(**{**_bounded(), "seq_idx": torch.zeros(1, 12, dtype=torch.int32)})
+    lines = [r.getMessage() for r in caplog.records if "allowed (packed-without-boundaries)" in r.getMessage()]
+    assert len(lines) == 1 and "seq_idx 1 example" in lines[0]
+
+
+# ------------------------------------------------------------------------------------- the first-row probe ---
+def _ignoring_cu_seqlens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake fla's chunk kernel still takes `cu_seqlens` (every static check passes) but no longer honours it:
+    the GDN state runs on from each example into the next, a way of going wrong nobody listed."""
+    import fla.ops.gated_delta_rule as fake
+
+    varlen = fake._varlen
+    monkeypatch.setattr(fake, "_varlen", lambda *a, **k: varlen(*a, **{**k, "cu_seqlens": None}))
+
+
+def test_the_first_row_probe_finds_a_leak_no_static_check_sees(
+    fake_providers: Any, tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _ignoring_cu_seqlens(monkeypatch)
+    model, report = _guarded(tiny)
+    error = _refused(model, _bounded())
+    assert error.details["kind"] == "probe" and error.layer == "model.layers.1"
+    assert error.message.startswith(
+        "kernelguard: the first packed row, run example by example, differs from the packed run from "
+        "model.layers.1 on: the example at tokens ")
+    assert "The layers do not keep the row's examples apart, whatever its boundary keywords say" in error.message
+    reference, worst, tolerance = error.details["layers"][1][1:]
+    assert worst > 10 * tolerance and tolerance >= 8 * reference  # measured 2.9e-5 vs 1e-6 (fp32 floor)
+    with torch.no_grad():
+        model(**_bounded())  # once per stack: the next rows pass (the static checks stay armed)
+
+
+def test_the_probe_is_what_refuses_it_and_can_be_turned_off(
+    fake_providers: Any, tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative controls: with the comparison disabled, or first_row_probe=False, the same leaking row passes
+    silently; the measurement still shows the leak."""
+    _ignoring_cu_seqlens(monkeypatch)
+    model, report = _guarded(tiny)
+    (probe,) = report.boundaries.probes
+    probe.compare = False
+    with torch.no_grad():
+        model(**_bounded())
+    assert any(d.differs for d in probe.measured)
+    REGISTRY.reset()
+    model = _model(tiny)
+    report = guard(model, packed=True, allow=["attention"], first_row_probe=False)
+    assert report.boundaries.probes == []
+    with torch.no_grad():
+        model(**_bounded())
+    with pytest.raises(ConfigError, match="first_row_probe must be True or False"):
+        guard(model, packed=True, allow=["attention"], first_row_probe="no")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("collator", ["flattening", "trl"])
+def test_the_probe_passes_correct_rows_exact_to_fp32(fake_providers: Any, tiny: Any, collator: str) -> None:
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    batch = _bounded() if collator == "flattening" else {
+        k: v for k, v in DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, pad_to_multiple_of=16)(
+            FEATURES).items() if k != "labels"}
+    model, report = _guarded(tiny)
+    with torch.no_grad():
+        model(**batch)
+    (probe,) = report.boundaries.probes
+    assert len(probe.measured) == 4 and max(d.worst for d in probe.measured) < 1e-5  # measured ~2e-7
+    assert [d.example for d in probe.measured][0] in ((5, 8), (8, 12))

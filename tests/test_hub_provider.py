@@ -18,6 +18,7 @@ import json
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,17 +78,22 @@ def _add_variant(
     (folder / "metadata.json").write_text(json.dumps(metadata))
 
 
-# What kernels-community/fla's `layers` module offers the GDN ops (check --hub reads it with ast, runs nothing).
+# A `layers` module offering the GDN ops as kernels-community/fla does (check --hub has the installed kernels load
+# and validate it): torch layers whose forward matches transformers 5.17-5.24's torch reference in parameter count
+# and kinds, as kernels requires.
 _FLA_LAYERS = """
-class chunk_gated_delta_rule:
-    def forward(self, q, k, v, g=None, beta=None, scale=None, initial_state=None, output_final_state=False,
-                use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+import torch
+
+
+class chunk_gated_delta_rule(torch.nn.Module):
+    def forward(self, q, k, v, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
+                use_qk_l2norm_in_kernel=False, **kwargs):
         pass
 
 
-class recurrent_gated_delta_rule:
-    def forward(self, q, k, v, g=None, beta=None, scale=None, initial_state=None, output_final_state=False,
-                use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+class recurrent_gated_delta_rule(torch.nn.Module):
+    def forward(self, q, k, v, g, beta, initial_state=None, output_final_state=False,
+                use_qk_l2norm_in_kernel=False, **kwargs):
         pass
 """
 
@@ -456,6 +462,7 @@ def test_check_cli_selects_a_local_hub_kernel_when_kernels_is_in_transformers_wi
     repo = _repo(tmp_path / "fla", ["torch213-cxx11-cpu-x86_64-linux", "torch212-cxx11-cpu-x86_64-linux"])
     for variant in (repo / "build").iterdir():  # the layers transformers maps to kernels-community/fla
         (variant / "layers.py").write_text(_FLA_LAYERS)
+        (variant / "__init__.py").write_text("from . import layers\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", KERNELS_CACHE=str(tmp_path / "cache"),
                LOCAL_KERNELS=f"kernels-community/fla={repo}")
@@ -469,7 +476,109 @@ def test_check_cli_selects_a_local_hub_kernel_when_kernels_is_in_transformers_wi
     [hub_candidate] = [c for c in gdn["candidates"] if c["kind"] == "hub"]
     if Version(low) <= Version(KERNELS_VERSION) < Version(high):
         assert hub_candidate["status"] in ("selected", "accepted"), hub_candidate
-        assert hub_candidate["reason"] == "build variant torch213-cxx11-cpu-x86_64-linux from LOCAL_KERNELS."
+        assert hub_candidate["reason"] == (
+            f"build variant torch213-cxx11-cpu-x86_64-linux from LOCAL_KERNELS; kernels {KERNELS_VERSION} accepts "
+            "its `chunk_gated_delta_rule` layer.")
     else:
         assert hub_candidate["status"] == "rejected"
         assert f"kernels {KERNELS_VERSION} is outside [{low}, {high})" in hub_candidate["reason"]
+
+
+# ------------------------------------------ the layer, judged by the installed kernels (every window CI installs) ---
+# Each class of variant the installed kernels itself refuses or accepts; kernelguard's verdict must be kernels' own,
+# its reason kernels' message. check_hub_layer has kernels load the variant as kernelize() would.
+_VARIANT = "torch213-cxx11-cpu-x86_64-linux"
+_GDN_FORWARD = """
+    def forward(self, q, k, v, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
+                use_qk_l2norm_in_kernel=False, **kwargs):
+        pass
+"""
+
+
+def _judge(tmp_path: Path, layers: str, *, training: bool = True, extra: dict[str, object] | None = None) -> Any:
+    from kernelguard.providers.hub_layers import check_hub_layer
+    from kernelguard.transformers_calls import CallShape, Parameter
+
+    _add_variant(tmp_path / "fla" / "build", _VARIANT, extra=extra)
+    folder = tmp_path / "fla" / "build" / _VARIANT
+    (folder / "__init__.py").write_text("from . import layers\n")
+    (folder / "layers.py").write_text("import torch\n" + layers)
+    names = ["query", "key", "value", "g", "beta", "chunk_size=", "initial_state=", "output_final_state=",
+             "use_qk_l2norm_in_kernel="]
+    reference = tuple(Parameter(n.rstrip("="), "POSITIONAL_OR_KEYWORD", n.endswith("=")) for n in names)
+    reference += (Parameter("kwargs", "VAR_KEYWORD", False),)
+    call = CallShape("torch_chunk_gated_delta_rule", 3, ("g", "beta", "initial_state"), spreads=True)
+    return check_hub_layer("chunk_gated_delta_rule", "kernels-community/fla", "chunk_gated_delta_rule", folder,
+                           call, packed=True, training=training, reference=reference)
+
+
+def _refused(message: str, mode: str = "training") -> str:
+    return f"check 1 (kernels accepts the layer) failed: kernels {KERNELS_VERSION} refuses it for {mode}: {message}"
+
+
+_REPO_NAMED = f"`kernels-community/fla` (variant {_VARIANT}), layer `chunk_gated_delta_rule`"
+
+
+def test_kernels_refuses_a_layer_without_backward_in_training_only(tmp_path: Path) -> None:
+    layers = "class chunk_gated_delta_rule(torch.nn.Module):\n    has_backward = False\n" + _GDN_FORWARD
+    training = _judge(tmp_path / "t", layers)
+    inference = _judge(tmp_path / "i", layers, training=False)
+    assert training.problem == _refused(
+        f"Function/layer from repo {_REPO_NAMED} does not support backward. Was registered for "
+        "`chunk_gated_delta_rule` with mode `Mode.TRAINING`")
+    assert (inference.problem, inference.judged_by) == (None, f"kernels {KERNELS_VERSION}")
+
+
+def test_kernels_minver_above_the_installed_kernels(tmp_path: Path) -> None:
+    layers = "class chunk_gated_delta_rule(torch.nn.Module):\n" + _GDN_FORWARD
+    result = _judge(tmp_path, layers, extra={"kernels-minver": "99.1.2"})
+    message = (f"Kernel 'demo' variant '{_VARIANT}' requires kernels>=99.1.2, but version {KERNELS_VERSION} is "
+               "installed. Upgrade with: pip install --upgrade kernels")
+    if importlib.util.find_spec("kernels.validate") is not None:  # kernels >= 0.17 refuses to load it
+        assert result.problem == _refused(message)
+    else:  # kernels 0.16 warns and loads it anyway: so does our verdict (the probe's note quotes the warning)
+        assert result.problem is None
+
+
+def test_kernels_refuses_a_layer_that_overrides_the_module_constructor(tmp_path: Path) -> None:
+    layers = ("class chunk_gated_delta_rule(torch.nn.Module):\n    def __init__(self):\n"
+              "        super().__init__()\n" + _GDN_FORWARD)
+    assert _judge(tmp_path, layers).problem == _refused(f"{_REPO_NAMED} must not override nn.Module constructor.")
+
+
+def test_kernels_accepts_a_forward_inherited_from_a_base_class(tmp_path: Path) -> None:
+    layers = "class Base(torch.nn.Module):\n" + _GDN_FORWARD + "\n\nclass chunk_gated_delta_rule(Base):\n    pass\n"
+    result = _judge(tmp_path, layers)
+    assert (result.problem, result.judged_by, result.note) == (None, f"kernels {KERNELS_VERSION}", None)
+
+
+def test_kernels_accepts_a_module_level_alias_of_the_mapped_name(tmp_path: Path) -> None:
+    layers = "class GatedDeltaRule(torch.nn.Module):\n" + _GDN_FORWARD + "\n\nchunk_gated_delta_rule = GatedDeltaRule\n"
+    result = _judge(tmp_path, layers)
+    assert (result.problem, result.judged_by, result.note) == (None, f"kernels {KERNELS_VERSION}", None)
+
+
+def test_kernels_019_layout_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernels 0.19 is not on the index and its source is not in the stored public snapshots (newest there:
+    0.17.0.dev0); transformers 5.25 filters a logger named `kernels._internals.layer.layer`. A stand-in of that
+    layout (each private module served under kernels._internals.*, the 0.16-0.18 paths gone) built from the
+    installed release: every private helper is still found, and nothing is imported unconditionally."""
+    import importlib
+
+    moved = {}
+    for name in PRIVATE_MODULES + ("kernels.layer.layer",):
+        module = sys.modules.get(name) or (importlib.import_module(name) if importlib.util.find_spec(name) else None)
+        if module is None:
+            continue
+        tail = name.removeprefix("kernels.").lstrip("_")
+        moved[f"kernels._internals.{tail}"] = module
+        monkeypatch.setitem(sys.modules, name, None)  # import of the old path now raises ImportError
+    for name, module in moved.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setitem(sys.modules, "kernels._internals", sys.modules["kernels"])
+
+    found = kernels_release.import_kernels()
+
+    assert found.parse_local_kernels is not None and found.versions is not None
+    assert found.get_kernel_layer is not None and found.minver_problem is not None
+    assert found.minver_refuses == ("kernels._internals.validate" in moved)

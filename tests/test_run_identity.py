@@ -249,7 +249,7 @@ def test_resume_refuses_a_checkpoint_trained_on_another_plan(tmp_path: Path) -> 
         "grad_accum": 1,
         "epochs": 1,
         "schedule_steps": None,
-        "block_size": 8,
+        "max_length": 8,
     }
     start = StartPlan({"seed": 0}, folder)
     cfg = TrainConfig.from_flags(model="m", data="d", output_dir=tmp_path, resume=True)

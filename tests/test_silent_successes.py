@@ -258,11 +258,12 @@ def test_check_requires_no_gdn_kernels_when_every_layer_is_full_attention() -> N
 
 def test_ctrl_c_in_check_is_one_line_and_exit_130(monkeypatch: Any, capsys: Any) -> None:
     from kernelguard import cli
+    from kernelguard.cli import check as check_command
 
     def interrupted(_: Any) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_check", interrupted)
+    monkeypatch.setattr(check_command, "_check", interrupted)
     assert cli.main(["check"]) == 130
     assert capsys.readouterr().err.strip() == "kernelguard: interrupted."
 

@@ -227,3 +227,56 @@ def test_require_enforces_a_lock_in_python_terms(tmp_path: Path, monkeypatch: py
         kernelguard.require()
     assert info.value.differences == (
         "allow items: lock says none, here [attention]; restore: pass no allow items",)
+
+
+# ------------------------------------------------------------------------------ both ways, and the caller's words ---
+def test_a_lock_without_a_kernels_entry_does_not_accept_another_build_of_it(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39: the image had causal-conv1d 1.6.0, the lock lost its entry, the node has 1.5.0."""
+    lock = _lock(tmp_path, _facts(tmp_path, conv="1.6.0"))
+    data = json.loads(lock.read_text())
+    del data["kernels"]["causal_conv1d_fn"]
+    lock.write_text(json.dumps(data))
+    error = _refusal(monkeypatch, lock, _facts(tmp_path, conv="1.5.0"))
+    assert error.differences == (
+        "causal_conv1d_fn: lock says no entry for it, here causal_conv1d (causal_conv1d.causal_conv1d_fn) "
+        "(causal-conv1d 1.5.0); restore: write the lock again where the image is built (kernelguard lock --output "
+        "FILE): a lock without this kernel's entry cannot say which build of it the image verified",)
+
+
+def test_require_refuses_an_argument_that_contradicts_the_lock_as_the_cli_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kernelguard
+
+    lock = _lock(tmp_path, _facts(tmp_path))
+    monkeypatch.setattr(stack_lock, "run_check", lambda options: _result(_facts(tmp_path), options))
+    with pytest.raises(ConfigError) as info:
+        kernelguard.require(lock=lock, mode="inference")
+    assert info.value.message == ("lock= checks the model, mode, target and Hub use the lock was written for: "
+                                  "mode='inference' contradicts it (the lock's mode is training).")
+    assert info.value.fix == ("drop mode='inference', or write a new lock with them: kernelguard lock --mode "
+                              "inference --output FILE")
+    with pytest.raises(ConfigError) as info:
+        kernelguard.require(lock=lock, model="qwen3_next", arch=["8.0"], packed=False, hub=True)
+    assert info.value.message == (
+        "lock= checks the model, mode, target and Hub use the lock was written for: model='qwen3_next' contradicts "
+        "it (the lock's model is qwen3_5); arch=['8.0'] contradicts it (the lock's arch is 9.0); packed=False "
+        "contradicts it (the lock's packed is True); hub=True contradicts it (the lock's hub is False).")
+    # Repeating exactly what the lock holds is no contradiction.
+    assert kernelguard.require(lock=lock, model="qwen3_5", mode="training", arch=9.0, packed=True, hub=False).ok
+
+
+def test_check_lock_refuses_only_the_flags_that_contradict_the_lock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from kernelguard.cli import check as cli_check
+
+    lock = _lock(tmp_path, _facts(tmp_path))
+    monkeypatch.setattr(stack_lock, "run_check", lambda options: _result(_facts(tmp_path), options))
+    same = ["--lock", str(lock), "--model", "qwen3_5", "--mode", "training", "--arch", "9.0", "--packed"]
+    assert cli_check.main(same) == 0
+    capsys.readouterr()
+    assert cli_check.main(["--lock", str(lock), "--mode", "inference", "--arch", "9.0"]) == 2
+    err = capsys.readouterr().err
+    assert ("--lock checks the model, mode, target and Hub use the lock was written for: --mode inference "
+            "contradicts it (the lock's mode is training).") in " ".join(err.split())
+    assert "--arch 9.0 contradicts" not in err

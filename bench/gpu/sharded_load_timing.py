@@ -79,7 +79,8 @@ def train(argv: list[str]) -> int:
     """``kernelguard.train``'s own ``main`` with the end-of-run checkpoint skipped (fp32 weights + AdamW
     of ~5.6 B parameters are ~67 GB: more than the machine's disk, and not what is timed); ``--rank0`` first:
     the load forced onto the rank-0 path."""
-    from kernelguard.train import build, loop
+    from kernelguard.train import loop
+    from kernelguard.train.model import build
     from kernelguard.train.__main__ import main
 
     loop.save = lambda *args, **kwargs: loop.log(args[1], "checkpoint skipped by the bench")

@@ -288,7 +288,8 @@ def make_schedule(
 # ----------------------------------------------------------------------------------------- levers
 def apply_levers(levers: list[str], notes: list[str]) -> None:
     """Bench-side patches of the product's build/step (before setup_training)."""
-    from kernelguard.train import build, step
+    from kernelguard.train.model import build
+    from kernelguard.train.step import step
 
     if "sac2" in levers:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from kernelguard.train import build, parallel
+from kernelguard.train.model import build, parallel
 from kernelguard.train.__main__ import main
 
 build.apply_fsdp = functools.partial(parallel.apply_fsdp, keep_fp32=())

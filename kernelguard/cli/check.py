@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import EXIT_FAIL, EXIT_OK, ConfigError
+from ..errors import EXIT_FAIL, EXIT_OK
 from ..interrupts import end_startup_interrupts
 from .common import command_parser, print_out, run_command
 
@@ -81,13 +81,9 @@ def _check(args: argparse.Namespace) -> int:
     if args.lock:
         from ..stack_lock import verify_lock
 
-        given = [flag for flag, value in (("--model", args.model), ("--mode", args.mode), ("--arch", args.arch),
-                                          ("--packed/--no-packed", args.packed), ("--hub" if args.hub else "--no-hub", args.hub)) if value is not None]
-        if given:
-            raise ConfigError(f"--lock checks the model, mode, target and Hub use the lock was written for; "
-                              f"{', '.join(given)} cannot change them.",
-                              fix=f"drop {', '.join(given)}, or write a new lock with them: kernelguard lock {' '.join(given)} ...")
-        result = verify_lock(args.lock, allow=tuple(args.allow) if args.allow else None)
+        # A flag repeating the lock's own value is accepted; one that contradicts it is refused (stack_lock).
+        given = {"model": args.model, "mode": args.mode, "arch": args.arch, "packed": args.packed, "hub": args.hub}
+        result = verify_lock(args.lock, allow=tuple(args.allow) if args.allow else None, given=given)
     else:
         result = run_check(check_options(args))  # type: ignore[arg-type]
     print_out(to_json(result) if args.json else render(result))

@@ -161,11 +161,12 @@ CALLBACK_ALLOW = "KernelGuardCallback({})"
 PADDED = "padding_free=False, no flattening collator"
 
 
-def guard_model(model: Any, *, allow: tuple[str, ...], packed: bool, verbose: bool = False) -> Any:
+def guard_model(model: Any, *, allow: tuple[str, ...], packed: bool, verbose: bool = False,
+                first_row_probe: bool = True) -> Any:
     """:func:`kernelguard.gate.guard_model`, strict; on refusal the error carries the guard's summary (the
     per-layer table with ``verbose``) and fixes that name this callback's ``allow=`` and padded batches."""
     try:
-        return gate.guard_model(model, allow=allow, packed=packed, strict=True)
+        return gate.guard_model(model, allow=allow, packed=packed, strict=True, first_row_probe=first_row_probe)
     except KernelFallbackError as e:
         raise _callback_refusal(e, model, allow=allow, packed=packed, verbose=verbose) from None
 
@@ -214,13 +215,14 @@ def _check_packed_sequences(report: Any, packing: Packing, *, allowed: bool = Fa
 
 
 def training_gate(
-    model: Any, *, allow: Iterable[str] = (), packing: Packing, model_ref: str | None = None, verbose: bool = False
+    model: Any, *, allow: Iterable[str] = (), packing: Packing, model_ref: str | None = None, verbose: bool = False,
+    first_row_probe: bool = True,
 ) -> tuple[Any, Any]:
     """Check the stack, guard the model, check the packed batches' boundaries. Returns (GuardReport armed for the
     run, CheckResult or None); raises the kernelguard error that says what is slow or wrong and the fix."""
     allowed = tuple(allow)
     result = check_stack(model, allow=allowed, packed=packing.packed, model_ref=model_ref)
-    report = guard_model(model, allow=allowed, packed=packing.packed, verbose=verbose)
+    report = guard_model(model, allow=allowed, packed=packing.packed, verbose=verbose, first_row_probe=first_row_probe)
     _check_packed_sequences(report, packing,
                             allowed=AllowPolicy.parse(allowed).allows_packed_without_boundaries())
     return report, result
@@ -343,7 +345,9 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
     ``verbose=True`` prints the per-layer table instead, on success and in a refusal. ``profile_step``,
     ``profile_every``, ``profile_trace``: `kernelguard train`'s step diagnosis (its flags of the same names;
     default: from step 10 on a GPU, off on a CPU-only run; 0 turns it off); rank 0's figures and verdict go to
-    ``log_history`` under ``"kernelguard_profile"``.
+    ``log_history`` under ``"kernelguard_profile"``. ``first_row_probe`` (default True): the first packed batch's
+    first examples also run alone, once, and a decoder layer whose outputs differ stops training
+    (:mod:`kernelguard.equivalence`).
     """
 
     def __init__(
@@ -357,8 +361,10 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         profile_every: int = 500,
         profile_trace: str | Path | None = None,
         lock: str | Path | None = None,
+        first_row_probe: bool = True,
     ) -> None:
         self.allow = _parse_allow(allow)
+        self.first_row_probe = first_row_probe
         self.lock = lock  # None: KERNELGUARD_LOCK, when set
         self.model_ref = model
         self.packed = packed
@@ -384,7 +390,8 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
             gate.check_lock(self.lock, allow=self.allow + env_allow, syntax="python",
                             option="KernelGuardCallback(lock=...)")
             self.report, self.check_result = training_gate(
-                model, allow=self.allow, packing=self.packing, model_ref=self.model_ref, verbose=self.verbose
+                model, allow=self.allow, packing=self.packing, model_ref=self.model_ref, verbose=self.verbose,
+                first_row_probe=self.first_row_probe,
             )
         except KernelGuardError as e:
             error = e

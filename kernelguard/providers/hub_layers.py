@@ -1,28 +1,33 @@
-"""Does a Hub kernel variant fit the call transformers makes? Read from the variant's files, never run.
+"""Does a Hub kernel variant fit the call transformers makes, as the installed ``kernels`` judges it?
 
 transformers maps each GDN op to a Kernel Hub repository and layer name (``chunk_gated_delta_rule`` ->
 ``kernels-community/fla``, layer ``chunk_gated_delta_rule``). ``kernelize()`` loads the variant, takes
-``<variant>.layers.<layer_name>`` and makes its ``forward`` the op; when the layer is missing, or its ``forward``
-does not take the arguments the model passes, the job falls back or fails far from the cause (transformers
-#47526: "got multiple values for argument 'seq_idx'"). Two checks, each named when it fails:
+``<variant>.layers.<layer_name>``, validates it and makes its ``forward`` the op. Two checks, each named when it
+fails:
 
-1. the variant's ``layers`` module defines (or imports) a class ``<layer_name>`` with a ``forward``;
-2. that ``forward``'s parameters bind the call transformers makes (:class:`~kernelguard.transformers_compat.CallShape`:
-   positional count, keywords, and in packed training the batch's packed-sequence keywords its ``**kwargs``
-   passes on), as Python would bind them.
+1. kernels' own verdict (:mod:`kernelguard.providers.kernels_verdict`): the installed kernels loads the variant
+   as ``kernelize()`` would (its metadata checks, its layer lookup and layer validation, ``has_backward`` for a
+   training kernelize) and its message is quoted when it refuses;
+2. the accepted layer's ``forward`` binds the call transformers makes (:class:`CallShape`: positional count,
+   keywords, and in packed training the batch's packed-sequence keywords its ``**kwargs`` passes on), bound by
+   Python itself (:meth:`inspect.Signature.bind`); kernels compares only parameter counts and kinds, and a
+   mismatch fails at the first call (transformers #47526: "got multiple values for argument 'seq_idx'").
 
-The files are parsed with :mod:`ast`; nothing of the variant is imported or executed.
+When kernels cannot be asked here (torch or kernels missing, a variant whose native library this machine cannot
+load), both checks fall back to reading the variant's files with :mod:`ast`, and the result says so.
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..facts import HubLayerCheck
 from ..packed_batch import BOUNDARY_KEYWORDS
-from ..transformers_calls import CallShape
+from ..transformers_calls import CallShape, Parameter
+from .kernels_verdict import KernelsVerdict, ask_kernels
 
 __all__ = [
     "check_hub_layer",
@@ -42,31 +47,66 @@ def variant_folder(location: str | None, variant: str | None) -> Path | None:
     return None
 
 
-def check_hub_layer(kernel: str, repo_id: str, layer_name: str, folder: Path, call: CallShape, *,
-                    packed: bool) -> HubLayerCheck:
+def check_hub_layer(kernel: str, repo_id: str, layer_name: str, folder: Path, call: CallShape, *, packed: bool,
+                    training: bool = True, reference: tuple[Parameter, ...] | None = None) -> HubLayerCheck:
+    """Both checks on the variant ``folder``; ``reference``: the parameters of the torch function the layer
+    replaces (None: not found, so kernels cannot be asked)."""
     spread = tuple(k for k in BOUNDARY_KEYWORDS if k not in call.popped) if packed and call.spreads else ()
+    keywords = (*call.keywords, *spread)
     shown = _describe(kernel, call, spread)
+    if reference is None:
+        verdict = KernelsVerdict(False, None, note=f"the torch reference `{call.function}` it replaces was not "
+                                                   "found in transformers' modeling file")
+    else:
+        verdict = ask_kernels(folder, repo_id, layer_name, reference, training=training)
 
-    def result(problem: str | None, file: Path | None = None) -> HubLayerCheck:
-        return HubLayerCheck(kernel, repo_id, layer_name, folder.name, shown, problem, str(file) if file else None)
+    def result(problem: str | None, file: str | None = None, judged_by: str | None = None) -> HubLayerCheck:
+        note = None if verdict.asked else f"{verdict.note}; judged from the variant's source instead"
+        return HubLayerCheck(kernel, repo_id, layer_name, folder.name, shown, problem, file,
+                             judged_by or _source_reading(), note)
 
+    if not verdict.asked:
+        problem, file = _check_source(layer_name, folder, call.positional, keywords)
+        return result(problem, str(file) if file else None)
+    judged_by = f"kernels {verdict.kernels_version}"
+    if verdict.refusal is not None:
+        mode = "training" if training else "inference"
+        return result(f"check 1 (kernels accepts the layer) failed: kernels {verdict.kernels_version} refuses it "
+                      f"for {mode}: {verdict.refusal}", judged_by=judged_by)
+    forward = verdict.layer.forward
+    file = inspect.getsourcefile(forward)
+    try:
+        inspect.signature(forward).bind(None, *[None] * call.positional, **dict.fromkeys(keywords))
+    except TypeError as exc:
+        return result(f"check 2 (its forward takes transformers' call) failed: `{layer_name}.forward` (kernels "
+                      f"{verdict.kernels_version} accepts the layer) does not bind it: {exc}", file, judged_by)
+    return result(None, file, judged_by)
+
+
+def _source_reading() -> str:
+    return "kernelguard's reading of the variant's source"
+
+
+def _check_source(layer_name: str, folder: Path, positional: int, keywords: tuple[str, ...]
+                  ) -> tuple[str | None, Path | None]:
+    """Both checks read from the variant's files with ast (kernels could not be asked): the problem and the file."""
     layers = _layers_files(folder)
     if not layers:
-        return result(f"check 1 (the layer exists) failed: variant {folder.name} has no `layers` module "
-                      "(no layers.py or layers/__init__.py), so kernels finds no layer in it")
+        return (f"check 1 (the layer exists) failed: variant {folder.name} has no `layers` module "
+                "(no layers.py or layers/__init__.py), so kernels finds no layer in it"), None
     found = _find_class(layers, layer_name)
     if isinstance(found, str):
-        return result(f"check 1 (the layer exists) failed: {found}")
+        return f"check 1 (the layer exists) failed: {found}", None
     cls, file = found
     forward = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
     if forward is None:
-        return result(f"check 1 (the layer exists) failed: class `{layer_name}` in {_rel(file, folder)} has no "
-                      "`forward` of its own", file)
-    problem = _bind(forward.args, call.positional, (*call.keywords, *spread))
+        return (f"check 1 (the layer exists) failed: class `{layer_name}` in {_rel(file, folder)} has no "
+                "`forward` of its own", file)
+    problem = _bind(forward.args, positional, keywords)
     if problem is not None:
-        return result(f"check 2 (its forward takes transformers' call) failed: `{layer_name}.forward` in "
-                      f"{_rel(file, folder)} {problem}", file)
-    return result(None, file)
+        return (f"check 2 (its forward takes transformers' call) failed: `{layer_name}.forward` in "
+                f"{_rel(file, folder)} {problem}", file)
+    return None, file
 
 
 def _describe(kernel: str, call: CallShape, spread: tuple[str, ...]) -> str:

@@ -2,7 +2,8 @@
 
 transformers 5.17 accepts kernels [0.16, 0.17), 5.23/5.24 accept [0.18.2, 0.19), and 0.16 and 0.17 lay out
 their private helpers differently (0.17: ``kernels.load``, ``kernels.validate``, ``kernels._rust``; 0.16:
-``kernels.utils``, ``kernels.minver``, ``kernels_data``). Only public modules (``kernels``, ``kernels.variants``,
+``kernels.utils``, ``kernels.minver``, ``kernels_data``; 0.19 moves the layer code under ``kernels._internals``,
+as transformers 5.25's logger filter for ``kernels._internals.layer.layer`` shows). Only public modules (``kernels``, ``kernels.variants``,
 ``kernels.backends``) are required; each private helper is looked up here and a missing one is None, which
 :mod:`kernelguard.providers.hub` turns into a note, never an import error.
 """
@@ -36,25 +37,47 @@ class KernelsRelease:
     versions: ModuleType | None  # kernels._versions: cached vN refs
     supports_capability: Callable[[list[str], tuple[int, int]], bool] | None
     minver_problem: Callable[[Any, Path], str | None] | None
+    minver_refuses: bool = False  # True: this release refuses to load such a variant (0.16 only warns)
+    # kernels' own lookup of ``<variant>.layers.<name>`` (its messages), wherever this release keeps it
+    get_kernel_layer: Callable[[Any, ModuleType], Any] | None = None
 
 
 def import_kernels() -> KernelsRelease:
     """The installed kernels release, its optional helpers found by feature detection (raises if absent)."""
     # Lazy: importing kernels is not free, and kernelguard must work (with a note) without it.
     import kernels
-    from kernels import backends, variants
 
+    variants, backends = _required("variants"), _required("backends")
+    minver_problem, minver_refuses = _minver_checker()
     return KernelsRelease(
         version=str(getattr(kernels, "__version__", "(unknown version)")),
         variants=variants,
         backends=backends,
         metadata_type=kernels.Metadata,
         # 0.17 parses LOCAL_KERNELS in kernels.load, 0.16 in kernels.utils; same syntax and errors.
-        parse_local_kernels=_private_function(("kernels.load", "kernels.utils"), "_parse_local_kernel_overrides"),
-        versions=_optional_module("kernels._versions"),
-        supports_capability=_private_function(("kernels.archs",), "_supports_cuda_capability"),
-        minver_problem=_minver_checker(),
+        parse_local_kernels=_private_function(_internal("load", "utils"), "_parse_local_kernel_overrides"),
+        versions=_first_module(_internal("_versions", "versions")),
+        supports_capability=_private_function(_internal("archs"), "_supports_cuda_capability"),
+        minver_problem=minver_problem,
+        minver_refuses=minver_refuses,
+        get_kernel_layer=_private_function(_internal("layer.layer", "layer"), "_get_kernel_layer"),
     )
+
+
+def _internal(*names: str) -> tuple[str, ...]:
+    """Each private module where 0.16-0.18 keep it (``kernels.X``), then under 0.19's ``kernels._internals``."""
+    return tuple(f"kernels.{n}" for n in names) + tuple(f"kernels._internals.{n.lstrip('_')}" for n in names)
+
+
+def _required(name: str) -> ModuleType:
+    found = _first_module((f"kernels.{name}", f"kernels._internals.{name}"))
+    if found is None:
+        raise ImportError(f"kernels {getattr(__import__('kernels'), '__version__', '')} has no kernels.{name}")
+    return found
+
+
+def _first_module(names: tuple[str, ...]) -> ModuleType | None:
+    return next((m for m in map(_optional_module, names) if m is not None), None)
 
 
 def _optional_module(name: str) -> ModuleType | None:
@@ -72,9 +95,10 @@ def _private_function(modules: tuple[str, ...], name: str) -> Any:
     return None
 
 
-def _minver_checker() -> Callable[[Any, Path], str | None] | None:
-    """kernels' own "kernels-minver" check of a variant's metadata, as a message (None: satisfied)."""
-    validator = getattr(_optional_module("kernels.validate"), "MinverValidator", None)
+def _minver_checker() -> tuple[Callable[[Any, Path], str | None] | None, bool]:
+    """kernels' own "kernels-minver" check of a variant's metadata, as a message (None: satisfied), and whether
+    this release refuses such a variant (0.17+) or only warns (0.16)."""
+    validator = getattr(_first_module(_internal("validate")), "MinverValidator", None)
     if validator is not None:  # kernels >= 0.17 refuses to load such a variant
 
         def refuses(metadata: Any, variant_path: Path) -> str | None:
@@ -84,10 +108,10 @@ def _minver_checker() -> Callable[[Any, Path], str | None] | None:
                 return str(exc)
             return None
 
-        return refuses
-    warn = getattr(_optional_module("kernels.minver"), "_warn_if_below_minver", None)
+        return refuses, True
+    warn = getattr(_first_module(_internal("minver")), "_warn_if_below_minver", None)
     if not callable(warn):
-        return None
+        return None, False
 
     def warns(metadata: Any, variant_path: Path) -> str | None:  # kernels 0.16 warns and loads anyway
         with warnings.catch_warnings(record=True) as caught:
@@ -97,4 +121,4 @@ def _minver_checker() -> Callable[[Any, Path], str | None] | None:
             return None
         return f"{caught[0].message} (this kernels release only warns and loads it anyway)"
 
-    return warns
+    return warns, False

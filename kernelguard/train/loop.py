@@ -113,7 +113,8 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     for said in start_warnings(built, cfg.checkpoint, dtype=DTYPES[cfg.runtime.param_dtype]):
         log(info, f"warning: {said}", logging.WARNING)  # said now, not after hours of training
     on_main(info, lambda: check_checkpoint_shapes(built.model, start.resume_from))  # before anything is written
-    report = run_gate(built.model, policy=policy, packed=packed, stack=stack)
+    report = run_gate(built.model, policy=policy, packed=packed, stack=stack,
+                      first_row_probe=cfg.packing.first_row_probe)
     try:
         # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.
         log(info, f"guard passed; attention={built.attention}\n{report.render()}")

@@ -173,6 +173,11 @@ class PackingSection:
         "examples. naive: the same control with no boundaries at all (positions not reset either), what plain "
         "concatenation gives. Both controls need --allow packed-without-boundaries",
     )
+    first_row_probe: bool = setting(
+        True,
+        "run the first packed block's first examples alone too (no grad, once) and refuse when a decoder layer's "
+        "outputs differ from theirs: the packing checked by construction (kernelguard.equivalence)",
+    )
 
     def __post_init__(self) -> None:
         validate(self)

@@ -1,0 +1,207 @@
+"""The first packed row, run example by example: the boundary check by construction.
+
+The static checks (:mod:`kernelguard.boundary_check`) know the ways of building a packed row that have been
+seen to fail. This probe catches the ones nobody listed: on the first packed row a decoder stack receives, it runs
+the row again without gradients and dropout, then a few of its examples alone (their own position ids, no
+boundary keywords, no mask), and compares every decoder layer's output on each example's tokens. A row whose
+layers keep the examples apart gives each example the outputs it has alone, to rounding; one that leaks (a
+kernel that ignores its ``cu_seqlens``, a collator's boundaries that do not match its examples, an attention that
+reaches across) differs, most at the first layer that leaks. That layer is named in the refusal.
+
+What is compared, per decoder layer and example: the largest per-token relative difference
+``|packed - alone| / |alone|`` (L2 over the hidden size). The first example of the row has nothing before it to
+leak from: its difference is the rounding of this model, dtype and kernels, measured the same way. A later
+example differs too much when it exceeds both ``RATIO`` times the first example's difference at that layer and
+the dtype's floor (:data:`FLOORS`). Its cost is one extra forward of the row and of each probed example, once per
+stack (bench/RESULTS.md, "What does the first-row probe cost?").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kernelguard.errors import PackedWithoutBoundariesError
+from kernelguard.packed_batch import BOUNDARY_KEYWORDS
+from kernelguard.segments import RowSegments
+
+__all__ = ["FLOORS", "PROBED_EXAMPLES", "RATIO", "FirstRowProbe", "LayerDifference"]
+
+PROBED_EXAMPLES = 3  # the first example (the rounding reference) and up to two after it
+RATIO = 8.0
+# The smallest difference called a leak, by the dtype the stack computes in: above what rounding gives a token
+# through a whole stack (fp32 ~2e-7, bf16 ~7e-3 on the CPU tests' models: bench/RESULTS.md). In bf16 a leak
+# smaller than its rounding cannot be seen by comparing outputs; the static checks are the guard there.
+FLOORS = {"float32": 1e-6, "float64": 1e-12, "bfloat16": 3e-2, "float16": 4e-3}
+_MIN_TOKENS = 2  # a one-token example (a padding segment) says little
+_DROPPED = (*BOUNDARY_KEYWORDS, "attention_mask", "position_ids", "input_ids", "inputs_embeds", "labels")
+
+
+@dataclass(frozen=True, slots=True)
+class LayerDifference:
+    """The probe's measurement at one decoder layer: the first example's difference (rounding) and the largest
+    later one, with the example it came from (its start and end in the row)."""
+
+    layer: str
+    reference: float
+    worst: float
+    example: tuple[int, int]
+    tolerance: float
+
+    @property
+    def differs(self) -> bool:
+        return self.worst > self.tolerance
+
+
+class FirstRowProbe:
+    """The probe of one decoder stack (``stack``: the module whose forward receives the batch; ``path``: its
+    name in the guarded model). :meth:`__call__` is :class:`~kernelguard.boundary_check.BoundaryCheck`'s
+    ``probe``. ``compare=False`` measures without refusing (a negative control, and ``measure``)."""
+
+    def __init__(self, stack: Any, path: str, *, quiet: Callable[[bool], None], compare: bool = True) -> None:
+        self.stack = stack
+        self.path = path
+        self.compare = compare
+        self.measured: list[LayerDifference] = []
+        self._quiet = quiet  # silences the stack's own check while the probe calls it
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], seg: RowSegments) -> PackedWithoutBoundariesError | None:
+        """The refusal for this row, or None (the caller raises it, or logs it under the allow item)."""
+        spans = _chosen(seg)
+        if len(spans) < 2 or args:  # positional calls: the stack's own caller always passes keywords
+            return None
+        self.measured = self.measure(kwargs, spans)
+        first = next((d for d in self.measured if d.differs), None)
+        return _error(first, self.measured) if first is not None and self.compare else None
+
+    def measure(self, kwargs: dict[str, Any], spans: list[tuple[int, int]]) -> list[LayerDifference]:
+        import torch
+
+        layers = _decoder_layers(self.stack, self.path)
+        self._quiet(True)
+        restore = _without_dropout(self.stack)
+        try:
+            with torch.no_grad():  # the packed row's outputs are kept on the probed examples' tokens only
+                packed = _outputs(self.stack, layers, kwargs, spans)
+                alone = [_outputs(self.stack, layers, _alone(kwargs, a, b)) for a, b in spans]
+        finally:
+            restore()
+            self._quiet(False)
+        floor = FLOORS.get(str(packed[0][1].dtype).removeprefix("torch."), FLOORS["float32"]) if packed else 0.0
+        out = []
+        offsets = [0]
+        for a, b in spans:
+            offsets.append(offsets[-1] + b - a)
+        for index, (name, kept) in enumerate(packed):
+            diffs = [_relative(kept[0, offsets[i]:offsets[i + 1]], alone[i][index][1][0]) for i in range(len(spans))]
+            worst = max(range(1, len(spans)), key=lambda i: diffs[i])
+            out.append(LayerDifference(name, diffs[0], diffs[worst], spans[worst], max(floor, RATIO * diffs[0])))
+        return out
+
+
+def _chosen(seg: RowSegments) -> list[tuple[int, int]]:
+    """The first example, then up to two more (the shortest of two tokens or more: the cheapest to run)."""
+    starts = seg.by_cu_seq_lens or (seg.by_positions[0] if seg.by_positions else None) or seg.by_seq_idx
+    if not starts or seg.rows != 1:
+        return []
+    spans = list(zip(starts, (*starts[1:], seg.length)))
+    later = sorted((s for s in spans[1:] if s[1] - s[0] >= _MIN_TOKENS), key=lambda s: (s[1] - s[0], s[0]))
+    return [spans[0], *sorted(later[: PROBED_EXAMPLES - 1])]
+
+
+def _alone(kwargs: dict[str, Any], a: int, b: int) -> dict[str, Any]:
+    """The call for tokens [a, b) of the row as a sequence of its own."""
+    import torch
+
+    out = {k: v for k, v in kwargs.items() if k not in _DROPPED}
+    for key in ("input_ids", "inputs_embeds"):
+        if kwargs.get(key) is not None:
+            out[key] = kwargs[key][:, a:b]
+    like = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs.get("inputs_embeds")
+    out["position_ids"] = torch.arange(b - a, device=like.device).unsqueeze(0)
+    out["use_cache"] = False
+    return out
+
+
+def _outputs(stack: Any, layers: list[tuple[str, Any]], kwargs: dict[str, Any],
+             spans: list[tuple[int, int]] | None = None) -> list[tuple[str, Any]]:
+    """Every decoder layer's output hidden states for one call of the stack (only the tokens of ``spans``, one
+    after the other, when given: at 27B widths a whole row's outputs of every layer would take gigabytes)."""
+    seen: list[tuple[str, Any]] = []
+    handles = [module.register_forward_hook(_keep(name, seen, spans)) for name, module in layers]
+    try:
+        stack(**kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def _keep(name: str, seen: list[tuple[str, Any]], spans: list[tuple[int, int]] | None) -> Any:
+    import torch
+
+    def hook(module: Any, args: Any, output: Any) -> None:
+        hidden = output[0] if isinstance(output, (tuple, list)) else getattr(output, "last_hidden_state", output)
+        if spans is not None:
+            hidden = torch.cat([hidden[:, a:b] for a, b in spans], dim=1)
+        seen.append((name, hidden.detach()))
+
+    return hook
+
+
+def _relative(packed: Any, alone: Any) -> float:
+    """The largest per-token |packed - alone| / |alone| (L2 over the last dimension), in fp32."""
+    p, a = packed.float(), alone.float()
+    return float(((p - a).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-12)).max())
+
+
+def _decoder_layers(stack: Any, path: str) -> list[tuple[str, Any]]:
+    """The numbered layers the stack runs (its ModuleList of decoder layers), by their path in the model."""
+    import torch
+
+    for name, child in stack.named_children():
+        if isinstance(child, torch.nn.ModuleList) and len(child) and all(k.isdigit() for k, _ in child.named_children()):
+            prefix = f"{path}.{name}" if path else name
+            return [(f"{prefix}.{i}", layer) for i, layer in enumerate(child)]
+    return []
+
+
+def _without_dropout(module: Any) -> Callable[[], None]:
+    """Zero every dropout probability under ``module`` (modules and attention layers' ``attention_dropout``)
+    without a train()/eval() switch (transformers >= 5.25 re-kernelizes on a mode change); returns the undo."""
+    import torch
+
+    saved: list[tuple[Any, str, Any]] = []
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.modules.dropout._DropoutNd) and sub.p:
+            saved.append((sub, "p", sub.p))
+            sub.p = 0.0
+        if isinstance(getattr(sub, "attention_dropout", None), float) and sub.attention_dropout:
+            saved.append((sub, "attention_dropout", sub.attention_dropout))
+            sub.attention_dropout = 0.0
+
+    def restore() -> None:
+        for owner, attr, value in saved:
+            setattr(owner, attr, value)
+
+    return restore
+
+
+def _error(first: LayerDifference, measured: list[LayerDifference]) -> PackedWithoutBoundariesError:
+    a, b = first.example
+    where = ", ".join(f"{d.layer.rsplit('.', 1)[-1]}: {d.worst:.1e}" for d in measured)
+    message = (
+        f"kernelguard: the first packed row, run example by example, differs from the packed run from "
+        f"{first.layer} on: the example at tokens {a}-{b - 1} differs by {first.worst:.1e} relative (tolerance "
+        f"{first.tolerance:.0e}; the row's first example, which nothing precedes, differs by {first.reference:.1e}). "
+        "The layers do not keep the row's examples apart, whatever its boundary keywords say: the results are "
+        f"wrong, not only slow, and nothing else raises. Per layer: {where}"
+    )
+    fix = ("check that each GDN kernel honours cu_seqlens / seq_idx and that the collator writes its boundaries from "
+           "the same examples (DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)); "
+           "or train on padded batches")
+    return PackedWithoutBoundariesError(
+        message, fix=fix, layer=first.layer, examples=0, missing=(),
+        details={"kind": "probe", "layers": [(d.layer, d.reference, d.worst, d.tolerance) for d in measured]},
+    )

@@ -1,0 +1,149 @@
+"""Where the examples of a packed row begin, by every boundary signal a call carries, and whether they agree.
+
+A packed row can say where its examples begin in four ways: position ids that restart (or jump), transformers'
+flash-attention keywords ``cu_seq_lens_q/k``, ``seq_idx`` (the conv's), and an attention mask. Each consumer reads
+one of them: the gated-delta kernels ``cu_seqlens``, the conv ``seq_idx``, attention ``cu_seq_lens`` or the
+position ids, depending on its implementation. A row whose signals disagree runs each layer on different
+examples, so every signal that is present must give the same starts. An attention mask is a padding mask only
+when it masks something: an all-ones mask (a tokenizer's, kept by a hand-made collator) says nothing about
+where a packed row's examples begin.
+
+:func:`read_segments` reads the signals (a few device reads: callers decide how often), :class:`RowSegments`
+compares them. Pure functions of tensors; no model, no transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RowSegments", "examples_per_row", "position_starts", "read_segments"]
+
+
+def position_starts(position_ids: Any) -> list[list[int]]:
+    """Per row, the indices where an example begins by the position ids: 0, and every place the positions do
+    not continue (a restart at 0, a jump). ``position_ids``: [B, T], [T], or [3 or 4, B, T] (multimodal rope:
+    the first plane is the text positions)."""
+    positions = position_ids[0] if position_ids.dim() == 3 else position_ids
+    if positions.dim() == 1:
+        positions = positions.unsqueeze(0)
+    if positions.shape[-1] < 2:
+        return [[0] for _ in range(positions.shape[0])]
+    breaks = positions[:, 1:] != positions[:, :-1] + 1
+    return [[0, *(int(i) + 1 for i in row.nonzero().flatten().tolist())] for row in breaks]
+
+
+def examples_per_row(position_ids: Any) -> list[int]:
+    """Examples in each row of a batch, by where its position ids do not continue."""
+    return [len(starts) for starts in position_starts(position_ids)]
+
+
+@dataclass(frozen=True, slots=True)
+class RowSegments:
+    """The example starts of one call's rows, by each signal it carries (None: the signal is absent)."""
+
+    rows: int
+    length: int
+    by_positions: tuple[tuple[int, ...], ...] | None = None  # one tuple per row
+    by_cu_seq_lens: tuple[int, ...] | None = None  # cu_seq_lens_q: the starts of row 0 (packed rows are batch 1)
+    cu_end: int | None = None  # cu_seq_lens_q's last entry: where the last example ends
+    cu_k_differs: bool = False  # cu_seq_lens_k is not cu_seq_lens_q (self-attention over one row: it must be)
+    by_seq_idx: tuple[int, ...] | None = None
+    mask_all_ones: bool | None = None  # None: no attention mask
+
+    @property
+    def padded(self) -> bool:
+        """A padding mask that masks something: one example per row, as transformers' mask code assumes."""
+        return self.mask_all_ones is False
+
+    @property
+    def examples(self) -> int:
+        """Examples in the busiest row, by the signals present (they agree, or :meth:`disagreement` says not)."""
+        counts = [len(s) for s in (self.by_cu_seq_lens, self.by_seq_idx) if s is not None]
+        counts += [len(row) for row in self.by_positions or ()]
+        return max(counts, default=1)
+
+    @property
+    def source(self) -> str:
+        """The signal the example count is quoted from in a message."""
+        for name, starts in (("cu_seq_lens_q", self.by_cu_seq_lens), ("seq_idx", self.by_seq_idx)):
+            if starts is not None and len(starts) == self.examples:
+                return name
+        return "position_ids"
+
+    def signals(self) -> dict[str, tuple[int, ...]]:
+        """Each present signal's starts for row 0 (the row every per-row signal describes)."""
+        out: dict[str, tuple[int, ...]] = {}
+        if self.by_positions is not None:
+            out["position_ids"] = self.by_positions[0]
+        if self.by_cu_seq_lens is not None:
+            out["cu_seq_lens_q"] = self.by_cu_seq_lens
+        if self.by_seq_idx is not None:
+            out["seq_idx"] = self.by_seq_idx
+        return out
+
+    def disagreement(self) -> str | None:
+        """Why the signals present do not describe the same examples, or None when they do."""
+        if self.by_cu_seq_lens is not None:
+            starts = self.by_cu_seq_lens
+            if self.rows != 1:
+                return f"cu_seq_lens_q describes one packed row, but the batch has {self.rows} rows"
+            if not starts or starts[0] != 0:
+                return "cu_seq_lens_q does not start at 0"
+            if any(b <= a for a, b in zip(starts, (*starts[1:], self.cu_end))):
+                return "cu_seq_lens_q has an empty or decreasing segment (its kernels need every segment non-empty)"
+            if self.cu_end != self.length:
+                return f"cu_seq_lens_q ends at {self.cu_end}, but the row has {self.length} tokens"
+        if self.cu_k_differs:
+            return "cu_seq_lens_k differs from cu_seq_lens_q (one packed row attends to itself: they must match)"
+        seen = self.signals()
+        if len(set(seen.values())) <= 1:
+            return None
+        told = ", ".join(f"{name} {_examples(len(starts))}{_at(starts)}" for name, starts in seen.items())
+        return f"boundary signals disagree: {told}"
+
+
+def _examples(n: int) -> str:
+    return f"{n} example{'s' if n != 1 else ''}"
+
+
+def _at(starts: tuple[int, ...], most: int = 6) -> str:
+    shown = ", ".join(str(s) for s in starts[:most]) + (", ..." if len(starts) > most else "")
+    return f" (starting at {shown})"
+
+
+def read_segments(position_ids: Any, kwargs: dict[str, Any], attention_mask: Any) -> RowSegments:
+    """The starts of every signal one call carries (a few device reads). ``attention_mask`` may be a 2D padding
+    mask, or anything else transformers accepts (a 4D mask, a dict of masks): only a 2D tensor is read."""
+    rows, length = _shape(position_ids, kwargs)
+    found: dict[str, Any] = {"rows": rows, "length": length}
+    if position_ids is not None and hasattr(position_ids, "dim"):
+        found["by_positions"] = tuple(tuple(r) for r in position_starts(position_ids))
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is not None and hasattr(cu, "tolist"):
+        values = [int(v) for v in cu.reshape(-1).tolist()]
+        found["by_cu_seq_lens"], found["cu_end"] = tuple(values[:-1]), (values[-1] if values else 0)
+        cu_k = kwargs.get("cu_seq_lens_k")
+        found["cu_k_differs"] = cu_k is not None and cu_k is not cu and (
+            tuple(cu_k.shape) != tuple(cu.shape) or bool((cu_k.to(cu.device) != cu).any()))
+    seq_idx = kwargs.get("seq_idx")
+    if seq_idx is not None and hasattr(seq_idx, "dim"):
+        row = seq_idx.reshape(-1) if seq_idx.dim() == 1 else seq_idx[0]
+        changes = (row[1:] != row[:-1]).nonzero().flatten() + 1 if row.numel() > 1 else row.new_empty(0)
+        found["by_seq_idx"] = (0, *(int(i) for i in changes.tolist()))
+    if attention_mask is not None and hasattr(attention_mask, "dim") and attention_mask.dim() == 2:
+        found["mask_all_ones"] = bool(attention_mask.bool().all())
+    return RowSegments(**found)
+
+
+def _shape(position_ids: Any, kwargs: dict[str, Any]) -> tuple[int, int]:
+    """(rows, tokens per row) of the call, from whichever tensor tells it."""
+    for tensor in (position_ids, kwargs.get("input_ids"), kwargs.get("seq_idx"), kwargs.get("inputs_embeds")):
+        if tensor is None or not hasattr(tensor, "dim"):
+            continue
+        if tensor is position_ids and tensor.dim() == 3:
+            return int(tensor.shape[1]), int(tensor.shape[2])
+        if tensor.dim() == 1:
+            return 1, int(tensor.shape[0])
+        return int(tensor.shape[0]), int(tensor.shape[1])
+    return 1, 0

@@ -1,0 +1,104 @@
+"""The first-row probe (kernelguard.equivalence) on CUDA with the REAL fla and causal-conv1d (the H200 run).
+
+In one fresh interpreter (``import fla`` takes most of a minute on first use), for bf16 and fp32: a correct packed
+row (positions, cu_seq_lens, seq_idx) through ``guard(packed=True)`` must pass the probe (no false alarm on the
+real kernels' rounding), and the same row with its boundaries withheld, measured by the probe directly (the
+static checks would refuse it first), must differ in fp32. The per-layer figures and the probe's cost go to
+``$KG_PROBE_OUT`` (bench/RESULTS.md quotes them). Forward only, under no_grad: fla 0.6.0's Hopper refusal is a
+backward one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("fla") is None or importlib.util.find_spec("causal_conv1d") is None,
+        reason="needs the real fla and causal-conv1d installed",
+    ),
+]
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    sys.path.insert(0, {tests!r})
+    import torch
+    import kernelguard
+    from kernelguard import equivalence
+    from kernelguard.registry import REGISTRY
+    from kernelguard.segments import read_segments
+    from tiny_models import tiny_model
+
+    lengths = [300, 140, 200, 60, 56]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    ids = torch.randint(3, 250, (1, sum(lengths)), generator=torch.Generator().manual_seed(0))
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    seq_idx = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), cu.diff())[None]
+    correct = {{"input_ids": ids, "position_ids": positions, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+               "max_length_q": max(lengths), "max_length_k": max(lengths), "seq_idx": seq_idx}}
+    leaky = {{"input_ids": ids, "position_ids": positions}}
+    sync = torch.cuda.synchronize
+
+    def on_gpu(batch):
+        return {{k: v.to("cuda") if hasattr(v, "to") else v for k, v in batch.items()}}
+
+    def rows(measured):
+        return [dict(layer=d.layer, first_example=d.reference, worst_later=d.worst, tolerance=d.tolerance,
+                     differs=d.differs) for d in measured]
+
+    out = {{}}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        torch.manual_seed(0)
+        model = tiny_model("qwen3_5", hidden_size=512, num_hidden_layers=8, linear_key_head_dim=128,
+                           linear_value_head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8,
+                           head_dim=128, num_attention_heads=4, num_key_value_heads=2,
+                           layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2).to("cuda", dtype)
+        good, bad = on_gpu(correct), on_gpu(leaky)
+        with torch.no_grad():
+            for _ in range(2):  # warm-up: autotuning of every shape the probe runs
+                model(**good, use_cache=False)
+                for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+                    model(input_ids=good["input_ids"][:, a:b], use_cache=False)
+            sync(); t = time.perf_counter(); model(**good, use_cache=False); sync()
+            plain = time.perf_counter() - t
+        report = kernelguard.guard(model, packed=True, allow=["attention"])
+        with torch.no_grad():
+            sync(); t = time.perf_counter(); model(**good, use_cache=False); sync()
+            probed = time.perf_counter() - t
+        passed = rows(report.boundaries.probes[0].measured)
+        REGISTRY.reset()
+        probe = equivalence.FirstRowProbe(model.model, "model", quiet=lambda on: None)
+        seg = read_segments(bad["position_ids"], bad, None)
+        leaked = rows(probe.measure({{**bad, "use_cache": False}}, equivalence._chosen(seg)))
+        out[name] = {{"correct": passed, "boundaries_withheld": leaked, "forward_s": plain,
+                     "forward_with_probe_s": probed, "tokens": int(cu[-1])}}
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+def test_the_probe_on_real_kernels_passes_a_correct_row_and_sees_withheld_boundaries() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(tests=str(REPO / "tests"))], capture_output=True,
+                          text=True, timeout=240, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    if os.environ.get("KG_PROBE_OUT"):
+        Path(os.environ["KG_PROBE_OUT"]).write_text(json.dumps(result, indent=2) + "\n")
+    for dtype in ("bf16", "fp32"):
+        assert result[dtype]["correct"] and not any(r["differs"] for r in result[dtype]["correct"]), result[dtype]
+    assert any(r["differs"] for r in result["fp32"]["boundaries_withheld"]), result["fp32"]
