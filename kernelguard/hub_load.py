@@ -25,6 +25,7 @@ from .facts import HubLoad
 __all__ = [
     "ENV_VAR",
     "LOAD",
+    "hub_default_note",
     "kernels_hub_status",
     "load_decision",
     "load_error_sentence",
@@ -103,6 +104,14 @@ def transformers_package_devices(package: str) -> tuple[str, ...] | None:
     if not isinstance(table, dict) or package not in table:
         return None
     return tuple(str(d) for d in table[package])
+
+
+def hub_default_note(load: HubLoad | None, *, use_hub: bool, source: str) -> str | None:
+    """The check's note when Kernel Hub kernels come first because transformers loads them by default."""
+    if load is None or not use_hub or not load.default_on:
+        return None
+    return (f"Kernel Hub kernels are the first provider of every kernel: {source}; USE_HUB_KERNELS=NO or "
+            "use_kernels=False loads without them (check that with --no-hub)")
 
 
 LOAD = "model load"  # the Decision.kernel of the load itself: not a kernel, but it decides before any kernel runs

@@ -15,7 +15,7 @@ from .catalog import PACKED_REFERENCE, VARLEN_ATTENTION, KernelRequirement, Requ
 from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
 from .facts import Facts, PackageFacts
 from .fla_backend import backward_for
-from .hub_load import load_decision
+from .hub_load import hub_default_note, load_decision
 from .install import cuda_torch_command, install_command, upgrade_command
 from .known_issues import KNOWN_ISSUES, KnownIssue
 from .policy import AllowPolicy
@@ -430,13 +430,9 @@ def _kernels_outside_window(facts: Facts) -> str | None:
 
 
 def _global_notes(facts: Facts, target: Target, load_error: Decision | None) -> list[str]:
-    notes = []
     outside = _kernels_outside_window(facts) if target.use_hub and load_error is None else None
-    if outside:
-        notes.append(f"known issue kernels-version: {outside}; fix: {_install_fix('kernels', facts, Target())}")
-    if target.use_hub and facts.hub_load is not None and facts.hub_load.default_on:
-        notes.append(f"Kernel Hub kernels are the first provider of every kernel: {target.hub_source}; "
-                     "USE_HUB_KERNELS=NO or use_kernels=False loads without them (check that with --no-hub)")
+    notes = [f"known issue kernels-version: {outside}; fix: {_install_fix('kernels', facts, Target())}"] if outside else []
+    notes += [n for n in (hub_default_note(facts.hub_load, use_hub=target.use_hub, source=target.hub_source),) if n]
     if facts.env.torch_error:
         notes.append(f"torch could not be imported: {facts.env.torch_error}")
     for issue in KNOWN_ISSUES:
@@ -456,9 +452,8 @@ def resolve(facts: Facts, requirements: Requirements, target: Target) -> Resolut
     if not target.archs:
         unchecked.insert(0, "no GPU visible and no --arch given: GPU-arch checks and arch-specific known issues "
                             "were skipped (pass --arch 9.0 for an H100/H200 target)")
-    # transformers 5.25+ loads with Hub kernels by default: without a usable kernels the load itself raises.
     load_error = load_decision(facts.hub_load, use_hub=target.use_hub, hub_source=target.hub_source,
-                               fix=_install_fix("kernels", facts, Target()))
+                               fix=_install_fix("kernels", facts, Target()))  # 5.25+: the load itself raises
     return Resolution(requirements, target, tuple(verdicts), tuple(_global_notes(facts, target, load_error)),
                       tuple(dict.fromkeys(unchecked)), load_error)
 
