@@ -115,18 +115,21 @@ class BoundaryCheck:
         if disagreement is not None:
             self._refuse(self._disagree_error(disagreement, seg))
             return
-        if seg.examples <= 1:
-            return
-        accepted = bool(missing) and self.judge(seg.examples, seg.source, missing)
+        packed, accepted = seg.examples > 1, False
+        if packed and missing:
+            accepted = self.judge(seg.examples, seg.source, missing)
         cache = bool(kwargs.get("use_cache")) or any(kwargs.get(k) is not None for k in ("cache", "past_key_values"))
         blind = attention_blind_reason(self.facts.attention_impl, seg, mask=mask is not None, cache=cache) \
-            if self.facts.attention else None
+            if packed and self.facts.attention else None
         if blind is not None:
             accepted = self._refuse(self._attention_error(seg, *blind)) or accepted
-        if self.probe is not None:
+        # Several ranks run the probe in lockstep, on their first call whatever their row: its forwards gather
+        # sharded parameters (FSDP), so every rank must run as many as the others.
+        lockstep = _ranks() > 1
+        if self.probe is not None and (packed or lockstep):
             probe, self.probe = self.probe, None  # once: the first packed row that every static check passed
-            error = None if accepted else probe(args, kwargs, seg)
-            if error is not None:
+            error = probe(args, kwargs, seg, lockstep=lockstep)
+            if error is not None and packed and not accepted:
                 self._refuse(error)
 
     def _due(self) -> bool:
@@ -215,6 +218,13 @@ def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, at: int 
     if value is None and at is not None and len(args) > at:
         value = args[at]
     return value
+
+
+def _ranks() -> int:
+    """The process group's size (1 without one)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 # ------------------------------------------------------------------------------------- torch.compile ---

@@ -393,7 +393,9 @@ def test_the_first_row_probe_finds_a_leak_no_static_check_sees(
         "model.layers.1 on: the example at tokens ")
     assert "The layers do not keep the row's examples apart, whatever its boundary keywords say" in error.message
     reference, worst, tolerance = error.details["layers"][1][1:]
-    assert worst > 10 * tolerance and tolerance >= 8 * reference  # measured 2.9e-5 vs 1e-6 (fp32 floor)
+    # measured 3.8e-5 against a 1e-6 tolerance (the fp32 floor), where a correct row's layers differ by at most
+    # 2.4e-7: 3x the tolerance is 12.8x under the one and 12.6x over the other
+    assert worst > 3 * tolerance and tolerance >= 20 * reference
     with torch.no_grad():
         model(**_bounded())  # once per stack: the next rows pass (the static checks stay armed)
 

@@ -666,7 +666,7 @@ def _kernelguard_memos() -> dict[str, Any]:
 def test_reset_returns_every_piece_of_process_state_to_its_initial_value(
     fresh_transformers_models: None, tiny: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from kernelguard import attention, discovery
+    from kernelguard import attention, discovery, transformers_calls
 
     model = tiny.tiny_model("qwen3_5")
     module = sys.modules[MODELING["qwen3_5"]]
@@ -677,6 +677,7 @@ def test_reset_returns_every_piece_of_process_state_to_its_initial_value(
     report = guard(model, strict=False, allow=["*"])
     tripwires = arm_tripwires(allow=["*"], on_fallback="record")
     model(_ids())
+    transformers_calls.reference_parameters(module.__file__, "torch_chunk_gated_delta_rule")  # check --hub's memo
     layer = model.model.layers[0].linear_attn
     memos = {name: fn for name, fn in _kernelguard_memos().items() if name not in _PURE_MEMOS}
     # Everything below must be populated first, or the test would prove nothing.

@@ -157,4 +157,5 @@ def test_sft_padding_free_varlen_loss_equals_unpacked(
                                                                "max_length_q", "max_length_k")}
     with torch.no_grad():
         leaky_logits = packed_model(**leaky).logits
-    assert (leaky_logits - packed_out.logits).abs().max() > 1e-2
+    # measured 0.085; without a leak the same call gives the same logits (0): 1e-3 is 85x from the one
+    assert (leaky_logits - packed_out.logits).abs().max() > 1e-3

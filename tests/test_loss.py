@@ -36,9 +36,22 @@ def test_sum_and_gradients_match_cross_entropy_for_any_chunking(chunk: int) -> N
     (total * 0.25).backward()  # a non-unit upstream gradient (a mean) must scale both gradients
     assert int(count) == int((labels != IGNORE_INDEX).sum())
     assert total.dtype == torch.float32
-    torch.testing.assert_close(total.double(), ref_loss, rtol=1e-6, atol=1e-6)
+    # the fp32 sum of ~30 token losses: measured <= 9.6e-8 relative from fp64 (one token left out: ~3%)
+    torch.testing.assert_close(total.double(), ref_loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(h.grad, ref_dh, rtol=1e-5, atol=1e-6)  # fp32 softmax inside
     torch.testing.assert_close(w.grad, ref_dw, rtol=1e-5, atol=1e-6)
+
+
+def _off_rounding(got: torch.Tensor, exact: torch.Tensor) -> float:
+    """The fraction of ``got``'s elements that differ from ``exact`` (fp64) rounded once to their dtype."""
+    return float((got != exact.to(got.dtype)).float().mean())
+
+
+# A bf16 gradient computed in fp32 and rounded once equals the fp64 gradient rounded once to bf16, but for the
+# rare element whose fp32 value sits next to a rounding midpoint: measured 0-2 of 1,024-16,000 elements (at
+# most 1.3e-4 of them, each one bf16 step off), where a bf16 computation differs in 47-84% of them. Counted
+# against the reference rounded the same way, not against bf16's own error (~2e-3, too close to 1e-2).
+OFF_ROUNDING = 0.01
 
 
 def test_bf16_inputs_stay_within_bf16_error_of_the_fp64_reference() -> None:
@@ -50,8 +63,7 @@ def test_bf16_inputs_stay_within_bf16_error_of_the_fp64_reference() -> None:
     assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.bfloat16
     assert abs(total.item() - ref_loss.item()) / ref_loss.item() < 1e-3
     for got, ref in ((h.grad, ref_dh), (w.grad, ref_dw)):
-        rel = float((got.double() - ref).norm() / ref.norm())
-        assert rel < 1e-2, rel
+        assert _off_rounding(got, ref) <= OFF_ROUNDING, _off_rounding(got, ref)
 
 
 def test_only_the_tensors_that_need_grad_get_one() -> None:
@@ -157,7 +169,7 @@ def test_a_head_with_bias_is_refused_with_the_fallback_flag() -> None:
 def test_half_precision_on_cpu_is_computed_in_fp32() -> None:
     """A CPU without bf16 matrix instructions runs a bf16 matmul over the vocabulary ~100x slower than fp32 (it
     was most of a CPU training step): the loss upcasts there, so its value and gradients are the fp32 ones,
-    rounded once (a bf16 computation is off by ~1% in the gradients and 4e-5 in the loss)."""
+    rounded once (a bf16 computation is off by 0.6-0.8% in the gradients and 2.6e-3 in this loss)."""
     torch.manual_seed(0)
     bf16 = torch.bfloat16
     hidden = torch.randn(64, 16, dtype=bf16, requires_grad=True)
@@ -166,13 +178,11 @@ def test_half_precision_on_cpu_is_computed_in_fp32() -> None:
     labels[::7] = IGNORE_INDEX
     loss, count = linear_cross_entropy(hidden, weight, labels, chunk_tokens=16)
     loss.backward()
-    h32 = hidden.detach().float().requires_grad_()
-    w32 = weight.detach().float().requires_grad_()
-    ref = F.cross_entropy(h32 @ w32.t(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
-    ref.backward()
+    ref, ref_dh, ref_dw = _reference(hidden, weight, labels)  # fp64
     assert count == int((labels != IGNORE_INDEX).sum())
+    # the loss: fp32, measured 3.7e-8 from fp64 (a bf16 computation: 2.6e-3)
     assert loss.dtype == torch.float32 and abs(loss.item() - ref.item()) <= 1e-6 * ref.item()
     assert hidden.grad is not None and weight.grad is not None
     assert hidden.grad.dtype == bf16 and weight.grad.dtype == bf16
-    torch.testing.assert_close(hidden.grad.float(), h32.grad, rtol=2**-8, atol=1e-4)
-    torch.testing.assert_close(weight.grad.float(), w32.grad, rtol=2**-8, atol=1e-4)
+    for got, exact in ((hidden.grad, ref_dh), (weight.grad, ref_dw)):
+        assert _off_rounding(got, exact) <= OFF_ROUNDING, _off_rounding(got, exact)

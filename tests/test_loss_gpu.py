@@ -53,5 +53,8 @@ def test_real_vocab_bf16_matches_the_stock_loss_with_less_memory() -> None:
     }
     print({"rel": rel, "peak_GB": {k: round(v / 2**30, 2) for k, v in peaks.items()}})
     assert rel["loss"] < 1e-4, rel
-    assert rel["dhidden"] < 1e-2 and rel["dweight"] < 1e-2, rel
-    assert peaks["chunked"] < 0.6 * peaks["stock"], peaks
+    # H200, 2026-12-03: dhidden 0.28%, dweight 0.17% (bf16 against bf16: 10.7x and 17.6x under 3e-2; a wrong
+    # gradient is off by O(1)); peaks 8.18 vs 14.55 GB (0.56x: a chunking that materialises the logits is >= 1x,
+    # so 0.75 sits between the two, 1.3x from each: a memory figure, the same on every run of one stack)
+    assert rel["dhidden"] < 3e-2 and rel["dweight"] < 3e-2, rel
+    assert peaks["chunked"] < 0.75 * peaks["stock"], peaks

@@ -211,6 +211,14 @@ def test_runs_are_compared_at_the_last_eval_step_all_of_them_reached(tmp_path: P
 
 # -------------------------------------------------------------------------- kernelguard train, four modes ---
 STEPS = 4
+# Relative gaps between two runs' figures, each threshold >= 10x from what it separates (measured on the 2-core
+# CPU machine of issue 40; bench/results/2026-12-03-cpu-margins/README.md). Step 1 runs the same weights on the
+# same examples in every mode, so its gap is the layout's effect alone, not training dynamics:
+STEP1_LOSS = 2e-6  # packed vs padded 6.3e-8 (32x below); leaky 8.1e-5 (40x above), naive 6.7e-4
+STEP1_GRAD_NORM = 1e-4  # packed vs padded 2.3e-6 (44x below); leaky 3.0e-2 (300x above), naive 1.6e-2
+# Later steps and evals run weights that AdamW moved by the layouts' last-bit differences: packed vs padded
+# measured at most 2.6e-6 (19x below); a run that trained on other data or another schedule is off by > 1e-3.
+LATER_STEPS = 5e-5
 
 
 @pytest.fixture(scope="module")
@@ -254,12 +262,21 @@ def _step_gaps(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str) -> li
     return [abs(u - v) / v for u, v in zip(x, y)]
 
 
+def _step1_gap(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str) -> float:
+    return _step_gaps(a, b, key)[0] if key == "loss" else abs(a[0][key] - b[0][key]) / b[0][key]
+
+
 @pytest.mark.slow
 def test_packed_equals_padded_per_step(quality_runs: dict[str, Any]) -> None:
+    """Step 1 (same weights, same examples): loss and gradient norm equal to fp32 rounding; the later steps and
+    both evals stay together as the two runs train."""
     packed, padded = quality_runs["packed"], quality_runs["none"]
+    assert packed[0]["step"] == padded[0]["step"] == 1 and "grad_norm" in packed[0]
+    assert _step1_gap(packed, padded, "loss") <= STEP1_LOSS, (_losses(packed, "loss"), _losses(padded, "loss"))
+    assert _step1_gap(packed, padded, "grad_norm") <= STEP1_GRAD_NORM, (packed[0], padded[0])
     for key in ("loss", "eval_loss"):
         worst = max(_step_gaps(packed, padded, key))
-        assert worst <= 1e-5, (key, _losses(packed, key), _losses(padded, key))
+        assert worst <= LATER_STEPS, (key, _losses(packed, key), _losses(padded, key))
     assert [r["loss_tokens"] for r in packed if "loss" in r] == [
         r["loss_tokens"] for r in padded if "loss" in r
     ]
@@ -268,20 +285,19 @@ def test_packed_equals_padded_per_step(quality_runs: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 def test_leaky_control_differs_from_packed_and_says_so(quality_runs: dict[str, Any]) -> None:
-    """The same tokens and labels with the boundaries withheld: a gap far above packed-vs-padded's from step 1
-    on (the same weights: the leak itself), growing as the model learns to use its context."""
-    packed, padded, leaky = quality_runs["packed"], quality_runs["none"], quality_runs["leaky"]
-    noise = max(max(_step_gaps(padded, packed, "loss")), 1e-7)
-    gaps = _step_gaps(leaky, packed, "loss")
-    assert min(gaps) > 50 * noise, (gaps, noise)
-    assert gaps[-1] > 5e-4, gaps
-    assert _step_gaps(leaky, packed, "eval_loss")[-1] > 50 * noise
+    """The same tokens and labels with the boundaries withheld: judged at step 1, where every mode runs the same
+    weights on the same examples, so the gap is the leak itself (how far later steps drift apart is training
+    dynamics, and CPUs differ in its last digits). The gradient sees the leak at every token after a boundary:
+    a gap 300x above STEP1_GRAD_NORM, which packed vs padded stays 44x below."""
+    packed, leaky, naive = quality_runs["packed"], quality_runs["leaky"], quality_runs["naive"]
+    tokens = [r["loss_tokens"] for r in packed if "loss" in r]
+    for name, control in (("leaky", leaky), ("naive", naive)):  # naive withholds the attention boundaries too
+        assert [r["loss_tokens"] for r in control if "loss" in r] == tokens  # the same examples, step by step
+        assert _step1_gap(control, packed, "loss") > STEP1_LOSS, (name, control[0], packed[0])
+        assert _step1_gap(control, packed, "grad_norm") > STEP1_GRAD_NORM, (name, control[0], packed[0])
     warnings = [line for line in quality_runs["leaky.stderr"].splitlines() if "--packing leaky" in line]
     assert warnings and "WARNING" in warnings[0], quality_runs["leaky.stderr"][-2000:]
     assert "--packing leaky" not in quality_runs["packed.stderr"]
-    # naive withholds the attention boundaries too (positions run on)
-    naive = _step_gaps(quality_runs["naive"], packed, "loss")
-    assert min(naive) > 50 * noise, (naive, noise)
     assert "WARNING: --packing naive is a deliberate bug" in quality_runs["naive.stderr"]
     first_k = [r for r in quality_runs["packed"] if "eval_loss_first_k" in r]
     assert len(first_k) == STEPS // 2 and all(0 < r["eval_tokens_first_k"] < r["eval_tokens"] for r in first_k)

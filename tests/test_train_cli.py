@@ -131,8 +131,9 @@ def test_chunked_loss_trains_exactly_like_the_full_logits(assets: dict[str, Path
     pb = load_file(str(out / "final" / "model.safetensors"))
     assert pa.keys() == pb.keys() and "lm_head.weight" in pa
     # AdamW normalises each update, so fp32 summation-order differences in near-zero gradients can move a
-    # few weights by a fraction of the learning rate (3e-3); a wrong gradient would move them by ~lr everywhere.
-    assert max(float((pa[k] - pb[k]).abs().max()) for k in pa) <= 3e-4
+    # few weights by a fraction of the learning rate (3e-3; the largest measured 1.2e-4): no bound on the
+    # largest difference sits 10x from both that and a fault. The mean does (measured 3.0e-8; a wrong
+    # gradient moves every weight by ~lr), as do the per-step loss and gradient norm above (<= 1.4e-7).
     diff = sum(float((pa[k] - pb[k]).abs().sum()) for k in pa) / sum(v.numel() for v in pa.values())
     assert diff <= 1e-6, diff
 

@@ -65,13 +65,15 @@ def test_varlen_attention_matches_per_segment_sdpa() -> None:
     qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
     ref = _per_segment_reference(qf, kf, vf, cu)
     assert out.shape == ref.shape
-    assert float((out.detach().float() - ref.detach()).abs().max()) < 3e-2
+    # H200, 2026-12-03: 0.0085 max abs, grads 0.31-0.35% (bf16); attending across segments moved outputs by 2.05
+    # in the CPU twin (tests/test_attention.py)
+    assert float((out.detach().float() - ref.detach()).abs().max()) < 0.1
     grad = torch.randn_like(ref)
     out.backward(grad.to(out.dtype))
     ref.backward(grad)
     for a, b in ((q, qf), (k, kf), (v, vf)):
         rel = float((a.grad.float() - b.grad).norm() / b.grad.norm())
-        assert rel < 2e-2, rel
+        assert rel < 5e-2, rel
 
 
 def test_one_gpu_packed_bf16_training_with_varlen_and_resume(tmp_path: Path) -> None:

@@ -83,8 +83,9 @@ def test_bfd_beats_sequential_greedy_with_exact_numbers() -> None:
     # Pinned figures for this fixed distribution (computed with the naive reference above).
     assert sum(lengths) == 636_808
     assert (len(bfd), len(greedy)) == (623, 749)
-    assert packing_stats(bfd, lengths, 1024).fill == pytest.approx(99.82, abs=0.01)
-    assert packing_stats(greedy, lengths, 1024).fill == pytest.approx(83.03, abs=0.01)
+    # fill is real tokens / (blocks * block size): exact ratios of the integers above (not rounded literals)
+    assert packing_stats(bfd, lengths, 1024).fill == pytest.approx(100 * 636_808 / (623 * 1024), rel=1e-12)
+    assert packing_stats(greedy, lengths, 1024).fill == pytest.approx(100 * 636_808 / (749 * 1024), rel=1e-12)
 
 
 @pytest.mark.parametrize("packer", ["bfd", "greedy"])

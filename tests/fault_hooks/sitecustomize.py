@@ -12,6 +12,9 @@ ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
 - ``ctrl-c-in-launcher-torch-import``: Ctrl-C as the ``--nproc-per-node`` launcher (the process torchrun did not
   start) begins importing torch. The launcher loads the tokenizer first, which imports numpy, so torch's own
   numpy import cannot be the moment there.
+- ``steady-steps``: not a fault but a fixed clock: the step profiler's clock ticks 0.1 s per read, so every step
+  takes the same time and the profiled windows' schedule (three steady steps first) does not depend on the load
+  of the machine running the test (tests/test_profiling.py).
 """
 
 from __future__ import annotations
@@ -77,6 +80,22 @@ def _export_slow() -> None:
     export.write_safetensors = write_safetensors
 
 
+def _steady_steps() -> None:
+    import itertools
+
+    from kernelguard.train.output import profiling  # before kernelguard.train.loop binds step_profiler
+    real = profiling.step_profiler
+
+    def step_profiler(*args, **kwargs):  # type: ignore[no-untyped-def]
+        profiler = real(*args, **kwargs)
+        if profiler is not None:
+            ticks = itertools.count()
+            profiler.clock = lambda: next(ticks) / 10
+        return profiler
+
+    profiling.step_profiler = step_profiler
+
+
 class _CtrlCInTorchsNumpyImport:
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
         if name == "numpy" and "torch" in sys.modules:  # torch is half imported: its C extension asks
@@ -104,5 +123,7 @@ elif _FAULT == "export":
     _export_disk_full()
 elif _FAULT == "export-slow":
     _export_slow()
+elif _FAULT == "steady-steps":
+    _steady_steps()
 elif _FAULT.startswith("checkpoint:"):
     _checkpoint_disk_full(_FAULT.split(":", 1)[1])
