@@ -32,7 +32,7 @@ def check(
     arch: str | float | Iterable[str] | None = None,
     allow: Iterable[str] = (),
     packed: bool | None = None,
-    hub: bool = False,
+    hub: bool | None = None,
 ) -> CheckResult:
     """Resolve providers for ``model`` without raising on a failed requirement (see ``CheckResult.ok``)."""
     return run_check(
@@ -104,11 +104,20 @@ def resolution_error(result: CheckResult, *, syntax: str = PYTHON) -> Resolution
     call = f"kernelguard.require({model!r}, mode={mode!r}, packed={packed})"
     return ResolutionError(
         f"{call}: {verdict_line(result, syntax=syntax).removeprefix('verdict: ')}",
-        fix="\n  ".join(fill(f, terminal_width() - 5, 4)
-                         for f in _fixes(failing, packed_training=packed and mode == "training", syntax=syntax)),
+        fix="\n  ".join(fill(f, terminal_width() - 5, 4) for f in _load_fixes(result, syntax)
+                         + (_fixes(failing, packed_training=packed and mode == "training", syntax=syntax)
+                            if failing or result.resolution.load_error is None else [])),
         details={"failing": failing},
         report=render(result, syntax=syntax),
     )
+
+
+def _load_fixes(result: CheckResult, syntax: str) -> list[str]:
+    """transformers 5.25+ raises at the model load itself: its fix comes before any kernel's."""
+    from .terms import in_terms
+
+    load = result.resolution.load_error
+    return [in_terms(f"the model load: {load.fix}", syntax)] if load is not None and load.fix else []
 
 
 def _fixes(failing: list[str], *, packed_training: bool, syntax: str) -> list[str]:

@@ -12,7 +12,8 @@ from . import catalog, discovery
 from .capability import ComputeCapability, parse_all
 from .env import Environment, probe, with_gpus
 from .errors import ConfigError
-from .facts import Facts
+from .facts import Facts, HubLoad
+from .hub_load import probe_hub_load, resolve_use_hub
 from .policy import AllowPolicy
 from .providers.installed import PackageFacts, probe_package
 from .resolver import Resolution, Target, resolve
@@ -29,7 +30,7 @@ class CheckOptions:
     archs: tuple[str | ComputeCapability, ...] = ()
     allow: tuple[str, ...] | AllowPolicy = ()
     packed: bool | None = None  # default: packed for training
-    hub: bool = False
+    hub: bool | None = None  # None: what the job's plain from_pretrained does (transformers 5.25+: Hub on)
     run: bool = False
     arch_source: str = "--arch"  # where ``archs`` came from, as the report names it
 
@@ -118,7 +119,7 @@ def _validated(table: dict[str, Any], path: Path) -> dict[str, Any]:
     return table
 
 
-def _target(options: CheckOptions, env: Environment) -> Target:
+def _target(options: CheckOptions, env: Environment, load: HubLoad) -> Target:
     if options.archs:
         archs = parse_all(list(options.archs))
         source = options.arch_source
@@ -127,7 +128,9 @@ def _target(options: CheckOptions, env: Environment) -> Target:
         source = "visible GPU: " + ", ".join(f"{g.index}: {g.name}" for g in env.gpus)
     else:
         archs, source = (), "no GPU visible, no --arch"
-    return Target(archs=archs, arch_source=source, allow=AllowPolicy.parse(options.allow), use_hub=options.hub)
+    use_hub, hub_source = resolve_use_hub(options.hub, load)
+    return Target(archs=archs, arch_source=source, allow=AllowPolicy.parse(options.allow), use_hub=use_hub,
+                  hub_source=hub_source)
 
 
 def _probe_packages(requirements: catalog.Requirements) -> dict[str, PackageFacts]:
@@ -222,7 +225,7 @@ def _validate_options(options: CheckOptions) -> None:
                           fix="use mode='training' (or --mode inference)")
     for name in ("packed", "hub", "run"):
         value = getattr(options, name)
-        if not (isinstance(value, bool) or (name == "packed" and value is None)):
+        if not (isinstance(value, bool) or (name in ("packed", "hub") and value is None)):
             raise ConfigError(f"{name} must be True or False, found {value!r}.", fix=f"pass {name}=True or {name}=False")
     parse_all(list(options.archs))
     AllowPolicy.parse(options.allow)
@@ -237,14 +240,17 @@ def run_check(options: CheckOptions) -> CheckResult:
     env = probe(read_gpus=False)  # torch imported, CUDA not yet initialised: the import probes can fork
     packages = _probe_packages(requirements)
     env = with_gpus(env)
-    target = _target(options, env)
+    window = discovery.kernels_version_window(source)
+    hub_load = probe_hub_load(source.root, source.version, window, env.version_of("kernels"))
+    target = _target(options, env, hub_load)
     hub = _probe_hub(requirements, target, env)
     facts = Facts(
         env=env,
         packages=packages,
         hub=hub,
         hub_layers=_check_hub_layers(requirements, hub),
-        kernels_window=discovery.kernels_version_window(source),
+        kernels_window=window,
+        hub_load=hub_load,
         transformers_min_versions={name: discovery.transformers_min_version(name, source) for name in catalog.PACKAGES},
         torch_varlen_attention=_torch_has_varlen(env),
         fla_backends=_probe_fla_backends(requirements, packages, target, env, spec),

@@ -89,6 +89,28 @@ def _hub_mapping(root: str) -> dict[str, HubRepo]:
                 revision.group(1) if revision else None,
             ),
         )
+    for kernel, community in _community_layers(text).items():
+        repos.setdefault(kernel, community)
+    return repos
+
+
+# transformers 5.25: add_kernels_community_layers("fla", version=3, entries=[("chunk_gated_delta_rule",
+# "chunk_gated_delta_rule", devices, modes), ...]) maps each name to kernels-community/<repo>.
+_COMMUNITY_CALL = re.compile(r'add_kernels_community_layers\(\s*"([^"]+)"\s*,\s*version\s*=\s*(\d+)\s*,'
+                             r"\s*entries\s*=\s*\[(.*?)\n\s*\],?\s*\)", re.DOTALL)
+_COMMUNITY_ENTRY = re.compile(r'\(\s*"(\w+)"\s*,\s*"(\w+)"\s*,\s*\(')  # (name, layer, (devices...), (modes...))
+
+
+def _community_layers(text: str) -> dict[str, HubRepo]:
+    repos: dict[str, HubRepo] = {}
+    for call in _COMMUNITY_CALL.finditer(text):
+        repo, version, body = f"kernels-community/{call.group(1)}", int(call.group(2)), call.group(3)
+        # `(name, name, devices, modes) for name in ("causal_conv1d_fn", ...)`: each layer named as its kernel
+        listed = re.search(r"\(\s*(\w+)\s*,\s*\1\s*,.*?\bfor\s+\1\s+in\s*\((.*?)\)", body, re.DOTALL)
+        pairs = ([(n, n) for n in re.findall(r'"(\w+)"', listed.group(2))] if listed
+                 else [(e.group(1), e.group(2)) for e in _COMMUNITY_ENTRY.finditer(body)])
+        for kernel, layer in pairs:
+            repos[kernel] = HubRepo(repo, layer, version, None)
     return repos
 
 

@@ -59,6 +59,7 @@ def from_result(result: CheckResult, *, variables: Mapping[str, str], kernelguar
                          "kernels_window": list(window) if window else None},
         "kernels": env.version_of("kernels"),
         "fla": {"fla-core": env.version_of("fla-core"), "flash-linear-attention": env.version_of("flash-linear-attention"),
+                "flash-qla": env.version_of("flash-qla"),  # fla hands it the whole GDN op when importable
                 "backend": {arch: b.to_dict() for arch, b in fla_backends(result).items()}},
         "causal-conv1d": {
             "version": env.version_of("causal-conv1d"),
@@ -69,6 +70,8 @@ def from_result(result: CheckResult, *, variables: Mapping[str, str], kernelguar
         "variables": dict(variables),
         "target": [str(a) for a in result.resolution.target.archs],
         "providers": {v.kernel: (v.selected.provider if v.selected else None) for v in result.resolution.verdicts},
+        # known-bad rows that matched a candidate (rejected, or allowed and serving): the first thing to look for
+        "known_issues": sorted({i for v in result.resolution.verdicts for d in v.candidates for i in d.issues}),
         "model": f"{result.resolution.requirements.family.name}, {result.resolution.requirements.mode}"
                  + (", packed" if result.resolution.requirements.packed else ""),
     }
@@ -106,10 +109,13 @@ def render_env(report: Mapping[str, Any]) -> str:
         + (f" (uses kernels in [{window[0]}, {window[1]}))" if window else ""),
         f"- kernels: {_or(report['kernels'])}",
         f"- fla: fla-core {_or(fla['fla-core'])}, flash-linear-attention {_or(fla['flash-linear-attention'])}"
+        + (f", flash-qla {fla['flash-qla']}" if fla.get("flash-qla") else "")
         + (f"; GDN backend {backends}" if backends else ""),
         f"- causal-conv1d: {_or(conv['version'])}" + (f" ({conv_archs})" if conv_archs else ""),
         "- also: " + ", ".join(f"{name} {_or(v)}" for name, v in report["others"].items()),
         "- variables: " + (", ".join(f"{k}={v}" for k, v in report["variables"].items()) or "no FLA_* / TRITON_* / KERNELGUARD_*"),
+        *([f"- known issues matched: {', '.join(report['known_issues'])} (kernelguard issues explains each)"]
+          if report.get("known_issues") else []),
         f"- providers ({report['model']}; target {', '.join('sm ' + a for a in report['target']) or 'unknown'}):",
         *(f"    {kernel}: {provider or 'nothing (the torch reference would run)'}"
           for kernel, provider in report["providers"].items()),

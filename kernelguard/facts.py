@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .capability import ComputeCapability
+from .versions import base_version, version_in
 
 __all__ = [
     "Environment",
@@ -22,6 +23,7 @@ __all__ = [
     "Gpu",
     "HubKernelProbe",
     "HubLayerCheck",
+    "HubLoad",
     "HubTarget",
     "PackageFacts",
     "VariantVerdict",
@@ -211,6 +213,34 @@ class HubLayerCheck:
     note: str | None = None
 
 
+_TRUE = ("1", "ON", "YES", "TRUE")  # transformers' ENV_VARS_TRUE_VALUES: anything else is false
+
+
+@dataclass(frozen=True, slots=True)
+class HubLoad:
+    """What a plain ``from_pretrained`` does with Kernel Hub kernels here (read by kernelguard.hub_load)."""
+
+    transformers_version: str
+    default_on: bool  # from_pretrained(use_kernels=None) means True (transformers 5.25+)
+    env_value: str | None  # USE_HUB_KERNELS as set in this environment (None: unset)
+    window: tuple[str, str] | None  # [min, max) of kernels this transformers accepts
+    kernels_version: str | None  # the installed kernels (None: not installed)
+    kernels_core: bool = False  # transformers requires kernels itself (5.25+), not through an extra
+
+    @property
+    def env_off(self) -> bool:
+        return self.env_value is not None and self.env_value.upper() not in _TRUE
+
+    @property
+    def kernels_usable(self) -> bool:
+        """transformers' is_kernels_available(): installed and inside the window."""
+        if self.kernels_version is None:
+            return False
+        if self.window is None:
+            return True
+        return version_in(base_version(self.kernels_version), f">={self.window[0]},<{self.window[1]}")
+
+
 @dataclass(frozen=True, slots=True)
 class Facts:
     """Everything the resolver decides from, collected once by ``check``."""
@@ -224,3 +254,4 @@ class Facts:
     torch_varlen_attention: bool = False
     # fla's GDN backend per target arch ("" when no arch is targeted); empty when fla was not probed.
     fla_backends: Mapping[str, FlaBackend] = field(default_factory=dict)
+    hub_load: HubLoad | None = None  # what a plain from_pretrained does with Kernel Hub kernels

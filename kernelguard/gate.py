@@ -56,11 +56,13 @@ def check_stack(
     packed: bool,
     device: torch.device,
     env: bool = False,
+    hub: bool | None = False,
 ) -> CheckResult | None:
     """The resolver's verdict for ``model_ref`` in training mode, or None off CUDA (no GPU arch to check
     against; the guard still judges every call site). ``env``: also read ``KERNELGUARD_ALLOW`` and
     ``KERNELGUARD_ARCH`` as ``kernelguard.require`` does. A passing verdict lifts fla's refusal for the rows it
-    accepted; a failing one is returned for the caller to report."""
+    accepted; a failing one is returned for the caller to report. ``hub``: whether the model loads with Kernel Hub
+    kernels (``kernelguard train`` never does: it loads with use_kernels=False; None: transformers' default)."""
     if device.type != "cuda":
         return None
     given = allow if isinstance(allow, AllowPolicy) else tuple(allow)
@@ -68,11 +70,11 @@ def check_stack(
         from kernelguard.api import check
 
         items = given.values() if isinstance(given, AllowPolicy) else given
-        result = check(model_ref, mode="training", allow=items, packed=packed)
+        result = check(model_ref, mode="training", allow=items, packed=packed, hub=hub)
     else:
         from kernelguard.check import CheckOptions, run_check
 
-        result = run_check(CheckOptions(model=model_ref, mode="training", allow=given, packed=packed))
+        result = run_check(CheckOptions(model=model_ref, mode="training", allow=given, packed=packed, hub=hub))
     if result.ok:
         lift_accepted_fla_refusal(accepted_issues(result))
     return result

@@ -39,6 +39,7 @@ __all__ = [
     "DISTRIBUTION",
     "FLA_REQUIREMENT",
     "FLA_SAFE_TRITON",
+    "HUB_OFF_ALTERNATIVES",
     "KERNELS_RELEASES",
     "PACKAGES",
     "TORCH_TRITON",
@@ -62,7 +63,8 @@ BUILD_TOOLS = "setuptools wheel ninja packaging"  # what these setup.py files im
 # run time, so a newer release is unknown here until this table is updated.
 KERNELS_RELEASES = ("0.16.0", "0.16.1", "0.16.2", "0.17.0", "0.17.1", "0.17.2")
 # transformers release -> the kernels window it accepts (its KERNELS_MIN_VERSION / KERNELS_MAX_VERSION), 2026-12.
-TRANSFORMERS_KERNELS_WINDOWS = {"5.17.0": ("0.16", "0.17"), "5.23.0": ("0.18.2", "0.19"), "5.24.0": ("0.18.2", "0.19")}
+TRANSFORMERS_KERNELS_WINDOWS = {"5.17.0": ("0.16", "0.17"), "5.23.0": ("0.18.2", "0.19"), "5.24.0": ("0.18.2", "0.19"),
+                                "5.25.0": ("0.19.1", "0.20.0")}  # 5.25: kernels is a core dependency
 # torch pins its Triton exactly (Requires-Dist of each Linux wheel, 2026-12); used when the torch in question is
 # not the installed one, whose own metadata is read instead.
 TORCH_TRITON = {"2.11": "==3.6.0", "2.12": "==3.7.0", "2.13": "==3.7.1", "2.14": "~=3.8.0"}
@@ -150,6 +152,7 @@ def install_command(
     python_version: str = "3.11",
     machine: str = "x86_64",
     kernels_window: tuple[str, str] | None = None,
+    kernels_core: bool = False,
     reinstall: bool = False,
 ) -> InstallAdvice:
     """How to install ``package`` (pip or import name, or "triton") into an environment with these facts.
@@ -157,7 +160,8 @@ def install_command(
     ``torch_version`` as torch reports it ("2.13.0+cu128"; None: torch missing), ``cuda_version`` torch's
     CUDA ("12.8"; None: a CPU/ROCm build), ``archs`` the target GPUs ("9.0", "sm_90a"), ``cxx11_abi``
     torch.compiled_with_cxx11_abi(), ``python_version`` "3.11", ``kernels_window`` the [min, max) of kernels
-    this transformers accepts. ``reinstall`` replaces a broken build without touching its dependencies.
+    this transformers accepts, ``kernels_core`` that transformers requires kernels itself (5.25+: pip installed a
+    release of that window with it, so the window's requirement is the fix). ``reinstall`` replaces a broken build without touching its dependencies.
     "triton" means a Triton fla #640 accepts, next to this torch's own pin.
     """
     name = _ALIASES.get(package, package)
@@ -170,7 +174,7 @@ def install_command(
     if name == "flash-linear-attention":
         return _fla_advice(torch_version, cuda_version, reinstall)
     if name == "kernels":
-        return _kernels_advice(kernels_window)
+        return _kernels_advice(kernels_window, core=kernels_core)
     if name == "triton":
         return _triton_advice(torch_version)
     raise ValueError(f"install_command knows {', '.join(PACKAGES)}, triton (or their import names), not {package!r}")
@@ -203,10 +207,21 @@ def _window_releases(window: tuple[str, str]) -> list[str]:
     return [release for release in KERNELS_RELEASES if Version(release) in spec]
 
 
-def _kernels_advice(window: tuple[str, str] | None) -> InstallAdvice:
+# transformers 5.25+ loads Hub kernels by default and raises without a usable kernels; these keep the user's
+# transformers and load without the Hub, so the pip packages serve (`kernelguard check --no-hub` checks them).
+HUB_OFF_ALTERNATIVES = (
+    ("export USE_HUB_KERNELS=NO", ("transformers then loads without Hub kernels, as from_pretrained(..., "
+                                   "use_kernels=False) does; kernelguard check --no-hub gives the pip packages' "
+                                   "commands")),
+)
+
+
+def _kernels_advice(window: tuple[str, str] | None, *, core: bool = False) -> InstallAdvice:
     if window is None:
         return InstallAdvice("kernels", "kernels>=0.16,<0.19", extra_command("hub"))
     spec = f"kernels>={window[0]},<{window[1]}"
+    if core:  # transformers' own requirement: wherever it installed with its dependencies, this resolves
+        return InstallAdvice("kernels", spec, f"pip install '{spec}'", alternatives=HUB_OFF_ALTERNATIVES)
     if _window_releases(window):
         return InstallAdvice("kernels", spec, f"pip install '{spec}'")
     # Offer the newest transformers whose window holds a release: the pair that does turn Hub kernels on.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FLA_640", "FLA_1077", "FLA_1077_GRID_LIMIT", "KNOWN_ISSUES", "KnownIssue", "by_id"]
+__all__ = ["FLASH_QLA_28", "FLA_640", "FLA_1077", "FLA_1077_GRID_LIMIT", "KNOWN_ISSUES", "KnownIssue", "by_id"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,8 @@ class KnownIssue:
     # fla's GDN backward backends (kernelguard.fla_backend) the issue lives in: "triton", "tilelang", "flash_qla"
     fla_backends: tuple[str, ...] = ()
     kernels_version: str | None = None  # specifier on the installed `kernels` (Hub candidates)
+    # (distribution, specifier) on another installed distribution the provider hands the op to (flash-qla)
+    installed_version: tuple[str, str] | None = None
     # Rows the resolver detects from facts of their own kind rather than from the conditions above:
     # "undefined-symbol" (a compiled extension fails to load against this torch), "kernels-window",
     # "installed-set" (a combination of installed distributions, reported once for the whole environment),
@@ -53,6 +55,7 @@ class KnownIssue:
 
 FLA_640 = "https://github.com/fla-org/flash-linear-attention/issues/640"
 FLA_1077 = "https://github.com/fla-org/flash-linear-attention/pull/1077"
+FLASH_QLA_28 = "https://github.com/QwenLM/FlashQLA/pull/28"
 FLA_1077_GRID_LIMIT = 65_535  # CUDA's cap on grid axis 1, where fla < 0.6.0 puts N * HV
 # torch pins its Triton exactly, so `pip install triton` next to torch <= 2.12 breaks torch's own requirement.
 _TRITON_FIX = (
@@ -128,6 +131,26 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         lifts_fla_refusal=True,
     ),
     KnownIssue(
+        id="flash-qla-wrong-grads",
+        title="flash-qla < 0.1.3 computes wrong A_log / dt_bias gradients, and fla hands it the whole GDN op",
+        source=(
+            f"{FLASH_QLA_28} (wrong gate gradients for strong decay while the forward looks right; fixed in commit "
+            "6e5d2ea, first released in flash-qla 0.1.3; 0.1.1 also wrote out of bounds, QwenLM/FlashQLA issue #23); "
+            "fla-core 0.6.0's FlashQLABackend takes forward and backward whenever flash_qla imports, with no "
+            "version check"
+        ),
+        effect=(
+            "fla runs the gated-delta op on FlashQLA, whose backward gives wrong A_log and dt_bias gradients "
+            "under strong decay while the loss looks normal; training would silently learn from them"
+        ),
+        fix="pip install 'flash-qla>=0.1.3'; or export FLA_FLASH_QLA=0 (fla then runs its own Triton/TileLang op)",
+        kernels=("chunk_gated_delta_rule",),
+        provider="fla",
+        modes=("training",),
+        fla_backends=("flash_qla",),
+        installed_version=("flash-qla", "<0.1.3"),
+    ),
+    KnownIssue(
         id="tilelang-without-z3",
         title="tilelang installed without z3-solver breaks `import fla`",
         source="https://github.com/tile-ai/tilelang (libz3.so.4.15 is loaded at import)",
@@ -153,12 +176,21 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         id="kernels-version",
         title="kernels package outside the version window transformers accepts",
-        source="transformers/utils/import_utils.py KERNELS_MIN_VERSION / KERNELS_MAX_VERSION, is_kernels_available()",
-        effect="is_kernels_available() is False, so transformers silently never uses Kernel Hub kernels",
+        source=(
+            "transformers/utils/import_utils.py KERNELS_MIN_VERSION / KERNELS_MAX_VERSION, is_kernels_available(); "
+            "modeling_utils.py set_use_kernels (5.25: from_pretrained(use_kernels=None) means True unless "
+            "USE_HUB_KERNELS is false)"
+        ),
+        effect=(
+            "is_kernels_available() is False: transformers never uses Kernel Hub kernels, and a load with "
+            "use_kernels=True raises ValueError: Kernels are not available - under transformers 5.25 that is every "
+            "from_pretrained() that does not turn the Hub off"
+        ),
         fix=(
-            "pip install 'kernels>=MIN,<MAX' (the window of the installed transformers) when a release is inside it; "
-            "when none is yet (transformers 5.23/5.24: [0.18.2, 0.19)), transformers 5.17 with kernels 0.16.x, or "
-            "the pip packages fla / causal-conv1d (kernelguard check says which)"
+            "pip install 'kernels>=MIN,<MAX' (the window of the installed transformers; 5.25: 'kernels>=0.19.1,<0.20', "
+            "its own requirement); or load without the Hub (use_kernels=False, or USE_HUB_KERNELS=NO) and use the pip "
+            "packages fla / causal-conv1d (kernelguard check --no-hub gives their commands); transformers 5.23/5.24, "
+            "whose window [0.18.2, 0.19) has no release on some indexes: transformers 5.17 with kernels 0.16.x"
         ),
         detector="kernels-window",
     ),

@@ -13,6 +13,8 @@ JSON schema (``schema_version`` 2; additive changes keep the version, renames/re
                "candidates": [{"provider", "kind", "status", "reason", "fix": str|null, "fix_note": str|null,
                                "known_issues": [str]}]}],
   "notes": [str], "unchecked": [str],
+  "load_error": null | {"provider", "kind", "status", "reason", "fix", "fix_note", "known_issues"},
+                                   # transformers 5.25+: from_pretrained itself raises (additive, version 2)
   "numerics": null | {... numerics.NumericsReport.to_dict()},
   "fla_backend": {arch or "": {"arch", "forward", "backward", "label", "reasons": [str], "source"}},
   "environment": {... env.Environment.to_dict(): every fact with its source}
@@ -104,6 +106,7 @@ def to_dict(result: CheckResult) -> dict[str, Any]:
         ],
         "notes": list(res.notes),
         "unchecked": list(res.unchecked),
+        "load_error": res.load_error.to_dict() if res.load_error is not None else None,
         "numerics": result.numerics.to_dict() if result.numerics is not None else None,
         "fla_backend": {arch: b.to_dict() for arch, b in fla_backends(result).items()},
         "environment": result.env.to_dict(),
@@ -179,6 +182,13 @@ def render(result: CheckResult, *, syntax: str = CLI, width: int | None = None) 
         *fla_backend_lines(result),
     ]
     lines = [wrap_text(line, 0, columns, hanging=2) for line in lines] + [""]
+    if res.load_error is not None:  # before any kernel: the load raises first
+        load = res.load_error
+        lines.append(wrap_text(f"{load.kernel:<34} FAIL  {load.provider} raises", 0, columns, hanging=35))
+        lines.append(wrap_text(in_terms(load.reason, syntax), 18, columns))
+        if load.fix:
+            lines.extend(fix_lines(in_terms(load.fix, syntax), width=columns, indent=18))
+        lines.append("")
     for verdict in res.verdicts:
         selected = verdict.selected
         if verdict.ok and selected is not None and selected.kind != "reference":
@@ -214,6 +224,9 @@ def verdict_line(result: CheckResult, *, syntax: str = CLI) -> str:
 def _verdict(result: CheckResult) -> str:
     res = result.resolution
     failing = [v.kernel for v in res.verdicts if not v.ok]
+    if res.load_error is not None:
+        also = f"; then {len(failing)} of {len(res.verdicts)} required kernels fail too" if failing else ""
+        return f"verdict: FAIL - the model load raises before any kernel runs (see model load above){also} (exit 1)"
     allowed = [v.kernel for v in res.verdicts if v.ok and v.selected is not None and v.selected.kind == "reference"]
     if failing:
         return (

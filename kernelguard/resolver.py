@@ -15,6 +15,7 @@ from .catalog import PACKED_REFERENCE, VARLEN_ATTENTION, KernelRequirement, Requ
 from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
 from .facts import Facts, PackageFacts
 from .fla_backend import backward_for
+from .hub_load import hub_default_note, load_decision
 from .install import cuda_torch_command, install_command, upgrade_command
 from .known_issues import KNOWN_ISSUES, KnownIssue
 from .policy import AllowPolicy
@@ -33,6 +34,7 @@ class Target:
     arch_source: str = "unknown"
     allow: AllowPolicy = field(default_factory=AllowPolicy)
     use_hub: bool = False  # the job loads with use_kernels=True / calls kernelize()
+    hub_source: str = ""  # why use_hub is what it is (kernelguard.hub_load.resolve_use_hub), for the report
 
     def __post_init__(self) -> None:
         # Callers may pass what a user typed ("9.0", ["fla-640-refusal"]); it is parsed here, once.
@@ -60,10 +62,11 @@ class Resolution:
     verdicts: tuple[KernelVerdict, ...]
     notes: tuple[str, ...]  # things the user must know that are not one kernel's decision
     unchecked: tuple[str, ...]  # what could not be checked here, and how to check it
+    load_error: Decision | None = None  # from_pretrained itself raises (kernelguard.hub_load.load_decision)
 
     @property
     def ok(self) -> bool:
-        return all(v.ok for v in self.verdicts)
+        return self.load_error is None and all(v.ok for v in self.verdicts)
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -82,7 +85,8 @@ def _issue_matches(
         return False, None
     if issue.modes and requirements.mode not in issue.modes:
         return False, None
-    if any(facts.env.version_of(d) is None for d in issue.requires_installed):
+    if any(facts.env.version_of(d) is None for d in issue.requires_installed) or issue.installed_version and \
+            not _version_in(_base_version(facts.env.version_of(issue.installed_version[0])), issue.installed_version[1]):
         return False, None
     if any(facts.env.version_of(d) is not None for d in issue.unless_installed):
         return False, None
@@ -134,13 +138,15 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
         return Decision(req.kernel, label, "hub", status, reason, fix)
 
     if not target.use_hub:
+        why = f" ({target.hub_source})" if target.hub_source else ""
         return rejected(
-            "not requested: transformers only swaps in Kernel Hub kernels when the model is loaded with "
+            f"not requested{why}: transformers only swaps in Kernel Hub kernels when the model is loaded with "
             "use_kernels=True (pass --hub to check them).",
             status=SKIPPED,
         )
     if facts.env.version_of("kernels") is None:
-        return rejected("the kernels package is not installed.", _install_fix("kernels", facts, target))
+        return rejected("the kernels package is not installed, so from_pretrained(use_kernels=True) raises "
+                        "ValueError: Kernels are not available.", _install_fix("kernels", facts, Target()))
     for issue in KNOWN_ISSUES:  # before the window: "loads nothing at all" says more than "outside the window"
         if issue.provider == "hub" and issue.kernels_version and issue.detector is None \
                 and _version_in(_base_version(facts.env.version_of("kernels")), issue.kernels_version) \
@@ -271,6 +277,7 @@ def _install_fix(package: str, facts: Facts, target: Target, *, reinstall: bool 
         package, torch_version=env.torch_version.value, cuda_version=env.cuda_version.value, archs=target.archs,
         cxx11_abi=abi if isinstance(abi, bool) else None, python_version=str(env.python.value or "3.11"),
         machine=str(env.machine.value or "x86_64"), kernels_window=facts.kernels_window, reinstall=reinstall,
+        kernels_core=facts.hub_load is not None and facts.hub_load.kernels_core,
     )
     return advice.fix_line()
 
@@ -417,19 +424,15 @@ def _kernels_outside_window(facts: Facts) -> str | None:
     window, version = facts.kernels_window, facts.env.version_of("kernels")
     if not window or not version or _version_in(_base_version(version), f">={window[0]},<{window[1]}"):
         return None
-    return (
-        f"kernels {version} is outside [{window[0]}, {window[1]}), the range this transformers accepts, so "
-        "is_kernels_available() is False and Kernel Hub kernels are silently disabled"
-    )
+    return (f"kernels {version} is outside [{window[0]}, {window[1]}), the range this transformers accepts, so "
+            "is_kernels_available() is False and from_pretrained(use_kernels=True) raises ValueError: Kernels are "
+            "not available")  # 5.17 through 5.25 alike; said only when the job loads with use_kernels=True
 
 
-def _global_notes(facts: Facts, target: Target, requirements: Requirements) -> list[str]:
-    notes = []
-    # The window matters only to a job that asks for Hub kernels (use_kernels=True, --hub): said then, never
-    # as noise on every check of an install that happens to have kernels (the dev extra brings it).
-    outside = _kernels_outside_window(facts) if target.use_hub else None
-    if outside:
-        notes.append(f"known issue kernels-version: {outside}; fix: {_install_fix('kernels', facts, Target())}")
+def _global_notes(facts: Facts, target: Target, load_error: Decision | None) -> list[str]:
+    outside = _kernels_outside_window(facts) if target.use_hub and load_error is None else None
+    notes = [f"known issue kernels-version: {outside}; fix: {_install_fix('kernels', facts, Target())}"] if outside else []
+    notes += [n for n in (hub_default_note(facts.hub_load, use_hub=target.use_hub, source=target.hub_source),) if n]
     if facts.env.torch_error:
         notes.append(f"torch could not be imported: {facts.env.torch_error}")
     for issue in KNOWN_ISSUES:
@@ -449,5 +452,8 @@ def resolve(facts: Facts, requirements: Requirements, target: Target) -> Resolut
     if not target.archs:
         unchecked.insert(0, "no GPU visible and no --arch given: GPU-arch checks and arch-specific known issues "
                             "were skipped (pass --arch 9.0 for an H100/H200 target)")
-    return Resolution(requirements, target, tuple(verdicts), tuple(_global_notes(facts, target, requirements)),
-                      tuple(dict.fromkeys(unchecked)))
+    load_error = load_decision(facts.hub_load, use_hub=target.use_hub, hub_source=target.hub_source,
+                               fix=_install_fix("kernels", facts, Target()))  # 5.25+: the load itself raises
+    return Resolution(requirements, target, tuple(verdicts), tuple(_global_notes(facts, target, load_error)),
+                      tuple(dict.fromkeys(unchecked)), load_error)
+

@@ -90,6 +90,10 @@ def _stack(result: CheckResult) -> dict[str, Any]:
         "transformers": result.resolution.requirements.transformers_version,
         "kernelguard": _kernelguard_version(),
     }
+    # fla hands its whole GDN op to any importable flash_qla (known issue flash-qla-wrong-grads): its release is part
+    # of the stack whenever installed (a node that adds one, or another release, differs).
+    if env.version_of("flash-qla") is not None:
+        stack["flash-qla"] = env.version_of("flash-qla")
     # kernels decides whether transformers uses the Hub at all: locked only when the job does.
     if result.resolution.target.use_hub:
         stack["kernels"] = env.version_of("kernels")

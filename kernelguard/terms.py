@@ -65,6 +65,7 @@ _REWRITES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r" \(exit \d+\)"), ""),
     (re.compile(r"--no-packed\b"), "packed=False"),
     (re.compile(r"--packed\b"), "packed=True"),
+    (re.compile(r"--no-hub\b"), "hub=False"),
     (re.compile(r"--hub\b"), "hub=True"),
     (re.compile(r"no --arch\b(?! given)"), "no arch= given"),
     (re.compile(r"--arch (\d+\.\d+a?)"), r"arch='\1'"),

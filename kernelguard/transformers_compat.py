@@ -15,6 +15,7 @@ a config). Only the standard library is imported at module import time.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -29,6 +30,7 @@ from typing import Any
 
 from kernelguard.catalog import PACKAGES, KernelRequirement
 from kernelguard.errors import UnsupportedTransformersError
+from kernelguard.hub_load import kernels_hub_status, transformers_package_devices
 from kernelguard.known_issues import KNOWN_ISSUES, KnownIssue
 
 __all__ = [
@@ -301,14 +303,21 @@ def _forward_names(cls: type) -> tuple[tuple[str, ...], dict[str, Any]]:
     forward = getattr(cls, "forward", None)
     if forward is None:
         return (), {}
-    try:
+    with contextlib.suppress(ValueError):
         forward = inspect.unwrap(forward)
-    except ValueError:
-        pass
-    code = getattr(forward, "__code__", None)
+    code, globals_ = getattr(forward, "__code__", None), getattr(forward, "__globals__", {})
     if code is None:
         return (), {}
-    return tuple(code.co_names), getattr(forward, "__globals__", {})
+    # One level into the module's own helpers: 5.25 calls causal_conv1d_fn / _update via causal_conv1d_forward.
+    names = [(n, *_helper_names(globals_.get(n), globals_.get("__name__"))) for n in code.co_names]
+    return tuple(dict.fromkeys(name for group in names for name in group)), globals_  # in call order
+
+
+def _helper_names(value: Any, module: Any) -> tuple[str, ...]:
+    """The names a plain function of the modeling module itself looks up (never a kernel wrapper's)."""
+    if not isinstance(value, FunctionType) or value.__module__ != module or unpack_closure(value) is not None:
+        return ()
+    return tuple(getattr(getattr(inspect.unwrap(value), "__code__", None), "co_names", ()))
 
 
 def layer_global_sites(layer: Any) -> list[GlobalSite]:
@@ -421,36 +430,14 @@ def pip_fix(package: str) -> str:
 
 
 def provider_devices(implementation: Any) -> tuple[str, ...]:
-    """Devices a provider declares via ``__kernelguard_devices__`` on its top-level package."""
+    """Devices a provider declares via ``__kernelguard_devices__`` on its top-level package (else its package's
+    default, e.g. fla: cuda and xpu), narrowed to those transformers 5.25+ hands it (others take the torch path)."""
     top = str(getattr(implementation, "__module__", "") or "").split(".")[0]
-    package = sys.modules.get(top)
-    declared = getattr(package, DEVICES_ATTR, None)
-    if declared is None:
-        # The same per-package default `kernelguard check` uses (e.g. fla: cuda and xpu).
-        spec = PACKAGES.get(top)
-        return spec.default_devices if spec else DEFAULT_DEVICES
-    return tuple(str(d) for d in declared)
-
-
-def kernels_hub_status() -> str | None:
-    """A sentence when transformers has Hub kernels switched off because of the kernels version, else None."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        from transformers.utils import import_utils
-    except ImportError:
-        return None
-    low = getattr(import_utils, "KERNELS_MIN_VERSION", None)
-    high = getattr(import_utils, "KERNELS_MAX_VERSION", None)
-    try:
-        installed = version("kernels")
-    except PackageNotFoundError:
-        return "Kernel Hub off: `kernels` is not installed"
-    available = getattr(import_utils, "is_kernels_available", lambda: True)()
-    if available:
-        return None
-    window = f" [{low}, {high})" if low and high else ""
-    return f"Kernel Hub off: kernels {installed} is outside transformers' accepted range{window}"
+    declared = getattr(sys.modules.get(top), DEVICES_ATTR, None)
+    spec = PACKAGES.get(top)
+    devices = tuple(map(str, declared)) if declared is not None else spec.default_devices if spec else DEFAULT_DEVICES
+    handed = transformers_package_devices(top)
+    return devices if handed is None else tuple(d for d in devices if d in handed)
 
 
 def clear_caches() -> None:

@@ -89,10 +89,17 @@ def fake_providers(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """
     saved = _purge_modules()
     monkeypatch.syspath_prepend(str(FAKE_PROVIDERS_DIR))
+    # transformers 5.25+: the stand-ins add "cpu" to transformers' own device table when imported; put it back
+    hub_kernels = sys.modules.get("transformers.integrations.hub_kernels")
+    devices = getattr(hub_kernels, "_PACKAGE_SUPPORTED_DEVICES", None)
+    saved_devices = dict(devices) if isinstance(devices, dict) else None
     try:
         yield FAKE_PROVIDERS_DIR
     finally:
         _restore_modules(saved)
+        if saved_devices is not None and isinstance(devices, dict):
+            devices.clear()
+            devices.update(saved_devices)
 
 
 @pytest.fixture

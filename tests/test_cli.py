@@ -107,7 +107,8 @@ def kernels_note() -> str | None:
         return None
     return (
         f"known issue kernels-version: kernels {KERNELS} is outside [{window[0]}, {window[1]}), the range this "
-        f"transformers accepts, so is_kernels_available() is False and Kernel Hub kernels are silently disabled; "
+        f"transformers accepts, so is_kernels_available() is False and from_pretrained(use_kernels=True) raises "
+        f"ValueError: Kernels are not available; "
         f"fix: {kernels_fix(window)}"
     )
 
@@ -246,6 +247,7 @@ def test_json_follows_the_documented_schema(tmp_path: Path) -> None:
         "kernels",
         "notes",
         "unchecked",
+        "load_error",
         "numerics",
         "environment",
         "fla_backend",

@@ -539,8 +539,8 @@ def test_kernels_outside_window_is_a_note_and_rejects_hub_candidates() -> None:
     facts = replace(BASE, env=make_env(gpus=("9.0",), kernels="0.17.2"))
     note = (
         "known issue kernels-version: kernels 0.17.2 is outside [0.18.2, 0.19.0), the range this transformers "
-        "accepts, so is_kernels_available() is False and "
-        "Kernel Hub kernels are silently disabled; fix: " + NO_KERNELS_RELEASE
+        "accepts, so is_kernels_available() is False and from_pretrained(use_kernels=True) raises ValueError: "
+        "Kernels are not available; fix: " + NO_KERNELS_RELEASE
     )
     plain = resolve(facts, TRAIN, H200)
     assert plain.notes == ()  # Hub kernels not asked for: the window is not this job's concern
@@ -588,7 +588,8 @@ def test_kernels_not_installed_and_hub_not_probed() -> None:
     )
     # kernelguard-gdn[hub] would install kernels 0.17.2, outside this transformers' window: the fix says so instead.
     assert (find(missing, CHUNK, "hub").reason, find(missing, CHUNK, "hub").fix) == (
-        "the kernels package is not installed.",
+        "the kernels package is not installed, so from_pretrained(use_kernels=True) raises ValueError: Kernels "
+        "are not available.",
         NO_KERNELS_RELEASE,
     )
     for window, fix in ((("0.16", "0.17"), "pip install 'kernels>=0.16,<0.17'"), (None, "pip install 'kernelguard-gdn[hub]'")):

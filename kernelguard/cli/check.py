@@ -44,8 +44,12 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     packed.add_argument("--packed", dest="packed", action="store_true", default=None,
                         help="packed 1D sequences (default for training): needs a varlen attention")
     packed.add_argument("--no-packed", dest="packed", action="store_false")
-    parser.add_argument("--hub", action="store_true", default=None,
-                        help="the job loads with use_kernels=True: also resolve Kernel Hub kernels")
+    hub = parser.add_mutually_exclusive_group()
+    hub.add_argument("--hub", dest="hub", action="store_true", default=None,
+                     help="the job loads with use_kernels=True: also resolve Kernel Hub kernels [default: what "
+                     "the installed transformers does: 5.25+ loads them unless USE_HUB_KERNELS=NO]")
+    hub.add_argument("--no-hub", dest="hub", action="store_false",
+                     help="the job loads with use_kernels=False (or USE_HUB_KERNELS=NO): pip packages only")
 
 
 def check_options(args: argparse.Namespace) -> object:
@@ -59,7 +63,7 @@ def check_options(args: argparse.Namespace) -> object:
         archs=tuple(args.arch or defaults.get("arch", ())),
         allow=tuple(args.allow or ()) + tuple(defaults.get("allow", ())),
         packed=args.packed if args.packed is not None else defaults.get("packed"),
-        hub=bool(args.hub if args.hub is not None else defaults.get("hub", False)),
+        hub=args.hub if args.hub is not None else defaults.get("hub"),
         run=getattr(args, "run", False),
         arch_source="--arch" if args.arch else "arch in [tool.kernelguard] of pyproject.toml",
     )

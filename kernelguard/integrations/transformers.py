@@ -149,7 +149,9 @@ def check_stack(model: Any, *, allow: tuple[str, ...], packed: bool, model_ref: 
         ref = _check_reference(model, model_ref, Path(folder))
         if ref is None:
             return None
-        result = gate.check_stack(ref, allow=allow, packed=packed, device=device, env=True)
+        # The Hub as the model was loaded (transformers 5.25+ defaults to use_kernels=True): checked, not assumed.
+        result = gate.check_stack(ref, allow=allow, packed=packed, device=device, env=True,
+                                  hub=bool(getattr(model, "use_kernels", False)))
     if result is not None and not result.ok:
         raise resolution_error(result)
     return result

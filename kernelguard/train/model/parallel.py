@@ -152,7 +152,11 @@ def full_state_on_rank0(
 
     if weights is not None:
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(weights), config=config, dtype=torch.float32)
+            # use_kernels=False, as the stack check decided (gate.check_stack(hub=False)): the run is checked and
+            # guarded on the pip packages, and transformers 5.25+ would otherwise load Hub kernels by default
+            # (and raise ValueError without a kernels inside its window).
+            model = AutoModelForCausalLM.from_pretrained(str(weights), config=config, dtype=torch.float32,
+                                                         use_kernels=False)
         except (RuntimeError, OSError, ValueError) as e:  # a shape mismatch, an unreadable or partial shard
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError(
