@@ -35,8 +35,8 @@ __all__ = [
     "flag_text",
     "harmless_changes",
     "read_identity",
-    "setting_changes",
     "run_identity",
+    "setting_changes",
     "tokenizer_fingerprint",
     "write_identity",
 ]
