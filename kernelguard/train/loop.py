@@ -312,7 +312,7 @@ def train(
     """Steps ``start`` .. ``plan.stop_step``: a metrics record per step, eval and checkpoints when due."""
     plan = data.plan
     peak = cfg.runtime.peak_tflops * 1e12 if cfg.runtime.peak_tflops else peak_flops(info.device)
-    say = lambda message: log(info, message)  # noqa: E731
+    say = lambda message: log(info, message)
     profiler = step_profiler(cfg, info, built.config, peak, log=say, last_step=plan.stop_step)
     stop = stop_request()
     stop.deferring = True  # SIGTERM from here on: finish the step, save, exit 143

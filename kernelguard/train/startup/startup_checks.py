@@ -21,8 +21,8 @@ __all__ = [
     "check_flags",
     "check_inputs",
     "check_model_size",
-    "check_profile_window",
     "check_paths",
+    "check_profile_window",
     "check_writable_folder",
     "no_tokenizer_error",
 ]
