@@ -165,17 +165,17 @@ def test_profile_settings_parse_and_are_checked(tmp_path: Path) -> None:
 
 
 def test_a_profiled_step_after_max_steps_is_refused_at_start_up(tmp_path: Path) -> None:
-    from kernelguard.train.startup.startup_checks import check_flags
+    from kernelguard.train.startup.startup_checks import check_profile_window
 
     with pytest.raises(ConfigError) as info:
-        check_flags(parse_args(_flags(tmp_path, "--profile-step", "50", "--max-steps", "3")))
+        check_profile_window(parse_args(_flags(tmp_path, "--profile-step", "50", "--max-steps", "3")))
     assert info.value.message == "--profile-step 50 is after the run's last step (--max-steps 3): no step would be profiled."
     assert info.value.fix == "--profile-step 3 (or any step up to 3), or leave the profiling flags out"
     with pytest.raises(ConfigError, match=r"^--profile-trace t \(its first profiled step is 10, the default\) is after"):
-        check_flags(parse_args(_flags(tmp_path, "--profile-trace", "t", "--max-steps", "3")))
+        check_profile_window(parse_args(_flags(tmp_path, "--profile-trace", "t", "--max-steps", "3")))
     for ok in (["--profile-step", "3", "--max-steps", "3"], ["--profile-step", "50"], ["--max-steps", "3"],
                ["--profile-step", "0", "--max-steps", "3"]):  # fmt: skip
-        check_flags(parse_args(_flags(tmp_path, *ok)))
+        check_profile_window(parse_args(_flags(tmp_path, *ok)))
 
 
 def test_a_window_still_waiting_for_steady_steps_is_taken_at_the_last_step() -> None:

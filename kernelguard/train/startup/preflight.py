@@ -41,6 +41,7 @@ from .startup_checks import (
     check_inputs,
     check_model_size,
     check_paths,
+    check_profile_window,
     check_writable_folder,
 )
 
@@ -98,6 +99,7 @@ def preflight(cfg: TrainConfig, *, world_size: int) -> StartPlan:
     check_flags(cfg)
     check_inputs(cfg)
     check_paths(cfg)
+    check_profile_window(cfg)  # after the paths: a --profile-trace under a file is the first thing to fix
     config, _ = model_source(cfg.model.model)
     check_model_size(config, model=str(cfg.model.model))
     weights, notice = weights_to_load(cfg.model.model, init=cfg.model.init)

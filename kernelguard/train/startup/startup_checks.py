@@ -136,7 +136,7 @@ def no_tokenizer_error(cfg: Any, tokenizer: Path) -> ConfigError:
 
 def check_flags(cfg: Any) -> None:
     """Flags that need something the settings alone do not say: Liger for --fused-norms, an eval set for
-    --eval-every, a profiled step within --max-steps."""
+    --eval-every. (A profiled step within --max-steps: check_profile_window, after check_paths.)"""
     if cfg.runtime.fused_norms:
         from ..model.fused_norms import LIGER_FIX, liger_missing
 
@@ -147,7 +147,6 @@ def check_flags(cfg: Any) -> None:
             f"--eval-every {cfg.evaluation.eval_every} needs an eval set.",
             fix="add --eval-data FILE or --eval-fraction 0.05, or drop --eval-every",
         )
-    check_profile_window(cfg)
 
 
 def check_profile_window(cfg: Any) -> None:
