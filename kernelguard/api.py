@@ -76,13 +76,13 @@ def require(
     ``kernelguard.lock`` the image was built with; this node's stack must match it (``LockMismatch``, one line per
     difference), and the check is the lock's model, mode and target: an explicit ``model``, ``mode``, ``arch``,
     ``packed`` or ``hub`` that contradicts the lock is a ``ConfigError`` (repeating the lock's value is not)."""
-    from .stack_lock import lock_path, verify_lock
+    from .stack_lock import lock_option, lock_path, verify_lock
 
     if lock_path(lock) is not None:
         items = list(allow) + [a for a in os.environ.get("KERNELGUARD_ALLOW", "").split(",") if a.strip()]
         given = {"model": model, "mode": mode, "arch": arch, "packed": packed, "hub": hub}
-        result = verify_lock(lock_path(lock), allow=items or None, syntax=PYTHON, option="lock=",  # type: ignore[arg-type]
-                             given=given)
+        result = verify_lock(lock_path(lock), allow=items or None, syntax=PYTHON,  # type: ignore[arg-type]
+                             option=lock_option(lock, "lock="), given=given)
         if not result.ok:
             raise resolution_error(result)
         return result

@@ -88,13 +88,13 @@ def check_lock(
     (:class:`~kernelguard.errors.LockMismatch`, one line per difference). ``allow``: the run's items, which must be
     the lock's (None: the lock's own, for a caller that only checks).
     Returns the check (None without a lock); a failing verdict is the caller's to report, as for check_stack."""
-    from kernelguard.stack_lock import lock_path, verify_lock
+    from kernelguard.stack_lock import lock_option, lock_path, verify_lock
 
     path = lock_path(lock)
     if path is None:
         return None
     items = None if allow is None else (allow.values() if isinstance(allow, AllowPolicy) else list(allow))
-    return verify_lock(path, allow=items, syntax=syntax, option=option)
+    return verify_lock(path, allow=items, syntax=syntax, option=lock_option(lock, option))
 
 
 def accepted_issues(result: CheckResult) -> set[str]:

@@ -26,10 +26,11 @@ from .errors import ConfigError, LockMismatch
 from .install import fla_backend_command, pin_command
 from .terms import CLI, PYTHON, allow_hint
 
-__all__ = ["LOCK_SCHEMA", "Difference", "build_lock", "compare", "lock_path", "read_lock", "refuse_contradictions",
-           "verify_lock", "write_lock"]
+__all__ = ["ENV_LOCK", "LOCK_SCHEMA", "Difference", "build_lock", "compare", "lock_option", "lock_path", "read_lock",
+           "refuse_contradictions", "verify_lock", "write_lock"]
 
 LOCK_SCHEMA = 1
+ENV_LOCK = "KERNELGUARD_LOCK"
 DEFAULT_LOCK = "kernelguard.lock"
 
 
@@ -48,7 +49,12 @@ def lock_path(lock: str | os.PathLike[str] | None) -> str | None:
     """The lock a job enforces: the one it names, else ``KERNELGUARD_LOCK`` (empty or unset: none)."""
     if lock is not None and str(lock):
         return str(lock)
-    return os.environ.get("KERNELGUARD_LOCK", "").strip() or None
+    return os.environ.get(ENV_LOCK, "").strip() or None
+
+
+def lock_option(lock: str | os.PathLike[str] | None, option: str) -> str:
+    """How an error names the lock's source: ``option`` (--lock, lock=) when it was given, else the variable."""
+    return option if lock is not None and str(lock) else ENV_LOCK
 
 
 # ------------------------------------------------------------------------------------------------ build ---
@@ -199,10 +205,17 @@ def write_lock(result: CheckResult, path: str | os.PathLike[str]) -> Path:
 def read_lock(path: str | os.PathLike[str], *, option: str = "--lock") -> dict[str, Any]:
     where = Path(path)
     rewrite = "write it again where the image is built: kernelguard lock --output kernelguard.lock"
+    named = f"{ENV_LOCK}={where}" if option == ENV_LOCK else f"{option} {where}"
     try:
         data = json.loads(where.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"{option} {where}: no such file.", fix=rewrite) from None
+        fix = f"point {ENV_LOCK} at the image's lock file, or unset it" if option == ENV_LOCK else rewrite
+        raise ConfigError(f"{named}: no such file.", fix=fix) from None
+    except IsADirectoryError:
+        inside = where / DEFAULT_LOCK
+        fix = (f"export {ENV_LOCK}={inside}" if option == ENV_LOCK
+               else f"{option}{str(inside)!r}" if option.endswith("=") else f"{option} {inside}")
+        raise ConfigError(f"{named} is a directory, not a lock file.", fix=fix) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{option} {where} is not a kernelguard lock: {exc}.", fix=rewrite) from None
     if not isinstance(data, dict) or "kernelguard_lock" not in data:

@@ -173,12 +173,16 @@ def test_an_old_checkpoint_is_compared_with_the_record_and_never_names_a_missing
     assert "--model" not in err
 
 
-def test_more_than_a_thousand_shards_is_said_and_a_read_only_destination_refused(
+def test_many_small_shards_are_said_and_a_read_only_destination_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert many_shards_warning(1000, 1024) is None
-    line = many_shards_warning(1001, 1024)
-    assert line is not None and line.startswith("--max-shard-size 1,024 bytes splits the export into 1,001 files")
+    assert many_shards_warning(16, 1024) is None  # a tiny model at 1KB: a few files, nothing to say
+    assert many_shards_warning(5000, 100 * 10**6) is None  # large shards: the model is large, not the count wrong
+    assert many_shards_warning(45, 1024) == (
+        "--max-shard-size 1,024 bytes splits the export into 45 files (more than 16 files under 100 MB each: a "
+        "size in bytes or KB where MB or GB was meant?); file systems and the Hub handle fewer, larger files "
+        "better: the default is 5GB"
+    )
     real = os.statvfs
 
     class ReadOnly:
@@ -204,7 +208,7 @@ def test_an_output_over_the_run_or_its_checkpoints_is_refused_even_with_overwrit
     assert f"Fix: pass {run / 'checkpoints' / 'step_2'}, its newest checkpoint" in capsys.readouterr().err
 
 
-def test_a_run_that_would_export_over_a_thousand_files_is_told_at_its_start() -> None:
+def test_a_run_that_would_export_many_small_files_is_told_at_its_start() -> None:
     import types
 
     import tiny_models
@@ -213,9 +217,10 @@ def test_a_run_that_would_export_over_a_thousand_files_is_told_at_its_start() ->
     from kernelguard.train.output.export import export_shards_warning
     from kernelguard.train.model.parallel import build_meta_model
 
-    config = tiny_models.tiny_config("qwen3_5", num_hidden_layers=100, layer_types=["linear_attention", "full_attention"] * 50)
+    config = tiny_models.tiny_config("qwen3_5", num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2)
     built = types.SimpleNamespace(config=config, model=build_meta_model(config, attn_implementation="sdpa"),
                                   weight_plan=None)
     line = export_shards_warning(built, dtype=torch.bfloat16, max_shard_size="1KB")
-    assert line is not None and line.startswith("--max-shard-size 1,000 bytes splits the export into 1,")
+    assert line is not None and line.startswith("--max-shard-size 1,000 bytes splits the export into ")
+    assert " files (more than 16 files under 100 MB each" in line
     assert export_shards_warning(built, dtype=torch.bfloat16, max_shard_size="5GB") is None

@@ -166,6 +166,43 @@ def test_profile_settings_parse_and_are_checked(tmp_path: Path) -> None:
         parse_args(_flags(tmp_path, "--profile-step", "0", "--profile-trace", "t"))
 
 
+def test_a_profiled_step_after_max_steps_is_refused_at_start_up(tmp_path: Path) -> None:
+    from kernelguard.train.startup.startup_checks import check_profile_window
+
+    with pytest.raises(ConfigError) as info:
+        check_profile_window(parse_args(_flags(tmp_path, "--profile-step", "50", "--max-steps", "3")))
+    assert info.value.message == "--profile-step 50 is after the run's last step (--max-steps 3): no step would be profiled."
+    assert info.value.fix == "--profile-step 3 (or any step up to 3), or leave the profiling flags out"
+    with pytest.raises(ConfigError, match=r"^--profile-trace t \(its first profiled step is 10, the default\) is after"):
+        check_profile_window(parse_args(_flags(tmp_path, "--profile-trace", "t", "--max-steps", "3")))
+    for ok in (["--profile-step", "3", "--max-steps", "3"], ["--profile-step", "50"], ["--max-steps", "3"],
+               ["--profile-step", "0", "--max-steps", "3"]):  # fmt: skip
+        check_profile_window(parse_args(_flags(tmp_path, *ok)))
+
+
+def test_a_window_still_waiting_for_steady_steps_is_taken_at_the_last_step() -> None:
+    """A 3-step run asked to profile every step: steps are never steady (three unprofiled ones are needed),
+    so without the last step the window would never run, silently."""
+    clock = iter([i / 10 for i in range(100)]).__next__
+    waiting = StepProfiler(first_step=1, every=1, device=torch.device("cpu"), clock=clock)
+    assert not any(waiting.run(s, lambda: None)[1] for s in range(1, 4))
+    last = StepProfiler(first_step=1, every=1, device=torch.device("cpu"), clock=clock, last_step=3)
+    assert [bool(last.run(s, lambda: None)[1]) for s in range(1, 4)] == [False, False, True]
+
+
+def test_an_explicit_profile_that_never_ran_is_one_warning_line(tmp_path: Path) -> None:
+    from kernelguard.train.output.profiling import unprofiled_warning
+
+    cfg = parse_args(_flags(tmp_path, "--profile-step", "50", "--profile-trace", "t"))
+    never = StepProfiler(first_step=50, every=500)
+    assert unprofiled_warning(cfg, never, stop_step=3) == (
+        "--profile-step 50: no step was profiled; the run's steps ended at step 3, so --profile-trace t holds no "
+        "trace (give a --profile-step within the run's steps)"
+    )
+    default = parse_args(_flags(tmp_path))  # not asked for: a CPU run that is never profiled says nothing
+    assert unprofiled_warning(default, StepProfiler(first_step=0), stop_step=3) is None
+
+
 @pytest.mark.slow
 def test_train_writes_the_figures_to_metrics_and_the_summary(tmp_path: Path) -> None:
     import train_helpers as h

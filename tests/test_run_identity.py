@@ -112,8 +112,67 @@ def test_resume_reads_an_old_run_json_by_the_new_setting_names(assets: dict[str,
     assert "lr" in old and "block_size" in old and "learning_rate" not in old
     folder = _seal_run(out, old)
     assert preflight(_cfg(assets, out, resume=True), world_size=2).resume_from == folder
-    with pytest.raises(CheckpointError, match="learning_rate: was 0.003, now 0.001"):
+    with pytest.raises(CheckpointError, match="was trained with --learning-rate 0.003; now --learning-rate 0.001"):
         preflight(_cfg(assets, out, resume=True, learning_rate=1e-3), world_size=2)
+
+
+_V2_KEYS = ("packing", "param_dtype", "lr_scheduler_type", "warmup_ratio", "weight_decay", "adam_betas",
+            "max_grad_norm", "harmless")  # fmt: skip
+
+
+def test_resume_names_a_changed_param_dtype_or_packing_in_one_line(assets: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    identity = preflight(_cfg(assets, out), world_size=1).identity
+    assert identity["version"] == 2 and identity["param_dtype"] == "bf16" and identity["packing"] == "packed"
+    assert identity["harmless"] == {"loss": "chunked", "attention": "auto", "compile": False, "fused_norms": False}
+    folder = _seal_run(out, identity)
+    before = _snapshot(out)
+    for overrides, message in (
+        ({"packing": "leaky"}, "was trained with --packing packed; now --packing leaky."),
+        ({"param_dtype": "fp16"}, "was trained with --param-dtype bf16; now --param-dtype fp16."),
+        ({"assistant_only_loss": False},
+         "was trained with --assistant-only-loss; now --no-assistant-only-loss."),
+    ):  # fmt: skip
+        with pytest.raises(CheckpointError) as info:
+            preflight(_cfg(assets, out, resume=True, **overrides), world_size=1)
+        assert info.value.message == f"--resume: {folder} {message}"
+        assert info.value.fix.startswith("resume with " + message.split(" with ")[1].split(";")[0] + " (the")
+    for anyway in (False, True):  # bf16 -> fp32 changes the optimizer's groups: not even --resume-anyway
+        with pytest.raises(CheckpointError) as info:
+            preflight(_cfg(assets, out, resume=True, resume_anyway=anyway, param_dtype="fp32"), world_size=1)
+        assert info.value.message.startswith(
+            f"--resume: {folder} was trained with --param-dtype bf16; now --param-dtype fp32: its optimizer state "
+            "has other parameter groups"
+        )
+        assert info.value.fix.startswith("resume with --param-dtype bf16 (the checkpoint is intact: keep it)")
+    assert _snapshot(out) == before
+    plan = preflight(_cfg(assets, out, resume=True, resume_anyway=True, packing="none"), world_size=1)
+    assert plan.warnings == (f"--resume-anyway: {folder} differs: packing: was 'packed', now 'none'",)
+
+
+def test_resume_accepts_a_harmless_change_with_one_line(assets: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    folder = _seal_run(out, preflight(_cfg(assets, out), world_size=1).identity)
+    plan = preflight(_cfg(assets, out, resume=True, loss="logits"), world_size=1)
+    assert plan.resume_from == folder and plan.warnings == ()
+    assert plan.notices[-1] == (
+        f"--resume: {folder} was trained with --loss chunked, now --loss logits: accepted (the same math computed "
+        "another way; the numbers differ by float rounding only)"
+    )
+
+
+def test_an_old_run_json_without_the_new_settings_resumes_as_their_old_defaults(
+    assets: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    identity = preflight(_cfg(assets, out), world_size=1).identity
+    old = {k: v for k, v in identity.items() if k not in _V2_KEYS} | {"version": 1}
+    folder = _seal_run(out, old)
+    plan = preflight(_cfg(assets, out, resume=True), world_size=1)
+    assert plan.resume_from == folder and plan.warnings == ()
+    with pytest.raises(CheckpointError) as info:
+        preflight(_cfg(assets, out, resume=True, packing="naive"), world_size=1)
+    assert info.value.message == f"--resume: {folder} was trained with --packing packed; now --packing naive."
 
 
 def test_resume_of_the_same_run_picks_the_verified_checkpoint(

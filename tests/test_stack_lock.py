@@ -215,6 +215,44 @@ def test_kernelguard_lock_env_names_the_lock(monkeypatch: pytest.MonkeyPatch) ->
     assert stack_lock.lock_path(None) is None
 
 
+def test_a_bad_kernelguard_lock_names_the_variable_not_an_argument(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kernelguard
+    from kernelguard.gate import check_lock
+
+    monkeypatch.setenv("KERNELGUARD_LOCK", str(tmp_path / "missing.lock"))
+    for call in (kernelguard.require, lambda: check_lock(None)):
+        with pytest.raises(ConfigError) as info:
+            call()
+        assert info.value.message == f"KERNELGUARD_LOCK={tmp_path / 'missing.lock'}: no such file."
+        assert info.value.fix == "point KERNELGUARD_LOCK at the image's lock file, or unset it"
+    monkeypatch.setenv("KERNELGUARD_LOCK", str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        check_lock(None)
+    assert info.value.message == f"KERNELGUARD_LOCK={tmp_path} is a directory, not a lock file."
+    assert info.value.fix == f"export KERNELGUARD_LOCK={tmp_path / 'kernelguard.lock'}"
+    with pytest.raises(ConfigError) as info:  # an argument given is named as the argument
+        check_lock(str(tmp_path))
+    assert (info.value.message, info.value.fix) == (
+        f"--lock {tmp_path} is a directory, not a lock file.", f"--lock {tmp_path / 'kernelguard.lock'}")
+    with pytest.raises(ConfigError, match=r"^lock= .* is a directory, not a lock file\.") as info:
+        kernelguard.require(lock=str(tmp_path))
+    assert info.value.fix == f"lock={str(tmp_path / 'kernelguard.lock')!r}"
+
+
+def test_lock_output_that_is_a_directory_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernelguard.cli import main
+
+    assert main(["lock", "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"kernelguard: error: --output {tmp_path} is a directory; the lock is written to a file." in err
+    assert f"Fix: --output {tmp_path / 'kernelguard.lock'}" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_require_enforces_a_lock_in_python_terms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import kernelguard
 

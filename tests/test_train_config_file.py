@@ -229,8 +229,9 @@ def test_kernelguard_cli_forwards_train_help(capsys: pytest.CaptureFixture[str])
         ({"report_to": "none,tensorboard"}, "'none' cannot be combined"),
         ({"resume_anyway": True}, "resume_anyway was given without resume"),
         ({"resume": True, "overwrite": True}, "overwrite and resume were both given"),
-        ({"output_dir": ""}, "output_dir is empty."),
-        ({"model": " "}, "model is empty."),
+        ({"output_dir": ""}, "output_dir is empty; it must name a path (an unset shell variable gives an empty "
+                             "argument)."),
+        ({"model": " "}, "model is empty; it must name a path"),
         ({"learning_rate": float("inf")}, "learning_rate is inf; it must be a finite number."),
         ({"adam_betas": (0.9, float("nan"))}, "adam_betas is (0.9, nan); it must be a finite number."),
         ({"adam_betas": (0.9, 1.0)}, "adam_betas are (0.9, 1.0); each must be in [0, 1)."),
@@ -419,3 +420,32 @@ def test_a_tilde_in_a_config_file_path_is_the_home_folder(tmp_path: Path, monkey
     cfg = parse_command(["--config", str(tmp_path / "run.yaml")]).config
     assert cfg.checkpoint.output_dir == tmp_path / "home" / "runs" / "a"
     assert cfg.data.data == str(tmp_path / "home" / "data.jsonl") and cfg.model.model == "Qwen/x~y"
+
+
+def test_a_yaml_merge_key_is_accepted_and_a_repeated_key_still_refused(tmp_path: Path) -> None:
+    """``<<:`` takes keys from another mapping, and a key beside it overrides the merged one (YAML's merge
+    spec): neither is a repeated key."""
+    path = _write(tmp_path, "merge.yaml", (
+        "<<: &common\n  learning_rate: 3.0e-4\n  max_length: 256\n"
+        "model: m\ndata: d\noutput_dir: {out}\nlearning_rate: 1.0e-3\n"
+    ))  # fmt: skip
+    cfg = parse_command(["--config", str(path)]).config
+    assert (cfg.optimizer.learning_rate, cfg.packing.max_length) == (1e-3, 256)
+    again = _write(tmp_path, "again.yaml", "model: m\nseed: 1\nseed: 2\n")
+    with pytest.raises(ConfigError, match=re.escape("the key 'seed' is given twice (lines 2 and 3")):
+        parse_command(["--config", str(again), *_base(tmp_path)])
+
+
+@pytest.mark.parametrize(
+    "flag", ["--output-dir", "--profile-trace", "--tokenizer", "--eval-data", "--chat-template", "--lock"]
+)
+def test_an_empty_path_flag_is_refused_not_taken_for_the_current_folder(tmp_path: Path, flag: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_command([*_base(tmp_path), flag, ""])
+    name = flag[2:].replace("-", "_")
+    assert info.value.message == (
+        f"{name} is empty; it must name a path (an unset shell variable gives an empty argument)."
+    )
+    assert info.value.fix == f"pass {flag} with a path"
+    with pytest.raises(ConfigError, match=re.escape("--config is empty; it must name a file")):
+        parse_command([*_base(tmp_path), "--config", ""])

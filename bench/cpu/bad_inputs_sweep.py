@@ -247,7 +247,7 @@ def train_cases(work: Path) -> list[dict[str, Any]]:
     fresh = next(r for r in result if r["name"] == "resume with nothing to resume")
     fresh.update(expect="warn", must_say="--resume: no complete checkpoint in")
     return (result + round3_cases(work, base, model) + run_cases(work, base, other)
-            + round4_cases(work, base, model, data))
+            + round4_cases(work, base, model, data) + round5_cases(work, base))
 
 
 # Extreme but valid widths (Qwen3.5-397B-A17B-like MoE, a 27B dense): sized on the meta device, never built.
@@ -515,6 +515,66 @@ def round4_cases(work: Path, base: list[str], model: Path, data: Path) -> list[d
             row["run_argv"] = [*base, "--output-dir", done]
         if not row.get("copy_run"):
             row["argv"] = [a.replace("{RUN}", done) for a in row["argv"]]
+    return rows
+
+
+R5 = "train/export: round 5 (issue 42)"
+
+
+def round5_cases(work: Path, base: list[str]) -> list[dict[str, Any]]:
+    """Issue 42: the run's identity (class 1), asked for and silently not done (2), errors that name the wrong
+    source (4), a valid YAML merge key (5). Resumes that are refused share round 4's run; one that trains copies it."""
+    done, r5 = str(work / "runs" / "done4"), work / "r5"
+    fp32 = str(work / "runs" / "done5-fp32")
+    r5.mkdir(exist_ok=True)
+    (r5 / "merge.yaml").write_text("<<: &common\n  learning_rate: 1.0e-4\n  seed: 1\nseed: 2\n")
+    train = lambda name, *extra: [*base, "--output-dir", str(work / "runs" / name), *extra]
+    resume = lambda run, *extra: [*base, "--output-dir", run, "--resume", *extra]
+    export = ["-m", "kernelguard", "export", done + "/checkpoints/step_2"]
+    leaky = ("--packing", "leaky", "--allow", "packed-without-boundaries")
+    cases: list[tuple[str, list[str], str, str | None, dict[str, Any]]] = [
+        # 1: the run's identity holds every setting that changes the numbers
+        ("resume a bf16 run with --param-dtype fp32", resume(done, "--param-dtype", "fp32"), "refuse",
+         "was trained with --param-dtype bf16; now --param-dtype fp32", {"needs_run": done}),
+        ("resume an fp32 run with --param-dtype bf16", resume(fp32, "--param-dtype", "bf16"), "refuse",
+         "was trained with --param-dtype fp32; now --param-dtype bf16", {"needs_run": fp32,
+         "run_argv": [*base, "--output-dir", fp32, "--param-dtype", "fp32", "--no-export"]}),
+        ("resume a packed run as --packing leaky", resume(done, *leaky), "refuse",
+         "was trained with --packing packed; now --packing leaky", {"needs_run": done}),
+        ("resume with --loss logits (harmless)", [*base, "--output-dir", "{RUN}", "--resume", "--loss", "logits",
+         "--no-export"], "warn", "now --loss logits: accepted", {"needs_run": done, "copy_run": "r5h", "max": "3"}),
+        # 2: asked for, silently not done
+        ("--profile-step 50 with --max-steps 3", train("r5p1", "--profile-step", "50"), "refuse",
+         "is after the run's last step (--max-steps 3)", {"max": "3"}),
+        ("a 3-step run asked to profile every step", train("r5p2", "--profile-step", "1", "--profile-every", "1",
+         "--no-export"), "ok", "profile (1 window(s))", {"max": "3"}),
+        ("--profile-trace ''", train("r5p3", "--profile-trace", ""), "refuse", "profile_trace is empty", {}),
+        ("--output-dir '' (an unset variable)", [*base, "--output-dir", ""], "refuse", "output_dir is empty",
+         {"cwd": r5}),
+        ("export --output ''", [*export, "--output", ""], "refuse", "--output: is empty", {"needs_run": done}),
+        ("export --max-shard-size 1KB", [*export, "--output", str(r5 / "small"), "--max-shard-size", "1KB"], "warn",
+         "files (more than 16 files under 100 MB each", {"needs_run": done}),
+        # 4: errors that name the real source
+        ("KERNELGUARD_LOCK at a missing file", train("r5l1"), "refuse", "KERNELGUARD_LOCK=/no/such/kernelguard.lock",
+         {"env": {"KERNELGUARD_LOCK": "/no/such/kernelguard.lock"}}),
+        ("KERNELGUARD_LOCK at a directory", train("r5l2"), "refuse", f"KERNELGUARD_LOCK={r5} is a directory",
+         {"env": {"KERNELGUARD_LOCK": str(r5)}}),
+        ("kernelguard lock --output DIR", ["-m", "kernelguard", "lock", "--output", str(r5)], "refuse",
+         "is a directory; the lock is written to a file", {"fakes": False}),
+        # 5: a valid input accepted
+        ("YAML merge key in a --config file", train("r5y", "--config", str(r5 / "merge.yaml"), "--no-export"), "ok",
+         None, {"max": "1"}),
+    ]
+    rows = []
+    for name, argv, expect, must_say, extra in cases:
+        if "max" in extra:
+            argv[argv.index("--max-steps") + 1] = extra.pop("max")
+        if extra.get("needs_run") == done:
+            extra["run_argv"] = [*base, "--output-dir", done]
+        if not extra.get("copy_run"):
+            argv = [a.replace("{RUN}", done) for a in argv]
+        rows.append({"class": R5, "name": name, "argv": argv, "expect": expect, "must_say": must_say,
+                     "fakes": extra.pop("fakes", True), **extra})
     return rows
 
 

@@ -7,7 +7,7 @@ import sys
 
 from ..errors import EXIT_FAIL, EXIT_OK
 from ..interrupts import end_startup_interrupts
-from .common import command_parser, print_out, run_command
+from .common import command_parser, non_empty_path, print_out, run_command
 
 __all__ = ["HELP", "add_check_arguments", "check_options", "main"]
 
@@ -25,10 +25,11 @@ def _parser() -> argparse.ArgumentParser:
     add_check_arguments(parser)
     parser.add_argument("--run", action="store_true", help="on a GPU: run each fast kernel fwd+bwd vs the torch reference")
     parser.add_argument("--json", action="store_true", help="machine-readable output (its schema: docs/json-schema.md)")
-    parser.add_argument("--lock", metavar="FILE",
+    parser.add_argument("--lock", metavar="FILE", type=non_empty_path,
                         help="refuse when this node's stack differs from FILE (written by kernelguard lock); the "
                         "model, mode, target and allow items are the lock's")
-    parser.add_argument("--write-lock", metavar="FILE", help="when the check passes, write its lock to FILE")
+    parser.add_argument("--write-lock", metavar="FILE", type=non_empty_path,
+                        help="when the check passes, write its lock to FILE")
     return parser
 
 

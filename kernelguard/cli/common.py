@@ -12,7 +12,7 @@ from ..errors import EXIT_USAGE, ConfigError, KernelGuardError, exit_code_for
 from ..interrupts import startup_interrupts
 from ..report import help_formatter, wrap_message
 
-__all__ = ["INTERRUPTED", "Parser", "command_parser", "print_out", "run_command"]
+__all__ = ["INTERRUPTED", "Parser", "command_parser", "non_empty_path", "print_out", "run_command"]
 
 INTERRUPTED = "kernelguard: interrupted."
 
@@ -22,6 +22,15 @@ class Parser(argparse.ArgumentParser):
         # argparse's default exit code is already 2; keep it, with our one-line hint.
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n(see `{self.prog} --help`)\n")
+
+
+def non_empty_path(text: str) -> str:
+    """argparse type of a path argument: an empty one (an unset shell variable) would mean the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "is empty; it must name a path (an unset shell variable gives an empty argument)"
+        )
+    return text
 
 
 def command_parser(name: str, *, description: str, epilog: str | None = None) -> Parser:

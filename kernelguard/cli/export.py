@@ -10,12 +10,19 @@ from pathlib import Path
 
 from ..errors import EXIT_OK, KernelGuardError, exit_code_for
 from ..interrupts import end_startup_interrupts, startup_interrupts
-from .common import command_parser
+from .common import command_parser, non_empty_path
 
 __all__ = ["HELP", "main"]
 
 HELP = "a Hugging Face folder from a kernelguard train checkpoint (kernelguard export --help)"
 _INTERRUPTED = "kernelguard export: interrupted; nothing was written."
+
+
+def _path(text: str) -> Path:
+    return Path(non_empty_path(text))
+
+
+_path.__name__ = "path"  # argparse names the type in its "invalid ... value" message
 
 
 def _parser(default_shard_size: str) -> argparse.ArgumentParser:
@@ -24,8 +31,8 @@ def _parser(default_shard_size: str) -> argparse.ArgumentParser:
         description="Write a Hugging Face model folder (sharded safetensors, index, config, tokenizer, chat "
         "template) from a kernelguard train checkpoint, e.g. of a run stopped before its end.",
     )
-    parser.add_argument("checkpoint", type=Path, metavar="CHECKPOINT_DIR", help="OUTPUT/checkpoints/step_N")
-    parser.add_argument("--output", type=Path, metavar="DIR", help="where to write it [default: OUTPUT/final]")
+    parser.add_argument("checkpoint", type=_path, metavar="CHECKPOINT_DIR", help="OUTPUT/checkpoints/step_N")
+    parser.add_argument("--output", type=_path, metavar="DIR", help="where to write it [default: OUTPUT/final]")
     parser.add_argument("--max-shard-size", default=default_shard_size, metavar="SIZE",
                         help="largest safetensors file: 5GB (default), 500MB, or bytes")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output folder")

@@ -8,7 +8,7 @@ import sys
 from ..errors import EXIT_FAIL, EXIT_OK
 from ..interrupts import end_startup_interrupts
 from .check import add_check_arguments, check_options
-from .common import command_parser, print_out, run_command
+from .common import command_parser, non_empty_path, print_out, run_command
 
 __all__ = ["HELP", "main"]
 
@@ -24,7 +24,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 written; 1 the check fails (nothing written); 2 usage or configuration error",
     )
     add_check_arguments(parser)
-    parser.add_argument("--output", "-o", default="kernelguard.lock", metavar="FILE", help="[default: kernelguard.lock]")
+    parser.add_argument("--output", "-o", default="kernelguard.lock", type=non_empty_path, metavar="FILE",
+                        help="[default: kernelguard.lock]")
     return parser
 
 
@@ -34,10 +35,16 @@ def main(argv: list[str]) -> int:
 
 
 def _lock(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from ..check import run_check
+    from ..errors import ConfigError
     from ..report import render
     from ..stack_lock import write_lock
 
+    if Path(args.output).is_dir():  # refused before the check runs, not as IsADirectoryError after it
+        raise ConfigError(f"--output {args.output} is a directory; the lock is written to a file.",
+                          fix=f"--output {Path(args.output) / 'kernelguard.lock'}")
     result = run_check(check_options(args))  # type: ignore[arg-type]
     if not result.ok:  # a lock of a stack that fails its own check would only pin the failure
         print_out(render(result))

@@ -126,6 +126,9 @@ class StepProfiler:
     fix: str | None = None
     on_events: Callable[[list[Event]], None] | None = None  # each reported window's events (benches keep them)
     clock: Callable[[], float] = time.perf_counter
+    # The run's last step: a window still waiting for steady steps is profiled there rather than never (a
+    # window that was asked for and not taken is a flag silently not done).
+    last_step: int | None = None
     profiles: list[StepProfile] = field(default_factory=list)
     retried: int = 0  # windows postponed: an autotune search inside, or steps not steady yet
     total_s: float = 0.0
@@ -148,7 +151,7 @@ class StepProfiler:
     def _should_profile(self, step: int) -> bool:
         if not self.due(step):
             return False
-        if self._steady() or self.retried >= _MAX_RETRIES:
+        if self._steady() or self.retried >= _MAX_RETRIES or step == self.last_step:
             self._retry = False
             return True
         self._retry = True  # not steady yet: try again at the next step

@@ -37,7 +37,7 @@ from .output import checkpoint as ckpt
 from .output.checkpoint import diverged
 from .output.export import export_run, start_warnings
 from .output.metrics import peak_flops, plot_metrics, step_flops
-from .output.profiling import step_profiler
+from .output.profiling import step_profiler, unprofiled_warning
 from .output.provenance import write_source
 from .output.reporting import Reporter, process_age_s, step_record
 from .settings.config import TrainConfig
@@ -312,7 +312,8 @@ def train(
     """Steps ``start`` .. ``plan.stop_step``: a metrics record per step, eval and checkpoints when due."""
     plan = data.plan
     peak = cfg.runtime.peak_tflops * 1e12 if cfg.runtime.peak_tflops else peak_flops(info.device)
-    profiler = step_profiler(cfg, info, built.config, peak, log=lambda message: log(info, message))
+    say = lambda message: log(info, message)
+    profiler = step_profiler(cfg, info, built.config, peak, log=say, last_step=plan.stop_step)
     stop = stop_request()
     stop.deferring = True  # SIGTERM from here on: finish the step, save, exit 143
     once: dict[str, Any] = {}
@@ -350,6 +351,8 @@ def train(
                 save(cfg, info, state, done, plan, identity, built)
         if profiler.summary():
             log(info, profiler.summary())
+        if missed := unprofiled_warning(cfg, profiler, stop_step=plan.stop_step):
+            log(info, missed, logging.WARNING)
     finally:
         stop.deferring, stop.when = False, "during the final export; the last checkpoint is complete"
         if info.is_main:

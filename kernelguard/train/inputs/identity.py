@@ -1,9 +1,15 @@
 """A run's identity: what must be equal for a checkpoint to continue exactly, written to ``OUTPUT/run.json``.
 
 Fingerprints (sha256) of the model config, the tokenizer files, the chat template and the training data, plus
-every setting that changes which examples exist, how they pack, their order, or the LR schedule. Settings
-that only change speed or logging (``--max-steps``, ``--save-steps``, attention, activation checkpointing,
-loss implementation, eval) are not part of it: changing them between a run and its resume is fine.
+every setting that changes the numbers: which examples exist, how they pack and reach the model (``--packing``),
+their order, the compute dtype (``--param-dtype``), the optimizer and the LR schedule. Settings that only
+change speed, memory or logging (``--max-steps``, ``--save-steps``, activation checkpointing, resharding, eval
+cadence, profiling) are not part of it: changing them between a run and its resume is fine. Four that change
+how the same math is computed (``--loss``, ``--attention``, ``--compile``, ``--fused-norms``: float rounding
+only) are recorded under ``"harmless"`` so a resume that changes them says so in one line and continues.
+
+A run.json written before a setting was recorded (version 1: no ``packing``, ``param_dtype`` or optimizer
+settings) is read with the default each of them had then, which is today's default for every one of them.
 """
 
 from __future__ import annotations
@@ -19,20 +25,24 @@ from kernelguard.errors import CheckpointError, ConfigError
 from ..settings.config import RENAMED, TrainConfig
 
 __all__ = [
+    "HARMLESS_KEY",
     "IDENTITY_VERSION",
     "RUN_FILE",
     "chat_template_fingerprint",
     "config_fingerprint",
     "data_fingerprint",
     "differences",
+    "flag_text",
+    "harmless_changes",
     "read_identity",
     "run_identity",
+    "setting_changes",
     "tokenizer_fingerprint",
     "write_identity",
 ]
 
 RUN_FILE = "run.json"
-IDENTITY_VERSION = 1
+IDENTITY_VERSION = 2
 
 # Settings that change the examples, their packing and order, or the schedule (see the module docstring).
 _SETTINGS = (
@@ -51,7 +61,30 @@ _SETTINGS = (
     "skip_bad_rows",
     "assistant_only_loss",
     "eval_fraction",
+    "packing",
+    "param_dtype",
+    "lr_scheduler_type",
+    "warmup_ratio",
+    "weight_decay",
+    "adam_betas",
+    "max_grad_norm",
 )
+# Added in version 2: an older identity lacks them, and was trained with these values (their defaults then,
+# unchanged since: git history of kernelguard/train/settings/config.py).
+_V1_DEFAULTS: dict[str, Any] = {
+    "packing": "packed",
+    "param_dtype": "bf16",
+    "lr_scheduler_type": "cosine",
+    "warmup_ratio": 0.0,
+    "weight_decay": 0.0,
+    "adam_betas": [0.9, 0.95],
+    "max_grad_norm": 1.0,
+}
+# Same math computed another way (kernels, fusion, chunking): a change is accepted with one line.
+_HARMLESS = ("loss", "attention", "compile", "fused_norms")
+HARMLESS_KEY = "harmless"
+# Bool settings whose flag has a --no- twin (default True, or negatable): see config_cli._flag_kwargs.
+_NEGATABLE = frozenset({"assistant_only_loss", "compile", "fused_norms", "first_row_probe", "export"})
 # Keys of a config's to_dict() that differ between equal models (bookkeeping, not architecture).
 _VOLATILE_CONFIG_KEYS = frozenset(
     {"transformers_version", "_name_or_path", "use_cache", "_attn_implementation", "attn_implementation",
@@ -137,15 +170,55 @@ def run_identity(cfg: TrainConfig, *, world_size: int, model_config: Any) -> dic
     for name in _SETTINGS:
         value = flags[name]
         identity[name] = list(value) if isinstance(value, tuple) else value
+    identity[HARMLESS_KEY] = {name: flags[name] for name in _HARMLESS}
     return identity
+
+
+def flag_text(name: str, value: Any) -> str:
+    """A setting as the flag that gives it, ready to paste: ``--param-dtype bf16``, ``--no-assistant-only-loss``,
+    ``--adam-betas 0.9 0.95``; ``(no --schedule-steps)`` for an unset one."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else f"--no-{flag[2:]}" if name in _NEGATABLE else f"(no {flag})"
+    if value is None:
+        return f"(no {flag})"
+    if isinstance(value, list | tuple):
+        return f"{flag} {' '.join(str(v) for v in value)}"
+    return f"{flag} {value}"
+
+
+def harmless_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """One line per recorded harmless setting that changed (see the module docstring); [] for an old run.json."""
+    before, now = old.get(HARMLESS_KEY), new.get(HARMLESS_KEY) or {}
+    if not isinstance(before, dict):
+        return []
+    return [
+        f"trained with {flag_text(k, before[k])}, now {flag_text(k, now.get(k))}: accepted (the same math "
+        "computed another way; the numbers differ by float rounding only)"
+        for k in _HARMLESS if k in before and before[k] != now.get(k)
+    ]
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """One line per field whose value differs: ``name: was X, now Y``. An old run.json's setting names
-    (``lr``, ``block_size``...) are read as the flag names they became (RENAMED)."""
-    old = {RENAMED.get(k, k): v for k, v in old.items()}
-    keys = [k for k in new if k != "version"] + [k for k in old if k not in new and k != "version"]
+    (``lr``, ``block_size``...) are read as the flag names they became (RENAMED), and a setting it lacks (an
+    identity of version 1) as the default it had then."""
+    old = _as_now(old, new)
+    skip = ("version", HARMLESS_KEY)
+    keys = [k for k in new if k not in skip] + [k for k in old if k not in new and k not in skip]
     return [f"{k}: was {old.get(k)!r}, now {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def _as_now(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old`` by today's setting names, a setting it lacks (version 1) as the default it had then."""
+    renamed = {RENAMED.get(k, k): v for k, v in old.items()}
+    return {**{k: v for k, v in _V1_DEFAULTS.items() if k in new}, **renamed}
+
+
+def setting_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(setting, value then, value now) for each recorded setting that differs."""
+    old = _as_now(old, new)
+    return [(k, old.get(k), new.get(k)) for k in _SETTINGS if k in new and old.get(k) != new.get(k)]
 
 
 def read_identity(file: Path) -> dict[str, Any]:

@@ -323,7 +323,8 @@ def start_warnings(built: Any, checkpoint: Any, *, dtype: torch.dtype) -> list[s
 
 
 def export_shards_warning(built: Any, *, dtype: torch.dtype, max_shard_size: str | int) -> str | None:
-    """The line the run's final export would print for more than 1,000 shards, from the meta model."""
+    """The line the run's final export would print for many small shards (many_shards_warning), from the meta
+    model."""
     tied = bool(getattr(built.config.get_text_config(), "tie_word_embeddings", False))
     shapes = {k: tuple(v.shape) for k, v in built.model.state_dict().items()}
     size = parse_size(max_shard_size)

@@ -12,19 +12,34 @@ from typing import Any
 
 from kernelguard.errors import CheckpointError, ConfigError
 
-__all__ = ["MANY_SHARDS", "ExportSource", "check_destination", "check_room", "export_in_use", "export_source",
-           "many_shards_warning", "run_in_use"]
+__all__ = [
+    "MANY_SHARDS",
+    "SMALL_SHARD_BYTES",
+    "ExportSource",
+    "check_destination",
+    "check_room",
+    "export_in_use",
+    "export_source",
+    "many_shards_warning",
+    "run_in_use",
+]
 
-MANY_SHARDS = 1000  # more files than this is said: one file per tensor is rarely what was meant
+# An export is said to be split into many files when it has more than MANY_SHARDS of them and its
+# --max-shard-size is under SMALL_SHARD_BYTES: then the size was almost surely a typo (1KB for 1GB) or a test
+# value. Real exports of the largest models at the default 5GB are hundreds of files and are not said; a small
+# model at 1KB (45 files) is. The one rule of `kernelguard train`'s final export and of `kernelguard export`.
+MANY_SHARDS = 16
+SMALL_SHARD_BYTES = 100 * 10**6
 
 
 def many_shards_warning(count: int, max_bytes: int) -> str | None:
-    """A line when ``--max-shard-size`` makes an export of more than :data:`MANY_SHARDS` files."""
-    if count <= MANY_SHARDS:
+    """A line when ``--max-shard-size`` makes an export of more than :data:`MANY_SHARDS` files, each under
+    :data:`SMALL_SHARD_BYTES`."""
+    if count <= MANY_SHARDS or max_bytes >= SMALL_SHARD_BYTES:
         return None
     return (f"--max-shard-size {max_bytes:,} bytes splits the export into {count:,} files (more than "
-            f"{MANY_SHARDS:,}: one per tensor, at worst); file systems and the Hub handle fewer, larger files "
-            "better: the default is 5GB")
+            f"{MANY_SHARDS} files under {SMALL_SHARD_BYTES // 10**6} MB each: a size in bytes or KB where MB or "
+            "GB was meant?); file systems and the Hub handle fewer, larger files better: the default is 5GB")
 
 
 def check_destination(final: Path, *, overwrite: bool, checkpoint: Path | None = None) -> None:

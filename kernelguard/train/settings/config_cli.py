@@ -193,6 +193,11 @@ class _DeprecatedStore(argparse._StoreAction):
 
 
 # ---------------------------------------------------------------------------------- schema -> argparse ---
+def _path_argument(text: str) -> Path | str:
+    """A path flag's value; an empty one stays "" (Path("") is the current folder) for its not-empty rule."""
+    return Path(text) if text.strip() else text
+
+
 def _flag_kwargs(f: Any, base: Any, *, launcher: bool) -> dict[str, Any]:
     """argparse keywords for one field: action, type, nargs, default, choices, metavar, help."""
     meta = f.metadata
@@ -211,8 +216,10 @@ def _flag_kwargs(f: Any, base: Any, *, launcher: bool) -> dict[str, Any]:
             kw["nargs"] = "+"
     elif base == tuple[float, float]:
         kw.update(nargs=2, type=float)
-    elif base in (int, float, Path):
+    elif base in (int, float):
         kw["type"] = base
+    elif base is Path:
+        kw["type"] = _path_argument
     if choices_of(f.name):
         kw["choices"] = choices_of(f.name)
     return kw
@@ -307,8 +314,14 @@ def parse_command(argv: list[str] | None) -> Command:
     parser = build_parser()
     argv = _normalize_flag_spelling(argv, parser)
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config", type=Path)
-    config_file = pre.parse_known_args(argv)[0].config
+    pre.add_argument("--config")
+    given = pre.parse_known_args(argv)[0].config
+    if given is not None and not given.strip():  # Path("") would be the current folder
+        raise ConfigError(
+            "--config is empty; it must name a file (an unset shell variable gives an empty argument).",
+            fix="pass --config FILE (a .yaml, .toml or .json file of flag values), or leave --config out",
+        )
+    config_file = Path(given) if given is not None else None
     from_file = file_defaults(parser, load_config_file(config_file), config_file) if config_file else {}
     lists = {
         a.dest for a in parser._actions if isinstance(a, (argparse._AppendAction, argparse._ExtendAction))

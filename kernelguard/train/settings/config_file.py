@@ -73,13 +73,19 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _unique_keys_loader() -> Any:
     """PyYAML's SafeLoader, refusing a mapping that repeats a key (it keeps the last one silently; TOML
-    already refuses)."""
+    already refuses). A merge key (``<<: *defaults``) is YAML's own way to take keys from another mapping, and
+    a key written beside it overrides the merged one (the YAML merge spec): neither is a repeat. Only the
+    mapping's own keys are compared, before PyYAML flattens the merge into them."""
     import yaml
+
+    merge_tag = "tag:yaml.org,2002:merge"
 
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen: dict[Any, int] = {}
             for key_node, _ in node.value:
+                if key_node.tag == merge_tag:
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 if key in seen:
                     raise yaml.constructor.ConstructorError(

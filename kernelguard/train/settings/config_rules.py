@@ -110,13 +110,24 @@ def _is_size(value: Any) -> bool:
 
 
 def _not_empty(name: str, flag: str) -> Rule:
-    return Rule((name,), lambda v: bool(str(v).strip()), "{name} is empty.", f"pass {flag} with a path")
+    """An empty path ("" or spaces: what an unset shell variable gives) would mean the current folder."""
+    return Rule(
+        (name,),
+        lambda v: bool(str(v).strip()),
+        "{name} is empty; it must name a path (an unset shell variable gives an empty argument).",
+        f"pass {flag} with a path",
+    )
 
 
 RULES: tuple[Rule, ...] = (
     _not_empty("model", "--model"),
+    _not_empty("tokenizer", "--tokenizer"),
+    _not_empty("chat_template", "--chat-template"),
     _not_empty("data", "--data"),
+    _not_empty("eval_data", "--eval-data"),
     _not_empty("output_dir", "--output-dir"),
+    _not_empty("profile_trace", "--profile-trace"),
+    _not_empty("lock", "--lock"),
     _one_of("init", INIT_CHOICES, "--init pretrained (a model folder's weights) or --init random"),
     _one_of("dataset_format", DATASET_FORMATS, "--dataset-format auto"),
     _must("eval_fraction", lambda v: 0.0 <= v < 1.0, "in [0, 1)", "--eval-fraction 0.05"),

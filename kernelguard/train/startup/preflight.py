@@ -21,7 +21,16 @@ from typing import Any
 from kernelguard.errors import CheckpointError, ConfigError
 from kernelguard.geometry import estimated_params
 
-from ..inputs.identity import RUN_FILE, differences, read_identity, run_identity, write_identity
+from ..inputs.identity import (
+    RUN_FILE,
+    differences,
+    flag_text,
+    harmless_changes,
+    read_identity,
+    run_identity,
+    setting_changes,
+    write_identity,
+)
 from ..model.parallel import model_source
 from ..model.weight_files import weights_to_load
 from ..output import checkpoint as ckpt
@@ -32,6 +41,7 @@ from .startup_checks import (
     check_inputs,
     check_model_size,
     check_paths,
+    check_profile_window,
     check_writable_folder,
 )
 
@@ -89,6 +99,7 @@ def preflight(cfg: TrainConfig, *, world_size: int) -> StartPlan:
     check_flags(cfg)
     check_inputs(cfg)
     check_paths(cfg)
+    check_profile_window(cfg)  # after the paths: a --profile-trace under a file is the first thing to fix
     config, _ = model_source(cfg.model.model)
     check_model_size(config, model=str(cfg.model.model))
     weights, notice = weights_to_load(cfg.model.model, init=cfg.model.init)
@@ -99,7 +110,7 @@ def preflight(cfg: TrainConfig, *, world_size: int) -> StartPlan:
         refuse_existing_run(cfg)
         return StartPlan(identity, notices=notices)
     plan = plan_resume(cfg, identity)
-    return StartPlan(plan.identity, plan.resume_from, plan.warnings, notices)
+    return StartPlan(plan.identity, plan.resume_from, plan.warnings, (*notices, *plan.notices))
 
 
 def check_checkpoint_shapes(model: Any, checkpoint: Path | None) -> None:
@@ -192,16 +203,50 @@ def plan_resume(cfg: TrainConfig, identity: dict[str, Any]) -> StartPlan:
             "this run saves that step again: copy it away now to keep it"
         )
     reference, source = _reference_identity(cfg.checkpoint.output_dir, path)
+    notices: list[str] = []
     if reference is not None:
+        _refuse_dtype_across_fp32(reference, identity, source)
         diffs = differences(reference, identity)
         if diffs and not cfg.checkpoint.resume_anyway:
-            raise CheckpointError(
-                f"--resume: {source} belongs to a different run; what differs:\n  " + "\n  ".join(diffs),
-                fix="resume with the original inputs and settings; or --resume-anyway to continue from it "
-                "anyway (not an exact continuation); or --overwrite / another --output-dir to start again",
-            )
+            _refuse_different_run(reference, identity, source, diffs)
         warnings += [f"--resume-anyway: {source} differs: {d}" for d in diffs]
-    return StartPlan(identity, path, tuple(warnings))
+        notices += [f"--resume: {source} was {line}" for line in harmless_changes(reference, identity)]
+    return StartPlan(identity, path, tuple(warnings), tuple(notices))
+
+
+def _refuse_different_run(
+    reference: dict[str, Any], identity: dict[str, Any], source: Path, diffs: list[str]
+) -> None:
+    """One line naming the flag when a single setting changed; else the list of what differs."""
+    changes = setting_changes(reference, identity)
+    if len(diffs) == 1 and len(changes) == 1:  # the common case: one flag changed, said as that flag
+        name, was, now = changes[0]
+        raise CheckpointError(
+            f"--resume: {source} was trained with {flag_text(name, was)}; now {flag_text(name, now)}.",
+            fix=f"resume with {flag_text(name, was)} (the checkpoint is intact); or --resume-anyway to continue "
+            "from it anyway (not an exact continuation); or --overwrite / another --output-dir to start again",
+        )
+    raise CheckpointError(
+        f"--resume: {source} belongs to a different run; what differs:\n  " + "\n  ".join(diffs),
+        fix="resume with the original inputs and settings; or --resume-anyway to continue from it "
+        "anyway (not an exact continuation); or --overwrite / another --output-dir to start again",
+    )
+
+
+def _refuse_dtype_across_fp32(reference: dict[str, Any], identity: dict[str, Any], source: Path) -> None:
+    """bf16/fp16 keep the GDN's fp32 parameters in an optimizer group of their own (model.build.make_optimizer),
+    fp32 does not: a checkpoint's optimizer state cannot be loaded across that, even with --resume-anyway."""
+    was = next((w for n, w, _ in setting_changes(reference, identity) if n == "param_dtype"), None)
+    now = identity.get("param_dtype")
+    if was is None or (was == "fp32") == (now == "fp32"):
+        return
+    raise CheckpointError(
+        f"--resume: {source} was trained with --param-dtype {was}; now --param-dtype {now}: its optimizer state "
+        "has other parameter groups (only a 16-bit dtype keeps the fp32 GDN parameters apart), so not even "
+        "--resume-anyway can continue across this change.",
+        fix=f"resume with --param-dtype {was} (the checkpoint is intact: keep it); or start the --param-dtype "
+        f"{now} run in another --output-dir",
+    )
 
 
 def _reference_identity(output: Path, checkpoint: Path | None) -> tuple[dict[str, Any] | None, Path]:

@@ -22,6 +22,7 @@ __all__ = [
     "check_inputs",
     "check_model_size",
     "check_paths",
+    "check_profile_window",
     "check_writable_folder",
     "no_tokenizer_error",
 ]
@@ -135,7 +136,7 @@ def no_tokenizer_error(cfg: Any, tokenizer: Path) -> ConfigError:
 
 def check_flags(cfg: Any) -> None:
     """Flags that need something the settings alone do not say: Liger for --fused-norms, an eval set for
-    --eval-every."""
+    --eval-every. (A profiled step within --max-steps: check_profile_window, after check_paths.)"""
     if cfg.runtime.fused_norms:
         from ..model.fused_norms import LIGER_FIX, liger_missing
 
@@ -146,6 +147,24 @@ def check_flags(cfg: Any) -> None:
             f"--eval-every {cfg.evaluation.eval_every} needs an eval set.",
             fix="add --eval-data FILE or --eval-fraction 0.05, or drop --eval-every",
         )
+
+
+def check_profile_window(cfg: Any) -> None:
+    """A profiled step (--profile-step, or the default step 10 that --profile-trace asks for) after
+    --max-steps would never run: refused, rather than a run that ends without its profile or trace."""
+    from ..output.profiling import first_profiled_step
+
+    first, last = first_profiled_step(cfg, gpu=False), cfg.training.max_steps
+    asked = cfg.metrics.profile_step is not None or cfg.metrics.profile_trace is not None
+    if not asked or not first or last is None or first <= last:
+        return
+    given = f"--profile-step {first}" if cfg.metrics.profile_step else (
+        f"--profile-trace {cfg.metrics.profile_trace} (its first profiled step is {first}, the default)"
+    )
+    raise ConfigError(
+        f"{given} is after the run's last step (--max-steps {last}): no step would be profiled.",
+        fix=f"--profile-step {last} (or any step up to {last}), or leave the profiling flags out",
+    )
 
 
 def check_inputs(cfg: Any) -> None:
