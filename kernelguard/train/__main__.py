@@ -167,10 +167,13 @@ def _with_corrected_command(error: Exception, argv: list[str]) -> Exception:
     details = getattr(error, "details", {})
     old, new = details.get("replace", (None, None))
     flag = details.get("flag")
-    if old is None or not any(a in (old, f"{flag}={old}") for a in argv):
+    if "add" in details and details["add"][0] not in argv:
+        fixed = [*argv, *details["add"]]  # a flag this data needs (--columns for rows of other names)
+    elif old is not None and any(a in (old, f"{flag}={old}") for a in argv):
+        fixed = [new if a == old else (f"{flag}={new}" if a == f"{flag}={old}" else a) for a in argv]
+    else:
         return error
-    fixed = [new if a == old else (f"{flag}={new}" if a == f"{flag}={old}" else a) for a in argv]
-    return ConfigError(error.message, fix=f"kernelguard train {shlex.join(fixed)}", details=details)  # type: ignore[attr-defined]
+    return type(error)(error.message, fix=f"kernelguard train {shlex.join(fixed)}", details=details)  # type: ignore
 
 
 def _early_checks(cfg: Any, *, launching: bool) -> None:
@@ -187,7 +190,9 @@ def _early_checks(cfg: Any, *, launching: bool) -> None:
     check_flags(cfg)
     check_inputs(cfg)
     check_paths(cfg)
-    check_row_formats(cfg)
+    for line in check_row_formats(cfg):  # how rows of other column names were read: said once, by the launcher
+        if not os.environ.get("KERNELGUARD_LAUNCH_DIR"):
+            print_rank0(f"kernelguard train: {line}")
     if launching:
         check_inputs_early(cfg)
 
