@@ -167,7 +167,7 @@ def _with_corrected_command(error: Exception, argv: list[str]) -> Exception:
     details = getattr(error, "details", {})
     old, new = details.get("replace", (None, None))
     flag = details.get("flag")
-    if "add" in details and details["add"][0] not in argv:
+    if "add" in details and details["add"][0] not in argv and "--eval-data" not in argv:  # one layout for all
         fixed = [*argv, *details["add"]]  # a flag this data needs (--columns for rows of other names)
     elif old is not None and any(a in (old, f"{flag}={old}") for a in argv):
         fixed = [new if a == old else (f"{flag}={new}" if a == f"{flag}={old}" else a) for a in argv]
@@ -190,9 +190,8 @@ def _early_checks(cfg: Any, *, launching: bool) -> None:
     check_flags(cfg)
     check_inputs(cfg)
     check_paths(cfg)
-    for line in check_row_formats(cfg):  # how rows of other column names were read: said once, by the launcher
-        if not os.environ.get("KERNELGUARD_LAUNCH_DIR"):
-            print_rank0(f"kernelguard train: {line}")
+    launched = bool(os.environ.get("KERNELGUARD_LAUNCH_DIR"))  # how rows of other names are read: said once
+    check_row_formats(cfg, say=lambda line: None if launched else print_rank0(f"kernelguard train: {line}"))
     if launching:
         check_inputs_early(cfg)
 

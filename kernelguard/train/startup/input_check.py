@@ -9,6 +9,7 @@ Only a sample is read (``SAMPLE_ROWS`` per source): the full pass comes later, w
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from itertools import islice
 from typing import Any
 
@@ -35,17 +36,15 @@ def check_inputs_early(cfg: TrainConfig) -> Any:
     return tokenizer
 
 
-def check_row_formats(cfg: TrainConfig) -> list[str]:
+def check_row_formats(cfg: TrainConfig, say: Callable[[str], None] = lambda line: None) -> None:
     """The first ``SAMPLE_ROWS`` rows of every local data source parse in a known format. Needs neither the
-    tokenizer nor torch, so a wrong data file is refused within a second or two of the command. Returns one
-    line per source whose columns were mapped to a conversation (detected or by --columns), saying how."""
-    lines = []
+    tokenizer nor torch, so a wrong data file is refused within a second or two of the command. ``say`` gets
+    one line per source whose columns were mapped to a conversation (detected or by --columns), saying how."""
     for data, split, flag in _local_sources(cfg):
         fmt = _sample_items(cfg, data, split=split, eos=None)[1]
         if fmt.startswith(COLUMNS_PREFIX):
             how = "by --columns" if cfg.data.columns else "detected; other names: --columns ROLE=COLUMN,..."
-            lines.append(f"{flag} {data}: rows read as {describe_format(fmt)} ({how})")
-    return lines
+            say(f"{flag} {data}: rows read as {describe_format(fmt)} ({how})")
 
 
 def check_rows(cfg: TrainConfig, tokenizer: Any, data: str, *, split: str | None) -> None:
