@@ -107,3 +107,11 @@ def test_the_typo_is_refused_before_torch_with_the_command_to_paste(tmp_path: Pa
     assert result == {"code": 2, "imported": []}
     assert err.startswith("kernelguard train: error: --data someone/chitchat is no local file or folder")
     assert "Retrying" not in err
+
+
+def test_a_name_sharing_only_the_extension_is_not_suggested(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nocol.jsonl").write_text("{}\n")
+    assert str(missing_path_error("nope.jsonl", flag="--data")) == (
+        "--data nope.jsonl: no such file or folder in the current folder; a local path is never looked up on the Hugging Face Hub.")
+    assert missing_path_error("nocl.jsonl", flag="--data").fix == "--data nocol.jsonl"

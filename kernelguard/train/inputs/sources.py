@@ -146,9 +146,13 @@ def missing_path_error(data: str, *, flag: str) -> ConfigError:
         names = [p.name for p in folder.iterdir() if not p.name.startswith(".")]
     except OSError:
         names = []
-    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    # near in the whole name and in the stem: `nope.jsonl` is not "nearly" `nocol.jsonl` for sharing `.jsonl`
+    stem = path.name.split(".")[0]
+    alike = [n for n in names if difflib.SequenceMatcher(None, stem, n.split(".")[0]).ratio() >= 0.6]
+    close = difflib.get_close_matches(path.name, alike, n=1, cutoff=0.6)
     if not close:
-        return ConfigError(f"{flag} {data}: no such file or folder in {folder}; a local path is never looked up on "
+        where = "the current folder" if str(folder) == "." else folder
+        return ConfigError(f"{flag} {data}: no such file or folder in {where}; a local path is never looked up on "
                            "the Hugging Face Hub.")
     suggestion = close[0] if str(folder) == "." and not data.startswith("./") else str(Path(data).parent / close[0])
     return ConfigError(f"{flag} {data}: no such file or folder; did you mean {suggestion}?",
