@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from .install import fla_backend_command, pin_command
 from .terms import CLI, PYTHON, allow_hint
 
 __all__ = ["ENV_LOCK", "LOCK_SCHEMA", "Difference", "build_lock", "compare", "lock_option", "lock_path", "read_lock",
+           "rebuild_command",
            "refuse_contradictions", "verify_lock", "write_lock"]
 
 LOCK_SCHEMA = 1
@@ -401,14 +403,29 @@ def verify_lock(
     result = run_check(options)
     differences = _gpu_differences(result, locked, name) + compare(locked, build_lock(result), syntax=syntax)
     if differences:
+        archs = locked.get("target_archs", [])
+        target = f"on sm {', '.join(archs)}" if archs else "with no target arch (written without --arch or a GPU)"
         raise LockMismatch(
-            f"this node's stack differs from {path} (written for {model.get('family')} {model.get('mode')} on "
-            f"sm {', '.join(locked.get('target_archs', [])) or '?'}): {len(differences)} difference(s), so the "
-            "kernels the image verified are not the ones this job would run.",
+            f"this node's stack differs from {path} (written for {model.get('family')} {model.get('mode')} "
+            f"{target}): {len(differences)} difference(s), so the kernels the image verified are not the ones this "
+            "job would run.",
             differences=tuple(d.line() for d in differences), lock=str(path),
-            fix=f"run each restore above, or rebuild the image and its lock (kernelguard lock --output {path})",
+            fix=f"run each restore above, or rebuild the image and its lock ({rebuild_command(locked, path)})",
         )
     return result
+
+
+def rebuild_command(locked: Mapping[str, Any], path: str | os.PathLike[str]) -> str:
+    """The ``kernelguard lock`` command that writes ``locked`` again for the same model, mode, packing, Hub use,
+    target archs and allow items (a bare ``--output`` would check the defaults instead, and fail or differ)."""
+    model = locked.get("model", {})
+    args = ["kernelguard", "lock", "--model", str(model.get("name") or model.get("family") or "qwen3_5"),
+            "--mode", str(model.get("mode") or "training")]
+    args += [] if model.get("packed") is None else ["--packed" if model["packed"] else "--no-packed"]
+    args += ["--hub"] if model.get("hub") else []
+    args += [part for flag, key in (("--arch", "target_archs"), ("--allow", "allow"))
+             for value in (sorted if key == "allow" else list)(locked.get(key, [])) for part in (flag, str(value))]
+    return shlex.join([*args, "--output", str(path)])
 
 
 def _locked_value(locked: Mapping[str, Any], name: str) -> Any:

@@ -123,13 +123,14 @@ def test_override_picks_a_format_the_columns_would_not(tokenizer: Any, tmp_path:
 
 def test_rows_that_fit_no_format_list_formats_and_columns(tokenizer: Any, tmp_path: Path) -> None:
     with pytest.raises(DataError) as info:
-        _load(tokenizer, tmp_path, [{"question": "q", "answer": "a"}])
-    text = str(info.value)
-    assert "row 1" in text and "no column of a known dataset format (columns: answer, question)" in text
-    assert (
-        "messages (a 'messages' column" in text and "prompt-completion" in text and "text (a 'text'" in text
-    )
-    assert "--dataset-format" in text and "--messages-column" in text
+        _load(tokenizer, tmp_path, [{"query": "q", "reply": "a"}])
+    assert info.value.message == (
+        f"{tmp_path / 'd.jsonl'}, row 1, field 'messages': no column of a known dataset format (columns: query, "
+        "reply); known formats: messages (a 'messages' column of chat messages), prompt-completion ('prompt' and "
+        "'completion' columns), text (a 'text' column), question/answer, instruction/input/output, "
+        "prompt/response; other columns map to a conversation with --columns user=COLUMN,assistant=COLUMN (a "
+        "column of chat messages: --messages-column NAME)")
+    assert info.value.fix == "--columns user=query,assistant=reply"
     with pytest.raises(DataError, match=r"row 1, field 'completion': column 'completion' is missing"):
         _load(tokenizer, tmp_path, [{"prompt": "q"}], dataset_format="prompt-completion")
     with pytest.raises(ConfigError, match="unknown dataset format 'chat'"):

@@ -187,6 +187,16 @@ def test_docs_train_md_shows_one_row_of_each_format_and_every_shipped_training_t
         formats.append(detect_format(row))
         row_item(row, formats[-1], column="messages", assistant_only=True, eos="<|im_end|>")
     assert formats == list(FORMATS)
+    layouts = text.split("```jsonl\n", 2)[2].split("```", 1)[0]
+    messages = []
+    for i, line in enumerate(layouts.splitlines()):
+        row = Row("docs/train.md", i + 1, json.loads(line), i)
+        messages.append(row_item(row, detect_format(row), column="messages", assistant_only=True, eos=None).messages)
+    assert messages == [
+        [{"role": "user", "content": "How was your weekend?"}, {"role": "assistant", "content": "Great, I went hiking."}],
+        [{"role": "user", "content": "Translate to French.\n\nGood morning"}, {"role": "assistant", "content": "Bonjour"}],
+        [{"role": "user", "content": "Name a prime number."}, {"role": "assistant", "content": "Seven."}],
+    ]
     section = text.split("## Data formats", 1)[1].split("## ", 1)[0]
     for name in chat_templates.shipped_names():
         assert (f"`{name}`" in section) is name.endswith("_training"), name

@@ -319,7 +319,7 @@ def test_dry_run_says_when_the_run_itself_would_be_refused(tmp_path: Path, capsy
     assert "warning: the run itself would be refused: tokenizer folder" in capsys.readouterr().err
     (tmp_path / "tok" / "tokenizer.json").write_text("{}")
     assert main(argv) == 0
-    assert ("warning: the run itself would be refused: data path unused.jsonl does not exist. Fix: check --data"
+    assert ("warning: the run itself would be refused: --data unused.jsonl: no such file or folder"
             in capsys.readouterr().err)
     (tmp_path / "data.jsonl").write_text("{}\n")
     argv[argv.index("unused.jsonl")] = str(tmp_path / "data.jsonl")

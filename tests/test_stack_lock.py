@@ -318,3 +318,32 @@ def test_check_lock_refuses_only_the_flags_that_contradict_the_lock(
     assert ("--lock checks the model, mode, target and Hub use the lock was written for: --mode inference "
             "contradicts it (the lock's mode is training).") in " ".join(err.split())
     assert "--arch 9.0 contradicts" not in err
+
+
+# ------------------------------------------------------------------------------------- the rebuild command ---
+def test_the_rebuild_command_carries_the_locks_model_mode_packing_archs_and_allow_items(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43: `kernelguard lock --output drift.lock` alone checked the defaults (packed, no allow items) and
+    exited 1; the command to paste is the lock's own."""
+    lock = _lock(tmp_path, _facts(tmp_path), allow=("attention",))
+    data = json.loads(lock.read_text())
+    data["model"]["packed"] = False
+    lock.write_text(json.dumps(data))
+    error = _refusal(monkeypatch, lock, _facts(tmp_path, conv="1.6.0"), allow=["attention"])
+    assert error.fix == ("run each restore above, or rebuild the image and its lock (kernelguard lock --model qwen3_5 "
+                         f"--mode training --no-packed --arch 9.0 --allow attention --output {lock})")
+
+
+def test_a_lock_without_target_archs_is_not_said_to_be_on_sm_question_mark(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lock = _lock(tmp_path, _facts(tmp_path))
+    data = json.loads(lock.read_text())
+    data["target_archs"] = []
+    lock.write_text(json.dumps(data))
+    monkeypatch.setattr(stack_lock, "run_check", lambda options: _result(_facts(tmp_path, conv="1.6.0"), options))
+    with pytest.raises(LockMismatch) as info:
+        stack_lock.verify_lock(lock)
+    assert info.value.message.startswith(
+        f"this node's stack differs from {lock} (written for qwen3_5 training with no target arch (written without "
+        "--arch or a GPU)): ")
+    assert info.value.fix.endswith(f"(kernelguard lock --model qwen3_5 --mode training --packed --output {lock})")

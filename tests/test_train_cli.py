@@ -301,13 +301,14 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path)
         "kernelguard train: error: --model is required.\nFix: pass --model DIR_OR_CONFIG_JSON\n"
     )
     tok = h.write_tokenizer(tmp_path / "tok")
+    data = h.write_jsonl(tmp_path / "d.jsonl", h.copy_task_rows(2))  # a Hub name would be refused first offline
     args = [
         "--model",
         str(tmp_path / "none"),
         "--tokenizer",
         str(tok),
         "--data",
-        "d",
+        str(data),
         "--output-dir",
         str(tmp_path / "o"),
     ]

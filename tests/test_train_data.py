@@ -137,7 +137,7 @@ def test_parquet_row_errors_name_the_row(tokenizer: Any, tmp_path: Path) -> None
 
 
 def test_missing_path_and_no_usable_rows(tokenizer: Any, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match=r"nope\.jsonl: no such file or folder in "):
         _load(tokenizer, tmp_path / "nope.jsonl")
     data = h.write_jsonl(tmp_path / "d.jsonl", [{"messages": []}])
     with pytest.raises(DataError, match="no usable training examples"):

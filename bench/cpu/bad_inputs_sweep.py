@@ -177,6 +177,8 @@ def train_cases(work: Path) -> list[dict[str, Any]]:
     bad_rows.write_text('{"messages": [{"role": "user", "content": 5}]}\n')
     no_column = work / "nocol.jsonl"
     no_column.write_text('{"conversation": []}\n')
+    h.write_jsonl(work / "chitchat.jsonl", h.copy_task_rows(60))  # the file a typo'd extension means
+    qa_other = h.write_jsonl(work / "qa_other.jsonl", [{"query": "ab", "reply": "cd"}] * 4)
 
     def out(name: str) -> str:
         return str(work / "runs" / name)
@@ -206,6 +208,18 @@ def train_cases(work: Path) -> list[dict[str, Any]]:
         ("malformed row", [*base, "--output-dir", out("p")], {"--data": str(bad_rows)}),
         ("no known column", [*base, "--output-dir", out("q")], {"--data": str(no_column)}),
         ("dataset format mismatch", [*base, "--output-dir", out("r"), "--dataset-format", "text"], {}),
+        # issue 43: a local-looking path is never tried on the Hub; a Hub name offline is one line
+        ("data extension typo", [*base, "--output-dir", out("x1")], {"--data": str(work / "chitchat.jsnol")}),
+        ("eval data extension typo", [*base, "--output-dir", out("x2"), "--eval-data", str(work / "chitchat.jsnol")],
+         {}),
+        ("data typo in the current folder", [*base, "--output-dir", out("x3")], {"--data": "chitchat.jsnol"}),
+        ("data a Hub name while offline", [*base, "--output-dir", out("x4")], {"--data": "someone/no-such-dataset"}),
+        ("columns malformed", [*base, "--output-dir", out("x5"), "--columns", "user=query"], {}),
+        ("columns with dataset format", [*base, "--output-dir", out("x6"), "--columns", "user=query,assistant=reply",
+                                         "--dataset-format", "text"], {}),
+        ("other column names", [*base, "--output-dir", out("x7")], {"--data": str(qa_other)}),
+        ("columns naming a missing column", [*base, "--output-dir", out("x8"), "--columns", "user=query,assistant=answer"],
+         {"--data": str(qa_other)}),
         ("chat template file missing", [*base, "--output-dir", out("s"), "--chat-template", str(work / "no.jinja")], {}),
         ("nproc 0", [*base, "--output-dir", out("t"), "--nproc-per-node", "0"], {}),
         ("allow typo", [*base, "--output-dir", out("u"), "--allow", "fla640"], {}),
@@ -246,6 +260,14 @@ def train_cases(work: Path) -> list[dict[str, Any]]:
     # torchtitan): starting from step 0 is right, but it must be said.
     fresh = next(r for r in result if r["name"] == "resume with nothing to resume")
     fresh.update(expect="warn", must_say="--resume: no complete checkpoint in")
+    said = {"data extension typo": "did you mean", "eval data extension typo": "did you mean",
+            "data typo in the current folder": "did you mean chitchat.jsonl?",
+            "data a Hub name while offline": "HF_HUB_OFFLINE=1 is set", "columns malformed": "expected ROLE=COLUMN",
+            "columns with dataset format": "cannot apply", "other column names": "--columns user=query,assistant=reply",
+            "columns naming a missing column": "column 'answer' (assistant) is missing"}
+    for row in result:
+        if row["name"] in said:
+            row["must_say"] = said[row["name"]]
     return (result + round3_cases(work, base, model) + run_cases(work, base, other)
             + round4_cases(work, base, model, data) + round5_cases(work, base))
 

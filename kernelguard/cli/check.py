@@ -9,9 +9,14 @@ from ..errors import EXIT_FAIL, EXIT_OK
 from ..interrupts import end_startup_interrupts
 from .common import command_parser, non_empty_path, print_out, run_command
 
-__all__ = ["HELP", "add_check_arguments", "check_options", "main"]
+__all__ = ["HELP", "add_check_arguments", "check_options", "main", "parser"]
 
 HELP = "which provider serves each kernel, and why the others were rejected"
+
+
+def parser() -> argparse.ArgumentParser:
+    """This command's parser (tests walk every command's to hold shared flags to one grammar)."""
+    return _parser()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,10 +42,12 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments ``check`` and ``lock`` share: what to check, for which target."""
     parser.add_argument("--model", help="family (qwen3_5), config.json, or local model folder [default: qwen3_5]")
     parser.add_argument("--mode", choices=("training", "inference"), help="[default: training]")
-    parser.add_argument("--arch", action="append", metavar="CC",
-                        help="target compute capability, repeatable (9.0 = H100/H200); default: visible GPUs")
-    parser.add_argument("--allow", action="append", metavar="ID",
-                        help="accept one known issue, a kernel's fallback, or 'attention' (repeatable)")
+    # A list flag reads the same in every command (kernelguard train's too): `--allow A B` and `--allow A --allow B`.
+    parser.add_argument("--arch", action="extend", nargs="+", metavar="CC",
+                        help="target compute capabilities (9.0 = H100/H200; several, or repeat the flag); default: "
+                        "visible GPUs")
+    parser.add_argument("--allow", action="extend", nargs="+", metavar="ID",
+                        help="accept known issues, kernels' fallbacks, or 'attention' (several, or repeat the flag)")
     packed = parser.add_mutually_exclusive_group()
     packed.add_argument("--packed", dest="packed", action="store_true", default=None,
                         help="packed 1D sequences (default for training): needs a varlen attention")

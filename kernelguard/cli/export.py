@@ -12,7 +12,7 @@ from ..errors import EXIT_OK, KernelGuardError, exit_code_for
 from ..interrupts import end_startup_interrupts, startup_interrupts
 from .common import command_parser, non_empty_path
 
-__all__ = ["HELP", "main"]
+__all__ = ["HELP", "main", "parser"]
 
 HELP = "a Hugging Face folder from a kernelguard train checkpoint (kernelguard export --help)"
 _INTERRUPTED = "kernelguard export: interrupted; nothing was written."
@@ -23,6 +23,13 @@ def _path(text: str) -> Path:
 
 
 _path.__name__ = "path"  # argparse names the type in its "invalid ... value" message
+
+
+def parser() -> argparse.ArgumentParser:
+    """This command's parser (tests walk every command's to hold shared flags to one grammar)."""
+    from ..train.settings.config_rules import DEFAULT_MAX_SHARD_SIZE
+
+    return _parser(DEFAULT_MAX_SHARD_SIZE)
 
 
 def _parser(default_shard_size: str) -> argparse.ArgumentParser:

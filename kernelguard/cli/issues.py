@@ -7,9 +7,14 @@ import argparse
 from ..errors import EXIT_OK
 from .common import command_parser, print_out, run_command
 
-__all__ = ["HELP", "main"]
+__all__ = ["HELP", "main", "parser"]
 
 HELP = "list the known-bad stacks kernelguard checks"
+
+
+def parser() -> argparse.ArgumentParser:
+    """This command's parser (tests walk every command's to hold shared flags to one grammar)."""
+    return _parser()
 
 
 def _parser() -> argparse.ArgumentParser:

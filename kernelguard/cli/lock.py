@@ -10,9 +10,14 @@ from ..interrupts import end_startup_interrupts
 from .check import add_check_arguments, check_options
 from .common import command_parser, non_empty_path, print_out, run_command
 
-__all__ = ["HELP", "main"]
+__all__ = ["HELP", "main", "parser"]
 
 HELP = "check, then write kernelguard.lock: the verified stack, enforced at job start with --lock"
+
+
+def parser() -> argparse.ArgumentParser:
+    """This command's parser (tests walk every command's to hold shared flags to one grammar)."""
+    return _parser()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -3,14 +3,23 @@ launcher, signals and exit codes)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 from ..errors import EXIT_INTERRUPTED
 
-__all__ = ["HELP", "main"]
+__all__ = ["HELP", "main", "parser"]
 
 HELP = "packed FSDP2 fine-tuning that starts only once the guard passes (kernelguard train --help)"
+
+
+def parser() -> argparse.ArgumentParser:
+    """`kernelguard train`'s parser, derived from its settings (tests walk every command's to hold shared flags
+    to one grammar)."""
+    from ..train.settings.config_cli import build_parser
+
+    return build_parser()
 
 
 def main(argv: list[str], *, program: bool = False) -> int:

@@ -148,7 +148,7 @@ def _main(argv: list[str] | None) -> int:
     try:  # before any rank starts or anything is written: the environment, the flags, inputs and paths
         _early_checks(cmd.config, launching=cmd.launch is not None and not launched_by_kernelguard())
     except (ConfigError, DataError) as e:
-        return _fail(exit_code_for(e), f"kernelguard train: error: {e}")
+        return _fail(exit_code_for(e), f"kernelguard train: error: {_with_corrected_command(e, argv)}")
     if cmd.config.checkpoint.dry_run:
         return _dry_run(cmd.config, world_size=_launch_world_size(cmd.launch))
     if cmd.launch is not None and not launched_by_kernelguard():
@@ -157,6 +157,23 @@ def _main(argv: list[str] | None) -> int:
         except (ConfigError, DataError) as e:
             return _fail(exit_code_for(e), f"kernelguard train: error: {e}")
     return _train(cmd.config)
+
+
+def _with_corrected_command(error: Exception, argv: list[str]) -> Exception:
+    """An error that names the value to put instead (``details["replace"]``, e.g. the nearest existing
+    ``--data`` file) gets, as its fix, this whole command with that value replaced: a line that pastes."""
+    import shlex
+
+    details = getattr(error, "details", {})
+    old, new = details.get("replace", (None, None))
+    flag = details.get("flag")
+    if "add" in details and details["add"][0] not in argv and "--eval-data" not in argv:  # one layout for all
+        fixed = [*argv, *details["add"]]  # a flag this data needs (--columns for rows of other names)
+    elif old is not None and any(a in (old, f"{flag}={old}") for a in argv):
+        fixed = [new if a == old else (f"{flag}={new}" if a == f"{flag}={old}" else a) for a in argv]
+    else:
+        return error
+    return type(error)(error.message, fix=f"kernelguard train {shlex.join(fixed)}", details=details)  # type: ignore
 
 
 def _early_checks(cfg: Any, *, launching: bool) -> None:
@@ -173,7 +190,8 @@ def _early_checks(cfg: Any, *, launching: bool) -> None:
     check_flags(cfg)
     check_inputs(cfg)
     check_paths(cfg)
-    check_row_formats(cfg)
+    launched = bool(os.environ.get("KERNELGUARD_LAUNCH_DIR"))  # how rows of other names are read: said once
+    check_row_formats(cfg, say=lambda line: None if launched else print_rank0(f"kernelguard train: {line}"))
     if launching:
         check_inputs_early(cfg)
 

@@ -26,7 +26,7 @@ from kernelguard.packed_batch import IGNORE_INDEX
 from .. import chat_templates
 from ..chat_templates import TemplateChoice
 from .encode import encode_items
-from .rows import FORMATS, ChatItem, Item, detect_format, row_item
+from .rows import FORMATS, ChatItem, Item, columns_format, describe_format, detect_format, row_item
 from .sources import iter_rows
 from .tokenizer_folder import check_tokenizer_folder
 
@@ -83,7 +83,7 @@ class DataStats:
     def render(self) -> str:
         bad = sum(self.bad_rows.values())
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.bad_rows.items()))
-        kind = self.format or "?"
+        kind = describe_format(self.format) or "?"
         if self.template:
             kind += f", chat template {self.template}"
         split = ""
@@ -250,6 +250,7 @@ def load_examples(
     skip_bad_rows: bool = False,
     assistant_only: bool = True,
     dataset_format: str = "auto",
+    columns: str | None = None,
     eval_fraction: float = 0.0,
     seed: int = 0,
     take: str = "train",
@@ -264,7 +265,7 @@ def load_examples(
     stats = DataStats(take=take)
     examples = ExampleStore()
     pending: list[Item] = []
-    fmt = "" if dataset_format == "auto" else dataset_format
+    fmt = columns_format(columns) if columns else ("" if dataset_format == "auto" else dataset_format)
     eos = getattr(tokenizer, "eos_token", None)
     chats = False  # whether any row was a conversation (then the stats name the chat template)
 

@@ -56,6 +56,7 @@ _SETTINGS = (
     "schedule_steps",
     "dataset_format",
     "messages_column",
+    "columns",
     "split",
     "overlong",
     "skip_bad_rows",

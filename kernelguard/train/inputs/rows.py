@@ -9,6 +9,11 @@ Row formats (TRL's dataset conventions), detected from the columns of the first 
 - ``prompt``/``completion``: two strings (concatenated, end-of-sequence token appended) or two message lists
   (rendered as one conversation). Loss on the completion only.
 - ``text``: plain language modelling; loss on every token.
+- ``columns:ROLE=COLUMN,...``: other column names mapped to a ``[system?, user, assistant]`` conversation that
+  trains like a ``messages`` row. The layouts users bring are detected (question/answer, Alpaca's
+  instruction/input/output, prompt/response: :data:`LAYOUTS`); any other names by ``--columns`` (its syntax:
+  ``config_rules.parse_columns``). The format string carries the mapping, so it travels where a format name
+  does (the row reader, the data counts, the run's identity).
 
 ``assistant_only=False`` (``--all-tokens-loss``) trains every token of every format and never locates
 assistant tokens.
@@ -31,6 +36,8 @@ from typing import Any
 
 from kernelguard.errors import DataError
 
+from ..settings.config_rules import parse_columns
+
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 FORMATS = ("messages", "prompt-completion", "text")
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
@@ -38,7 +45,9 @@ REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 Span = tuple[int, int]
 
 __all__ = [
+    "COLUMNS_PREFIX",
     "FORMATS",
+    "LAYOUTS",
     "REASONING_FIELDS",
     "ROLES",
     "ChatItem",
@@ -46,8 +55,11 @@ __all__ = [
     "Row",
     "Span",
     "TextItem",
+    "columns_format",
     "data_error",
+    "describe_format",
     "detect_format",
+    "mapped_messages",
     "row_item",
     "validate_messages",
 ]
@@ -71,7 +83,8 @@ def data_error(file: str, row: int, field_name: str, problem: str, fix: str | No
 
 # ------------------------------------------------------------------------------------------- validation ---
 def detect_format(row: Row, column: str = "messages") -> str:
-    """The dataset format a row's columns say (TRL conventions), or a DataError listing formats and columns."""
+    """The dataset format a row's columns say (TRL conventions, then :data:`LAYOUTS`), or a DataError listing
+    formats and columns."""
     if not isinstance(row.value, dict):
         raise data_error(row.file, row.row, "<row>", f"expected an object, got {type(row.value).__name__}")
     keys = set(row.value)
@@ -81,6 +94,8 @@ def detect_format(row: Row, column: str = "messages") -> str:
         return "prompt-completion"
     if "text" in keys:
         return "text"
+    if (layout := detect_layout(keys)) is not None:
+        return layout[1]
     raise _format_error(row, f"no column of a known dataset format (columns: {_columns(row)})", column)
 
 
@@ -91,15 +106,18 @@ def _columns(row: Row) -> str:
 def _format_error(row: Row, problem: str, column: str, field_name: str | None = None) -> DataError:
     formats = (
         f"messages (a {column!r} column of chat messages), prompt-completion ('prompt' and 'completion' "
-        "columns), text (a 'text' column)"
+        "columns), text (a 'text' column), question/answer, instruction/input/output, prompt/response"
     )
-    return data_error(
+    error = data_error(
         row.file,
         row.row,
         field_name or column,
-        f"{problem}; known formats: {formats}",
-        f"pass --messages-column NAME or --dataset-format FORMAT for this data (columns: {_columns(row)})",
+        f"{problem}; known formats: {formats}; other columns map to a conversation with --columns "
+        "user=COLUMN,assistant=COLUMN (a column of chat messages: --messages-column NAME)",
+        f"--columns {_example(row)}",
     )
+    error.details["add"] = ("--columns", _example(row))  # the command line's caller pastes the whole command
+    return error
 
 
 def validate_messages(row: Row, column: str, *, need_assistant: bool) -> list[dict[str, Any]]:
@@ -278,6 +296,8 @@ def row_item(row: Row, fmt: str, *, column: str, assistant_only: bool, eos: str 
     if fmt == "messages":
         msgs = validate_messages(row, column, need_assistant=assistant_only)
         return ChatItem(row, msgs, _tools(row), 0, column)
+    if fmt.startswith(COLUMNS_PREFIX):
+        return ChatItem(row, mapped_messages(row, fmt), _tools(row), 0, "columns")
     if fmt == "text":
         text = _required(row, "text", column)
         if not isinstance(text, str) or not text:
@@ -315,3 +335,73 @@ def _required(row: Row, name: str, column: str) -> Any:
 def _with_eos(text: str, eos: str | None) -> str:
     """Text rows end with the end-of-sequence token (as TRL does), so the model learns to stop."""
     return text if not eos or text.endswith(eos) else text + eos
+
+
+# ------------------------------------------------------------------------------------ mapped columns ---
+COLUMNS_PREFIX = "columns:"
+
+# (what the layout is called, the columns that identify it, the mapping); the first whose columns a row has wins.
+# A ``system`` column, when present, becomes the system message.
+LAYOUTS: tuple[tuple[str, frozenset[str], str], ...] = (
+    ("question/answer", frozenset({"question", "answer"}), "user=question,assistant=answer"),
+    ("instruction/input/output (Alpaca)", frozenset({"instruction", "input", "output"}),
+     "user=instruction+input,assistant=output"),
+    ("instruction/output", frozenset({"instruction", "output"}), "user=instruction,assistant=output"),
+    ("prompt/response", frozenset({"prompt", "response"}), "user=prompt,assistant=response"),
+)
+
+
+def columns_format(spec: str) -> str:
+    """The format string of a ``--columns`` mapping (normalised: ``columns:user=a+b,assistant=c``)."""
+    mapping = parse_columns(spec)
+    return COLUMNS_PREFIX + ",".join(f"{role}={'+'.join(cols)}" for role, cols in mapping.items())
+
+
+def detect_layout(keys: set[str]) -> tuple[str, str] | None:
+    """(the layout's name, its format string) for a row with these columns, or None."""
+    for name, needs, spec in LAYOUTS:
+        if needs <= keys:
+            return name, columns_format(spec + (",system=system" if "system" in keys else ""))
+    return None
+
+
+def describe_format(fmt: str) -> str:
+    """``columns:user=question,assistant=answer`` -> ``a conversation mapped from columns (user=question,
+    assistant=answer)``; another format as it is."""
+    if not fmt.startswith(COLUMNS_PREFIX):
+        return fmt
+    return f"a conversation mapped from columns ({fmt[len(COLUMNS_PREFIX):].replace(',', ', ')})"
+
+
+def mapped_messages(row: Row, fmt: str) -> list[dict[str, Any]]:
+    """The row's ``[system?, user, assistant]`` messages under the mapping ``fmt``; a DataError names a missing
+    or non-string column. Several columns of one role are joined by a blank line, empty ones left out (an
+    Alpaca row's empty ``input``)."""
+    mapping = parse_columns(fmt[len(COLUMNS_PREFIX):])
+    messages = []
+    for role in ("system", "user", "assistant"):
+        parts = []
+        for column in mapping.get(role, ()):
+            if column not in row.value:
+                columns = ", ".join(sorted(map(str, row.value))) or "none"
+                raise data_error(row.file, row.row, column, f"column {column!r} ({role}) is missing (columns: "
+                                 f"{columns})", f"--columns {_example(row)}")
+            value = row.value[column]
+            if value is not None and not isinstance(value, str):
+                raise data_error(row.file, row.row, column, f"expected a string for the {role} message, got "
+                                 f"{type(value).__name__}")
+            if value and value.strip():
+                parts.append(value)
+        if parts:
+            messages.append({"role": role, "content": "\n\n".join(parts)})
+    if not any(m["role"] == "assistant" for m in messages):
+        answer = "+".join(mapping["assistant"])
+        raise data_error(row.file, row.row, answer, "the assistant column is empty, so there is nothing to train on")
+    return messages
+
+
+def _example(row: Row) -> str:
+    """A --columns value naming this row's own first two columns, to edit."""
+    names = [str(k) for k in row.value][:2]
+    names += ["USER_COLUMN", "ASSISTANT_COLUMN"][len(names):]
+    return f"user={names[0]},assistant={names[1]}"

@@ -3,8 +3,10 @@ name (see kernelguard.train.inputs.data's docstring for why JSON is read line by
 
 from __future__ import annotations
 
+import difflib
 import gzip
 import json
+import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -17,7 +19,17 @@ from kernelguard.install import extra_command
 
 from .rows import Row, data_error
 
-__all__ = ["JSON_SUFFIXES", "PARQUET_SUFFIXES", "SPLIT_NAMES", "Keep", "iter_rows", "resolve_files"]
+__all__ = [
+    "JSON_SUFFIXES",
+    "PARQUET_SUFFIXES",
+    "SPLIT_NAMES",
+    "Keep",
+    "hub_offline_error",
+    "iter_rows",
+    "looks_local",
+    "missing_path_error",
+    "resolve_files",
+]
 
 JSON_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
@@ -47,11 +59,11 @@ def _split_of(path: Path, root: Path) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def resolve_files(data: str, *, split: str | None = "train") -> list[Path] | None:
+def resolve_files(data: str, *, split: str | None = "train", flag: str = "--data") -> list[Path] | None:
     """Local files to read, or None when ``data`` is not a local path (then it is a dataset name). In a
     folder, files named by split (train.jsonl, test/...) are read for ``split`` only; hidden files and
     metadata are skipped. ``split`` None: every file (an --eval-data folder is all eval data)."""
-    path = Path(data)
+    path = Path(data).expanduser()
     known = JSON_SUFFIXES + PARQUET_SUFFIXES
     if path.is_file():
         if _data_suffix(path) not in known:
@@ -85,9 +97,116 @@ def resolve_files(data: str, *, split: str | None = "train") -> list[Path] | Non
         return files if split is None else _files_of_split(files, path, split)
     if (broken := dangling_link(path)) is not None:
         raise ConfigError(f"--data {broken}.", fix="check --data")
-    if _data_suffix(path) in known or data.startswith((".", "/")):
-        raise ConfigError(f"data path {data} does not exist.", fix="check --data")
+    if looks_local(data):
+        raise missing_path_error(data, flag=flag)
     return None
+
+
+# Suffixes that make a name a file name, never a Hub dataset id (Hub ids are ``owner/name`` or a bare name, and
+# a dot followed by letters is all but unknown in them).
+_FILE_SUFFIXES = ("jsonl", "json", "parquet", "csv", "tsv", "txt", "gz", "zst", "bz2", "xz", "zip", "arrow",
+                  "ndjson", "jsonlines", "pq", "yaml", "yml", "xlsx", "md")
+_LETTER_SUFFIX = re.compile(r"\.([A-Za-z][A-Za-z0-9]{0,9})$")
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
+def looks_local(data: str) -> bool:
+    """Whether ``data`` (a --data / --eval-data value that does not exist) was meant as a local path, so it must
+    be refused at once instead of being tried as a Hub dataset name (45 s of network retries when offline): it
+    starts with ``.``, ``/`` or ``~``, has more than one ``/`` or a ``\\``, sits in a folder that exists
+    (``data/chat.jsnol``), or ends in a file-like suffix (``chitchat.jsnol``; after an ``owner/`` only a
+    data-file suffix or a near miss of one, since a Hub id may hold a dot)."""
+    if data.startswith((".", "/", "~")) or "\\" in data or data.count("/") > 1:
+        return True
+    if "/" in data and _exists(Path(data).parent):
+        return True
+    match = _LETTER_SUFFIX.search(data)
+    if match is None:
+        return False
+    suffix = match.group(1).lower()
+    return "/" not in data or suffix in _FILE_SUFFIXES or bool(
+        difflib.get_close_matches(suffix, ("jsonl", "json", "parquet"), n=1, cutoff=0.6))
+
+
+def missing_path_error(data: str, *, flag: str) -> ConfigError:
+    """``flag DATA`` names no file or folder: say so, with the nearest existing name in its folder. The value
+    to put instead is in ``details["replace"]`` (the command line's caller pastes the corrected command)."""
+    path = Path(data).expanduser()
+    folder = path.parent
+    if not _exists(folder):
+        return ConfigError(f"{flag} {data}: no such file or folder ({folder} does not exist either); a local path "
+                           "is never looked up on the Hugging Face Hub.")
+    try:
+        names = [p.name for p in folder.iterdir() if not p.name.startswith(".")]
+    except OSError:
+        names = []
+    # near in the whole name and in the stem: `nope.jsonl` is not "nearly" `nocol.jsonl` for sharing `.jsonl`
+    stem = path.name.split(".")[0]
+    alike = [n for n in names if difflib.SequenceMatcher(None, stem, n.split(".")[0]).ratio() >= 0.6]
+    close = difflib.get_close_matches(path.name, alike, n=1, cutoff=0.6)
+    if not close:
+        where = "the current folder" if str(folder) == "." else folder
+        return ConfigError(f"{flag} {data}: no such file or folder in {where}; a local path is never looked up on "
+                           "the Hugging Face Hub.")
+    suggestion = close[0] if str(folder) == "." and not data.startswith("./") else str(Path(data).parent / close[0])
+    return ConfigError(f"{flag} {data}: no such file or folder; did you mean {suggestion}?",
+                       fix=f"{flag} {suggestion}", details={"flag": flag, "replace": (data, suggestion)})
+
+
+def hub_offline_error(data: str, *, flag: str = "--data") -> ConfigError | None:
+    """One line when ``data`` (a dataset name) would be read from the Hub while the Hub is off
+    (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``) or its host does not resolve, and the dataset is not in the
+    local cache; None otherwise. Said before the guard runs, never after retries. A cached dataset with no
+    network is read from the cache: ``HF_HUB_OFFLINE=1`` is set for this process and the ranks it starts."""
+    offline = next((f"{name}={os.environ[name]} is set" for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+                    if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")), None)
+    if offline is None and (host := _unreachable_hub_host()) is not None:
+        offline = f"{host} cannot be reached from this machine (its name does not resolve)"
+        if _in_hub_cache(data):
+            os.environ["HF_HUB_OFFLINE"] = "1"  # read the cached copy without six retries first
+    if offline is None or _in_hub_cache(data):
+        return None
+    return ConfigError(
+        f"{flag} {data} is no local file or folder, so it would be read from the Hugging Face Hub, but "
+        f"{offline} and the dataset is not in the local cache.",
+        fix=f"hf download --repo-type dataset {data}   (with network; or pass a local file as {flag})",
+    )
+
+
+def _unreachable_hub_host(timeout_s: float = 2.0) -> str | None:
+    """The Hub's host name when it does not resolve within ``timeout_s`` (no network, no DNS); else None."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    found: list[bool] = []
+
+    def resolve() -> None:
+        try:
+            socket.getaddrinfo(host, 443)
+            found.append(True)
+        except OSError:
+            found.append(False)
+
+    worker = threading.Thread(target=resolve, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return None if found and found[0] else host
+
+
+def _in_hub_cache(data: str) -> bool:
+    """Whether a copy of dataset ``data`` is in Hugging Face's caches (hub snapshots or datasets' own)."""
+    home = Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser()
+    hub = Path(os.environ.get("HF_HUB_CACHE", home / "hub")).expanduser()
+    cached = Path(os.environ.get("HF_DATASETS_CACHE", home / "datasets")).expanduser()
+    return _exists(hub / ("datasets--" + data.replace("/", "--"))) or _exists(cached / data.replace("/", "___"))
 
 
 def _files_of_split(files: list[Path], root: Path, split: str) -> list[Path]:

@@ -128,6 +128,13 @@ class DataSection:
         "auto", "row layout: chat messages, prompt/completion pairs or plain text; auto detects it"
     )
     messages_column: str = setting("messages", "column that holds the conversation")
+    columns: str | None = setting(
+        None,
+        "map other columns to a conversation: ROLE=COLUMN pairs (roles system, user, assistant; several columns "
+        "of one role joined by +), e.g. user=question,assistant=answer. question/answer, instruction/input/output "
+        "(Alpaca) and prompt/response rows are mapped without it",
+        metavar="ROLE=COLUMN,...",
+    )
     split: str = setting("train", "dataset split to train on")
     skip_bad_rows: bool = setting(False, "skip malformed rows instead of stopping")
     assistant_only_loss: bool = setting(

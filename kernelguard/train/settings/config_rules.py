@@ -23,6 +23,7 @@ from .packing_modes import PACKING_MODES
 __all__ = [
     "ATTENTION_CHOICES",
     "CHECKPOINTING_VALUES",
+    "COLUMN_ROLES",
     "DATASET_FORMATS",
     "DEFAULT_MAX_SHARD_SIZE",
     "INIT_CHOICES",
@@ -41,6 +42,7 @@ __all__ = [
     "choices_of",
     "field_kinds",
     "normalize_report_to",
+    "parse_columns",
     "parse_size",
     "validate",
 ]
@@ -53,6 +55,9 @@ LOSS_CHOICES = ("chunked", "logits")  # kernelguard.train.step.loss.linear_cross
 LR_SCHEDULER_TYPES = ("cosine", "linear", "constant", "constant_with_warmup")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # logging's, for --log-level
 DATASET_FORMATS = ("auto", "messages", "prompt-completion", "text")
+# --columns ROLE=COLUMN,...: the roles a row's columns can be mapped to (kernelguard.train.inputs.columns).
+COLUMN_ROLES = ("system", "user", "assistant")
+_COLUMNS_EXAMPLE = "user=question,assistant=answer"
 INIT_CHOICES = ("pretrained", "random")  # where a run's weights come from (kernelguard.train.startup.preflight)
 REPORT_TO_CHOICES = ("none", "tensorboard", "wandb", "trackio")
 # --activation-checkpointing VALUE -> RuntimeSection.activation_checkpointing (None: auto)
@@ -101,6 +106,30 @@ def _one_of(name: str, choices: tuple[str, ...], fix: str) -> Rule:
     )
 
 
+def parse_columns(spec: str) -> dict[str, tuple[str, ...]]:
+    """``user=instruction+input,assistant=output`` -> ``{"user": ("instruction", "input"), "assistant":
+    ("output",)}``: which columns make each role's message (several joined by a blank line)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for pair in (p.strip() for p in str(spec).split(",") if p.strip()):
+        role, sep, names = pair.partition("=")
+        columns = tuple(c.strip() for c in names.split("+"))
+        if not sep or role.strip() not in COLUMN_ROLES or role.strip() in out or not all(columns):
+            raise ConfigError(f"--columns {spec}: {pair!r} is not ROLE=COLUMN.", fix="--columns " + _COLUMNS_EXAMPLE)
+        out[role.strip()] = columns
+    if not {"user", "assistant"} <= set(out):
+        raise ConfigError(f"--columns {spec}: a user and an assistant column are needed.",
+                          fix="--columns " + _COLUMNS_EXAMPLE)
+    return out
+
+
+def _parses(parse: Callable[[Any], Any], value: Any) -> bool:
+    try:
+        parse(value)
+    except ConfigError:
+        return False
+    return True
+
+
 def _is_size(value: Any) -> bool:
     try:
         parse_size(value)
@@ -130,6 +159,13 @@ RULES: tuple[Rule, ...] = (
     _not_empty("lock", "--lock"),
     _one_of("init", INIT_CHOICES, "--init pretrained (a model folder's weights) or --init random"),
     _one_of("dataset_format", DATASET_FORMATS, "--dataset-format auto"),
+    Rule(("columns",), lambda v: _parses(parse_columns, v),
+         "{name} is {value!r}; expected ROLE=COLUMN pairs joined by commas, a user and an assistant column at "
+         "least (roles: " + ", ".join(COLUMN_ROLES) + "; several columns of one role joined by +, e.g. "
+         "user=instruction+input).", "--columns " + _COLUMNS_EXAMPLE),
+    Rule(("dataset_format", "columns"), lambda fmt, columns: columns is None or fmt == "auto",
+         "columns ({columns}) maps the rows to a conversation, so dataset_format {dataset_format} cannot apply.",
+         "drop --dataset-format, or drop --columns"),
     _must("eval_fraction", lambda v: 0.0 <= v < 1.0, "in [0, 1)", "--eval-fraction 0.05"),
     _must("eval_every", lambda v: v >= 0, ">= 0 (0: evaluate at the end only)", "--eval-every 100"),
     Rule(

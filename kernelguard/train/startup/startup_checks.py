@@ -171,7 +171,7 @@ def check_inputs(cfg: Any) -> None:
     """The tokenizer folder holds tokenizer files, --chat-template is a readable file or a shipped name, the
     training and eval data exist (no downloads are made)."""
     from .. import chat_templates
-    from ..inputs.sources import resolve_files
+    from ..inputs.sources import hub_offline_error, resolve_files
 
     tokenizer = Path(str(cfg.model.tokenizer))
     if not tokenizer.is_dir():
@@ -183,11 +183,17 @@ def check_inputs(cfg: Any) -> None:
     if template:
         chat_templates.choose(None, template)  # an unknown name is refused here, before the tokenizer loads
     train_files = resolve_files(cfg.data.data, split=cfg.data.split)  # None for a dataset name
+    if train_files is None and (offline := hub_offline_error(cfg.data.data)) is not None:
+        raise offline
     if cfg.evaluation.eval_data:
         try:
-            eval_files = resolve_files(cfg.evaluation.eval_data, split=None)
+            eval_files = resolve_files(cfg.evaluation.eval_data, split=None, flag="--eval-data")
         except ConfigError as e:
+            if e.details.get("flag") == "--eval-data" or e.message.startswith("--eval-data "):
+                raise
             raise ConfigError(f"--eval-data: {e.message}", fix="check --eval-data") from e
+        if eval_files is None and (offline := hub_offline_error(cfg.evaluation.eval_data, flag="--eval-data")):
+            raise offline
         same = {p.resolve() for p in train_files or ()} & {p.resolve() for p in eval_files or ()}
         if same or cfg.evaluation.eval_data == cfg.data.data:
             raise ConfigError(
