@@ -6,8 +6,8 @@ guard, medians of --repeats), against one training step (forward + backward) of 
 own figures: per layer, the first example's difference (rounding) and the largest later one, for a correct row
 and for a row whose GDN kernel ignores its boundaries (the negative control: it must differ).
 
-  python bench/first_row_probe_cost.py --tiny            # CPU, fake providers, seconds
-  python bench/first_row_probe_cost.py --device cuda     # GPU: real fla / causal-conv1d, the proxy widths
+  python bench/gpu/first_row_probe_cost.py --tiny            # CPU, fake providers, seconds
+  python bench/gpu/first_row_probe_cost.py --device cuda     # GPU: real fla / causal-conv1d, the proxy widths
 
 Writes one JSON object to --out (default: stdout).
 """
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _model(args: argparse.Namespace) -> Any:
