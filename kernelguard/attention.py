@@ -7,7 +7,7 @@ the O(T^2) block mask SDPA derives from packed position ids. Unknown implementat
 mask builder return no mask, which is what a varlen kernel wants.
 
 Packed rows carry their boundaries as ``cu_seq_lens_q/k`` (transformers' ``DataCollatorWithFlattening(
-return_flash_attn_kwargs=True)``, TRL's ``padding_free=True`` collator); a batch-1 row with only ``position_ids``
+return_flash_attn_kwargs=True)``, TRL >= 1.16's ``padding_free=True`` collator); a batch-1 row with only ``position_ids``
 gets its boundaries from where the positions restart, as transformers' flash-attention path does, so a packed row
 never attends across examples. ``reference_varlen_attn`` is a per-segment SDPA with torch's ``varlen_attn``
 signature: the CPU stand-in for tests and debugging (``set_varlen_impl(reference_varlen_attn)``).

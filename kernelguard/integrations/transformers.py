@@ -208,8 +208,9 @@ def _check_packed_sequences(report: Any, packing: Packing, *, allowed: bool = Fa
         f"kernelguard refused to start training: batches are packed ({packing.source}) but carry no "
         f"cu_seq_lens_q/seq_idx, and this model's {', '.join(gdn)} layers find example boundaries only there: "
         "recurrent and conv state would leak from each example into the next (silently wrong training).",
-        fix="DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True), or TRL's "
-        "SFTConfig(padding_free=True); or accept it explicitly with "
+        fix="DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True), or TRL >= 1.16's "
+        "SFTConfig(padding_free=True) (pip install 'trl>=1.16': TRL 1.15's padding-free batches carry position_ids "
+        "only); or accept it explicitly with "
         f"{CALLBACK_ALLOW.format(allow_hint([PACKED_WITHOUT_BOUNDARIES], PYTHON))}",
     )
 
