@@ -48,12 +48,12 @@ class GdnBoundaries:
 def _accepts(closure: compat.FallbackClosure, param: str, policy: AllowPolicy) -> str | None:
     """None when the implementation transformers calls takes ``param``; else why it does not. A torch reference
     the policy refuses counts as taking it: its tripwire refuses the call first, with the install fix."""
-    hub = compat.hub_kernel(closure)
+    hub = compat.hub_func(closure)
     if hub is None and closure.is_torch_reference:
         if not policy.allows_site(closure.kernel, compat.import_failure(closure).issues):
             return None
         return f"`{closure.kernel}` runs its torch reference, which ignores `{param}`"
-    impl = closure.func_module.forward if hub is not None else closure.implementation
+    impl = hub.forward if hub is not None else closure.implementation
     try:
         params = inspect.signature(impl).parameters
     except (TypeError, ValueError):  # a builtin without a signature: it gets what the layer passes

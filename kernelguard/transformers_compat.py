@@ -16,18 +16,19 @@ a config). Only the standard library is imported at module import time.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import inspect
-import logging
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FunctionType, ModuleType
 from typing import Any
 
+from kernelguard import kernels_funcs
 from kernelguard.catalog import PACKAGES, KernelRequirement
 from kernelguard.errors import UnsupportedTransformersError
 from kernelguard.hub_load import kernels_hub_status, transformers_package_devices
@@ -90,6 +91,7 @@ class FallbackClosure:
     torch_function: Callable[..., Any]
     wrapped: Callable[..., Any]  # transformers' closure (calls `implementation`)
     func_module: Any = None  # the kernels `Func` instance, when kernels turned `wrapped` into a module
+    layer_func: Any = None  # the calling layer's own copy of it (kernels >= 0.18), which kernelize() changes
 
     @property
     def is_torch_reference(self) -> bool:
@@ -239,26 +241,19 @@ def hub_wrapper(obj: Any) -> Callable[..., Any] | None:
     return inner if isinstance(inner, FunctionType) else None
 
 
-def hub_kernel(closure: FallbackClosure) -> str | None:
-    """``repo@revision`` when ``kernelize()`` pointed this Func module at a Hub kernel, else None."""
-    func_module = closure.func_module
-    if func_module is None:
+def hub_kernel(closure: FallbackClosure, layers: Iterable[Any] = ()) -> str | None:
+    """``repo@revision`` when ``kernelize()`` pointed the kernels Func serving this site at a Hub kernel."""
+    func = hub_func(closure, layers)
+    return None if func is None else kernels_funcs.hub_kernel_of(func)
+
+
+def hub_func(closure: FallbackClosure, layers: Iterable[Any] = ()) -> Any | None:
+    """The kernels Func whose ``forward`` kernelize() replaced for this site (module-level, or the layer's own
+    copy: :mod:`kernelguard.kernels_funcs`), or None when the site is not served by the Hub."""
+    if closure.func_module is None:
         return None
-    forward = func_module.__dict__.get("forward")
-    impl = getattr(forward, "__func__", None)
-    if impl is None or impl is type(func_module).forward:
-        return None
-    try:
-        from kernels.layer import layer as kernels_layer
-    except ImportError as exc:  # best effort: kernels' layer cache is not public API and may move
-        logging.getLogger("kernelguard").debug("cannot read kernels' layer cache: %r", exc)
-        kernels_layer = None
-    for repo, cls in dict(getattr(kernels_layer, "_CACHED_LAYER", None) or {}).items():
-        if getattr(cls, "forward", None) is impl:
-            repo_id = getattr(repo, "repo_id", None) or getattr(repo, "_repo_id", None) or str(repo)
-            revision = getattr(repo, "revision", None) or getattr(repo, "_revision", None) or "unknown"
-            return f"{repo_id}@{revision}"
-    return f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}@unknown"
+    own = (closure.layer_func,) if closure.layer_func is not None else ()
+    return kernels_funcs.serving_func(closure.func_module, layers, own)
 
 
 def internal_path(kernel: str) -> str | None:
@@ -331,6 +326,9 @@ def layer_global_sites(layer: Any) -> list[GlobalSite]:
             continue
         closure = unpack_closure(value)
         if closure is not None:
+            own = kernels_funcs.layer_copy(layer, closure.func_module) if closure.func_module is not None else None
+            if own is not None:
+                closure = dataclasses.replace(closure, layer_func=own)
             sites.append(GlobalSite(module=module_name, name=name, closure=closure))
     return sites
 

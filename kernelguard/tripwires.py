@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from types import FrameType, ModuleType, TracebackType
 from typing import Any
 
-from kernelguard import import_hook
+from kernelguard import import_hook, kernels_funcs
 from kernelguard import transformers_compat as compat
 from kernelguard.errors import ConfigError, KernelFallbackError
 from kernelguard.policy import AllowPolicy
@@ -215,8 +215,9 @@ def _install_fix(patch: _Patch) -> str:
 
 def _trip(patch: _Patch, layer: Callable[[], str], *, tracing: bool = False) -> None:
     """Record the entry; raise when refused and an arming raises. ``layer`` names the caller (called once)."""
+    # Kernelized after arming (the module-level Func, or the copy the calling layer dispatches to now).
     if patch.closure is not None and patch.closure.func_module is not None and compat.hub_kernel(patch.closure):
-        patch.quiet = patch.served = True  # kernelized onto a Hub kernel after arming: nothing falls back
+        patch.quiet = patch.served = True
         return
     failure = patch.failure()
     allowed = patch.allowed()
@@ -334,6 +335,15 @@ def _install(owner: Any, name: str, kernel: str, site: str, closure: compat.Fall
     return patch
 
 
+def _retrace_compiled_graphs() -> None:
+    """Drop dynamo's compiled code (only that: CUDA graphs stay) so each region is traced again, through the
+    tripwire: see :func:`kernelguard.kernels_funcs.compiled_graphs_miss_rebinding`."""
+    dynamo = sys.modules.get("torch._dynamo")
+    convert_frame = getattr(dynamo, "convert_frame", None)
+    if dynamo is not None and getattr(getattr(convert_frame, "input_codes", None), "seen", None):
+        dynamo.reset_code_caches()
+
+
 def _reinstall(owner: Any, name: str) -> _Patch | None:
     """The retired patch of ``owner.<name>``, put back, when the name still holds what it wrapped."""
     patch = REGISTRY.retired.pop((id(owner), name), None)
@@ -377,6 +387,8 @@ class Tripwires:
             if patch is None:
                 patch = _reinstall(owner, name) or _install(owner, name, kernel, site, closure)
                 REGISTRY.patches[key] = patch
+                if kernels_funcs.compiled_graphs_miss_rebinding(patch.original):
+                    _retrace_compiled_graphs()
             if self not in patch.holders:
                 patch.holders.append(self)
                 patch.holders_changed()

@@ -171,7 +171,21 @@ def test_525_community_layers_are_read_as_hub_repos() -> None:
 
 
 # ------------------------------------------------------------------ the CLI, under the installed transformers
-def _kg_env(tmp_path: Path, *args: str, env: str | None = None, rc: int = 0) -> dict:  # type: ignore[type-arg]
+def _kernels_stand_in(tmp_path: Path, version: str) -> Path:
+    """A folder whose kernels metadata says ``version``: first on PYTHONPATH, it is the kernels kernelguard
+    and transformers read the version of (the code imported stays the installed one)."""
+    site = tmp_path / f"site-{version}"
+    (info := site / f"kernels-{version}.dist-info").mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: kernels\nVersion: {version}\n")
+    return site
+
+
+# Older than every window transformers has had: "installed, but outside the window".
+OUT_OF_WINDOW = "0.15.2"
+
+
+def _kg_env(tmp_path: Path, *args: str, env: str | None = None, rc: int = 0,
+            site: Path | None = None) -> dict:  # type: ignore[type-arg]
     import os
 
     saved = os.environ.get("USE_HUB_KERNELS")
@@ -179,7 +193,8 @@ def _kg_env(tmp_path: Path, *args: str, env: str | None = None, rc: int = 0) -> 
         os.environ.pop("USE_HUB_KERNELS", None)
         if env is not None:
             os.environ["USE_HUB_KERNELS"] = env
-        return kg_json(*ALLOW_ALL, "--no-packed", *args, cwd=tmp_path, rc=rc, pythonpath=(REPO,))
+        path = (site, REPO) if site is not None else (REPO,)
+        return kg_json(*ALLOW_ALL, "--no-packed", *args, cwd=tmp_path, rc=rc, pythonpath=path)
     finally:
         os.environ.pop("USE_HUB_KERNELS", None)
         if saved is not None:
@@ -187,10 +202,11 @@ def _kg_env(tmp_path: Path, *args: str, env: str | None = None, rc: int = 0) -> 
 
 
 def test_cli_default_follows_the_installed_transformers(tmp_path: Path) -> None:
-    kernels = metadata.version("kernels")
+    kernels = OUT_OF_WINDOW
     window = discovery.kernels_version_window()
     assert window is not None and not (Version(window[0]) <= Version(kernels) < Version(window[1]))
-    data = _kg_env(tmp_path, rc=1 if HUB_DEFAULT else 0)
+    data = _kg_env(tmp_path, rc=1 if HUB_DEFAULT else 0, site=_kernels_stand_in(tmp_path, kernels))
+    assert data["environment"]["packages"]["kernels"]["value"] == kernels
     if HUB_DEFAULT:
         assert data["load_error"]["provider"] == "from_pretrained(use_kernels=True)"
         assert data["load_error"]["fix"] == f"pip install 'kernels>={window[0]},<{window[1]}'"
@@ -205,9 +221,7 @@ def test_cli_default_follows_the_installed_transformers(tmp_path: Path) -> None:
 def test_cli_in_window_kernels_stand_in_loads_and_lists_the_hub_first(tmp_path: Path) -> None:
     window = discovery.kernels_version_window()
     assert window is not None
-    site = tmp_path / "site"
-    (info := site / f"kernels-{window[0]}.dist-info").mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: kernels\nVersion: {window[0]}\n")
+    site = _kernels_stand_in(tmp_path, window[0])
     data = kg_json(*ALLOW_ALL, "--no-packed", cwd=tmp_path, rc=0, pythonpath=(site, REPO))
     assert data["environment"]["packages"]["kernels"]["value"] == window[0]
     assert data["load_error"] is None
@@ -225,7 +239,8 @@ def test_cli_hub_off_never_fails_on_the_load(tmp_path: Path, args: tuple[str, ..
 
 
 def test_cli_text_names_the_load_and_its_fix(tmp_path: Path) -> None:
-    proc = kg("check", "--hub", "--no-packed", *ALLOW_ALL, cwd=tmp_path, pythonpath=(REPO,))
+    site = _kernels_stand_in(tmp_path, OUT_OF_WINDOW)
+    proc = kg("check", "--hub", "--no-packed", *ALLOW_ALL, cwd=tmp_path, pythonpath=(site, REPO))
     assert "Traceback" not in proc.stderr and "silently disabled" not in proc.stdout
     if HUB_DEFAULT:  # the load fails whatever is allowed, and the fix keeps transformers 5.25
         assert proc.returncode == 1 and "transformers==5.17" not in proc.stdout

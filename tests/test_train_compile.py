@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 SITES = [
     "causal_conv1d_update",
@@ -34,8 +35,8 @@ def fresh_dynamo() -> Iterator[None]:
 def _blocks(vocab: int) -> list[dict[str, Any]]:
     import torch
 
-    from kernelguard.train.step.packing import build_packed_block
     from kernelguard.packed_batch import IGNORE_INDEX
+    from kernelguard.train.step.packing import build_packed_block
 
     g = torch.Generator().manual_seed(1)
     examples = []
@@ -126,8 +127,8 @@ def test_without_the_opaque_wrappers_dynamo_would_trace_the_kernels(
     fake_providers: Any, tiny: Any, fresh_dynamo: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control for the test above: the causal conv left out of the opaque call sites is traced."""
-    from kernelguard.train.model import compile as regional
     from kernelguard.packed_batch import MODEL_INPUT_KEYWORDS
+    from kernelguard.train.model import compile as regional
 
     found = regional._kernel_call_sites
     monkeypatch.setattr(
@@ -140,6 +141,11 @@ def test_without_the_opaque_wrappers_dynamo_would_trace_the_kernels(
         assert "causal_conv1d_fn" not in done.describe()
         block = _blocks(model.config.vocab_size)[0]
         model(**{k: block[k] for k in MODEL_INPUT_KEYWORDS}, use_cache=False)
+    except torch._dynamo.exc.InternalTorchDynamoError as error:
+        # kernels >= 0.18's Func dispatch cannot be traced at all: dynamo failing inside it, called from the
+        # spy on the conv, is the same finding (and a harder failure than a slow trace).
+        assert "kernels" in str(error) and "in spy" in str(error), error
+        tracing.append(True)
     finally:
         done.restore()
     assert True in tracing, tracing
