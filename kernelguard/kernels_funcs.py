@@ -20,7 +20,8 @@ from types import ModuleType
 from typing import Any
 
 __all__ = [
-    "compiled_graphs_miss_rebinding", "hub_kernel_of", "kernels_layer_module", "layer_copy", "serving_func",
+    "compiled_graphs_miss_rebinding", "hub_kernel_of", "is_func_module", "kernels_layer_module", "layer_copy",
+    "serving_func",
 ]
 
 # kernels' private layer module, wherever the installed release keeps it (0.19: under ``_internals``).
@@ -38,6 +39,11 @@ def kernels_layer_module() -> ModuleType | None:
                 continue
         return module
     return None
+
+
+def is_func_module(obj: Any) -> bool:
+    """A kernels Func: a function turned into a module, never the layer that calls it."""
+    return "_create_func_module" in type(obj).__qualname__ and hasattr(obj, "kernel_layer_name")
 
 
 def layer_copy(layer: Any, func_module: Any) -> Any | None:

@@ -309,7 +309,10 @@ def _forward_names(cls: type) -> tuple[tuple[str, ...], dict[str, Any]]:
 
 
 def _helper_names(value: Any, module: Any) -> tuple[str, ...]:
-    """The names a plain function of the modeling module itself looks up (never a kernel wrapper's)."""
+    """The names a plain function of the modeling module itself looks up (never a kernel wrapper's); with
+    kernels importable, 5.25's ``causal_conv1d_forward`` is a kernels Func module around that function."""
+    if value is not None and not isinstance(value, FunctionType) and hasattr(value, "kernel_layer_name"):
+        value = hub_wrapper(value)
     if not isinstance(value, FunctionType) or value.__module__ != module or unpack_closure(value) is not None:
         return ()
     return tuple(getattr(getattr(inspect.unwrap(value), "__code__", None), "co_names", ()))

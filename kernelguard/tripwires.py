@@ -71,7 +71,9 @@ _MAX_TRACING_FRAMES = 2000  # dynamo adds ~15 frames of its own per function it 
 
 # ------------------------------------------------------------------------------------------ layer paths ---
 def _is_module(obj: Any) -> bool:
-    return obj is not None and hasattr(obj, "_modules") and hasattr(obj, "named_modules")
+    # A kernels Func (5.25 calls the conv from inside one) is a module but never the layer.
+    return (obj is not None and hasattr(obj, "_modules") and hasattr(obj, "named_modules")
+            and not kernels_funcs.is_func_module(obj))
 
 
 def layer_from_frames(frame: FrameType | None) -> str:
