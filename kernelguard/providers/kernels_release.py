@@ -56,7 +56,7 @@ def import_kernels() -> KernelsRelease:
         metadata_type=kernels.Metadata,
         # 0.17 parses LOCAL_KERNELS in kernels.load, 0.16 in kernels.utils; same syntax and errors.
         parse_local_kernels=_private_function(_internal("load", "utils"), "_parse_local_kernel_overrides"),
-        versions=_first_module(_internal("_versions", "versions")),
+        versions=_first_module(_internal("_versions")),
         supports_capability=_private_function(_internal("archs"), "_supports_cuda_capability"),
         minver_problem=minver_problem,
         minver_refuses=minver_refuses,
@@ -65,8 +65,9 @@ def import_kernels() -> KernelsRelease:
 
 
 def _internal(*names: str) -> tuple[str, ...]:
-    """Each private module where 0.16-0.18 keep it (``kernels.X``), then under 0.19's ``kernels._internals``."""
-    return tuple(f"kernels.{n}" for n in names) + tuple(f"kernels._internals.{n.lstrip('_')}" for n in names)
+    """Each private module where 0.16-0.18 keep it (``kernels.X``), then where 0.19 keeps it under the same name
+    (``kernels._internals.X``: ``kernels._internals._versions``, ``kernels._internals.layer.layer``)."""
+    return tuple(f"kernels.{n}" for n in names) + tuple(f"kernels._internals.{n}" for n in names)
 
 
 def _required(name: str) -> ModuleType:
