@@ -355,7 +355,10 @@ def _target_backend(kernels: KernelsRelease, target: HubTarget) -> Any:
         raise ValueError("HubTarget takes either cuda_version or backend, not both")
     if target.cuda_version is not None:
         return kernels.backends.CUDA(version=Version(target.cuda_version))
-    return kernels.backends.parse_backend(target.backend or "cpu")
+    parse = kernels.backends.parse_backend
+    token = target.backend or "cpu"
+    # 0.19 parses a variant name's backend parts (["rocm64"]), earlier releases the token itself.
+    return parse([token]) if "parts" in inspect.signature(parse).parameters else parse(token)
 
 
 def _major_minor(version: str | None) -> Any:

@@ -2,10 +2,10 @@
 
 transformers 5.17 accepts kernels [0.16, 0.17), 5.23/5.24 accept [0.18.2, 0.19), and 0.16 and 0.17 lay out
 their private helpers differently (0.17: ``kernels.load``, ``kernels.validate``, ``kernels._rust``; 0.16:
-``kernels.utils``, ``kernels.minver``, ``kernels_data``; 0.19 moves the layer code under ``kernels._internals``,
-as transformers 5.25's logger filter for ``kernels._internals.layer.layer`` shows). Only public modules (``kernels``, ``kernels.variants``,
-``kernels.backends``) are required; each private helper is looked up here and a missing one is None, which
-:mod:`kernelguard.providers.hub` turns into a note, never an import error.
+``kernels.utils``, ``kernels.minver``, ``kernels_data``; 0.19 keeps every module but ``kernels._rust`` under
+``kernels._internals``, names unchanged). Only ``kernels`` and its variant and backend modules are required;
+each private helper is looked up here and a missing one is None, which :mod:`kernelguard.providers.hub` turns
+into a note, never an import error.
 """
 
 from __future__ import annotations
