@@ -59,9 +59,10 @@ DISTRIBUTION = "kernelguard-gdn"
 
 BUILD_TOOLS = "setuptools wheel ninja packaging"  # what these setup.py files import with build isolation off
 
-# Known releases, as PyPI listed them in 2026-12 (`pip index versions`); kernelguard never asks the network at
-# run time, so a newer release is unknown here until this table is updated.
-KERNELS_RELEASES = ("0.16.0", "0.16.1", "0.16.2", "0.17.0", "0.17.1", "0.17.2")
+# Known releases from 0.16 on, as PyPI listed them in 2026-12 (`pip index versions kernels`: no 0.18.0-0.18.2, no
+# 0.19.0); kernelguard never asks the network at run time, so a newer release is unknown here until this table is
+# updated (tests/test_fix_commands.py checks it against the index).
+KERNELS_RELEASES = ("0.16.0", "0.16.1", "0.16.2", "0.17.0", "0.17.1", "0.17.2", "0.18.3", "0.19.1")
 # transformers release -> the kernels window it accepts (its KERNELS_MIN_VERSION / KERNELS_MAX_VERSION), 2026-12.
 TRANSFORMERS_KERNELS_WINDOWS = {"5.17.0": ("0.16", "0.17"), "5.23.0": ("0.18.2", "0.19"), "5.24.0": ("0.18.2", "0.19"),
                                 "5.25.0": ("0.19.1", "0.20.0")}  # 5.25: kernels is a core dependency
@@ -228,10 +229,10 @@ def _kernels_advice(window: tuple[str, str] | None, *, core: bool = False) -> In
     paired = [(t, w) for t, w in TRANSFORMERS_KERNELS_WINDOWS.items() if _window_releases(w)]
     transformers, (low, high) = max(paired, key=lambda pair: Version(pair[0]))
     working = f"kernels>={low},<{high}"
-    series = ".".join(transformers.split(".")[:2])
+    series, kernels_series = (".".join(v.split(".")[:2]) for v in (transformers, low))
     preface = (
         f"no kernels release is inside [{window[0]}, {window[1]}) yet (newest known: {KERNELS_RELEASES[-1]}), so "
-        f"Hub kernels stay off with this transformers; use transformers {series} with kernels {low}.x:"
+        f"Hub kernels stay off with this transformers; use transformers {series} with kernels {kernels_series}.x:"
     )
     instead = "or use the pip packages fla / causal-conv1d instead: `kernelguard check` without --hub gives their commands"
     command = f"pip install 'transformers=={transformers}' '{working}'"

@@ -189,8 +189,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         fix=(
             "pip install 'kernels>=MIN,<MAX' (the window of the installed transformers; 5.25: 'kernels>=0.19.1,<0.20', "
             "its own requirement); or load without the Hub (use_kernels=False, or USE_HUB_KERNELS=NO) and use the pip "
-            "packages fla / causal-conv1d (kernelguard check --no-hub gives their commands); transformers 5.23/5.24, "
-            "whose window [0.18.2, 0.19) has no release on some indexes: transformers 5.17 with kernels 0.16.x"
+            "packages fla / causal-conv1d (kernelguard check --no-hub gives their commands)"
         ),
         detector="kernels-window",
     ),

@@ -114,15 +114,9 @@ def kernels_note() -> str | None:
 
 
 def kernels_fix(window: tuple[str, str]) -> str:
-    """transformers 5.17's window holds kernels 0.16.x; 5.23/5.24's [0.18.2, 0.19) holds no release yet."""
-    if window[0].startswith("0.16"):
-        return f"pip install 'kernels>={window[0]},<{window[1]}'"
-    return (
-        f"no kernels release is inside [{window[0]}, {window[1]}) yet (newest known: 0.17.2), so Hub kernels stay "
-        "off with this transformers; use transformers 5.17 with kernels 0.16.x: pip install "
-        "'transformers==5.17.0' 'kernels>=0.16,<0.17'  (or use the pip packages fla / causal-conv1d instead: "
-        "`kernelguard check` without --hub gives their commands)"
-    )
+    """Each installed transformers' window holds a kernels release (5.17: 0.16.x, 5.23/5.24: 0.18.3), so the fix is
+    the window itself."""
+    return f"pip install 'kernels>={window[0]},<{window[1]}'"
 
 
 def write_config(folder: Path, key_dim: int = 64) -> Path:

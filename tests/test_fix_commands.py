@@ -1,7 +1,9 @@
 """Every install fix kernelguard can print resolves on PyPI: ``pip install --dry-run`` of each command.
 
-A fix that names no existing release ("kernels>=0.18.2,<0.19.0") or a Triton the installed torch refuses
-("triton>=3.7.1" next to torch 2.11, which requires triton==3.6.0) fails here. torch's pin is modelled as a pip
+A fix that names no existing release (a kernels window with nothing in it) or a Triton the installed torch refuses
+("triton>=3.7.1" next to torch 2.11, which requires triton==3.6.0) fails here, and kernelguard's table of kernels
+releases is checked against the index: a window it believes empty must not resolve, and one it believes holds a
+release must. torch's pin is modelled as a pip
 constraint (torch itself is not installed: gigabytes), and ``--no-deps`` keeps each resolve to metadata. The
 CUDA extensions (causal-conv1d & co.) are sdists whose metadata needs a build against torch (about a minute
 each): .ci/run resolves causal-conv1d's pinned requirement that way; here only their set is pinned down.
@@ -19,11 +21,15 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from kernelguard.install import (
     DISTRIBUTION,
+    KERNELS_RELEASES,
     PACKAGES,
     TORCH_TRITON,
+    TRANSFORMERS_KERNELS_WINDOWS,
     extra_command,
     install_command,
     pin_command,
@@ -96,9 +102,17 @@ def _fixes() -> list[tuple[str, list[str]]]:
             out += [(c, []) for c in advice.commands]
             if advice.offline_command:
                 out.append((advice.offline_command, []))
-    for window in (("0.16", "0.17"), ("0.18.2", "0.19.0"), None):
+    # Every transformers window kernelguard knows (as table and as transformers spells it: "0.19.0"), 5.25's as
+    # its core requirement too, one above every known release (the advice then names another transformers), and
+    # no window (the hub extra).
+    windows: list[tuple[str, str] | None] = [*TRANSFORMERS_KERNELS_WINDOWS.values(), ("0.18.2", "0.19.0"), None]
+    windows.append((_next_minor(KERNELS_RELEASES[-1]), _next_minor(_next_minor(KERNELS_RELEASES[-1]))))
+    for window in windows:
         advice = install_command("kernels", torch_version=None, cuda_version=None, kernels_window=window)
         out += [(c, []) for c in advice.commands]
+    core = install_command("kernels", torch_version=None, cuda_version=None,
+                           kernels_window=TRANSFORMERS_KERNELS_WINDOWS["5.25.0"], kernels_core=True)
+    out.append((core.command, []))  # its alternative is `export USE_HUB_KERNELS=NO`, nothing to install
     for release, pin in TORCH_TRITON.items():
         advice = install_command("triton", torch_version=f"{release}.0+cu128", cuda_version="12.8")
         for command in advice.commands:
@@ -112,6 +126,11 @@ def _fixes() -> list[tuple[str, list[str]]]:
     for extra in ("hub", "train", "tensorboard", "wandb", "trackio", "trl"):  # the extras fixes name
         out.append((extra_command(extra), []))
     return out
+
+
+def _next_minor(release: str) -> str:
+    major, minor = Version(release).release[:2]
+    return f"{major}.{minor + 1}.0"
 
 
 _COMPILED = {"causal-conv1d", "flash-attn", "mamba-ssm"}
@@ -129,21 +148,69 @@ def test_every_fix_command_resolves(tmp_path: Path) -> None:
                 groups.setdefault(tuple(constraints), set()).add(requirement)
     assert sdists == {"causal-conv1d==1.7.0", "flash-attn", "mamba-ssm"}
     failures = {
-        constraints: error
+        (constraints, tuple(batch)): error
         for constraints, requirements in groups.items()
-        if (error := dry_run(sorted(requirements), list(constraints), tmp_path))
+        for batch in _batches(requirements)
+        if (error := dry_run(batch, list(constraints), tmp_path))
     }
     assert failures == {}
 
 
+def _batches(requirements: set[str]) -> list[list[str]]:
+    """The requirements in as few pip runs as possible, each distribution at most once per run: pip merges two
+    requirements on one distribution (two transformers' kernels windows), and no single release need satisfy both."""
+    batches: list[dict[str, str]] = []
+    for requirement in sorted(requirements):
+        name = Requirement(requirement).name
+        batch = next((b for b in batches if name not in b), None)
+        if batch is None:
+            batch = {}
+            batches.append(batch)
+        batch[name] = requirement
+    return [sorted(batch.values()) for batch in batches]
+
+
+def _index_kernels_releases() -> list[str]:
+    """The kernels releases the package index lists now (pip's own view, the one pip install resolves against)."""
+    command = [sys.executable, "-m", "pip", "index", "versions", "kernels"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True).stdout
+    [line] = [line for line in out.splitlines() if line.startswith("Available versions:")]
+    return [v.strip() for v in line.removeprefix("Available versions:").split(",")]
+
+
+def _empty_window(releases: list[str]) -> str:
+    """A requirement strictly between the two newest releases on the index: nothing can satisfy it."""
+    previous, newest = sorted(releases, key=Version)[-2:]
+    return f"kernels>{previous},<{newest}"
+
+
 @needs_pypi
-@pytest.mark.parametrize(
-    ("requirement", "constraints"),
-    [("kernels>=0.18.2,<0.19.0", []), ("triton>=3.7.1", [f"triton{TORCH_TRITON['2.11']}"])],
-)
-def test_the_commands_kernelguard_used_to_print_do_not_resolve(
-    tmp_path: Path, requirement: str, constraints: list[str]
-) -> None:
-    # The check above can fail: a window with no release, and a Triton that torch 2.11's exact pin refuses.
-    error = dry_run([requirement], constraints, tmp_path)
+def test_a_window_with_no_release_does_not_resolve(tmp_path: Path) -> None:
+    # The check above can fail: pip refuses a kernels window the index has no release in (computed from the
+    # index now, so a new release cannot make this window resolvable).
+    requirement = _empty_window(_index_kernels_releases())
+    error = dry_run([requirement], [], tmp_path)
+    assert "No matching distribution found" in error or "ResolutionImpossible" in error, (requirement, error)
+
+
+@needs_pypi
+def test_a_triton_torch_refuses_does_not_resolve(tmp_path: Path) -> None:
+    # ... and a Triton that torch 2.11's exact pin refuses.
+    error = dry_run(["triton>=3.7.1"], [f"triton{TORCH_TRITON['2.11']}"], tmp_path)
     assert "No matching distribution found" in error or "ResolutionImpossible" in error, error
+
+
+@needs_pypi
+def test_known_kernels_releases_match_the_index(tmp_path: Path) -> None:
+    """kernelguard's own table decides whether a transformers window holds a release; it must agree with pip."""
+    listed = _index_kernels_releases()
+    assert set(KERNELS_RELEASES) <= set(listed), set(KERNELS_RELEASES) - set(listed)
+    for low, high in TRANSFORMERS_KERNELS_WINDOWS.values():
+        requirement = f"kernels>={low},<{high}"
+        believed = any(Version(r) in SpecifierSet(f">={low},<{high}") for r in KERNELS_RELEASES)
+        resolves = dry_run([requirement], [], tmp_path) == ""
+        assert resolves == believed, (
+            f"{requirement}: kernelguard believes it {'holds' if believed else 'holds no'} release, pip "
+            f"{'resolves' if resolves else 'does not resolve'} it; update kernelguard.install.KERNELS_RELEASES "
+            f"(the index lists {', '.join(sorted(listed, key=Version)[-8:])})"
+        )

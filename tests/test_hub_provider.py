@@ -559,19 +559,20 @@ def test_kernels_accepts_a_module_level_alias_of_the_mapped_name(tmp_path: Path)
 
 
 def test_kernels_019_layout_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """kernels 0.19 is not on the index and its source is not in the stored public snapshots (newest there:
-    0.17.0.dev0); transformers 5.25 filters a logger named `kernels._internals.layer.layer`. A stand-in of that
-    layout (each private module served under kernels._internals.*, the 0.16-0.18 paths gone) built from the
-    installed release: every private helper is still found, and nothing is imported unconditionally."""
+    """kernels 0.19 keeps every private module under kernels._internals with its name unchanged
+    (kernels._internals._versions, kernels._internals.layer.layer) and kernels._rust where it was. A stand-in of
+    that layout built from the installed release, so every CI environment checks it: each private helper is still
+    found, and nothing is imported unconditionally."""
     import importlib
 
     moved = {}
     for name in PRIVATE_MODULES + ("kernels.layer.layer",):
+        if name == "kernels._rust":  # 0.19 leaves the compiled extension in place
+            continue
         module = sys.modules.get(name) or (importlib.import_module(name) if importlib.util.find_spec(name) else None)
         if module is None:
             continue
-        tail = name.removeprefix("kernels.").lstrip("_")
-        moved[f"kernels._internals.{tail}"] = module
+        moved[f"kernels._internals.{name.removeprefix('kernels.')}"] = module
         monkeypatch.setitem(sys.modules, name, None)  # import of the old path now raises ImportError
     for name, module in moved.items():
         monkeypatch.setitem(sys.modules, name, module)

@@ -178,9 +178,13 @@ def test_fla_and_kernels_commands() -> None:
     )
     window = install_command("kernels", torch_version=None, cuda_version=None, kernels_window=("0.16", "0.17"))
     assert window.fix_line() == "pip install 'kernels>=0.16,<0.17'"
-    empty = install_command("kernels", torch_version=None, cuda_version=None, kernels_window=("0.18.2", "0.19"))
-    assert empty.commands == ("pip install 'transformers==5.17.0' 'kernels>=0.16,<0.17'",)
-    assert empty.fix_line().startswith("no kernels release is inside [0.18.2, 0.19) yet (newest known: 0.17.2)")
+    # A window above every release kernelguard knows: it names the newest transformers whose window holds one.
+    empty = install_command("kernels", torch_version=None, cuda_version=None, kernels_window=("0.20.0", "0.21.0"))
+    assert empty.commands == ("pip install 'transformers==5.25.0' 'kernels>=0.19.1,<0.20.0'",)
+    assert empty.fix_line().startswith(
+        "no kernels release is inside [0.20.0, 0.21.0) yet (newest known: 0.19.1), so Hub kernels stay off with "
+        "this transformers; use transformers 5.25 with kernels 0.19.x: pip install"
+    )
     assert install_command("hub", torch_version=None, cuda_version=None).command == "pip install 'kernelguard-gdn[hub]'"
 
 

@@ -526,13 +526,8 @@ def _probe(
     )
 
 
-# No kernels release exists inside transformers 5.23's window: say so and offer a pair that does exist.
-NO_KERNELS_RELEASE = (
-    "no kernels release is inside [0.18.2, 0.19.0) yet (newest known: 0.17.2), so Hub kernels stay off with this "
-    "transformers; use transformers 5.17 with kernels 0.16.x: pip install 'transformers==5.17.0' "
-    "'kernels>=0.16,<0.17'  (or use the pip packages fla / causal-conv1d instead: `kernelguard check` without "
-    "--hub gives their commands)"
-)
+# transformers 5.23/5.24's window holds a release (0.18.3): the fix is the window's own requirement.
+WINDOW_FIX = "pip install 'kernels>=0.18.2,<0.19.0'"
 
 
 def test_kernels_outside_window_is_a_note_and_rejects_hub_candidates() -> None:
@@ -540,7 +535,7 @@ def test_kernels_outside_window_is_a_note_and_rejects_hub_candidates() -> None:
     note = (
         "known issue kernels-version: kernels 0.17.2 is outside [0.18.2, 0.19.0), the range this transformers "
         "accepts, so is_kernels_available() is False and from_pretrained(use_kernels=True) raises ValueError: "
-        "Kernels are not available; fix: " + NO_KERNELS_RELEASE
+        "Kernels are not available; fix: " + WINDOW_FIX
     )
     plain = resolve(facts, TRAIN, H200)
     assert plain.notes == ()  # Hub kernels not asked for: the window is not this job's concern
@@ -559,7 +554,7 @@ def test_kernels_outside_window_is_a_note_and_rejects_hub_candidates() -> None:
     assert decision.reason.startswith(
         "kernels 0.17.2 is outside [0.18.2, 0.19.0), the range this transformers accepts"
     )
-    assert decision.fix == NO_KERNELS_RELEASE
+    assert decision.fix == WINDOW_FIX
     assert find(hub, CHUNK, "package").status == SELECTED
     assert hub.notes == (note,)  # asked for the Hub (--hub): the window is said
 
@@ -586,11 +581,11 @@ def test_kernels_not_installed_and_hub_not_probed() -> None:
     missing = resolve(
         replace(BASE, env=make_env(gpus=("9.0",), kernels=None)), TRAIN, replace(H200, use_hub=True)
     )
-    # kernelguard-gdn[hub] would install kernels 0.17.2, outside this transformers' window: the fix says so instead.
+    # The window's own requirement, not kernelguard-gdn[hub]: the extra's range is wider than one transformers'.
     assert (find(missing, CHUNK, "hub").reason, find(missing, CHUNK, "hub").fix) == (
-        "the kernels package is not installed, so from_pretrained(use_kernels=True) raises ValueError: Kernels "
-        "are not available.",
-        NO_KERNELS_RELEASE,
+        ("the kernels package is not installed, so from_pretrained(use_kernels=True) raises ValueError: Kernels "
+         "are not available."),
+        WINDOW_FIX,
     )
     for window, fix in ((("0.16", "0.17"), "pip install 'kernels>=0.16,<0.17'"), (None, "pip install 'kernelguard-gdn[hub]'")):
         facts = replace(BASE, env=make_env(gpus=("9.0",), kernels=None), kernels_window=window)

@@ -209,10 +209,13 @@ def _cache_revision(kernels: KernelsRelease, repo_id: str, revision: str | None,
 
 
 def _select_cached_ref(versions: ModuleType, repo_id: str, revision: str | None, version: int | None) -> str:
-    select = versions.select_revision_or_version
-    if "local_files_only" in inspect.signature(select).parameters:
-        # kernels' own revision/version selection; local_files_only reads refs/vN from the cache only.
-        return str(select(repo_id, revision=revision, version=version, local_files_only=True))
+    # kernels' own revision/version selection (same errors as get_kernel), reading refs/vN from the cache only;
+    # each release names it differently, so the first one this release has is used.
+    resolve = getattr(versions, "resolve_revision_or_version", None)  # 0.18+: returns the commit (an Oid)
+    if resolve is None:
+        resolve = getattr(versions, "select_revision_or_version", None)  # 0.16, 0.17: returns the ref
+    if resolve is not None and "local_files_only" in inspect.signature(resolve).parameters:
+        return str(resolve(repo_id, revision=revision, version=version, local_files_only=True))
     # kernels 0.16's selection lists refs on the Hub unless HF_HUB_OFFLINE is set: read the cache as it
     # does offline (same helper, same errors), so the probe never touches the network.
     if revision is not None and version is not None:
@@ -352,7 +355,10 @@ def _target_backend(kernels: KernelsRelease, target: HubTarget) -> Any:
         raise ValueError("HubTarget takes either cuda_version or backend, not both")
     if target.cuda_version is not None:
         return kernels.backends.CUDA(version=Version(target.cuda_version))
-    return kernels.backends.parse_backend(target.backend or "cpu")
+    parse = kernels.backends.parse_backend
+    token = target.backend or "cpu"
+    # 0.19 parses a variant name's backend parts (["rocm64"]), earlier releases the token itself.
+    return parse([token]) if "parts" in inspect.signature(parse).parameters else parse(token)
 
 
 def _major_minor(version: str | None) -> Any:

@@ -2,10 +2,10 @@
 
 transformers 5.17 accepts kernels [0.16, 0.17), 5.23/5.24 accept [0.18.2, 0.19), and 0.16 and 0.17 lay out
 their private helpers differently (0.17: ``kernels.load``, ``kernels.validate``, ``kernels._rust``; 0.16:
-``kernels.utils``, ``kernels.minver``, ``kernels_data``; 0.19 moves the layer code under ``kernels._internals``,
-as transformers 5.25's logger filter for ``kernels._internals.layer.layer`` shows). Only public modules (``kernels``, ``kernels.variants``,
-``kernels.backends``) are required; each private helper is looked up here and a missing one is None, which
-:mod:`kernelguard.providers.hub` turns into a note, never an import error.
+``kernels.utils``, ``kernels.minver``, ``kernels_data``; 0.19 keeps every module but ``kernels._rust`` under
+``kernels._internals``, names unchanged). Only ``kernels`` and its variant and backend modules are required;
+each private helper is looked up here and a missing one is None, which :mod:`kernelguard.providers.hub` turns
+into a note, never an import error.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def import_kernels() -> KernelsRelease:
         metadata_type=kernels.Metadata,
         # 0.17 parses LOCAL_KERNELS in kernels.load, 0.16 in kernels.utils; same syntax and errors.
         parse_local_kernels=_private_function(_internal("load", "utils"), "_parse_local_kernel_overrides"),
-        versions=_first_module(_internal("_versions", "versions")),
+        versions=_first_module(_internal("_versions")),
         supports_capability=_private_function(_internal("archs"), "_supports_cuda_capability"),
         minver_problem=minver_problem,
         minver_refuses=minver_refuses,
@@ -65,8 +65,9 @@ def import_kernels() -> KernelsRelease:
 
 
 def _internal(*names: str) -> tuple[str, ...]:
-    """Each private module where 0.16-0.18 keep it (``kernels.X``), then under 0.19's ``kernels._internals``."""
-    return tuple(f"kernels.{n}" for n in names) + tuple(f"kernels._internals.{n.lstrip('_')}" for n in names)
+    """Each private module where 0.16-0.18 keep it (``kernels.X``), then where 0.19 keeps it under the same name
+    (``kernels._internals.X``: ``kernels._internals._versions``, ``kernels._internals.layer.layer``)."""
+    return tuple(f"kernels.{n}" for n in names) + tuple(f"kernels._internals.{n}" for n in names)
 
 
 def _required(name: str) -> ModuleType:
