@@ -132,7 +132,21 @@ def probe(*, import_torch: bool = True, read_gpus: bool = True) -> Environment:
         gpus=gpus,
         driver=_driver_fact(gpus) if read_gpus else Fact(None, "not probed (read_gpus=False)"),
         packages=_packages(),
+        transformers_error=_transformers_import_error() if import_torch else None,
     )
+
+
+def _transformers_import_error() -> str | None:
+    """Why ``import transformers`` fails although it is installed, or None. kernelguard reads transformers'
+    files without importing it, so only this import shows a broken dependency (huggingface-hub, tokenizers...)
+    that stops every job at its first line."""
+    if distribution_version("transformers") is None:
+        return None  # not installed: the report says so from the metadata
+    try:
+        import transformers  # noqa: F401 - the import is the probe
+    except Exception as exc:  # noqa: BLE001 - any failure is reported verbatim
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def with_gpus(env: Environment) -> Environment:

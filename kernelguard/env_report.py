@@ -56,7 +56,8 @@ def from_result(result: CheckResult, *, variables: Mapping[str, str], kernelguar
         "gpus": [f"{g.index}: {g.name} (sm {g.capability})" for g in env.gpus],
         "triton": env.triton_version,
         "transformers": {"version": env.version_of("transformers") or result.resolution.requirements.transformers_version,
-                         "kernels_window": list(window) if window else None},
+                         "kernels_window": list(window) if window else None,
+                         "import_error": env.transformers_error},
         "kernels": env.version_of("kernels"),
         "fla": {"fla-core": env.version_of("fla-core"), "flash-linear-attention": env.version_of("flash-linear-attention"),
                 "flash-qla": env.version_of("flash-qla"),  # fla hands it the whole GDN op when importable
@@ -106,7 +107,9 @@ def render_env(report: Mapping[str, Any]) -> str:
         f"- GPU: {', '.join(report['gpus']) or 'none visible'}" + (f"; driver {report['driver']}" if report["driver"] else ""),
         f"- Triton: {_or(report['triton'])}",
         f"- transformers: {_or(report['transformers']['version'])}"
-        + (f" (uses kernels in [{window[0]}, {window[1]}))" if window else ""),
+        + (f" (uses kernels in [{window[0]}, {window[1]}))" if window else "")
+        + (f"; import fails: {report['transformers']['import_error']}"
+           if report["transformers"].get("import_error") else ""),
         f"- kernels: {_or(report['kernels'])}",
         f"- fla: fla-core {_or(fla['fla-core'])}, flash-linear-attention {_or(fla['flash-linear-attention'])}"
         + (f", flash-qla {fla['flash-qla']}" if fla.get("flash-qla") else "")

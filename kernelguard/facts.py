@@ -65,6 +65,8 @@ class Environment:
     gpus: tuple[Gpu, ...]
     driver: Fact
     packages: dict[str, Fact] = field(default_factory=dict)  # distribution -> version (None when absent)
+    # ``import transformers`` failing while its files are there (a broken dependency): every job fails there
+    transformers_error: str | None = None
 
     def version_of(self, distribution: str) -> str | None:
         fact = self.packages.get(distribution)
@@ -92,6 +94,7 @@ class Environment:
         return {
             **simple,
             "torch_error": self.torch_error,
+            "transformers_error": self.transformers_error,
             "gpus": [
                 {"index": g.index, "name": g.name, "capability": str(g.capability), "source": g.source}
                 for g in self.gpus

@@ -26,6 +26,7 @@ __all__ = [
     "ENV_VAR",
     "LOAD",
     "hub_default_note",
+    "import_decision",
     "kernels_hub_status",
     "load_decision",
     "load_error_sentence",
@@ -127,6 +128,16 @@ def load_decision(load: HubLoad | None, *, use_hub: bool, hub_source: str, fix: 
         return None
     why = f" The job loads with Hub kernels: {hub_source}." if hub_source else ""
     return Decision(LOAD, "from_pretrained(use_kernels=True)", "hub", REJECTED, f"{sentence}.{why}", fix)
+
+
+def import_decision(error: str | None, version: str | None) -> Decision | None:
+    """The load's verdict when ``import transformers`` itself fails (``error``): nothing after it runs."""
+    if error is None:
+        return None
+    pin = f"=={version}" if version else ""
+    return Decision(LOAD, "import transformers", "package", REJECTED,
+                    f"importing transformers {version or ''} fails, so every job stops at its first line: "
+                    f"{error}", f"pip install --force-reinstall 'transformers{pin}'")
 
 
 def kernels_hub_status() -> str | None:

@@ -14,7 +14,7 @@ JSON schema (``schema_version`` 2; additive changes keep the version, renames/re
                                "known_issues": [str]}]}],
   "notes": [str], "unchecked": [str],
   "load_error": null | {"provider", "kind", "status", "reason", "fix", "fix_note", "known_issues"},
-                                   # transformers 5.25+: from_pretrained itself raises (additive, version 2)
+                                   # import transformers fails, or (5.25+) from_pretrained raises (version 2)
   "numerics": null | {... numerics.NumericsReport.to_dict()},
   "fla_backend": {arch or "": {"arch", "forward", "backward", "label", "reasons": [str], "source"}},
   "environment": {... env.Environment.to_dict(): every fact with its source}

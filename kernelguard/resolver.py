@@ -15,7 +15,7 @@ from .catalog import PACKED_REFERENCE, VARLEN_ATTENTION, KernelRequirement, Requ
 from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
 from .facts import Facts, PackageFacts
 from .fla_backend import backward_for
-from .hub_load import hub_default_note, load_decision
+from .hub_load import hub_default_note, import_decision, load_decision
 from .install import cuda_torch_command, install_command, upgrade_command
 from .known_issues import KNOWN_ISSUES, KnownIssue
 from .policy import AllowPolicy
@@ -452,8 +452,9 @@ def resolve(facts: Facts, requirements: Requirements, target: Target) -> Resolut
     if not target.archs:
         unchecked.insert(0, "no GPU visible and no --arch given: GPU-arch checks and arch-specific known issues "
                             "were skipped (pass --arch 9.0 for an H100/H200 target)")
-    load_error = load_decision(facts.hub_load, use_hub=target.use_hub, hub_source=target.hub_source,
-                               fix=_install_fix("kernels", facts, Target()))  # 5.25+: the load itself raises
+    load_error = import_decision(facts.env.transformers_error, facts.env.version_of("transformers")) or load_decision(
+        facts.hub_load, use_hub=target.use_hub, hub_source=target.hub_source,
+        fix=_install_fix("kernels", facts, Target()))  # 5.25+: the load itself raises
     return Resolution(requirements, target, tuple(verdicts), tuple(_global_notes(facts, target, load_error)),
                       tuple(dict.fromkeys(unchecked)), load_error)
 
