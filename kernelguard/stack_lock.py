@@ -232,9 +232,15 @@ def read_lock(path: str | os.PathLike[str], *, option: str = "--lock") -> dict[s
     if not isinstance(data, dict) or "kernelguard_lock" not in data:
         raise ConfigError(f"{option} {where} is not a kernelguard lock (no kernelguard_lock field).", fix=rewrite)
     if data["kernelguard_lock"] != LOCK_SCHEMA:
+        schema, writer = data["kernelguard_lock"], (data.get("stack") or {}).get("kernelguard")
+        newer = isinstance(schema, int) and schema > LOCK_SCHEMA
+        # A newer lock is the image's truth: install the kernelguard that wrote it, never rewrite it here.
+        fix = (pin_command("kernelguard", writer) if newer and isinstance(writer, str)
+               else "pip install --upgrade kernelguard" if newer else rewrite)
+        by = f", written by kernelguard {writer}" if isinstance(writer, str) else ""
         raise ConfigError(
-            f"{option} {where} has lock schema {data['kernelguard_lock']!r}; this kernelguard reads schema "
-            f"{LOCK_SCHEMA}.", fix=rewrite)
+            f"{option} {where} has lock schema {schema!r}{by}; this kernelguard ({_kernelguard_version()}) reads "
+            f"schema {LOCK_SCHEMA}.", fix=fix)
     return data
 
 
@@ -252,8 +258,8 @@ def _stack_fix(name: str, locked: Any, stack: Mapping[str, Any]) -> str:
         return f"run the job with Python {locked}, the image's"
     if name in ("cuda", "cxx11_abi"):
         return pin_command("torch", stack.get("torch"))
-    if name == "kernelguard":
-        return f"install kernelguard {locked}, the release the lock was written with (its known issues decided)"
+    if name == "kernelguard":  # the release the lock was written with: its known issues decided
+        return pin_command("kernelguard", locked)
     return pin_command(name, locked)
 
 

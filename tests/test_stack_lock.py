@@ -201,10 +201,24 @@ def test_every_difference_is_one_line_and_the_error_pickles(tmp_path: Path, monk
 def test_a_file_that_is_not_a_lock_is_a_usage_error(tmp_path: Path) -> None:
     path = tmp_path / "kernelguard.lock"
     path.write_text(json.dumps({"kernelguard_lock": 99}))
-    with pytest.raises(ConfigError, match=r"has lock schema 99; this kernelguard reads schema 1\."):
+    here = stack_lock._kernelguard_version()
+    with pytest.raises(ConfigError, match=rf"has lock schema 99; this kernelguard \({here}\) reads schema 1\.") as info:
         stack_lock.read_lock(path)
+    assert info.value.fix == "pip install --upgrade kernelguard"  # newer, writer unknown: never rewrite the lock
     with pytest.raises(ConfigError, match=r"--lock .*missing\.lock: no such file\."):
         stack_lock.read_lock(tmp_path / "missing.lock")
+
+
+@pytest.mark.parametrize(("schema", "fix"), [
+    (2, "pip install --force-reinstall --no-deps 'kernelguard==0.9.1'"),  # newer: the image's lock stays, the job gets the writer's release
+    (0, "write it again where the image is built: kernelguard lock --output kernelguard.lock"),  # older: rewrite
+])
+def test_a_lock_of_another_schema_names_its_writer_and_the_right_fix(tmp_path: Path, schema: int, fix: str) -> None:
+    path = tmp_path / "kernelguard.lock"
+    path.write_text(json.dumps({"kernelguard_lock": schema, "stack": {"kernelguard": "0.9.1"}}))
+    with pytest.raises(ConfigError, match=rf"has lock schema {schema}, written by kernelguard 0\.9\.1;") as info:
+        stack_lock.read_lock(path)
+    assert info.value.fix == fix
 
 
 def test_kernelguard_lock_env_names_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
