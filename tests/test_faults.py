@@ -213,7 +213,7 @@ def test_kill_9_of_one_rank_is_reported_once(assets: dict[str, Path], reference2
     _assert_resumes_exactly(reference2, out, cmd, ranks=2)
 
 
-@pytest.mark.parametrize("fault", ["checkpoint:step_4", "export"])
+@pytest.mark.parametrize("fault", ["checkpoint:step_4", "checkpoint-rng:step_4", "export"])
 def test_disk_full_is_named_and_the_last_checkpoint_kept(
     assets: dict[str, Path], reference: Path, fault: str
 ) -> None:

@@ -6,6 +6,8 @@ ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
 - ``export-slow``: every shard of an export waits 2 s before it is written, so two exports overlap for sure.
 - ``checkpoint:NAME``: DCP's shard writes into a checkpoint folder named ``NAME.tmp`` fail with ``ENOSPC``
   after half of their first write reached the file, as write(2) on a full disk does.
+- ``checkpoint-rng:NAME``: the RNG file each rank adds to checkpoint ``NAME.tmp`` is opened on /dev/full, so
+  writing it fails with the kernel's own ENOSPC (torch's writer on a path called it "unexpected pos").
 - ``teardown-marker``: a process that runs the interpreter's teardown (atexit) says so on stderr.
 - ``ctrl-c-in-torch-numpy-import``: Ctrl-C (SIGINT to this process) at the moment torch's C extension imports
   numpy, whose failures (a KeyboardInterrupt included) torch clears: the window where Ctrl-C used to be lost.
@@ -65,6 +67,19 @@ def _checkpoint_disk_full(folder: str) -> None:
             yield _Full(stream, path) if hit else stream
 
     filesystem.FileSystem.create_stream = create_stream
+
+
+def _checkpoint_rng_disk_full(folder: str) -> None:
+    """The per-rank RNG file of checkpoint ``folder`` is written to /dev/full: the kernel's own ENOSPC."""
+    import builtins
+
+    from kernelguard.train.output import checkpoint
+
+    def full_open(path, mode="r", *args, **kwargs):  # type: ignore[no-untyped-def]
+        hit = "w" in mode and f"{folder}.tmp" in str(path) and os.path.basename(str(path)).startswith("rng_rank")
+        return builtins.open("/dev/full" if hit else path, mode, *args, **kwargs)
+
+    checkpoint.open = full_open  # type: ignore[attr-defined]
 
 
 def _export_slow() -> None:
@@ -127,3 +142,5 @@ elif _FAULT == "steady-steps":
     _steady_steps()
 elif _FAULT.startswith("checkpoint:"):
     _checkpoint_disk_full(_FAULT.split(":", 1)[1])
+elif _FAULT.startswith("checkpoint-rng:"):
+    _checkpoint_rng_disk_full(_FAULT.split(":", 1)[1])

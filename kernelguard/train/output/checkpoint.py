@@ -243,6 +243,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def _save_rng_state(path: Path) -> None:
+    # Through a Python file object: a full disk then raises OSError(ENOSPC), which write_failure names; on a
+    # path torch's own writer reports it only as "[enforce fail at inline_container.cc] unexpected pos".
+    with open(path, "wb") as f:
+        torch.save(rng_state(), f)
+
+
 def save_checkpoint(
     output: Path,
     *,
@@ -269,7 +276,7 @@ def save_checkpoint(
     model_sd, optim_sd = get_state_dict(model, optimizer)
     try:
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-        torch.save(rng_state(), tmp / f"rng_rank{dist.get_rank()}.pt")
+        _save_rng_state(tmp / f"rng_rank{dist.get_rank()}.pt")
     except (CheckpointException, OSError) as e:  # disk full, permissions changed mid-run, Ctrl-C inside DCP
         raise write_failure(f"writing checkpoint {tmp}", e, folder=output) from None
     dist.barrier()
