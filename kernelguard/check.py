@@ -116,7 +116,25 @@ def _validated(table: dict[str, Any], path: Path) -> dict[str, Any]:
     for key in ("packed", "hub"):
         if key in table and not isinstance(table[key], bool):
             raise bad(key, "true or false")
+    if "model" in table:
+        table["model"] = _model_from(table["model"], path)
     return table
+
+
+def _model_from(model: str, path: Path) -> str:
+    """A model path in pyproject.toml means the file's folder, wherever the command runs: relative paths are
+    made absolute against it (a family name or a Hub id stays as written)."""
+    written = Path(model).expanduser()
+    looks_like_path = model.startswith((".", "~", "/")) or model.endswith(".json")
+    resolved = written if written.is_absolute() else (path.parent / written).resolve()
+    if resolved.exists():
+        return str(resolved)
+    if looks_like_path:
+        raise ConfigError(
+            f"model {model!r} in [tool.kernelguard] of {path} is {resolved} (paths there are relative to that "
+            "file's folder): no such file or folder.",
+            fix=f"write the model folder's path relative to {path.parent} (or an absolute one) in {path}")
+    return model
 
 
 def _target(options: CheckOptions, env: Environment, load: HubLoad) -> Target:

@@ -349,6 +349,28 @@ def test_pyproject_defaults_are_read_from_cwd(tmp_path: Path) -> None:
     ]
 
 
+def test_a_relative_model_in_pyproject_means_its_folder_from_any_working_directory(tmp_path: Path) -> None:
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    shutil.copy(Path(__file__).resolve().parents[1] / "bench" / "configs" / "qwen3_5_k64.json", tmp_path / "models" / "tiny" / "config.json")
+    (tmp_path / "pyproject.toml").write_text('[tool.kernelguard]\nmodel = "models/tiny"\n')
+    (work := tmp_path / "src" / "job").mkdir(parents=True)
+    data = kg_json(*ALLOW_ALL, "--no-packed", cwd=work, rc=0)
+    assert data["model"]["origin"].startswith(str(tmp_path / "models" / "tiny")), data["model"]
+    # The control: the same words as --model are the working directory's, where there is no such folder.
+    proc = kg("check", "--model", "./models/tiny", *ALLOW_ALL, cwd=work)
+    assert proc.returncode == 2 and "unknown model './models/tiny'" in proc.stderr, proc.stderr
+
+
+def test_a_missing_model_path_in_pyproject_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text('[tool.kernelguard]\nmodel = "./models/tiny"\n')
+    (work := tmp_path / "sub").mkdir()
+    proc = kg("check", cwd=work)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert (f"kernelguard: error: model './models/tiny' in [tool.kernelguard] of {tmp_path / 'pyproject.toml'} is "
+            f"{tmp_path / 'models' / 'tiny'} (paths there are relative to that file's folder)") in " ".join(
+                proc.stderr.split()), proc.stderr
+
+
 def test_pyproject_arch_as_number_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text("[tool.kernelguard]\narch = 9.0\n")
     proc = kg("check", cwd=tmp_path)
