@@ -45,6 +45,19 @@ def _assert_clean(stderr: str) -> None:
 
 
 @pytest.mark.slow
+def test_under_plain_torchrun_its_failure_table_carries_kernelguards_line(assets: dict[str, Path]) -> None:
+    """torchrun's own ChildFailedError traceback comes from torchrun's process and cannot be stopped from a
+    rank; what a rank can do is fill torchelastic's error file, so the table torchrun prints names the cause
+    and its fix instead of "To enable traceback see ...". kernelguard train --nproc-per-node prints none."""
+    r = h.run_train(_args(assets, assets["root"] / "plain", "bad"), nproc=2)
+    assert r.returncode == 1, r.stderr  # torchrun's own exit code for a failed child
+    root = r.stderr.split("Root Cause (first observed failure):", 1)[1]
+    line = f"kernelguard train: error: {assets['bad']}, {DATA_ERROR}"
+    assert f"traceback : {line}" in root and "--skip-bad-rows" in root, r.stderr
+    assert "To enable traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.slow
 def test_data_error_in_the_ranks_exits_2_printed_once(assets: dict[str, Path]) -> None:
     out = assets["root"] / "bad"
     r = h.run_train([*_args(assets, out, "bad"), "--nproc-per-node", "2"], nproc=0)
