@@ -156,3 +156,17 @@ def test_a_block_past_65535_over_hv_segments_is_refused_on_fla_before_0_6() -> N
             "fla 0.5.2 would fail the launch of that step with 'Triton Error [CUDA]: invalid argument'.") in info.value.report
     assert info.value.fix.startswith("pip install 'fla-core>=0.6.0' 'flash-linear-attention>=0.6.0'")
     check_packed_segments([2050], config=config, fla_version="0.6.0")  # fixed there: one flat grid axis
+
+
+def test_off_the_gpu_the_same_count_is_said_not_refused() -> None:
+    from types import SimpleNamespace
+
+    from kernelguard.train.startup.preflight import segment_limit_note
+
+    config = SimpleNamespace(linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                             linear_value_head_dim=128)
+    assert segment_limit_note([2047, 12], config=config) is None
+    assert segment_limit_note([12, 2048, 2050], config=config) == (
+        "2 packed block(s) hold more than 2047 segments (65,535 // 32 value heads), the most 2050 in block 2: on a "
+        "GPU with fla < 0.6.0 this run would be refused before step 1 (known issue fla-1077-too-many-segments); "
+        "fla >= 0.6.0 has no such limit")

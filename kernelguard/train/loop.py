@@ -59,6 +59,7 @@ from .startup.preflight import (
     check_packed_segments,
     claim_output,
     preflight,
+    segment_limit_note,
 )
 from .step.evaluate import evaluate, pack_eval_blocks
 from .step.packing import build_batch, pack_best_fit_decreasing, packing_stats, segment_counts
@@ -119,9 +120,12 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
         # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.
         log(info, f"guard passed; attention={built.attention}\n{report.render()}")
         data = load_training_data(cfg, info)
-        if info.device.type == "cuda" and packed:  # fla runs only there, and only packed blocks hold many segments
-            on_main(info, lambda: check_packed_segments(
-                segment_counts(data.plan.blocks, data.lengths, cfg.packing.max_length), config=built.model.config))
+        if packed:  # counted everywhere (cheap); refused only where fla runs, said elsewhere
+            counts = segment_counts(data.plan.blocks, data.lengths, cfg.packing.max_length)
+            if info.device.type == "cuda":
+                on_main(info, lambda: check_packed_segments(counts, config=built.model.config))
+            elif said := segment_limit_note(counts, config=built.model.config):
+                log(info, f"warning: {said}", logging.WARNING)
         saved = on_main(info, lambda: check_resume_plan(cfg, start, data.plan))
         claim(cfg, info, start)
         first = int(saved["step"]) if saved else 0

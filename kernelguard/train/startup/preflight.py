@@ -56,6 +56,7 @@ __all__ = [
     "check_model_size",
     "check_output",
     "check_packed_segments",
+    "segment_limit_note",
     "check_paths",
     "check_writable_folder",
     "checkpoint_bytes_estimate",
@@ -335,6 +336,26 @@ def _safetensors_params(path: Path) -> int | None:
     return total
 
 
+def _over_segment_limit(counts: list[int], config: Any) -> tuple[int, int, list[tuple[int, int]]] | None:
+    """(limit, value heads, over-limit blocks as (index, segments)) when a block passes fla < 0.6.0's limit."""
+    from kernelguard.geometry import gdn_dims
+    from kernelguard.known_issues import FLA_1077_GRID_LIMIT
+
+    dims = gdn_dims(config)
+    if dims is None or not counts:
+        return None
+    limit = FLA_1077_GRID_LIMIT // dims.num_v_heads
+    over = [(i, n) for i, n in enumerate(counts) if n > limit]
+    return (limit, dims.num_v_heads, over) if over else None
+
+
+def _over_text(found: tuple[int, int, list[tuple[int, int]]]) -> str:
+    limit, heads, over = found
+    worst = max(over, key=lambda item: item[1])
+    return (f"{len(over)} packed block(s) hold more than {limit} segments (65,535 // {heads} value heads), the "
+            f"most {worst[1]} in block {worst[0]}")
+
+
 def check_packed_segments(counts: list[int], *, config: Any, fla_version: str | None = None) -> None:
     """fla < 0.6.0 (fla PR #1077) launches its GDN state kernels with N * HV on a grid axis CUDA caps at 65,535:
     a block with more than 65,535 // HV segments fails at its first step. Refused here, before step 1."""
@@ -342,29 +363,31 @@ def check_packed_segments(counts: list[int], *, config: Any, fla_version: str | 
 
     from kernelguard.env import distribution_version
     from kernelguard.errors import GuardRefused
-    from kernelguard.geometry import gdn_dims
-    from kernelguard.known_issues import FLA_1077_GRID_LIMIT, by_id
+    from kernelguard.known_issues import by_id
 
     issue = by_id("fla-1077-too-many-segments")
     version = fla_version or distribution_version("fla-core") or distribution_version("flash-linear-attention")
-    dims = gdn_dims(config)
     try:
         affected = version is not None and Version(Version(version).base_version) < Version("0.6.0")
     except InvalidVersion:
         affected = False
-    if issue is None or dims is None or not counts or not affected:
+    found = _over_segment_limit(counts, config) if affected else None
+    if issue is None or found is None:
         return
-    limit = FLA_1077_GRID_LIMIT // dims.num_v_heads
-    over = [(i, n) for i, n in enumerate(counts) if n > limit]
-    if not over:
-        return
-    worst = max(over, key=lambda item: item[1])
     raise GuardRefused(
-        f"known issue {issue.id} ({issue.source}): {len(over)} packed block(s) hold more than {limit} segments "
-        f"(65,535 // {dims.num_v_heads} value heads), the most {worst[1]} in block {worst[0]}; fla {version} "
-        "would fail the launch of that step with 'Triton Error [CUDA]: invalid argument'.",
+        f"known issue {issue.id} ({issue.source}): {_over_text(found)}; fla {version} would fail the launch of "
+        "that step with 'Triton Error [CUDA]: invalid argument'.",
         fix=issue.fix,
     )
+
+
+def segment_limit_note(counts: list[int], *, config: Any) -> str | None:
+    """Off the GPU, where fla does not run: the same count, said once, because this data goes to a GPU next."""
+    found = _over_segment_limit(counts, config)
+    if found is None:
+        return None
+    return (f"{_over_text(found)}: on a GPU with fla < 0.6.0 this run would be refused before step 1 (known issue "
+            "fla-1077-too-many-segments); fla >= 0.6.0 has no such limit")
 
 
 def check_image_lock(lock: str | None, policy: Any) -> None:
