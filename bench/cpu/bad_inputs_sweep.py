@@ -554,6 +554,19 @@ def round5_cases(work: Path, base: list[str]) -> list[dict[str, Any]]:
     resume = lambda run, *extra: [*base, "--output-dir", run, "--resume", *extra]
     export = ["-m", "kernelguard", "export", done + "/checkpoints/step_2"]
     leaky = ("--packing", "leaky", "--allow", "packed-without-boundaries")
+    # 4: a transformers whose import fails (a dependency that raises), a lock of a newer schema
+    (broken := r5 / "broken-site" / "huggingface_hub").mkdir(parents=True, exist_ok=True)
+    (broken / "__init__.py").write_text("raise ImportError('half-upgraded huggingface_hub')\n")
+    broken = broken.parent
+    (newer := r5 / "newer.lock").write_text('{"kernelguard_lock": 2, "stack": {"kernelguard": "9.9.9"}}')
+    check_allowing_all = ["-m", "kernelguard", "check", "--no-packed", "--allow", "causal_conv1d_fn", "--allow",
+                          "chunk_gated_delta_rule", "--allow", "attention"]
+    # 5: [tool.kernelguard] model paths are the file's folder's
+    for name, model in (("proj", "./models/missing"), ("proj2", "models/tiny")):
+        (r5 / name / "sub").mkdir(parents=True, exist_ok=True)
+        (r5 / name / "pyproject.toml").write_text(f'[tool.kernelguard]\nmodel = "{model}"\n')
+    (r5 / "proj2" / "models" / "tiny").mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "bench" / "configs" / "qwen3_5_k64.json", r5 / "proj2" / "models" / "tiny" / "config.json")
     cases: list[tuple[str, list[str], str, str | None, dict[str, Any]]] = [
         # 1: the run's identity holds every setting that changes the numbers
         ("resume a bf16 run with --param-dtype fp32", resume(done, "--param-dtype", "fp32"), "refuse",
@@ -583,9 +596,19 @@ def round5_cases(work: Path, base: list[str]) -> list[dict[str, Any]]:
          {"env": {"KERNELGUARD_LOCK": str(r5)}}),
         ("kernelguard lock --output DIR", ["-m", "kernelguard", "lock", "--output", str(r5)], "refuse",
          "is a directory; the lock is written to a file", {"fakes": False}),
+        ("a full disk while a rank writes its RNG state", train("r5d", "--save-steps", "1", "--no-export"),
+         "refuse", "No space left on device (ENOSPC)", {"max": "2", "fault": "checkpoint-rng:step_1"}),
+        ("transformers installed, its import broken", check_allowing_all, "refuse",
+         "import transformers raises", {"fakes": False, "env": {"PYTHONPATH": f"{broken}{os.pathsep}{ROOT}"}}),
+        ("a lock written by a newer kernelguard", ["-m", "kernelguard", "check", "--lock", str(newer)], "refuse",
+         "pip install --force-reinstall --no-deps 'kernelguard==9.9.9'", {"fakes": False}),
+        ("a missing relative model path in pyproject.toml", ["-m", "kernelguard", "check"], "refuse",
+         f"in [tool.kernelguard] of {r5 / 'proj' / 'pyproject.toml'}", {"fakes": False, "cwd": r5 / "proj" / "sub"}),
         # 5: a valid input accepted
         ("YAML merge key in a --config file", train("r5y", "--config", str(r5 / "merge.yaml"), "--no-export"), "ok",
          None, {"max": "1"}),
+        ("a relative model path in pyproject.toml, from a subfolder", check_allowing_all, "ok", None,
+         {"fakes": False, "cwd": r5 / "proj2" / "sub"}),
     ]
     rows = []
     for name, argv, expect, must_say, extra in cases:
