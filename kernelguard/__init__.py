@@ -23,7 +23,7 @@ from .errors import (
     UnsupportedTransformersError,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"
 
 __all__ = [
     "ConfigError",

@@ -238,3 +238,17 @@ def test_the_guard_report_in_the_docs_is_what_inspect_renders() -> None:
     assert version.sub("transformers X", found.group(2)) == version.sub("transformers X", actual), (
         "regenerate with KERNELGUARD_UPDATE_GOLDEN=1 pytest tests/test_docs_snippets.py")
     assert len([line for line in actual.splitlines() if line.endswith(" layers")]) == 5
+
+
+def test_the_version_the_tool_reports_is_the_changelogs_and_the_schema_pages() -> None:
+    """`kernelguard --version`, CHANGELOG's newest heading and docs/json-schema.md name the same release."""
+    import re
+
+    import kernelguard
+
+    repo = Path(__file__).resolve().parents[1]
+    release = kernelguard.__version__.split(".dev")[0]
+    heading = re.search(r"^## (\S+)", (repo / "CHANGELOG.md").read_text(), re.MULTILINE)
+    assert heading is not None and heading.group(1) == release, (heading, kernelguard.__version__)
+    assert f"Version 2 ({release}; a checkout of main reports `{kernelguard.__version__}`)" in " ".join(
+        (repo / "docs" / "json-schema.md").read_text().split())

