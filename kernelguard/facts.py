@@ -140,6 +140,11 @@ class HubTarget:
     give either it or ``cuda_version``. ``cxx11_abi`` only matters on Linux (kernels ignores it elsewhere).
     ``gpu_capability`` is not used for choosing (kernels does not either) but is checked against the
     chosen variant's declared CUDA archs, as kernels' ``ArchValidator`` does at load time.
+
+    ``python_version`` ("3.12"), ``free_threaded`` and ``has_mlx`` describe the interpreter the job runs under
+    (kernels 0.19 rejects a variant built for a newer Python or, on free-threaded Python, for abi3, and an MLX
+    variant without MLX); None means the Python running kernelguard, since kernels' own defaults (a GIL-enabled
+    Python 3.15 with MLX) describe no real interpreter.
     """
 
     torch_version: str | None
@@ -151,6 +156,9 @@ class HubTarget:
     gpu_capability: tuple[int, int] | None = None
     tvm_ffi_version: str | None = None
     macos_version: str | None = None
+    python_version: str | None = None
+    free_threaded: bool | None = None
+    has_mlx: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -219,7 +219,7 @@ HUB_OFF_ALTERNATIVES = (
 
 def _kernels_advice(window: tuple[str, str] | None, *, core: bool = False) -> InstallAdvice:
     if window is None:
-        return InstallAdvice("kernels", "kernels>=0.16,<0.19", extra_command("hub"))
+        return InstallAdvice("kernels", "kernels>=0.16,<0.20", extra_command("hub"))  # the hub extra's range
     spec = f"kernels>={window[0]},<{window[1]}"
     if core:  # transformers' own requirement: wherever it installed with its dependencies, this resolves
         return InstallAdvice("kernels", spec, f"pip install '{spec}'", alternatives=HUB_OFF_ALTERNATIVES)

@@ -32,18 +32,29 @@ class CallShape:
 
 @functools.lru_cache(maxsize=64)
 def call_shape(source: str, call_site: str) -> CallShape | None:
-    """The first call of ``call_site`` inside a ``forward`` of the modeling file ``source``, read with ast (the
-    module is not imported); None when there is none."""
+    """The first call of ``call_site`` inside a ``forward`` of the modeling file ``source``, else inside a
+    module-level function a ``forward`` calls (transformers 5.25 calls ``causal_conv1d_fn`` from
+    ``causal_conv1d_forward``, a kernels Func whose function is its module's forward), read with ast (the module
+    is not imported); None when there is none."""
     try:
         tree = ast.parse(Path(source).read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError):
         return None
-    for function in ast.walk(tree):
-        if not isinstance(function, ast.FunctionDef) or function.name != "forward":
-            continue
-        for node in ast.walk(function):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == call_site:
-                return _shape_of(node, call_site)
+    helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    callers = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "forward"]
+    seen: set[str] = set()
+    while callers:  # breadth first: a forward's own call wins over one in a helper it calls
+        called: list[ast.FunctionDef] = []
+        for function in callers:
+            for node in ast.walk(function):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+                    continue
+                if node.func.id == call_site:
+                    return _shape_of(node, call_site)
+                if node.func.id in helpers and node.func.id not in seen:
+                    seen.add(node.func.id)
+                    called.append(helpers[node.func.id])
+        callers = called
     return None
 
 

@@ -35,7 +35,7 @@ def _ref(*names: str) -> tuple[Parameter, ...]:
                  Parameter(n.rstrip("="), "POSITIONAL_OR_KEYWORD", n.endswith("=")) for n in names)
 
 
-# transformers 5.17-5.24's torch references (tests below check the modeling file still says so)
+# transformers 5.17-5.25's torch references (tests below check the modeling file still says so)
 GDN_REF = _ref("query", "key", "value", "g", "beta", "chunk_size=", "initial_state=", "output_final_state=",
                "use_qk_l2norm_in_kernel=", "**kwargs")
 CONV_REF = _ref("hidden_states", "weight", "bias=", "activation=", "**kwargs")
@@ -169,6 +169,28 @@ def test_transformers_call_is_read_from_the_modeling_source() -> None:
     assert conv is not None and (conv.positional, conv.keywords, conv.spreads) == (3, ("activation",), True)
     assert reference_parameters(family.source, sites["chunk_gated_delta_rule"]) == GDN_REF
     assert reference_parameters(family.source, sites["causal_conv1d_fn"]) == CONV_REF
+
+
+def test_a_call_inside_a_helper_the_forward_calls_is_found(tmp_path: Path) -> None:
+    """5.25 calls causal_conv1d_fn from causal_conv1d_forward (a kernels Func), not from a forward: the call is
+    read there, and a forward's own call still wins over a helper's."""
+    source = tmp_path / "modeling_demo.py"
+    source.write_text(textwrap.dedent("""
+        def conv_forward(conv, x, cache, **kwargs):
+            return causal_conv1d_fn(x, conv.weight, conv.bias, activation="silu", **kwargs)
+
+        def unrelated(x):
+            return gdn(x, x)
+
+        class Layer:
+            def forward(self, x, **kwargs):
+                x = conv_forward(self.conv, x, None, **kwargs)
+                return gdn(x, x, x, beta=1)
+        """))
+    assert call_shape(str(source), "causal_conv1d_fn") == CallShape("causal_conv1d_fn", 3, ("activation",),
+                                                                      spreads=True)
+    assert call_shape(str(source), "gdn") == CallShape("gdn", 3, ("beta",))
+    assert call_shape(str(source), "missing") is None
 
 
 # ------------------------------------------------------------------------------------ through `check --hub` ---

@@ -4,9 +4,9 @@ Repositories are built in tmp_path with the Hub layout (build/<variant>/ holding
 ``metadata.json``, what kernels needs to load a variant; choosing one only needs the folder name).
 No network: HF_HUB_OFFLINE=1 and every cache lookup is local_files_only.
 
-The same tests run against whichever kernels release is installed: 0.17.x in the main CI environment,
-0.16.x (the release transformers 5.17 accepts) in the second one. Where the releases behave differently
-the test asks the installed kernels what it offers, and asserts that release's behaviour.
+The same tests run against whichever kernels release is installed (0.16 through 0.19: CI installs the ones its
+transformers stacks accept). Where the releases behave differently the test asks the installed kernels what it
+offers or does, never a table of versions, and asserts that release's behaviour.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import importlib.util
 import inspect
 import json
 import sys
+import warnings
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -40,16 +41,43 @@ def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 pytest.importorskip("kernels", reason="the Hub tests need the hub extra: pip install -e '.[dev]'")
 KERNELS_VERSION = metadata.version("kernels")
-# Private modules a kernels release may lack (0.16 has none of the 0.17 ones and vice versa).
-PRIVATE_MODULES = (
-    "kernels._rust",
-    "kernels._versions",
-    "kernels.load",
-    "kernels.utils",
-    "kernels.validate",
-    "kernels.minver",
-    "kernels.archs",
-)
+# Private modules a kernels release may lack (0.16 has none of the 0.17 ones and vice versa), where 0.16-0.18 keep
+# them and where 0.19 does (under kernels._internals, names unchanged).
+_PRIVATE_NAMES = ("_rust", "_versions", "load", "utils", "validate", "minver", "archs")
+OLD_LAYOUT = tuple(f"kernels.{name}" for name in _PRIVATE_NAMES)
+PRIVATE_MODULES = OLD_LAYOUT + tuple(f"kernels._internals.{name}" for name in _PRIVATE_NAMES)
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # its parent package (kernels._internals before 0.19) does not exist
+        return False
+
+
+def _variants_module() -> Any:
+    """The installed kernels' variants module, found as the probe finds it (0.19: kernels._internals.variants)."""
+    return kernels_release.import_kernels().variants
+
+
+def _resolver_parameters() -> set[str]:
+    return set(inspect.signature(_variants_module()._resolve_variant_for_system).parameters)
+
+
+def _kernels_refuses_a_too_new_minver(tmp_path: Path) -> bool:
+    """Whether the installed kernels' own loader refuses a variant needing a newer kernels (0.16 only warns)."""
+    import kernels
+
+    _add_variant(tmp_path / "minver" / "build", "torch-universal", extra={"kernels-minver": "99.1.2"})
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        try:
+            kernels.get_local_kernel(tmp_path / "minver")
+        except RuntimeError as exc:
+            assert "requires kernels>=99.1.2" in str(exc)
+            return True
+    assert any("requires kernels>=99.1.2" in str(w.message) for w in warned), "kernels neither refused nor warned"
+    return False
 
 
 def _add_variant(
@@ -311,16 +339,15 @@ def test_kernels_import_failure_degrades_to_note(tmp_path: Path, monkeypatch: py
 
 
 def test_kernels_internals_drift_degrades_to_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import kernels.variants
-
-    monkeypatch.delattr(kernels.variants, "_resolve_variant_for_system")
+    variants = _variants_module()
+    monkeypatch.delattr(variants, "_resolve_variant_for_system")
     repo = _repo(tmp_path / "repo", ["torch213-cxx11-cpu-x86_64-linux"])
 
     probe = probe_hub_kernel(REPO, target=CPU_213, local_path=str(repo))
 
     assert probe.note == (
         f"kernels failed while resolving {REPO}: LookupError('kernels {KERNELS_VERSION} has no "
-        "kernels.variants._resolve_variant_for_system, so only this machine (no --arch or other made-up "
+        f"{variants.__name__}._resolve_variant_for_system, so only this machine (no --arch or other made-up "
         "target) can be resolved')."
     )
 
@@ -328,7 +355,10 @@ def test_kernels_internals_drift_degrades_to_note(tmp_path: Path, monkeypatch: p
 def test_bad_target_backend_degrades_to_note(tmp_path: Path) -> None:
     repo = _repo(tmp_path / "repo", ["torch213-cxx11-cpu-x86_64-linux"])
     probe = probe_hub_kernel(REPO, target=HubTarget("2.13", backend="quantum1"), local_path=str(repo))
-    assert probe.note is not None and "Unknown backend variant string" in probe.note
+    assert probe.chosen_variant is None
+    # kernels' own ValueError: "Unknown backend variant string: 'quantum1'" (0.16-0.18), "... parts: ['quantum1']"
+    # (0.19, which parses a variant name's parts)
+    assert probe.note is not None and "Unknown backend variant" in probe.note and "'quantum1'" in probe.note
 
 
 def test_live_system_target(tmp_path: Path) -> None:
@@ -364,7 +394,8 @@ def test_resolves_without_any_private_kernels_module(tmp_path: Path, monkeypatch
 
 
 def test_each_release_uses_its_own_helpers() -> None:
-    """Feature detection picks 0.17's kernels.load/validate or 0.16's kernels.utils/minver, never neither."""
+    """Feature detection picks 0.17/0.18's kernels.load, 0.19's kernels._internals.load or 0.16's kernels.utils,
+    never neither."""
     found = kernels_release.import_kernels()
     assert found.version == KERNELS_VERSION
     assert found.parse_local_kernels is not None
@@ -372,10 +403,9 @@ def test_each_release_uses_its_own_helpers() -> None:
     assert found.supports_capability is not None
     assert found.versions is not None
     owner = found.parse_local_kernels.__module__
-    if importlib.util.find_spec("kernels.load") is not None:  # kernels >= 0.17
-        assert owner == "kernels.load"
-    else:  # kernels 0.16
-        assert owner == "kernels.utils"
+    homes = [m for m in ("kernels.load", "kernels._internals.load", "kernels.utils") if _importable(m)]
+    assert owner == homes[0], homes  # the module the installed release parses LOCAL_KERNELS in
+    assert sys.modules[owner]._parse_local_kernel_overrides is found.parse_local_kernels
 
 
 def test_variant_needing_a_newer_kernels(tmp_path: Path) -> None:
@@ -391,15 +421,13 @@ def test_variant_needing_a_newer_kernels(tmp_path: Path) -> None:
         f"but version {KERNELS_VERSION} is installed."
     )
     assert probe.note.startswith(expected), probe.note
-    if importlib.util.find_spec("kernels.validate") is not None:  # kernels >= 0.17 refuses to load it
+    if _kernels_refuses_a_too_new_minver(tmp_path):  # kernels >= 0.17 refuses to load it
         assert "only warns" not in probe.note
     else:  # kernels 0.16 warns and loads it anyway
         assert probe.note.endswith("(this kernels release only warns and loads it anyway)")
 
 
 def test_macos_version_is_passed_only_to_releases_that_take_it(tmp_path: Path) -> None:
-    import kernels.variants
-
     repo = _repo(tmp_path / "repo", ["torch213-cpu-aarch64-darwin", "torch-universal"])
     mac = HubTarget(torch_version="2.13", backend="metal", cxx11_abi=None, cpu="aarch64", os="darwin",
                     macos_version="15.0")
@@ -407,12 +435,44 @@ def test_macos_version_is_passed_only_to_releases_that_take_it(tmp_path: Path) -
     probe = probe_hub_kernel(REPO, target=mac, local_path=str(repo))
 
     assert probe.chosen_variant is not None
-    takes_macos = "macos_version" in inspect.signature(kernels.variants._resolve_variant_for_system).parameters
+    takes_macos = "macos_version" in _resolver_parameters()
     ignored = f"kernels {KERNELS_VERSION} does not consider the macOS version when choosing a variant."
     if takes_macos:
         assert probe.note is None or ignored not in probe.note
     else:
         assert probe.note is not None and ignored in probe.note
+
+
+_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+_NEXT_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor + 1}"
+
+
+def test_a_made_up_target_runs_under_this_python_unless_told(tmp_path: Path) -> None:
+    """kernels 0.19 rejects a variant built for a newer Python, and for abi3 on free-threaded Python; left to
+    itself its resolver assumes a GIL-enabled Python 3.15 and would choose a variant this Python cannot load."""
+    if "python_version" not in _resolver_parameters():  # 0.16-0.18: variant names carry no Python version
+        repo = _repo(tmp_path / "repo", ["torch213-cxx11-cpu-x86_64-linux"])
+        told = probe_hub_kernel(REPO, target=dataclasses.replace(CPU_213, python_version=_NEXT_PYTHON),
+                                local_path=str(repo))
+        assert told.chosen_variant == "torch213-cxx11-cpu-x86_64-linux"
+        assert told.note == f"kernels {KERNELS_VERSION} does not consider the Python version when choosing a variant."
+        return
+    older = "torch-2.13-cxx11-cpu-cpython-3.9-abi3-x86_64-linux"
+    newer = f"torch-2.13-cxx11-cpu-cpython-{_NEXT_PYTHON}-abi3-x86_64-linux"
+    repo = _repo(tmp_path / "repo", [older, newer])
+
+    here = probe_hub_kernel(REPO, target=CPU_213, local_path=str(repo))
+    later = probe_hub_kernel(REPO, target=dataclasses.replace(CPU_213, python_version=f"{_NEXT_PYTHON}.1"),
+                             local_path=str(repo))
+    free_threaded = probe_hub_kernel(REPO, target=dataclasses.replace(CPU_213, free_threaded=True),
+                                     local_path=str(repo))
+
+    assert (here.chosen_variant, here.note) == (older, None)
+    assert _by_name(here)[newer].reason == (
+        f"Rejected by kernels: Python {_NEXT_PYTHON} or later is required, system Python version is {_PYTHON}.")
+    assert (later.chosen_variant, later.note) == (newer, None)  # kernels prefers the newest Python it can load
+    assert free_threaded.chosen_variant is None
+    assert "abi3 is not supported on free-threaded Python" in _by_name(free_threaded)[older].reason
 
 
 def test_pinned_version_is_read_from_the_cache_without_the_network(
@@ -438,14 +498,16 @@ def test_pinned_version_is_read_from_the_cache_without_the_network(
 
 
 def test_hub_target_fields_match_kernels_resolver_arguments() -> None:
-    """Every system fact the installed kernels' resolver takes has a HubTarget field (drift alarm)."""
-    import kernels.variants
-
-    taken = set(inspect.signature(kernels.variants._resolve_variant_for_system).parameters)
-    covered = {"variants", "selected_backend", "cpu", "os", "torch_version", "torch_cxx11_abi",
-               "tvm_ffi_version", "macos_version"}
-    assert taken <= covered, taken - covered
-    assert {f.name for f in dataclasses.fields(HubTarget)} >= {"cpu", "os", "torch_version", "cxx11_abi"}
+    """Every system fact the installed kernels' resolver takes has a HubTarget field (drift alarm): a fact
+    without one would be left to kernels' default, which describes no real target."""
+    field_of = {"selected_backend": ("cuda_version", "backend"), "cpu": ("cpu",), "os": ("os",),
+                "torch_version": ("torch_version",), "torch_cxx11_abi": ("cxx11_abi",),
+                "tvm_ffi_version": ("tvm_ffi_version",), "macos_version": ("macos_version",),
+                "python_version": ("python_version",), "free_threaded": ("free_threaded",), "has_mlx": ("has_mlx",)}
+    taken = _resolver_parameters() - {"variants"}
+    assert taken <= set(field_of), taken - set(field_of)
+    fields = {f.name for f in dataclasses.fields(HubTarget)}
+    assert all(set(field_of[name]) <= fields for name in taken), fields
 
 
 @pytest.mark.slow
@@ -516,16 +578,56 @@ def _refused(message: str, mode: str = "training") -> str:
     return f"check 1 (kernels accepts the layer) failed: kernels {KERNELS_VERSION} refuses it for {mode}: {message}"
 
 
+def _fell_back(message: str, mode: str = "training") -> str:
+    return (f"check 1 (kernels accepts the layer) failed: kernels {KERNELS_VERSION} does not use it for {mode}, so "
+            f"kernelize() falls back to transformers' torch reference: {message}")
+
+
 _REPO_NAMED = f"`kernels-community/fla` (variant {_VARIANT}), layer `chunk_gated_delta_rule`"
 
 
-def test_kernels_refuses_a_layer_without_backward_in_training_only(tmp_path: Path) -> None:
+def _kernels_own_kernelize(tmp_path: Path, layers: str, mode: str) -> str:
+    """What the installed kernels does with ``layers`` when its own ``kernelize`` loads them through its own
+    ``LocalLayerRepository`` for ``mode``: "raises", "falls back" (keeps the original forward) or "uses it"."""
+    import kernels
+    import torch
+
+    _add_variant(tmp_path / "own" / "build", "torch-universal")
+    variant = tmp_path / "own" / "build" / "torch-universal"
+    (variant / "__init__.py").write_text("from . import layers\n")
+    (variant / "layers.py").write_text("import torch\n" + layers)
+
+    @kernels.use_kernel_forward_from_hub("chunk_gated_delta_rule")
+    class Reference(torch.nn.Module):
+        def forward(self, query, key, value, g, beta, chunk_size=None, initial_state=None, output_final_state=None,
+                    use_qk_l2norm_in_kernel=None, **kwargs):
+            raise AssertionError("never called")
+
+    model, kernels_mode = Reference(), getattr(kernels.Mode, mode)
+    repo = kernels.LocalLayerRepository(repo_path=tmp_path / "own", layer_name="chunk_gated_delta_rule")
+    with kernels.use_kernel_mapping({"chunk_gated_delta_rule": {"cpu": {kernels_mode: repo}}}, inherit_mapping=False):
+        try:
+            kernels.kernelize(model, mode=kernels_mode, device="cpu")
+        except ValueError:
+            return "raises"
+    return "falls back" if getattr(model.forward, "__func__", None) is Reference.forward else "uses it"
+
+
+def test_a_layer_without_backward_serves_inference_only(tmp_path: Path) -> None:
+    """0.16-0.18 refuse such a layer in training; 0.19 keeps transformers' torch reference without an error, the
+    slow path kernelguard exists to catch: either way the Hub kernel does not run in training."""
     layers = "class chunk_gated_delta_rule(torch.nn.Module):\n    has_backward = False\n" + _GDN_FORWARD
     training = _judge(tmp_path / "t", layers)
     inference = _judge(tmp_path / "i", layers, training=False)
-    assert training.problem == _refused(
-        f"Function/layer from repo {_REPO_NAMED} does not support backward. Was registered for "
-        "`chunk_gated_delta_rule` with mode `Mode.TRAINING`")
+    kernels_in_training = _kernels_own_kernelize(tmp_path / "kt", layers, "TRAINING")
+    if kernels_in_training == "raises":
+        assert training.problem == _refused(
+            f"Function/layer from repo {_REPO_NAMED} does not support backward. Was registered for "
+            "`chunk_gated_delta_rule` with mode `Mode.TRAINING`")
+    else:
+        assert kernels_in_training == "falls back"
+        assert training.problem == _fell_back("Layer does not support backward, using fallback")
+    assert _kernels_own_kernelize(tmp_path / "ki", layers, "INFERENCE") == "uses it"
     assert (inference.problem, inference.judged_by) == (None, f"kernels {KERNELS_VERSION}")
 
 
@@ -534,7 +636,7 @@ def test_kernels_minver_above_the_installed_kernels(tmp_path: Path) -> None:
     result = _judge(tmp_path, layers, extra={"kernels-minver": "99.1.2"})
     message = (f"Kernel 'demo' variant '{_VARIANT}' requires kernels>=99.1.2, but version {KERNELS_VERSION} is "
                "installed. Upgrade with: pip install --upgrade kernels")
-    if importlib.util.find_spec("kernels.validate") is not None:  # kernels >= 0.17 refuses to load it
+    if _kernels_refuses_a_too_new_minver(tmp_path):  # kernels >= 0.17 refuses to load it
         assert result.problem == _refused(message)
     else:  # kernels 0.16 warns and loads it anyway: so does our verdict (the probe's note quotes the warning)
         assert result.problem is None
@@ -560,16 +662,23 @@ def test_kernels_accepts_a_module_level_alias_of_the_mapped_name(tmp_path: Path)
 
 def test_kernels_019_layout_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
     """kernels 0.19 keeps every private module under kernels._internals with its name unchanged
-    (kernels._internals._versions, kernels._internals.layer.layer) and kernels._rust where it was. A stand-in of
-    that layout built from the installed release, so every CI environment checks it: each private helper is still
-    found, and nothing is imported unconditionally."""
+    (kernels._internals._versions, kernels._internals.layer.layer) and kernels._rust where it was. Installed, that
+    layout is checked as it is; otherwise a stand-in of it is built from the installed release, so every CI
+    environment checks it: each private helper is still found, and nothing is imported unconditionally."""
     import importlib
 
+    if _importable("kernels._internals"):  # the real layout: every helper comes from it
+        found = kernels_release.import_kernels()
+        helpers = (found.parse_local_kernels, found.supports_capability, found.get_kernel_layer)
+        assert [h.__module__.startswith("kernels._internals.") for h in helpers] == [True] * 3
+        assert found.versions is not None and found.versions.__name__ == "kernels._internals._versions"
+        assert found.minver_problem is not None and found.minver_refuses
+        return
     moved = {}
-    for name in PRIVATE_MODULES + ("kernels.layer.layer",):
+    for name in OLD_LAYOUT + ("kernels.layer.layer",):
         if name == "kernels._rust":  # 0.19 leaves the compiled extension in place
             continue
-        module = sys.modules.get(name) or (importlib.import_module(name) if importlib.util.find_spec(name) else None)
+        module = sys.modules.get(name) or (importlib.import_module(name) if _importable(name) else None)
         if module is None:
             continue
         moved[f"kernels._internals.{name.removeprefix('kernels.')}"] = module

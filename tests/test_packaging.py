@@ -20,7 +20,14 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from kernelguard.errors import ConfigError
-from kernelguard.install import DISTRIBUTION, FLA_SAFE_TRITON, TORCH_TRITON, InstallAdvice, install_command
+from kernelguard.install import (
+    DISTRIBUTION,
+    FLA_SAFE_TRITON,
+    KERNELS_RELEASES,
+    TORCH_TRITON,
+    InstallAdvice,
+    install_command,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEEL_BASE = "https://github.com/Dao-AILab/causal-conv1d/releases/download/v1.7.0/causal_conv1d-1.7.0"
@@ -48,11 +55,19 @@ def test_kernels_is_the_hub_extra_not_a_dependency() -> None:
     project = _pyproject()["project"]
     assert "kernels" not in _requirements(project["dependencies"])
     hub = _requirements(project["optional-dependencies"]["hub"])["kernels"]
-    # Both windows transformers accepts must be installable: 5.17 takes [0.16, 0.17), 5.23/5.24 [0.18.2, 0.19).
-    for version in ("0.16.2", "0.17.2", "0.18.2"):
+    # Every window transformers accepts must be installable: 5.17 takes [0.16, 0.17), 5.23/5.24 [0.18.2, 0.19),
+    # 5.25 [0.19.1, 0.20); a release the Hub provider was never tested against must not be.
+    for version in ("0.16.2", "0.17.2", "0.18.3", "0.19.1"):
         assert hub.specifier.contains(version), version
-    # The README's test command installs [train,dev]: dev must bring kernels so the Hub tests run.
-    assert _requirements(project["optional-dependencies"]["dev"])["kernels"].specifier == hub.specifier
+    for version in ("0.15.9", "0.20.0"):
+        assert not hub.specifier.contains(version), version
+    # The README's test command installs [train,dev]: dev must bring kernels so the Hub tests run, and only a
+    # release the hub extra allows (dev may be narrower, to steer pip to one transformers window).
+    dev = _requirements(project["optional-dependencies"]["dev"])["kernels"]
+    known = [*KERNELS_RELEASES, "0.15.9", "0.20.0", "0.21.0"]
+    in_dev = [v for v in known if dev.specifier.contains(v)]
+    assert in_dev, dev
+    assert [v for v in in_dev if not hub.specifier.contains(v)] == [], (dev, hub)
 
 
 def test_fast_extra_holds_only_wheels_that_install_anywhere_at_measured_floors() -> None:

@@ -6,9 +6,10 @@ itself; this module only finds the repository's files on disk and turns kernels'
 
 Seam used for made-up targets: kernels' public resolvers (``resolve_variants``, ``get_kernel_variants``)
 only read the live system, but they are thin wrappers around
-``kernels.variants._resolve_variant_for_system``, which takes every system fact as an argument
-(backend object, cpu, os, torch version, cxx11 ABI, tvm-ffi version, and from 0.17 the macOS version).
-We call that with a ``Backend`` built by kernels' own ``parse_backend``/``CUDA``. ``get_kernel_variants``
+``_resolve_variant_for_system`` in kernels' variants module, which takes every system fact as an argument
+(backend object, cpu, os, torch version, cxx11 ABI, tvm-ffi version, from 0.17 the macOS version, from 0.19
+the Python version, free-threading and MLX). :mod:`kernelguard.providers.kernels_target` builds those from a
+target, with a ``Backend`` made by kernels' own ``parse_backend``/``CUDA``. ``get_kernel_variants``
 is not used: it lists the repository tree over the network.
 
 Releases differ in their private helpers; :mod:`kernelguard.providers.kernels_release` finds them by feature
@@ -29,6 +30,7 @@ from typing import Any
 
 from ..facts import HubKernelProbe, HubTarget, VariantVerdict
 from .kernels_release import KernelsRelease, import_kernels
+from .kernels_target import resolver_arguments
 
 __all__ = [
     "SOURCE_LOCAL_FOLDER",
@@ -321,54 +323,15 @@ def _decide(kernels: KernelsRelease, parsed: list[Any], target: HubTarget | None
     if target is None:
         _, trace = kernels.variants.resolve_variants(parsed)  # the live system, exactly as get_kernel does
         return list(trace), []
-    from packaging.version import Version
-
     resolve = getattr(kernels.variants, "_resolve_variant_for_system", None)
     if resolve is None:
         raise LookupError(
-            f"kernels {kernels.version} has no kernels.variants._resolve_variant_for_system, so only this "
-            "machine (no --arch or other made-up target) can be resolved"
+            f"kernels {kernels.version} has no {kernels.variants.__name__}._resolve_variant_for_system, so only "
+            "this machine (no --arch or other made-up target) can be resolved"
         )
-    linux = target.os == "linux"  # kernels only looks at the C++ ABI on Linux
-    arguments: dict[str, Any] = {
-        "variants": parsed,
-        "selected_backend": _target_backend(kernels, target),
-        "cpu": target.cpu,
-        "os": target.os,
-        "torch_version": _major_minor(target.torch_version),
-        "torch_cxx11_abi": target.cxx11_abi if linux else None,
-        "tvm_ffi_version": _major_minor(target.tvm_ffi_version),
-        "macos_version": Version(target.macos_version) if target.macos_version else None,
-    }
-    accepted = inspect.signature(resolve).parameters
-    notes = []
-    if arguments["macos_version"] is not None and "macos_version" not in accepted:
-        notes.append(f"kernels {kernels.version} does not consider the macOS version when choosing a variant.")
-    _, trace = resolve(**{name: value for name, value in arguments.items() if name in accepted})
+    arguments, notes = resolver_arguments(kernels, target, set(inspect.signature(resolve).parameters))
+    _, trace = resolve(variants=parsed, **arguments)
     return list(trace), notes
-
-
-def _target_backend(kernels: KernelsRelease, target: HubTarget) -> Any:
-    from packaging.version import Version
-
-    if target.cuda_version is not None and target.backend is not None:
-        raise ValueError("HubTarget takes either cuda_version or backend, not both")
-    if target.cuda_version is not None:
-        return kernels.backends.CUDA(version=Version(target.cuda_version))
-    parse = kernels.backends.parse_backend
-    token = target.backend or "cpu"
-    # 0.19 parses a variant name's backend parts (["rocm64"]), earlier releases the token itself.
-    return parse([token]) if "parts" in inspect.signature(parse).parameters else parse(token)
-
-
-def _major_minor(version: str | None) -> Any:
-    # kernels strips patch and local tags ("2.13.0+cu128" -> 2.13) before comparing.
-    if version is None:
-        return None
-    from packaging.version import Version
-
-    release = Version(version).release
-    return Version(f"{release[0]}.{release[1] if len(release) > 1 else 0}")
 
 
 def _verdicts_from_trace(kernels: KernelsRelease, trace: list[Any]) -> tuple[list[VariantVerdict], str | None]:

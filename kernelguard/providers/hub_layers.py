@@ -7,7 +7,8 @@ fails:
 
 1. kernels' own verdict (:mod:`kernelguard.providers.kernels_verdict`): the installed kernels loads the variant
    as ``kernelize()`` would (its metadata checks, its layer lookup and layer validation, ``has_backward`` for a
-   training kernelize) and its message is quoted when it refuses;
+   training kernelize) and its message is quoted when it refuses the layer or keeps transformers' torch
+   reference instead (kernels 0.19 falls back for a layer without backward in training, where 0.16-0.18 raise);
 2. the accepted layer's ``forward`` binds the call transformers makes (:class:`CallShape`: positional count,
    keywords, and in packed training the batch's packed-sequence keywords its ``**kwargs`` passes on), bound by
    Python itself (:meth:`inspect.Signature.bind`); kernels compares only parameter counts and kinds, and a
@@ -69,8 +70,12 @@ def check_hub_layer(kernel: str, repo_id: str, layer_name: str, folder: Path, ca
         problem, file = _check_source(layer_name, folder, call.positional, keywords)
         return result(problem, str(file) if file else None)
     judged_by = f"kernels {verdict.kernels_version}"
+    mode = "training" if training else "inference"
+    if verdict.fell_back:  # no error at load, but the op stays transformers' slow torch reference
+        return result(f"check 1 (kernels accepts the layer) failed: kernels {verdict.kernels_version} does not use "
+                      f"it for {mode}, so kernelize() falls back to transformers' torch reference: "
+                      f"{verdict.refusal}", judged_by=judged_by)
     if verdict.refusal is not None:
-        mode = "training" if training else "inference"
         return result(f"check 1 (kernels accepts the layer) failed: kernels {verdict.kernels_version} refuses it "
                       f"for {mode}: {verdict.refusal}", judged_by=judged_by)
     forward = verdict.layer.forward
@@ -101,11 +106,11 @@ def _check_source(layer_name: str, folder: Path, positional: int, keywords: tupl
     forward = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
     if forward is None:
         return (f"check 1 (the layer exists) failed: class `{layer_name}` in {_rel(file, folder)} has no "
-                "`forward` of its own", file)
+                "`forward` of its own"), file
     problem = _bind(forward.args, positional, keywords)
     if problem is not None:
         return (f"check 2 (its forward takes transformers' call) failed: `{layer_name}.forward` in "
-                f"{_rel(file, folder)} {problem}", file)
+                f"{_rel(file, folder)} {problem}"), file
     return None, file
 
 

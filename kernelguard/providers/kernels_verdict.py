@@ -4,8 +4,8 @@ kernels itself, offline and on CPU.
 ``kernelize()`` takes ``<variant>.layers.<layer_name>``, validates it against the module it replaces (kernels'
 ``_validate_layer``: a torch layer, no constructor of its own, no members beyond ``has_backward`` /
 ``can_torch_compile``, a ``forward`` with as many parameters of the same kinds as the reference), checks that it
-supports the mode it was registered for (``has_backward`` in training) and then swaps its ``forward`` in, or keeps
-the original one. Rather than re-implement any of that, kernelguard runs kernels' public ``kernelize`` on a
+supports the mode it was registered for (``has_backward`` in training: 0.16-0.18 raise, 0.19 keeps the original
+forward and logs it) and then swaps its ``forward`` in, or keeps the original one. Rather than re-implement any of that, kernelguard runs kernels' public ``kernelize`` on a
 stand-in of the module transformers makes of the torch reference (kernels' own ``use_kernel_forward_from_hub``
 applied to a function with the reference's signature), with a mapping to the chosen variant folder registered
 for the requested mode, as transformers registers the GDN ops (``{Mode.TRAINING: ..., Mode.INFERENCE: ...}``).
@@ -49,11 +49,14 @@ _MODULE_PREFIX = "_kernelguard_hub_variant_"
 @dataclass(frozen=True, slots=True)
 class KernelsVerdict:
     """kernels' verdict on one variant's layer. ``asked`` False: kernels could not be asked here (``note`` says
-    why); otherwise ``refusal`` is kernels' own message (None: it swaps the layer's forward in)."""
+    why); otherwise ``refusal`` is kernels' own message (None: it swaps the layer's forward in), and
+    ``fell_back`` says kernelize() kept transformers' torch reference instead of raising (kernels 0.19 does so
+    for a layer without backward in training: the slow path, not an error)."""
 
     asked: bool
     kernels_version: str | None
     refusal: str | None = None
+    fell_back: bool = False
     layer: Any = None  # the layer class kernelize() would use, when accepted
     note: str | None = None
 
@@ -106,7 +109,7 @@ class _VariantRepository:
         sys.modules[self.module_name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as exc:  # noqa: BLE001 - a variant may fail with anything on a machine it was not built for
+        except Exception as exc:  # a variant may fail with anything on a machine it was not built for
             raise _LoadFailed(f"importing variant {self.folder.name} failed here: {type(exc).__name__}: {exc}") from exc
         return module
 
@@ -155,7 +158,7 @@ def _kernelize(api: Any, kernels: KernelsRelease, repo: _VariantRepository, refe
         return KernelsVerdict(True, kernels.version, layer=repo.loaded)
     said = [r.getMessage() for r in records if "fallback" in r.getMessage() or "original forward" in r.getMessage()]
     reason = "; ".join(said) or "kernelize() kept the original forward without saying why"
-    return KernelsVerdict(True, kernels.version, refusal=_one_line(reason))
+    return KernelsVerdict(True, kernels.version, refusal=_one_line(reason), fell_back=True)
 
 
 def _reference_module(api: Any, layer_name: str, reference: tuple[Parameter, ...]) -> Any:
