@@ -218,3 +218,35 @@ def test_other_rank_failures_keep_their_code(
 ) -> None:
     assert launch_mod._report_failure(_failure(1, exitcode), tmp_path) == expected_rc
     assert capsys.readouterr().err == message
+
+
+@pytest.mark.parametrize(("rank_said", "shown"), [
+    # a rank that saved and said how to resume: its line is the news
+    ("kernelguard train: stopped by SIGTERM at step 3; resume: kernelguard train ... --resume", "at step 3"),
+    # a rank that only lost its peer to the same SIGTERM: the launcher's own line instead
+    ("kernelguard train: rank 0 failed: RuntimeError: Connection reset by peer", "stopped by SIGTERM"),
+])
+def test_a_signal_during_the_launch_reports_the_signal_not_a_lost_peer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], rank_said: str, shown: str
+) -> None:
+    """SIGTERM reaches the launcher and its ranks at once; a rank still meeting its peers then fails with a
+    lost connection, and its record used to be printed in place of "stopped by SIGTERM"."""
+    import os
+    import signal
+
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def run(args: Any) -> None:  # torchrun, as it ends when the launcher gets SIGTERM mid-start
+        crash = "Connection reset" in rank_said
+        launch_mod.write_rank_error(1 if crash else 143, rank_said, crash=crash)
+        raise SignalException("got signal 15", sigval=signal.SIGTERM)
+
+    monkeypatch.setattr(torchrun, "run", run)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    opts = LaunchOptions(nproc_per_node="2")
+    code = launch_mod.launch(opts, ["--max-steps", "1"], output=tmp_path / "out")
+    err = capsys.readouterr().err
+    assert code == 143 and shown in err, err
+    assert "Connection reset" not in err, err
+    assert os.environ.get(launch_mod.LAUNCH_DIR_ENV) is None  # the launcher's environment is restored

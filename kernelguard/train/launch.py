@@ -160,7 +160,9 @@ def launch(opts: LaunchOptions, train_argv: list[str], *, output: Path | None = 
             return _report_failure(e, Path(folder))
         except SignalException as e:  # Ctrl-C or a scheduler's SIGTERM: the agent already stopped the ranks
             record = _first_record(Path(folder))  # what the ranks saved before stopping, when they could
-            if record is not None:
+            # A rank that only lost its peer to the same signal ("Connection reset by peer") is not the news.
+            if record is not None and not failures.is_secondary(
+                    {"crash": record.get("crash"), "type": "", "error": record.get("message", "")}):
                 print(record["message"], file=sys.stderr, flush=True)
             else:
                 from .signals import stopped_lines
