@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import torch
 
 from kernelguard.errors import CheckpointError, Preempted
-from kernelguard.gate import check_stack, run_gate
+from kernelguard.gate import allowed_line, check_stack, run_gate
 from kernelguard.install import extra_command
 from kernelguard.policy import AllowPolicy
 
@@ -118,6 +118,9 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     try:
         # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.
         log(info, f"guard passed; attention={built.attention}\n{report.render()}")
+        allowed = allowed_line(report)
+        if allowed:
+            log(info, allowed)
         data = load_training_data(cfg, info)
         if info.device.type == "cuda" and packed:  # fla runs only there, and only packed blocks hold many segments
             on_main(info, lambda: check_packed_segments(
