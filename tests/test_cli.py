@@ -63,8 +63,8 @@ def kg(
         if k not in ("PYTHONPATH", "KERNELGUARD_PROBE_DRIVER", "LOCAL_KERNELS")
     }
     env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1")
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
+    # This checkout's kernelguard, not whichever one is installed (an editable install of another worktree).
+    env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in pythonpath), str(Path(__file__).resolve().parents[1])])
     base = command or (sys.executable, "-m", "kernelguard")
     return subprocess.run(
         [*base, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False
@@ -418,7 +418,7 @@ USAGE_ERRORS = {
     ),
     "bad-mode": (
         lambda p: ["check", "--mode", "train"],
-        "kernelguard check: error: argument --mode: invalid choice",
+        "kernelguard check: error: --mode: 'train' is not one of training, inference; did you mean training?",
         "(see `kernelguard check --help`)",
     ),
     "no-command": (
