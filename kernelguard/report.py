@@ -135,8 +135,8 @@ def wrap_text(text: str, indent: int, width: int, *, hanging: int = 0) -> str:
 
 
 def fix_lines(fix: str, *, width: int, indent: int = 0, label: str = "fix:") -> list[str]:
-    """A fix as printed lines: each way out's shell command alone on its line, never wrapped, so it pastes as
-    one command; the prose about it (caveats, what it assumes) on the lines under it, wrapped to ``width``."""
+    """A fix as printed lines: each way out's shell command on lines of its own, broken only between arguments
+    with `` \\`` (:func:`kernelguard.paste.command_lines`), so it pastes as one command; the prose about it (caveats, what it assumes) on the lines under it, wrapped to ``width``."""
     lines: list[str] = []
     for i, part in enumerate(fix_alternatives(fix)):
         head = label if i == 0 else "or:"
@@ -145,7 +145,9 @@ def fix_lines(fix: str, *, width: int, indent: int = 0, label: str = "fix:") -> 
         if command is None:
             lines.append(wrap_text(f"{head} {note}", indent, width, hanging=hanging))
             continue
-        lines.append(f"{' ' * indent}{head} {command}")
+        lead = f"{' ' * indent}{head} "
+        parts = command_lines(command, width - len(lead))  # wider than the terminal: ` \` between arguments
+        lines.extend([lead + parts[0], *(" " * len(lead) + part for part in parts[1:])])
         if note:
             lines.append(wrap_text(note, indent + hanging, width))
     return lines
@@ -309,7 +311,7 @@ def fix_text(fixes: list[str], *, width: int | None = None) -> str:
             if command is None:
                 lines.append(fill(f"{lead}{note}", columns, 4))
                 continue
-            lines.append(f"{lead}{command}")
+            lines.append(f"{lead}{command}")  # whole: this is the error's fix attribute, read by programs too
             if note:
                 lines.append(wrap_text(note, 7, columns))
     return "\n".join(lines)
