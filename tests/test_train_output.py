@@ -80,3 +80,42 @@ def test_a_log_line_naming_its_program_is_prose_not_a_command() -> None:
         "kernelguard train: grouped 40 examples (2906 tokens) into 12",
         "  padded batches of at most 256 real tokens",
     ]
+
+
+class _Stream:
+    def __init__(self, tty: bool) -> None:
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_the_bar_is_drawn_on_a_terminal_only_and_a_log_gets_plain_lines_instead(
+    tty: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    import torch
+
+    from kernelguard.train.common.ranks import DistInfo
+    from kernelguard.train.output.reporting import plain_progress_steps, progress_bar
+    from kernelguard.train.settings.config import TrainConfig
+
+    stream = _Stream(tty)
+    monkeypatch.setattr(sys, "stderr", stream)
+    cfg = TrainConfig.from_flags(model="m", data="d", output_dir=tmp_path)
+    bar = progress_bar(cfg, DistInfo(0, 1, 0, torch.device("cpu")), total=40, initial=0)
+    assert (bar is not None) is tty
+    if bar is not None:
+        bar.update(1)
+        bar.close()
+        assert "\r" in stream.text  # a terminal redraws its bar in place
+    assert [plain_progress_steps(n) for n in (1, 9, 40, 1000)] == [1, 1, 4, 100]
