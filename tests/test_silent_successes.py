@@ -285,8 +285,8 @@ def test_a_marker_keyword_typo_is_a_usage_error() -> None:
 @pytest.mark.parametrize(("command", "line"), [
     (["check"], "kernelguard: interrupted."),
     (["export", "run/checkpoints/step_1", "--output", "out"],
-     "kernelguard export: loading torch and transformers to export run/checkpoints/step_1\n"
-     "kernelguard export: interrupted; nothing was written."),
+     ("kernelguard export: loading torch and transformers to export run/checkpoints/step_1\n"
+      "kernelguard export: interrupted; nothing was written.")),
 ], ids=["check", "export"])
 def test_ctrl_c_while_torch_imports_numpy_still_stops_the_command(command: list[str], line: str,
                                                                    tmp_path: Path) -> None:
