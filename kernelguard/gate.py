@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "accepted_issues",
+    "allowed_line",
     "check_lock",
     "check_stack",
     "guard_model",
@@ -110,14 +111,16 @@ def lift_accepted_fla_refusal(accepted: set[str]) -> list[str]:
 
 
 def guard_model(
-    model: Any, *, allow: AllowPolicy | Iterable[str], packed: bool, strict: bool = False, first_row_probe: bool = True
+    model: Any, *, allow: AllowPolicy | Iterable[str], packed: bool, strict: bool = False, first_row_probe: bool = True,
+    log_allowed: bool = True,
 ) -> GuardReport:
     """``kernelguard.guard`` in training mode. Not strict: the full per-layer table, armed, whatever it says
     (the caller judges ``ok``); strict: raises ``KernelFallbackError`` naming every offending site instead."""
     from kernelguard.guard import guard
 
     allowed = allow.values() if isinstance(allow, AllowPolicy) else allow
-    return guard(model, mode="training", packed=packed, allow=allowed, strict=strict, first_row_probe=first_row_probe)
+    return guard(model, mode="training", packed=packed, allow=allowed, strict=strict, first_row_probe=first_row_probe,
+                 log_allowed=log_allowed)
 
 
 def run_gate(
@@ -135,7 +138,8 @@ def run_gate(
 
         sections.append(render(stack))
     try:
-        report = guard_model(model, allow=policy, packed=packed, first_row_probe=first_row_probe)
+        # The trainer prints the table and says the allowed slow paths once (allowed_line), not per kernel.
+        report = guard_model(model, allow=policy, packed=packed, first_row_probe=first_row_probe, log_allowed=False)
     except KernelFallbackError as e:  # a guard that refuses even when not strict: its message is the report
         raise GuardRefused(str(e)) from e
     if report.ok and not sections:
@@ -145,6 +149,15 @@ def run_gate(
     report.disarm()
     advice = refusal_advice(report, stack, packed=packed)
     raise GuardRefused("\n\n".join(sections), fix=advice or None)
+
+
+def allowed_line(report: GuardReport) -> str | None:
+    """The one line that says which slow paths the run accepted (their reasons are the table's), or None."""
+    kernels = list(dict.fromkeys(e.kernel for e in report.entries if e.allowed and not e.fast))
+    if not kernels:
+        return None
+    return (f"allowed slow paths (--allow): {', '.join(kernels)} run their torch reference, correct but several "
+            "times slower (the ALLOWED-SLOW rows above say why)")
 
 
 # ------------------------------------------------------------------------------------------ why / fix ---

@@ -342,6 +342,7 @@ def guard(
     strict: bool = True,
     attention: str = "error",
     first_row_probe: bool = True,
+    log_allowed: bool = True,
 ) -> GuardReport:
     """Report what every kernel call site of ``model`` runs and arm tripwires on its reference paths.
 
@@ -357,12 +358,15 @@ def guard(
     ``first_row_probe`` (default True) also runs the first packed row example by example and refuses when a
     decoder layer's output differs from the examples' own (:mod:`kernelguard.equivalence`; its cost: one extra
     no-grad forward of that row and of up to three of its examples, once).
+
+    ``log_allowed=False``: the caller says which slow paths were allowed itself (`kernelguard train`: its table
+    and one line), so neither the guard nor the tripwires log a line per allowed kernel.
     """
     if not isinstance(first_row_probe, bool):
         raise ConfigError(f"first_row_probe must be True or False, got {first_row_probe!r}.",
                           fix="kernelguard.guard(model, first_row_probe=False)")
     report, found = _collect(model, mode=mode, packed=packed, allow=allow, attention=attention, strict=strict)
-    _log_allowed_and_warned(report)
+    _log_allowed_and_warned(report, say_allowed=log_allowed)
     offending = report.offending()
     if strict and offending:
         raise _offending_error(offending, packed_training=report.packed and mode == "training")
@@ -395,11 +399,14 @@ def quiet_transformers_duplicates() -> None:
         target.addFilter(_ReportedByKernelguard())
 
 
-def _log_allowed_and_warned(report: GuardReport) -> None:
+def _log_allowed_and_warned(report: GuardReport, *, say_allowed: bool = True) -> None:
     for e in report.entries:
         if e.fast:
             continue
-        if e.allowed:
+        if e.allowed and not say_allowed:  # said by the caller: the first call's line would repeat it
+            registry.mark_logged(("allowed", e.kernel, e.reason))
+            registry.mark_logged(("trip", e.kernel))
+        elif e.allowed:
             registry.log_once(("allowed", e.kernel, e.reason),
                                f"kernelguard: allowed slow path `{e.kernel}` -> {e.implementation} ({e.reason})")
         elif e.kernel == "attention" and report.attention == "warn":

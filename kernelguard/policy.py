@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from .catalog import VARLEN_ATTENTION
 from .errors import ConfigError
 from .known_issues import KNOWN_ISSUES, by_id
+from .terms import nearest
 
 __all__ = ["ALIASES", "ATTENTION", "EVERYTHING", "PACKED_WITHOUT_BOUNDARIES", "POLICY_ITEMS", "UNTRUSTED_HUB_REPO",
            "AllowPolicy", "known_kernel_names"]
@@ -178,6 +179,15 @@ def _unknown(item: object, source: str, kernels: frozenset[str] | None, *, expec
     issue_ids = ", ".join(issue.id for issue in KNOWN_ISSUES)
     kernel_list = ", ".join(sorted(kernels or ())) or "(kernel names of the installed transformers)"
     found = f"a {type(item).__name__} ({item!r})" if expected_type else repr(item)
+    valid = [*sorted(kernels or ()), *(issue.id for issue in KNOWN_ISSUES), *POLICY_ITEMS]
+    close = nearest(item, valid) if isinstance(item, str) else []
+    if close:  # the nearest names, not every name (a list of some 600 characters hides the one meant)
+        return ConfigError(
+            f"{source}: {item!r} is not a known issue ID, kernel name or policy; did you mean {' or '.join(close)}?",
+            # No fix of its own: `kernelguard train` puts its command line with the nearest name as the fix.
+            details={"source": source, "value": repr(item), "replace": (item, close[0]), "flag": "--allow",
+                     "nearest": close},
+        )
     return ConfigError(
         f"{source}: {found} is not a known issue ID, kernel name or policy. Known issues: {issue_ids}. "
         f"Kernels: {kernel_list}. Policies: {', '.join(POLICY_ITEMS)} ({VARLEN_ATTENTION} = {ATTENTION}).",

@@ -291,6 +291,12 @@ def log_once(key: tuple[str, ...], message: str) -> None:
     REGISTRY.log_once(key, message)
 
 
+def mark_logged(key: tuple[str, ...]) -> None:
+    """Count ``key`` as logged (its caller said it another way): :func:`log_once` stays quiet for it."""
+    with REGISTRY.lock:
+        REGISTRY.logged_once.add(key)
+
+
 def remember_layer_paths(pairs: Iterable[tuple[Any, str]]) -> None:
     """Record each (layer module, path) so a tripwire firing inside it names the layer by its path."""
     for module, path in pairs:

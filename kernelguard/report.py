@@ -41,6 +41,7 @@ from .decisions import (
     fix_alternatives,
     split_fix,
 )
+from .paste import command_lines, is_command
 from .terms import CLI, in_terms
 
 if TYPE_CHECKING:  # report formats what check produced; it must not depend on check at run time
@@ -49,12 +50,14 @@ if TYPE_CHECKING:  # report formats what check produced; it must not depend on c
 __all__ = [
     "SCHEMA_VERSION",
     "fill",
+    "fit_line",
     "fit_lines",
     "fit_usage",
     "fix_lines",
     "fix_text",
     "help_formatter",
     "layer_summary",
+    "read_by_a_person",
     "render",
     "render_call_sites",
     "short_provider",
@@ -132,8 +135,8 @@ def wrap_text(text: str, indent: int, width: int, *, hanging: int = 0) -> str:
 
 
 def fix_lines(fix: str, *, width: int, indent: int = 0, label: str = "fix:") -> list[str]:
-    """A fix as printed lines: each way out's shell command alone on its line, never wrapped, so it pastes as
-    one command; the prose about it (caveats, what it assumes) on the lines under it, wrapped to ``width``."""
+    """A fix as printed lines: each way out's shell command on lines of its own, broken only between arguments
+    with `` \\`` (:func:`kernelguard.paste.command_lines`), so it pastes as one command; the prose about it (caveats, what it assumes) on the lines under it, wrapped to ``width``."""
     lines: list[str] = []
     for i, part in enumerate(fix_alternatives(fix)):
         head = label if i == 0 else "or:"
@@ -142,7 +145,9 @@ def fix_lines(fix: str, *, width: int, indent: int = 0, label: str = "fix:") -> 
         if command is None:
             lines.append(wrap_text(f"{head} {note}", indent, width, hanging=hanging))
             continue
-        lines.append(f"{' ' * indent}{head} {command}")
+        lead = f"{' ' * indent}{head} "
+        parts = command_lines(command, width - len(lead))  # wider than the terminal: ` \` between arguments
+        lines.extend([lead + parts[0], *(" " * len(lead) + part for part in parts[1:])])
         if note:
             lines.append(wrap_text(note, indent + hanging, width))
     return lines
@@ -306,7 +311,7 @@ def fix_text(fixes: list[str], *, width: int | None = None) -> str:
             if command is None:
                 lines.append(fill(f"{lead}{note}", columns, 4))
                 continue
-            lines.append(f"{lead}{command}")
+            lines.append(f"{lead}{command}")  # whole: this is the error's fix attribute, read by programs too
             if note:
                 lines.append(wrap_text(note, 7, columns))
     return "\n".join(lines)
@@ -317,10 +322,7 @@ def wrap_message(text: str, *, width: int | None = None) -> str:
     line (never wrapped), its prose under it. Without ``width``, only for a person: when stderr is a terminal or
     ``COLUMNS`` is set; in a log (a pipe, a file, a scheduler's capture) each sentence stays on one line, whole
     for grep and log tools."""
-    import os
-    import sys
-
-    if width is None and "COLUMNS" not in os.environ and not (sys.stderr is not None and sys.stderr.isatty()):
+    if width is None and not read_by_a_person():
         return text
     columns = terminal_width(width)
     lines: list[str] = []
@@ -330,6 +332,14 @@ def wrap_message(text: str, *, width: int | None = None) -> str:
         else:
             lines.append(fill(line, columns, 2))
     return "\n".join(lines)
+
+
+def read_by_a_person() -> bool:
+    """stderr is a terminal, or ``COLUMNS`` says how wide one is: fit lines to it (else a log keeps them whole)."""
+    import os
+    import sys
+
+    return "COLUMNS" in os.environ or (sys.stderr is not None and sys.stderr.isatty())
 
 
 def layer_summary(layers: list[str], *, shown: int = 6) -> str:
@@ -384,6 +394,17 @@ def fill(text: str, width: int, indent: int) -> str:
         return text
     return textwrap.fill(text, width=width, subsequent_indent=" " * indent, break_on_hyphens=False,
                          break_long_words=False)
+
+
+def fit_line(line: str, width: int, indent: int = 2) -> list[str]:
+    """One line of a log for the terminal: a command broken with continuations (:func:`command_lines`),
+    prose wrapped (:func:`fill`)."""
+    if len(line) <= width:
+        return [line]
+    lead = len(line) - len(line.lstrip())
+    if is_command(line):
+        return [" " * lead + part for part in command_lines(line.lstrip(), width - lead, 4)]
+    return fill(line, width, lead + indent).split("\n")
 
 
 # Under each accepted slow line, why it is slow; a refused (FALLBACK) line is explained by the why / fix block.

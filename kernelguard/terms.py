@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["CLI", "PYTEST", "PYTHON", "SYNTAXES", "allow_hint", "in_terms", "option_hint"]
+__all__ = ["CLI", "PYTEST", "PYTHON", "SYNTAXES", "allow_hint", "in_terms", "nearest", "option_hint",
+           "usage_suggestion"]
 
 CLI = "cli"
 PYTHON = "python"
@@ -98,3 +99,40 @@ def _rewrite(text: str, syntax: str) -> str:
         return allow_hint([item], allow_syntax)
 
     return _ALLOW.sub(allow, text)
+
+
+def nearest(name: str, valid: Iterable[str], n: int = 3) -> list[str]:
+    """The valid names closest to a mistyped ``name`` (at most ``n``, best first); [] when none is close."""
+    import difflib
+
+    return difflib.get_close_matches(name, list(dict.fromkeys(valid)), n=n, cutoff=0.6)
+
+
+_UNRECOGNIZED = re.compile(r"^unrecognized arguments: (.*)$")
+_INVALID_CHOICE = re.compile(r"^argument ([^:]+): invalid choice: '?([^']*?)'? \(choose from (.*)\)$")
+
+
+def usage_suggestion(message: str, options: Iterable[str]) -> tuple[str, tuple[str, str] | None, str | None]:
+    """argparse's refusal of a mistyped flag or choice with the nearest valid name ("did you mean"), which
+    argparse before Python 3.12 never offers. Returns the message, the (typed, meant) pair to put in the
+    command line when there is one nearest name, and the flag that pair belongs to."""
+    if (choice := _INVALID_CHOICE.match(message)) is not None:
+        flag, typed = choice.group(1).split("/")[0], choice.group(2)
+        valid = [c.strip().strip("'") for c in choice.group(3).split(",")]
+        close = nearest(typed, valid)
+        if not close:
+            return message, None, None
+        said = f"{flag}: {typed!r} is not one of {', '.join(valid)}; did you mean {' or '.join(close)}?"
+        return said, ((typed, close[0]) if len(close) == 1 else None), flag
+    if (unknown := _UNRECOGNIZED.match(message)) is not None:
+        flags = [a for a in unknown.group(1).split() if a.startswith("--")]
+        if len(flags) != 1:
+            return message, None, None
+        typed, eq, value = flags[0].partition("=")
+        flags_by_name = {o[2:]: o for o in options if o.startswith("--")}  # "--" would make every flag close
+        close = [flags_by_name[n] for n in nearest(typed[2:], flags_by_name)]
+        if not close:
+            return message, None, None
+        said = f"unrecognized argument {typed}; did you mean {' or '.join(close)}?"
+        return said, ((flags[0], close[0] + eq + value) if len(close) == 1 else None), None
+    return message, None, None

@@ -92,8 +92,9 @@ CHECK_CASES: dict[str, tuple[Setup, str]] = {
                             "kernelguard: error: [tool.kernelguard] mode in "),
     "pyproject-packed-string": (_pyproject("[tool.kernelguard]\npacked = 'yes'\n"),
                                 "kernelguard: error: [tool.kernelguard] packed in "),
-    "flag-unknown": (lambda p: ["check", "--archs", "9.0"], "kernelguard check: error: unrecognized arguments: --archs 9.0"),
-    "mode-unknown": (lambda p: ["check", "--mode", "train"], "kernelguard check: error: argument --mode"),
+    "flag-unknown": (lambda p: ["check", "--archs", "9.0"],
+                     "kernelguard check: error: unrecognized argument --archs; did you mean --arch?"),
+    "mode-unknown": (lambda p: ["check", "--mode", "train"], "kernelguard check: error: --mode: 'train' is not one"),
 }
 
 
@@ -123,6 +124,7 @@ def test_console_script_agrees(name: str, tmp_path: Path) -> None:
     setup, first_line = CHECK_CASES[name]
     argv = setup(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])  # this checkout's kernelguard, not an install
     proc = subprocess.run([sys.executable, "-m", "kernelguard", *argv], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr

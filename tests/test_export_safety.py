@@ -140,7 +140,10 @@ def test_a_disk_that_fills_ends_in_one_line_and_leaves_nothing(
     monkeypatch.setattr(export, "write_safetensors", full_disk)
     assert main([str(trained / "run" / "checkpoints" / "step_2"), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 2 and "Traceback" not in err, err  # the error line and its fix
+    said = [line for line in err.splitlines() if not line.startswith(("kernelguard export: loading",
+                                                                        "kernelguard export: reading",
+                                                                        "kernelguard export: writing"))]
+    assert len(said) == 2 and "Traceback" not in err, err  # past the progress lines: the error line and its fix
     assert "kernelguard export: error: exporting" in err and "No space left on device (ENOSPC)" in err
     assert "then run the same `kernelguard export` again" in err
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()
@@ -205,7 +208,8 @@ def test_an_output_over_the_run_or_its_checkpoints_is_refused_even_with_overwrit
         assert "would put the export over the run's own folder or its checkpoints" in capsys.readouterr().err
     assert (run / "checkpoints" / "step_1" / ckpt.MARKER).is_file()
     assert main([str(run / "checkpoints"), "--output", str(trained / "x")]) == 2
-    assert f"Fix: pass {run / 'checkpoints' / 'step_2'}, its newest checkpoint" in capsys.readouterr().err
+    assert f"Fix: kernelguard export {run / 'checkpoints' / 'step_2'} --output {trained / 'x'}" in (
+        capsys.readouterr().err)
 
 
 def test_a_run_that_would_export_many_small_files_is_told_at_its_start() -> None:
@@ -224,3 +228,40 @@ def test_a_run_that_would_export_many_small_files_is_told_at_its_start() -> None
     assert line is not None and line.startswith("--max-shard-size 1,000 bytes splits the export into ")
     assert " files (more than 16 files under 100 MB each" in line
     assert export_shards_warning(built, dtype=torch.bfloat16, max_shard_size="5GB") is None
+
+
+def test_a_step_that_does_not_exist_names_the_steps_that_do_and_the_command_with_the_nearest(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)  # captured stderr: each sentence on one line
+    run, out = trained / "run", tmp_path / "x"
+    assert main([str(run / "checkpoints" / "step_7"), "--output", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        (f"kernelguard export: error: {run / 'checkpoints' / 'step_7'} does not exist. The complete checkpoints of "
+         f"{run} are at steps 1, 2."),
+        f"Fix: kernelguard export {run / 'checkpoints' / 'step_2'} --output {out}",
+    ]
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("*.lock"))
+    (copy / "checkpoints" / "step_1" / ckpt.MARKER).unlink()  # a save cut short: the folder is there, unsealed
+    assert main([str(copy / "checkpoints" / "step_1")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        (f"kernelguard export: error: {copy / 'checkpoints' / 'step_1'} has no COMPLETE marker (a save cut short, "
+         f"or a partial copy). The complete checkpoints of {copy} are at step 2."),
+        f"Fix: kernelguard export {copy / 'checkpoints' / 'step_2'}",
+    ]
+    assert not out.exists()
+
+
+def test_an_export_says_what_it_reads_and_writes_as_it_goes(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    step, out = trained / "run" / "checkpoints" / "step_2", tmp_path / "exported"
+    assert main([str(step), "--output", str(out)]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[:2] == [f"kernelguard export: loading torch and transformers to export {step}",
+                         f"kernelguard export: reading {step}: the model config and weight layout it carries"]
+    assert lines[2].startswith("kernelguard export: writing 56 tensors (") and lines[2].endswith(
+        f" MiB, bfloat16) in 1 safetensors file to {out}")
+    assert lines[3:] == ["kernelguard export: adding the config, tokenizer, chat template and generation config",
+                         f"kernelguard export: wrote {out}"]

@@ -682,13 +682,22 @@ def test_allowed_kernel_still_prefers_a_working_provider() -> None:
     assert find(res, CHUNK, "reference").status == FALLBACK
 
 
-@pytest.mark.parametrize("item", ["fla640", "chunk_gated_delta_rul", "Attention"])
-def test_unknown_allow_is_a_usage_error_listing_valid_items(item: str) -> None:
+def test_unknown_allow_is_a_usage_error_listing_valid_items() -> None:
+    with pytest.raises(ConfigError) as info:
+        allow(H200, "fla640")  # near no valid name
+    message = info.value.message
+    assert message.startswith("allow: 'fla640' is not a known issue ID, kernel name or policy. Known issues: ")
+    assert "fla-640-refusal" in message and "chunk_gated_delta_rule" in message and "untrusted-hub-repo" in message
+
+
+@pytest.mark.parametrize(("item", "meant"), [("chunk_gated_delta_rul", "chunk_gated_delta_rule"),
+                                             ("Attention", "attention")])
+def test_a_mistyped_allow_item_names_the_nearest_valid_one_not_every_one(item: str, meant: str) -> None:
     with pytest.raises(ConfigError) as info:
         allow(H200, item)
-    message = info.value.message
-    assert message.startswith(f"allow: {item!r} is not a known issue ID, kernel name or policy. Known issues: ")
-    assert "fla-640-refusal" in message and "chunk_gated_delta_rule" in message and "untrusted-hub-repo" in message
+    assert info.value.message.startswith(
+        f"allow: {item!r} is not a known issue ID, kernel name or policy; did you mean {meant}")
+    assert "Known issues:" not in info.value.message and info.value.details["replace"] == (item, meant)
 
 
 # ----------------------------------------------------------------------------------------- attention

@@ -20,8 +20,11 @@ INTERRUPTED = "kernelguard: interrupted."
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # argparse's default exit code is already 2; keep it, with our one-line hint.
+        from ..terms import usage_suggestion
+
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n(see `{self.prog} --help`)\n")
+        said = usage_suggestion(message, self._option_string_actions)[0]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {said}\n(see `{self.prog} --help`)\n")
 
 
 def non_empty_path(text: str) -> str:

@@ -52,17 +52,26 @@ def _parser(default_shard_size: str) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``kernelguard export CHECKPOINT_DIR [--output DIR] [--max-shard-size SIZE] [--overwrite]
     [--accept-changed-tokenizer]``."""
+    from ..report import wrap_message
+
+    argv = list(sys.argv[2:] if argv is None else argv)
     with startup_interrupts(_INTERRUPTED):
-        from ..train.output.export import export_checkpoint  # imports torch
+        from ..train.output.checkpoint_layout import not_a_checkpoint
         from ..train.settings.config_rules import DEFAULT_MAX_SHARD_SIZE
 
         args = _parser(DEFAULT_MAX_SHARD_SIZE).parse_args(argv)
-        end_startup_interrupts()  # the export takes locks and writes next: Ctrl-C unwinds through their clean-up
-    from ..report import wrap_message
+        # A step that is not there is refused before torch loads (seconds), with a step that is.
+        if (refusal := not_a_checkpoint(args.checkpoint.expanduser())) is not None:
+            print(wrap_message(f"kernelguard export: error: {_with_command(refusal, argv)}"), file=sys.stderr)
+            return exit_code_for(refusal)
+        _say(f"loading torch and transformers to export {args.checkpoint}")
+        from ..train.output.export import export_checkpoint  # imports torch
 
+        end_startup_interrupts()  # the export takes locks and writes next: Ctrl-C unwinds through their clean-up
     try:
         final = export_checkpoint(args.checkpoint, output=args.output, max_shard_size=args.max_shard_size,
-                                  overwrite=args.overwrite, accept_changed_tokenizer=args.accept_changed_tokenizer)
+                                  overwrite=args.overwrite, accept_changed_tokenizer=args.accept_changed_tokenizer,
+                                  say=_say)
     except KernelGuardError as e:
         print(wrap_message(f"kernelguard export: error: {e}"), file=sys.stderr, flush=True)
         return exit_code_for(e)
@@ -71,3 +80,18 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code_for(e)
     print(f"kernelguard export: wrote {final}", file=sys.stderr, flush=True)
     return EXIT_OK
+
+
+def _say(line: str) -> None:
+    print(f"kernelguard export: {line}", file=sys.stderr, flush=True)
+
+
+def _with_command(error: KernelGuardError, argv: list[str]) -> KernelGuardError:
+    """The refusal with, as its fix, this command line with the checkpoint it names in place of the one given."""
+    import shlex
+
+    old, new = error.details.get("replace", (None, None))
+    if old is None or not any(Path(a).expanduser() == Path(old) for a in argv):
+        return error
+    fixed = [new if Path(a).expanduser() == Path(old) else a for a in argv]
+    return type(error)(error.message, fix=f"kernelguard export {shlex.join(fixed)}", details=error.details)

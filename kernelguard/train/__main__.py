@@ -139,7 +139,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         cmd = parse_command(argv)
     except ConfigError as e:
-        return _fail(exit_code_for(e), f"kernelguard train: error: {e}")
+        return _fail(exit_code_for(e), f"kernelguard train: error: {_with_corrected_command(e, argv)}")
     except SystemExit as e:  # --help
         return int(e.code or 0)
     if not launched_by_kernelguard():

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import torch
 
 from kernelguard.errors import CheckpointError, Preempted
-from kernelguard.gate import check_stack, run_gate
+from kernelguard.gate import allowed_line, check_stack, run_gate
 from kernelguard.install import extra_command
 from kernelguard.policy import AllowPolicy
 
@@ -119,6 +119,9 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     try:
         # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.
         log(info, f"guard passed; attention={built.attention}\n{report.render()}")
+        allowed = allowed_line(report)
+        if allowed:
+            log(info, allowed)
         data = load_training_data(cfg, info)
         if packed:  # counted everywhere (cheap); refused only where fla runs, said elsewhere
             counts = segment_counts(data.plan.blocks, data.lengths, cfg.packing.max_length)

@@ -64,11 +64,19 @@ def stopped_lines(output: Any, how: str) -> list[str]:
     if done:
         newest = done[-1][1].name
         return [f"kernelguard train: {how}; the newest checkpoint is {newest}. Continue exactly from it with:",
-                resume_command()]
+                _fitted(resume_command())]
     if output is not None and run_artifacts(Path(output)):
         said = f"kernelguard train: {how} before any checkpoint was saved (--save-steps N saves every N steps)."
-        return [f"{said} Start again with:", resume_command("--overwrite")]
+        return [f"{said} Start again with:", _fitted(resume_command("--overwrite"))]
     return [f"kernelguard train: {how}; nothing was written. Start again with the same command."]
+
+def _fitted(command: str) -> str:
+    """The command for a person's terminal, broken with ` \\` so it still pastes; whole in a log."""
+    from kernelguard.paste import command_lines
+    from kernelguard.report import read_by_a_person, terminal_width
+
+    return "\n".join(command_lines(command, terminal_width())) if read_by_a_person() else command
+
 
 _PR_SET_PDEATHSIG = 1
 

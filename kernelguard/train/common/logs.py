@@ -44,6 +44,20 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
+class _Fitted(logging.Formatter):
+    """Lines fitted to the terminal as `kernelguard check` fits its report (a command broken with ` \\` so it
+    still pastes); in a log (stderr not a terminal, no ``COLUMNS``) each line stays whole, for grep."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        from kernelguard.report import fit_line, read_by_a_person, terminal_width
+
+        if not read_by_a_person():
+            return text
+        width = terminal_width()
+        return "\n".join(part for line in text.split("\n") for part in fit_line(line, width))
+
+
 def setup_logging(*, level: str = "info", is_main: bool | None = None) -> logging.Logger:
     """Give ``kernelguard.train`` its stderr handler (once) at ``level`` on rank 0, silence it elsewhere.
     ``is_main``: this process is rank 0 (default: the ``RANK`` variable says 0 or is unset)."""
@@ -51,7 +65,7 @@ def setup_logging(*, level: str = "info", is_main: bool | None = None) -> loggin
         is_main = os.environ.get("RANK", "0").strip() in ("", "0")
     if not any(isinstance(h, _Stderr) for h in logger.handlers):
         handler = _Stderr()
-        handler.setFormatter(logging.Formatter(_PREFIX + "%(message)s"))
+        handler.setFormatter(_Fitted(_PREFIX + "%(message)s"))
         logger.addHandler(handler)
     logger.propagate = False  # a root handler the user set up would print every line twice
     logger.setLevel(getattr(logging, level.upper()) if is_main else logging.CRITICAL + 1)

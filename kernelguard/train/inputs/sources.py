@@ -67,10 +67,7 @@ def resolve_files(data: str, *, split: str | None = "train", flag: str = "--data
     known = JSON_SUFFIXES + PARQUET_SUFFIXES
     if path.is_file():
         if _data_suffix(path) not in known:
-            raise ConfigError(
-                f"data file {path} has suffix {path.suffix!r}; expected .jsonl, .json or .parquet (or .jsonl.gz).",
-                fix="convert it to JSON lines or Parquet",
-            )
+            raise _suffix_error(path, known)
         if split not in ("train", None):
             raise ConfigError(
                 f"--split {split}: {path} is one file, which has no splits.",
@@ -91,15 +88,38 @@ def resolve_files(data: str, *, split: str | None = "train", flag: str = "--data
             and not any(part.startswith((".", "__")) for part in p.relative_to(path).parts)
         )
         if not files:
-            raise ConfigError(
-                f"data folder {path} holds no .jsonl, .json or .parquet files.", fix="check --data"
-            )
+            held = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+            said = f" (it holds {', '.join(held[:5])}{' ...' if len(held) > 5 else ''})" if held else " (it is empty)"
+            raise ConfigError(f"data folder {path} holds no .jsonl, .json or .parquet files{said}.")
         return files if split is None else _files_of_split(files, path, split)
     if (broken := dangling_link(path)) is not None:
-        raise ConfigError(f"--data {broken}.", fix="check --data")
+        raise ConfigError(f"--data {broken}.")
     if looks_local(data):
         raise missing_path_error(data, flag=flag)
     return None
+
+
+def _suffix_error(path: Path, known: tuple[str, ...]) -> ConfigError:
+    """A data file of another suffix: a near one is a typo (the rename is the fix); CSV/TSV converts with
+    `datasets` (a train extra); anything else has no command that would surely convert it."""
+    import shlex
+
+    expected = "expected .jsonl, .json or .parquet (or .jsonl.gz)"
+    close = difflib.get_close_matches(path.suffix, known, n=1, cutoff=0.6)
+    if close:
+        renamed = path.with_suffix(close[0])
+        return ConfigError(
+            f"data file {path} has suffix {path.suffix!r}; {expected}. Did you mean {close[0]}? Rename it, then "
+            f"pass --data {renamed}.", fix=f"mv {shlex.quote(str(path))} {shlex.quote(str(renamed))}")
+    if path.suffix.lower() in (".csv", ".tsv"):
+        out = path.with_suffix(".jsonl")
+        sep = ", delimiter='\\t'" if path.suffix.lower() == ".tsv" else ""
+        return ConfigError(
+            f"data file {path} has suffix {path.suffix!r}; {expected}. Convert it, then pass --data {out}.",
+            fix=f"python -c \"import datasets; datasets.load_dataset('csv', data_files='{path}'{sep})['train']"
+            f".to_json('{out}')\"")
+    return ConfigError(f"data file {path} has suffix {path.suffix!r}; {expected}: convert it to JSON lines "
+                       "(one JSON object per line) or Parquet.")
 
 
 # Suffixes that make a name a file name, never a Hub dataset id (Hub ids are ``owner/name`` or a bare name, and
@@ -353,7 +373,7 @@ def iter_rows(
             ds = datasets.load_dataset(data, split=split or "train")
         except Exception as e:
             raise ConfigError(
-                f"could not load dataset {data!r} (split {split!r}): {e}", fix="check --data"
+                f"could not load dataset {data!r} (split {split!r}): {e}"
             ) from e
         yield from _iter_dataset(ds, data, counter)
         return

@@ -31,6 +31,8 @@ from kernelguard.errors import CheckpointError, KernelGuardError, TrainingDiverg
 from ..common.logs import logger
 from ..common.write_errors import describe, root_cause, write_failure
 from ..step.step import StepResult
+from .checkpoint_layout import MARKER, checkpoint_root, complete_checkpoints, latest_checkpoint
+from .checkpoint_layout import step_of as _step_of
 
 __all__ = [
     "MANIFEST",
@@ -54,37 +56,9 @@ __all__ = [
     "write_manifest",
 ]
 
-MARKER = "COMPLETE"
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer.json"
 _SEAL = "manifest sha256 "
-
-
-def checkpoint_root(output: Path) -> Path:
-    return output / "checkpoints"
-
-
-def _step_of(path: Path) -> int | None:
-    name = path.name
-    if not name.startswith("step_") or name.endswith(".tmp"):
-        return None
-    try:
-        return int(name[len("step_") :])
-    except ValueError:
-        return None
-
-
-def complete_checkpoints(output: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every checkpoint with its marker, oldest first (nothing verified yet)."""
-    root = checkpoint_root(output)
-    if not root.is_dir():
-        return []
-    return sorted((s, p) for p in root.iterdir() if (s := _step_of(p)) is not None and (p / MARKER).is_file())
-
-
-def latest_checkpoint(output: Path) -> Path | None:
-    done = complete_checkpoints(output)
-    return done[-1][1] if done else None
 
 
 def unsealed_checkpoints(output: Path) -> list[tuple[int, Path]]:

@@ -339,7 +339,7 @@ def _failure(tmp: Path, e: BaseException, *, output: Path, tensors: list[OutTens
 
 def export_checkpoint(checkpoint: Path, *, output: Path | None = None,
                       max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE, overwrite: bool = False,
-                      accept_changed_tokenizer: bool = False) -> Path:
+                      accept_changed_tokenizer: bool = False, say: Callable[[str], None] | None = None) -> Path:
     """``final/`` (or ``output``) from a verified training checkpoint ``OUTPUT/checkpoints/step_N``, with the
     model config, tokenizer, chat template and weight layout the checkpoint carries (``source/``,
     kernelguard.train.output.provenance; older checkpoints: the folders ``OUTPUT/train_config.json`` names, compared
@@ -348,17 +348,14 @@ def export_checkpoint(checkpoint: Path, *, output: Path | None = None,
 
     Refused before anything is written: a live run in the checkpoint's folder (its lock, naming its pid),
     another export writing ``output``, an existing ``output`` unless ``overwrite``, a destination that is not
-    writable or has no room. A write that fails midway leaves no ``output`` and no ``.tmp`` folder."""
-    from .checkpoint import MARKER, verify_checkpoint
+    writable or has no room. A write that fails midway leaves no ``output`` and no ``.tmp`` folder. ``say``: rank 0
+    hears what is being read and written, one line per long step (a silent export looks hung)."""
+    from .checkpoint import verify_checkpoint
+    from .checkpoint_layout import not_a_checkpoint
 
     checkpoint = Path(checkpoint).expanduser()
-    if not (checkpoint / MARKER).is_file():
-        from .checkpoint import complete_checkpoints
-
-        inside = complete_checkpoints(checkpoint.parent if checkpoint.name == "checkpoints" else checkpoint)
-        raise CheckpointError(f"{checkpoint} is not a complete kernelguard checkpoint (it has no {MARKER}).",
-                              fix=f"pass {inside[-1][1]}, its newest checkpoint" if inside else
-                              "pass OUTPUT/checkpoints/step_N of a run")
+    if (refusal := not_a_checkpoint(checkpoint)) is not None:
+        raise refusal
     run = checkpoint.parent.parent
     saved = _run_config(run)
     final = Path(output).expanduser() if output is not None else run / "final"
@@ -379,14 +376,16 @@ def export_checkpoint(checkpoint: Path, *, output: Path | None = None,
                 raise CheckpointError(f"checkpoint {checkpoint} is unusable: {problem}",
                                       fix="export an older checkpoint of the run (OUTPUT/checkpoints/step_N)")
         return _export_locked(checkpoint, saved, final, max_bytes=max_bytes, rank=rank, world=world,
-                              accept_changed_tokenizer=accept_changed_tokenizer)
+                              accept_changed_tokenizer=accept_changed_tokenizer,
+                              say=say if say is not None and rank == 0 else lambda _: None)
     raise AssertionError("unreachable")
 
 
 def _export_locked(checkpoint: Path, saved: dict[str, Any], final: Path, *, max_bytes: int, rank: int,
-                   world: int, accept_changed_tokenizer: bool) -> Path:
+                   world: int, accept_changed_tokenizer: bool, say: Callable[[str], None]) -> Path:
     from ..model.parallel import DTYPES, build_meta_model
 
+    say(f"reading {checkpoint}: the model config and weight layout it carries")
     source = export_source(checkpoint, saved, accept_changed_tokenizer=accept_changed_tokenizer)
     config = source.config
     meta = build_meta_model(config, attn_implementation="sdpa")
@@ -397,9 +396,12 @@ def _export_locked(checkpoint: Path, saved: dict[str, Any], final: Path, *, max_
                              dtype=dtype, key_prefix="model.")  # the checkpoint holds {"model": ..., "optim": ...}
     need = sum(t.nbytes for t in tensors)
     check_room(final, need_bytes=need)
-    many = many_shards_warning(len(plan_shards(tensors, max_bytes)), max_bytes)
+    many = many_shards_warning(shard_count := len(plan_shards(tensors, max_bytes)), max_bytes)
     if many and rank == 0:
         print(f"kernelguard export: warning: {many}", file=sys.stderr, flush=True)
+    size = f"{need / 2**30:.2f} GiB" if need >= 2**30 else f"{need / 2**20:.1f} MiB"
+    say(f"writing {len(tensors)} tensors ({size}, {str(dtype).removeprefix('torch.')}) in "
+        f"{shard_count} safetensors file{'s' * (shard_count != 1)} to {final}")
     tmp = final.with_name(final.name + ".tmp")
     finished = False
     try:
@@ -414,6 +416,7 @@ def _export_locked(checkpoint: Path, saved: dict[str, Any], final: Path, *, max_
         if rank == 0:
             from ..inputs.data import load_tokenizer
 
+            say("adding the config, tokenizer, chat template and generation config")
             tokenizer = load_tokenizer(str(source.tokenizer), chat_template=source.chat_template)
             finalize(tmp, final, shards, config=config, tokenizer=tokenizer, dtype=dtype, source=source.folder)
         finished = True

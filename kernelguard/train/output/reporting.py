@@ -21,7 +21,7 @@ from ..step.step import (
 )
 from .metrics import MetricsLog, open_metrics, step_flops
 
-__all__ = ["Reporter", "process_age_s", "progress_bar", "step_line", "step_record"]
+__all__ = ["Reporter", "plain_progress_steps", "process_age_s", "progress_bar", "step_line", "step_record"]
 
 
 class Reporter:
@@ -46,6 +46,8 @@ class Reporter:
         self._bar_args = (cfg, info, total, start)
         self._stack = contextlib.ExitStack()
         self.logging_steps, self.total = (cfg.metrics.logging_steps if info.is_main else 0), total
+        if info.is_main and cfg.metrics.progress and not self.logging_steps and not _on_a_terminal():
+            self.logging_steps = plain_progress_steps(total)  # the bar's plain-line stand-in in a log
 
     def start(self) -> None:
         """Draw the progress bar from here on, with log lines printed above it."""
@@ -91,8 +93,19 @@ def step_line(record: dict[str, Any], total: int) -> str:
     )
 
 
+def plain_progress_steps(total: int) -> int:
+    """Steps between the plain progress lines that stand in for the bar in a log: about ten lines a run."""
+    return max(1, total // 10)
+
+
+def _on_a_terminal() -> bool:
+    return sys.stderr is not None and sys.stderr.isatty()
+
+
 def progress_bar(cfg: TrainConfig, info: DistInfo, *, total: int, initial: int) -> Any:
-    if not (info.is_main and cfg.metrics.progress):
+    """The tqdm bar on a terminal only: in a log (a pipe, a file) its carriage-return frames would be noise,
+    so the log gets plain step lines instead (:func:`plain_progress_steps`)."""
+    if not (info.is_main and cfg.metrics.progress and _on_a_terminal()):
         return None
     try:
         from tqdm import tqdm

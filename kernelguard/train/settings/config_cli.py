@@ -108,7 +108,12 @@ class _ArgumentParser(argparse.ArgumentParser):
     deprecated_used: list[str]
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(message, fix=f"see `{self.prog} --help`")
+        # With one nearest name, the caller (train.__main__) puts the whole command line, corrected, as the fix.
+        from kernelguard.terms import usage_suggestion
+
+        said, replace, flag = usage_suggestion(message, self._option_string_actions)
+        details = {"replace": replace, "flag": flag} if replace else {}
+        raise ConfigError(said, fix=f"{self.prog} --help", details=details)
 
 
 class _CheckpointingSwitch(argparse.BooleanOptionalAction):

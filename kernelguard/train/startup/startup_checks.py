@@ -136,7 +136,11 @@ def no_tokenizer_error(cfg: Any, tokenizer: Path) -> ConfigError:
 
 def check_flags(cfg: Any) -> None:
     """Flags that need something the settings alone do not say: Liger for --fused-norms, an eval set for
-    --eval-every. (A profiled step within --max-steps: check_profile_window, after check_paths.)"""
+    --eval-every; --allow items that exist (a typo is refused here, with the nearest name, not after torch is
+    imported). (A profiled step within --max-steps: check_profile_window, after check_paths.)"""
+    from kernelguard.policy import AllowPolicy
+
+    AllowPolicy.parse(cfg.runtime.allow, source="--allow")
     if cfg.runtime.fused_norms:
         from ..model.fused_norms import LIGER_FIX, liger_missing
 
