@@ -159,17 +159,7 @@ def launch(opts: LaunchOptions, train_argv: list[str], *, output: Path | None = 
                 _say_unshared(shared, records, local={int(r) for r in e.failures})
             return _report_failure(e, Path(folder))
         except SignalException as e:  # Ctrl-C or a scheduler's SIGTERM: the agent already stopped the ranks
-            record = _first_record(Path(folder))  # what the ranks saved before stopping, when they could
-            # A rank that only lost its peer to the same signal ("Connection reset by peer") is not the news.
-            if record is not None and not failures.is_secondary(
-                    {"crash": record.get("crash"), "type": "", "error": record.get("message", "")}):
-                print(record["message"], file=sys.stderr, flush=True)
-            else:
-                from .signals import stopped_lines
-
-                how = "interrupted (Ctrl-C)" if e.sigval == signal.SIGINT else f"stopped by {e.sigval.name}"
-                print("\n".join(stopped_lines(output, how)), file=sys.stderr, flush=True)
-            return 128 + int(e.sigval)
+            return _report_signal(e.sigval, Path(folder), output)
         except RendezvousError as e:
             print(f"kernelguard train: the ranks could not meet: {e}", file=sys.stderr, flush=True)
             return 1
@@ -178,6 +168,21 @@ def launch(opts: LaunchOptions, train_argv: list[str], *, output: Path | None = 
                 f"the launcher refused its options: {e}", fix="see `kernelguard train --help`"
             ) from None
     return 0
+
+
+def _report_signal(sigval: signal.Signals, folder: Path, output: Path | None) -> int:
+    """The launcher's one line for a Ctrl-C or SIGTERM; its exit code."""
+    record = _first_record(folder)  # what the ranks saved before stopping, when they could
+    # A rank that only lost its peer to the same signal ("Connection reset by peer") is not the news.
+    if record is not None and not failures.is_secondary(
+            {"crash": record.get("crash"), "type": "", "error": record.get("message", "")}):
+        print(record["message"], file=sys.stderr, flush=True)
+    else:
+        from .signals import stopped_lines
+
+        how = "interrupted (Ctrl-C)" if sigval == signal.SIGINT else f"stopped by {sigval.name}"
+        print("\n".join(stopped_lines(output, how)), file=sys.stderr, flush=True)
+    return 128 + int(sigval)
 
 
 @contextlib.contextmanager
