@@ -250,3 +250,30 @@ def test_a_signal_during_the_launch_reports_the_signal_not_a_lost_peer(
     assert code == 143 and shown in err, err
     assert "Connection reset" not in err, err
     assert os.environ.get(launch_mod.LAUNCH_DIR_ENV) is None  # the launcher's environment is restored
+
+
+def test_the_failing_ranks_record_wins_over_the_ranks_the_agent_then_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Which rank fails first depends on the machine's load: when rank 1 refuses first, the agent SIGTERMs rank
+    0, whose "stopped by SIGTERM" record (exit 143) has the lower rank but is only the consequence."""
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    refused = "kernelguard train: refused to start (exit 3)."
+
+    def run(args: Any) -> None:  # torchrun, after rank 1 refused and the agent stopped rank 0
+        launch_mod.write_rank_error(143, "kernelguard train: stopped by SIGTERM before training started; nothing "
+                                    "was saved.")
+        monkeypatch.setenv("RANK", "1")
+        launch_mod.write_rank_error(3, refused, "SLOW PATHS: the table")
+        monkeypatch.setenv("RANK", "0")
+        failures = {0: ProcessFailure(0, 101, 143, "<N/A>"), 1: ProcessFailure(1, 102, 3, "<N/A>")}
+        raise ChildFailedError("kernelguard.train", failures)
+
+    monkeypatch.setattr(torchrun, "run", run)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    code = launch_mod.launch(LaunchOptions(nproc_per_node="2"), ["--max-steps", "1"], output=tmp_path / "out")
+    err = capsys.readouterr().err
+    assert code == 3 and err.splitlines() == ["SLOW PATHS: the table", refused], err

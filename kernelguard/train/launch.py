@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kernelguard.errors import ConfigError
+from kernelguard.errors import EXIT_PREEMPTED, ConfigError
 from kernelguard.interrupts import end_startup_interrupts
 
 from . import failures
@@ -218,19 +218,23 @@ def _quiet() -> Iterator[None]:
             lg.setLevel(level)
 
 
-def _first_record(folder: Path) -> dict[str, Any] | None:
-    """The lowest rank's error record (write_rank_error), if any rank wrote one."""
+def _first_record(folder: Path, *, causes_first: bool = False) -> dict[str, Any] | None:
+    """The lowest rank's error record (write_rank_error), if any rank wrote one. ``causes_first``: once a rank
+    fails the agent SIGTERMs the others, and their "stopped by SIGTERM" records (exit 143) are consequences:
+    whichever rank failed first, its own record is the one to print."""
     records = []
     for path in folder.glob("rank-*.json"):
         with contextlib.suppress(OSError, ValueError):
             records.append(json.loads(path.read_text()))
+    if causes_first:
+        records = [r for r in records if int(r.get("exit_code", 0)) != EXIT_PREEMPTED] or records
     return min(records, key=lambda r: r["rank"]) if records else None
 
 
 def _report_failure(error: Any, folder: Path) -> int:
     """Print the failing rank's kernelguard message once; return its exit code. A rank killed by a signal
     is the cause when the others only crashed (their collectives lost a peer)."""
-    first = _first_record(folder)
+    first = _first_record(folder, causes_first=True)
     # The agent SIGTERMs the other ranks once one fails: a rank killed otherwise is the cause.
     signalled = [(int(f.exitcode) == -15, f.timestamp, r) for r, f in error.failures.items() if int(f.exitcode) < 0]
     killed = [r for *_, r in sorted(signalled)]
