@@ -517,7 +517,7 @@ def round4_cases(work: Path, base: list[str], model: Path, data: Path) -> list[d
         (HUNT, "export --output over the run folder with --overwrite", [*export, "--output", "{RUN}", "--overwrite"],
          "refuse", "would put the export over the run", {"needs_run": done}),
         (HUNT, "export of OUT/checkpoints (not a step)", ["-m", "kernelguard", "export", "{RUN}/checkpoints",
-         "--output", out("h5")], "refuse", "its newest checkpoint", {"needs_run": done}),
+         "--output", out("h5")], "refuse", "The complete checkpoints of", {"needs_run": done}),
         (HUNT, "KERNELGUARD_ERROR_WAIT_S=nan", train("h6", "--nproc-per-node", "2"), "refuse",
          "KERNELGUARD_ERROR_WAIT_S='nan'", {"env": {"KERNELGUARD_ERROR_WAIT_S": "nan"}}),
         (HUNT, "JSON file of one pretty-printed row object", train("h7"), "refuse", "is one JSON object",
