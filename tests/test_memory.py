@@ -386,6 +386,12 @@ def test_the_multi_node_page_quotes_the_27b_dry_run(tmp_path: Path, capsys: pyte
     assert peak is not None, out
     assert "fits on 80 GB (H100/A100); fits on 141 GB (H200)" in out, out
     page = " ".join((repo / "docs" / "multi-node.md").read_text().split())
-    quoted = f"at {float(peak.group(1)):.1f} GiB per rank over 8 ranks: one node of eight 80 GB or 141 GB cards holds it"
-    assert quoted in page, page[:600]
+    assert "one node of eight 80 GB or 141 GB cards holds it" in page, page[:600]
+    # The figure is the README stack's (the page names its transformers); other releases build the model a little
+    # differently, and only the verdict above must hold there.
+    from importlib import metadata
+
+    if metadata.version("transformers").startswith("5.24."):
+        quoted = f"at {float(peak.group(1)):.1f} GiB per rank over 8 ranks (transformers 5.24)"
+        assert quoted in page, page[:600]
     assert "bench/configs/qwen3_5_27b_text.json" in page
