@@ -66,13 +66,10 @@ def _active_copy(func_module: Any) -> Any | None:
     return entry[0] if isinstance(entry, tuple) and entry else None
 
 
-def serving_func(func_module: Any, layers: Iterable[Any] = (), copies: Iterable[Any] = ()) -> Any | None:
+def serving_func(func_module: Any, copies: Iterable[Any] = ()) -> Any | None:
     """The Func that ``kernelize()`` pointed at a Hub kernel for this call, or None: the module-level Func,
-    else one of ``copies`` (a layer's own, found when the layer was read), else the copy dispatched to now,
-    else the copy of a layer in ``layers`` (those whose forward dynamo is tracing, where the dispatch state
-    cannot be read)."""
-    candidates = [func_module, *copies, _active_copy(func_module),
-                  *(layer_copy(layer, func_module) for layer in layers)]
+    else one of ``copies`` (a layer's own, found when the layer was read), else the copy dispatched to now."""
+    candidates = [func_module, *copies, _active_copy(func_module)]
     return next((c for c in candidates if c is not None and _kernelized_forward(c) is not None), None)
 
 

@@ -22,7 +22,7 @@ import importlib
 import inspect
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FunctionType, ModuleType
@@ -241,19 +241,19 @@ def hub_wrapper(obj: Any) -> Callable[..., Any] | None:
     return inner if isinstance(inner, FunctionType) else None
 
 
-def hub_kernel(closure: FallbackClosure, layers: Iterable[Any] = ()) -> str | None:
+def hub_kernel(closure: FallbackClosure) -> str | None:
     """``repo@revision`` when ``kernelize()`` pointed the kernels Func serving this site at a Hub kernel."""
-    func = hub_func(closure, layers)
+    func = hub_func(closure)
     return None if func is None else kernels_funcs.hub_kernel_of(func)
 
 
-def hub_func(closure: FallbackClosure, layers: Iterable[Any] = ()) -> Any | None:
+def hub_func(closure: FallbackClosure) -> Any | None:
     """The kernels Func whose ``forward`` kernelize() replaced for this site (module-level, or the layer's own
     copy: :mod:`kernelguard.kernels_funcs`), or None when the site is not served by the Hub."""
     if closure.func_module is None:
         return None
     own = (closure.layer_func,) if closure.layer_func is not None else ()
-    return kernels_funcs.serving_func(closure.func_module, layers, own)
+    return kernels_funcs.serving_func(closure.func_module, own)
 
 
 def internal_path(kernel: str) -> str | None:
