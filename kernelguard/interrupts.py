@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 from .errors import EXIT_INTERRUPTED
 
-__all__ = ["end_startup_interrupts", "startup_interrupts"]
+__all__ = ["children_start_with_interrupts_held", "end_startup_interrupts", "release_held_interrupts",
+           "startup_interrupts"]
 
 _STARTUP_MARK = "kernelguard_startup"
 
@@ -51,3 +52,27 @@ def end_startup_interrupts() -> None:
     if getattr(signal.getsignal(signal.SIGINT), _STARTUP_MARK, False):
         with contextlib.suppress(ValueError):
             signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@contextlib.contextmanager
+def children_start_with_interrupts_held() -> Iterator[None]:
+    """Processes started inside the block begin with SIGINT blocked (held pending, not lost) until they call
+    :func:`release_held_interrupts`, once their own handler is in place: a Ctrl-C that reaches a launched rank
+    while it is still importing would otherwise end it in a KeyboardInterrupt traceback before any kernelguard
+    code could catch it. A child inherits the signal mask of the thread that starts it; this process's own
+    Ctrl-C waits for the block's end, so the block holds only the start of a process."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def release_held_interrupts() -> None:
+    """In a process started inside :func:`children_start_with_interrupts_held`, once its SIGINT handler is
+    installed: a Ctrl-C held since the start arrives now, and later ones as they come."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

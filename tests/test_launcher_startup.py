@@ -73,6 +73,24 @@ def test_ctrl_c_while_the_launcher_imports_torch_stops_it(assets: dict[str, Path
 
 
 @pytest.mark.slow
+def test_ctrl_c_while_a_rank_imports_kernelguard_is_one_line(assets: dict[str, Path], tmp_path: Path) -> None:
+    """A rank that Ctrl-C reaches before its own handler exists (still importing kernelguard) printed a
+    KeyboardInterrupt traceback under the launcher's line. The launcher starts its ranks with SIGINT held, and
+    each rank takes it once its handler is in place (kernelguard.interrupts)."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error",
+               KERNELGUARD_FAULT="ctrl-c-as-a-rank-imports-kernelguard",
+               PYTHONPATH=os.pathsep.join([str(h.REPO / "tests" / "fault_hooks"), str(h.REPO), str(h.FAKE_PROVIDERS)]))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "kernelguard", "train", "--nproc-per-node", "2",
+                           *_argv(assets, out)], env=env, capture_output=True, text=True, timeout=300, check=False,
+                          start_new_session=True,  # the hook signals the whole group: not pytest's
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "interrupted" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
 def test_ctrl_c_while_torch_imports_numpy_stops_a_one_process_run(assets: dict[str, Path], tmp_path: Path) -> None:
     """torch clears whatever its own import of numpy raises, a KeyboardInterrupt included: the run went on to
     train when Ctrl-C landed there. Its inputs are checked before torch is imported, so this is the first import."""

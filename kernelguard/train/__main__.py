@@ -89,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
                 previous = signal.signal(signal.SIGTERM, stop)
             except ValueError:  # not the main thread (an embedding caller): its own handlers stand
                 previous = None
+            if launched:  # the launcher started this rank with Ctrl-C held (kernelguard.interrupts)
+                from kernelguard.interrupts import release_held_interrupts
+
+                release_held_interrupts()
             return _main(argv)
     except KeyboardInterrupt:  # a launched rank stays quiet: its launcher says it once
         if not launched:

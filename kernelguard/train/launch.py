@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kernelguard.errors import EXIT_PREEMPTED, ConfigError
-from kernelguard.interrupts import end_startup_interrupts
+from kernelguard.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, ConfigError
+from kernelguard.interrupts import children_start_with_interrupts_held, end_startup_interrupts
 
 from . import failures
 from .common.run_folder_lock import HOLDER_ENV, acquire
@@ -149,6 +149,7 @@ def launch(opts: LaunchOptions, train_argv: list[str], *, output: Path | None = 
         folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="kernelguard-launch-"))
         stack.enter_context(_env(LAUNCH_DIR_ENV, folder))
         stack.enter_context(_quiet())
+        stack.enter_context(_ranks_start_with_interrupts_held())
         try:
             run(args)
         except ChildFailedError as e:
@@ -157,7 +158,7 @@ def launch(opts: LaunchOptions, train_argv: list[str], *, output: Path | None = 
                 if cause is not None:
                     return _print_cause(cause, records)
                 _say_unshared(shared, records, local={int(r) for r in e.failures})
-            return _report_failure(e, Path(folder))
+            return _report_failure(e, Path(folder), output)
         except SignalException as e:  # Ctrl-C or a scheduler's SIGTERM: the agent already stopped the ranks
             return _report_signal(e.sigval, Path(folder), output)
         except RendezvousError as e:
@@ -183,6 +184,35 @@ def _report_signal(sigval: signal.Signals, folder: Path, output: Path | None) ->
         how = "interrupted (Ctrl-C)" if sigval == signal.SIGINT else f"stopped by {sigval.name}"
         print("\n".join(stopped_lines(output, how)), file=sys.stderr, flush=True)
     return 128 + int(sigval)
+
+
+@contextlib.contextmanager
+def _ranks_start_with_interrupts_held() -> Iterator[None]:
+    """Each rank starts with Ctrl-C held until its handler is in place (kernelguard.interrupts): one that
+    reached a rank still importing kernelguard ended it in a KeyboardInterrupt traceback under the launcher's
+    line. torchelastic starts every rank through ``SubprocessHandler._popen``; where a torch lacks it, ranks
+    start as before."""
+    try:
+        from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import (
+            SubprocessHandler,
+        )
+    except ImportError:
+        yield
+        return
+    real = getattr(SubprocessHandler, "_popen", None)
+    if real is None:
+        yield
+        return
+
+    def popen(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with children_start_with_interrupts_held():
+            return real(self, *args, **kwargs)
+
+    SubprocessHandler._popen = popen  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SubprocessHandler._popen = real  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -231,9 +261,10 @@ def _first_record(folder: Path, *, causes_first: bool = False) -> dict[str, Any]
     return min(records, key=lambda r: r["rank"]) if records else None
 
 
-def _report_failure(error: Any, folder: Path) -> int:
+def _report_failure(error: Any, folder: Path, output: Path | None = None) -> int:
     """Print the failing rank's kernelguard message once; return its exit code. A rank killed by a signal
-    is the cause when the others only crashed (their collectives lost a peer)."""
+    is the cause when the others only crashed (their collectives lost a peer). A rank that left on Ctrl-C
+    before it wrote anything was interrupted, whether or not the launcher saw the Ctrl-C first."""
     first = _first_record(folder, causes_first=True)
     # The agent SIGTERMs the other ranks once one fails: a rank killed otherwise is the cause.
     signalled = [(int(f.exitcode) == -15, f.timestamp, r) for r, f in error.failures.items() if int(f.exitcode) < 0]
@@ -247,9 +278,12 @@ def _report_failure(error: Any, folder: Path) -> int:
         return int(first["exit_code"])
     rank, failure = (killed[0], error.failures[killed[0]]) if killed else error.get_first_failure()
     code = int(failure.exitcode)
-    if code < 0:
-        import signal
+    if code in (EXIT_INTERRUPTED, -signal.SIGINT):
+        from .signals import stopped_lines
 
+        print("\n".join(stopped_lines(output, "interrupted (Ctrl-C)")), file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    if code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
         print(f"kernelguard train: rank {rank} was killed by {name}.", file=sys.stderr, flush=True)
         return 128 - code

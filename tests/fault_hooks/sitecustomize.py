@@ -14,6 +14,8 @@ ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
 - ``ctrl-c-in-launcher-torch-import``: Ctrl-C as the ``--nproc-per-node`` launcher (the process torchrun did not
   start) begins importing torch. The launcher loads the tokenizer first, which imports numpy, so torch's own
   numpy import cannot be the moment there.
+- ``ctrl-c-as-a-rank-imports-kernelguard``: Ctrl-C (SIGINT to the whole process group, as a terminal sends it)
+  at the moment a launched rank 0 imports kernelguard's train module, before any of its own code runs.
 - ``steady-steps``: not a fault but a fixed clock: the step profiler's clock ticks 0.1 s per read, so every step
   takes the same time and the profiled windows' schedule (three steady steps first) does not depend on the load
   of the machine running the test (tests/test_profiling.py).
@@ -125,6 +127,13 @@ class _CtrlCAsTheLauncherImportsTorch:
             os.kill(os.getpid(), signal.SIGINT)
 
 
+class _CtrlCAsARankImportsKernelguard:
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == "kernelguard.train.settings.config_cli" and os.environ.get("RANK") == "0":
+            sys.meta_path.remove(self)
+            os.killpg(os.getpgrp(), signal.SIGINT)
+
+
 if _FAULT == "teardown-marker":
     import atexit
 
@@ -134,6 +143,8 @@ elif _FAULT == "ctrl-c-in-torch-numpy-import":
     sys.meta_path.insert(0, _CtrlCInTorchsNumpyImport())
 elif _FAULT == "ctrl-c-in-launcher-torch-import":
     sys.meta_path.insert(0, _CtrlCAsTheLauncherImportsTorch())
+elif _FAULT == "ctrl-c-as-a-rank-imports-kernelguard":
+    sys.meta_path.insert(0, _CtrlCAsARankImportsKernelguard())
 elif _FAULT == "export":
     _export_disk_full()
 elif _FAULT == "export-slow":
