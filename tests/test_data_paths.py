@@ -115,3 +115,21 @@ def test_a_name_sharing_only_the_extension_is_not_suggested(tmp_path: Path, monk
     assert str(missing_path_error("nope.jsonl", flag="--data")) == (
         "--data nope.jsonl: no such file or folder in the current folder; a local path is never looked up on the Hugging Face Hub.")
     assert missing_path_error("nocl.jsonl", flag="--data").fix == "--data nocol.jsonl"
+
+
+def test_a_folder_holding_a_run_is_refused_before_torch_with_the_resume_command(tmp_path: Path) -> None:
+    """The most common output-folder refusal needs no model, tokenizer or torch: it came after torch loaded
+    (seconds), now with the input refusals; its fix is this command with --resume, which pastes."""
+    assets = h.write_train_assets(tmp_path, rows=4)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "run.json").write_text("{}")
+    base = ["--model", str(assets["model"]), "--tokenizer", str(assets["tok"]), "--data", str(assets["data"]),
+            "--output-dir", "out"]
+    result, err = _train(tmp_path, *base)
+    assert result == {"code": 2, "imported": []}
+    assert err == ("kernelguard train: error: --output-dir out already holds a run (run.json). The command below "
+                   "continues it; --overwrite instead deletes it and starts again; another --output-dir keeps it.\n"
+                   f"Fix: kernelguard train {' '.join(base)} --resume\n")
+    (tmp_path / "out" / "run.json").unlink()  # control: an empty folder is taken (the run goes on, past torch)
+    result, _ = _train(tmp_path, *base, "--dry-run")
+    assert result["code"] == 0 and "torch" in result["imported"]

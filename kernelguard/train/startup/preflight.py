@@ -36,6 +36,7 @@ from ..model.weight_files import weights_to_load
 from ..output import checkpoint as ckpt
 from ..settings.config import CONFIG_FILENAME, TrainConfig, save_config
 from .startup_checks import (
+    RUN_ARTIFACTS,
     check_environment,
     check_flags,
     check_inputs,
@@ -43,6 +44,8 @@ from .startup_checks import (
     check_paths,
     check_profile_window,
     check_writable_folder,
+    refuse_existing_run,
+    run_artifacts,
 )
 
 __all__ = [
@@ -67,18 +70,6 @@ __all__ = [
     "run_artifacts",
 ]
 
-# What a run writes into its output folder; --overwrite removes exactly these.
-RUN_ARTIFACTS = (
-    RUN_FILE,
-    CONFIG_FILENAME,
-    "checkpoints",
-    "final",
-    "final.tmp",
-    "metrics.jsonl",
-    "metrics.png",
-    "tensorboard",
-    "wandb",
-)
 # fp32 master weights + AdamW's two fp32 moments, per parameter (DCP stores them as trained).
 CHECKPOINT_BYTES_PER_PARAM = 12
 
@@ -107,8 +98,7 @@ def preflight(cfg: TrainConfig, *, world_size: int) -> StartPlan:
     check_output(cfg.checkpoint.output_dir, need_bytes=checkpoint_bytes_estimate(config, weights))
     identity = run_identity(cfg, world_size=world_size, model_config=config)
     notices = (notice,) if notice else ()
-    if not cfg.checkpoint.resume:
-        refuse_existing_run(cfg)
+    if not cfg.checkpoint.resume:  # check_paths refused a folder that holds another run
         return StartPlan(identity, notices=notices)
     plan = plan_resume(cfg, identity)
     return StartPlan(plan.identity, plan.resume_from, plan.warnings, (*notices, *plan.notices))
@@ -166,27 +156,6 @@ def check_output(output: Path, *, need_bytes: int) -> None:
             f"--output-dir {output}: {free / 2**30:.1f} GiB free on its disk; one checkpoint needs about "
             f"{need_bytes / 2**30:.1f} GiB (12 bytes per parameter).",
             fix="free disk space or put --output-dir on a larger disk",
-        )
-
-
-def _exists(path: Path) -> bool:
-    try:
-        return path.exists()
-    except OSError:  # an unreadable parent: treat as absent and look further up
-        return False
-
-
-def run_artifacts(output: Path) -> list[str]:
-    """Names of a previous run's artifacts in ``output``."""
-    return [name for name in RUN_ARTIFACTS if _exists(output / name)] if output.is_dir() else []
-
-
-def refuse_existing_run(cfg: TrainConfig) -> None:
-    found = run_artifacts(cfg.checkpoint.output_dir)
-    if found and not cfg.checkpoint.overwrite:
-        raise CheckpointError(
-            f"--output-dir {cfg.checkpoint.output_dir} already holds a run ({', '.join(found)}).",
-            fix="--resume to continue it, --overwrite to delete it and start again, or another --output-dir",
         )
 
 

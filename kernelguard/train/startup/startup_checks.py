@@ -10,13 +10,16 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from kernelguard.errors import ConfigError
+from kernelguard.errors import CheckpointError, ConfigError
 
+from ..inputs.identity import RUN_FILE
 from ..inputs.tokenizer_folder import check_tokenizer_folder
+from ..settings.config import CONFIG_FILENAME
 
 __all__ = [
     "ENVIRONMENT",
     "MAX_LAYERS",
+    "RUN_ARTIFACTS",
     "check_environment",
     "check_flags",
     "check_inputs",
@@ -25,6 +28,8 @@ __all__ = [
     "check_profile_window",
     "check_writable_folder",
     "no_tokenizer_error",
+    "refuse_existing_run",
+    "run_artifacts",
 ]
 
 
@@ -58,10 +63,45 @@ def check_writable_folder(path: Path, *, flag: str) -> Path:
     return existing
 
 
+# What a run writes into its output folder; --overwrite removes exactly these.
+RUN_ARTIFACTS = (
+    RUN_FILE,
+    CONFIG_FILENAME,
+    "checkpoints",
+    "final",
+    "final.tmp",
+    "metrics.jsonl",
+    "metrics.png",
+    "tensorboard",
+    "wandb",
+)
+
+
+def run_artifacts(output: Path) -> list[str]:
+    """Names of a previous run's artifacts in ``output``."""
+    return [name for name in RUN_ARTIFACTS if _exists(output / name)] if output.is_dir() else []
+
+
+def refuse_existing_run(cfg: Any) -> None:
+    """A new run (no --resume, no --overwrite) never lands on top of another."""
+    found = run_artifacts(cfg.checkpoint.output_dir)
+    if found and not cfg.checkpoint.overwrite:
+        from ..signals import resume_command
+
+        raise CheckpointError(
+            f"--output-dir {cfg.checkpoint.output_dir} already holds a run ({', '.join(found)}). The command "
+            "below continues it; --overwrite instead deletes it and starts again; another --output-dir keeps it.",
+            fix=resume_command(),
+        )
+
+
 def check_paths(cfg: Any) -> None:
     """Every folder the run will write into, checked before anything is written or any rank starts (a
-    ``--profile-trace`` under a plain file would otherwise fail at the profiled step, mid-run)."""
+    ``--profile-trace`` under a plain file would otherwise fail at the profiled step, mid-run), and a new
+    run's folder holds no other run (checked here, before torch loads: a second, not seconds)."""
     check_writable_folder(cfg.checkpoint.output_dir, flag="--output-dir")
+    if not cfg.checkpoint.resume:
+        refuse_existing_run(cfg)
     if cfg.metrics.profile_trace is not None:
         check_writable_folder(Path(cfg.metrics.profile_trace), flag="--profile-trace")
 
