@@ -90,6 +90,29 @@ def test_ctrl_c_while_a_rank_imports_kernelguard_is_one_line(assets: dict[str, P
     assert len(proc.stderr.strip().splitlines()) == 1 and "interrupted" in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize(("command", "sig", "code", "line"), [
+    (["check", "--model", "qwen3_5"], "SIGINT", 130, "kernelguard: interrupted."),
+    (["export", "no-such-run"], "SIGINT", 130, "kernelguard export: interrupted; nothing was written."),
+    (["train"], "SIGINT", 130, "kernelguard train: interrupted before training started; nothing was written."),
+    (["train"], "SIGTERM", 143, "kernelguard train: stopped by SIGTERM before training started; nothing was saved."),
+], ids=["check-ctrl-c", "export-ctrl-c", "train-ctrl-c", "train-sigterm"])
+def test_a_signal_while_the_command_line_imports_is_one_line(
+    assets: dict[str, Path], tmp_path: Path, command: list[str], sig: str, code: int, line: str
+) -> None:
+    """The `kernelguard` program installs its start-up handlers before the command line's modules import
+    (kernelguard.entry): a signal there was a KeyboardInterrupt traceback (SIGTERM: a death without a word)."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TRANSFORMERS_VERBOSITY="error",
+               KERNELGUARD_FAULT=f"signal-as-the-cli-imports:{sig}",
+               PYTHONPATH=os.pathsep.join([str(h.REPO / "tests" / "fault_hooks"), str(h.REPO), str(h.FAKE_PROVIDERS)]))
+    if command == ["train"]:
+        command = ["train", *_argv(assets, tmp_path / "out")]
+    proc = subprocess.run([sys.executable, "-m", "kernelguard", *command], env=env, capture_output=True, text=True,
+                          timeout=300, check=False, cwd=tmp_path,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+    assert (proc.returncode, proc.stderr.strip().splitlines()) == (code, [line]), proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_ctrl_c_while_torch_imports_numpy_stops_a_one_process_run(assets: dict[str, Path], tmp_path: Path) -> None:
     """torch clears whatever its own import of numpy raises, a KeyboardInterrupt included: the run went on to

@@ -83,7 +83,7 @@ def test_the_distribution_is_ours_and_self_referencing_extras_name_existing_extr
     project = _pyproject()["project"]
     # The index's `kernelguard` is another project: ours is DISTRIBUTION, the name every printed fix uses.
     assert project["name"] == DISTRIBUTION != "kernelguard"
-    assert project["scripts"] == {"kernelguard": "kernelguard.cli:main"}
+    assert project["scripts"] == {"kernelguard": "kernelguard.entry:main"}  # start-up signal handlers first
     extras = project["optional-dependencies"]
     selves = [
         (name, requirement)

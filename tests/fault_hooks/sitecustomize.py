@@ -16,6 +16,8 @@ ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
   numpy import cannot be the moment there.
 - ``ctrl-c-as-a-rank-imports-kernelguard``: Ctrl-C (SIGINT to the whole process group, as a terminal sends it)
   at the moment a launched rank 0 imports kernelguard's train module, before any of its own code runs.
+- ``signal-as-the-cli-imports:SIG``: SIGINT or SIGTERM to this process as the command line's modules begin to
+  import (``kernelguard.report``), before any command's own handler exists.
 - ``steady-steps``: not a fault but a fixed clock: the step profiler's clock ticks 0.1 s per read, so every step
   takes the same time and the profiled windows' schedule (three steady steps first) does not depend on the load
   of the machine running the test (tests/test_profiling.py).
@@ -134,6 +136,16 @@ class _CtrlCAsARankImportsKernelguard:
             os.killpg(os.getpgrp(), signal.SIGINT)
 
 
+class _SignalAsTheCliImports:
+    def __init__(self, sig: str) -> None:
+        self.sig = getattr(signal, sig)
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == "kernelguard.report" and "LOCAL_RANK" not in os.environ:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), self.sig)
+
+
 if _FAULT == "teardown-marker":
     import atexit
 
@@ -143,6 +155,8 @@ elif _FAULT == "ctrl-c-in-torch-numpy-import":
     sys.meta_path.insert(0, _CtrlCInTorchsNumpyImport())
 elif _FAULT == "ctrl-c-in-launcher-torch-import":
     sys.meta_path.insert(0, _CtrlCAsTheLauncherImportsTorch())
+elif _FAULT.startswith("signal-as-the-cli-imports:"):
+    sys.meta_path.insert(0, _SignalAsTheCliImports(_FAULT.split(":", 1)[1]))
 elif _FAULT == "ctrl-c-as-a-rank-imports-kernelguard":
     sys.meta_path.insert(0, _CtrlCAsARankImportsKernelguard())
 elif _FAULT == "export":
