@@ -9,9 +9,10 @@ interpreter's own start-up, before any code of this package can run.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from types import FrameType
+
+import _signal as signal  # the C module: `signal`'s enum conversion alone is a window worth closing
 
 __all__ = ["main"]
 

@@ -9,6 +9,8 @@ command, sends the signal ``delay`` seconds later and classifies how the command
              naming the signal, followed by at most its command (the run's own progress lines may come first);
   traceback  a Python traceback, a raw KeyboardInterrupt, or a stray library message on stderr;
   noisy      the right exit code, but more than the expected lines or one that does not name the signal;
+  silent     killed by the signal without a word (no handler yet: the interpreter's own start-up);
+  finished   the command's own exit code (0-3): it had ended before the signal (not counted as a failure);
   wrong-code another exit code (a lost peer's error, a gate verdict: the signal was not acted on);
   hang       still running ``--hang-s`` seconds after the signal (killed).
 
@@ -86,6 +88,10 @@ def classify(sig: str, code: int | None, err: str) -> str:
         return "hang"
     if any(bad in err for bad in BAD_TEXT):
         return "traceback"
+    if code in (0, 1, 2, 3):  # the command's own verdict: it had ended before the signal could matter
+        return "finished"
+    if code == -getattr(signal, sig) and not err.strip():
+        return "silent"  # killed by the signal before any handler existed (the interpreter's own start-up)
     if code != EXPECTED_CODE[sig]:
         return "wrong-code"
     # The run's own lines (data, packing, the guard's table) may come first; the ending is the lines from the
@@ -137,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=0, help="stop starting tries after this many seconds (0: none)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--tiny", action="store_true", help="2 delays x 2 tries of check-int and launch-int")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+                    help="add up these result files (runs of the same scenarios and delays) into --out instead")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out)
     if args.tiny:
         args.scenarios, args.delays, args.tries = "check-int,launch-int", "0.3,2", 2
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -152,9 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), str(h.FAKE_PROVIDERS)]))
     env.pop("COLUMNS", None)
-    # launches first (three processes each), interleaved over delays so that load is spread evenly
+    # try by try over every scenario and delay: a run cut by --budget-s leaves every cell with as many tries
     tasks = [(s, d, i) for i in range(args.tries) for d in delays for s in scenarios]
-    tasks.sort(key=lambda t: SCENARIOS[t[0]][0] != "launch")
     started = time.time()
     results: list[dict[str, Any]] = []
     skipped = 0
@@ -185,19 +194,49 @@ def main(argv: list[str] | None = None) -> int:
             per_delay[str(d)] = {"tries": len(rows), **collections.Counter(r["class"] for r in rows),
                                  "endings": sorted(endings.values(), key=lambda e: -e["count"])}
         summary[s] = per_delay
-    not_clear = sum(r["class"] != "clear" for r in results)
+    not_clear = sum(r["class"] not in ("clear", "finished") for r in results)
     report = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} ({os.cpu_count()} cores)",
               "python": platform.python_version(), "versions": versions(), "args": vars(args) | {"out": str(args.out)},
               "wall_s": round(wall, 1), "tries": len(results), "not_clear": not_clear, "skipped_for_budget": skipped,
               "scenarios": summary}
     for s, per_delay in summary.items():
-        cells = "  ".join(f"{d}s:{v.get('clear', 0)}/{v['tries']}" for d, v in per_delay.items())
+        cells = "  ".join(f"{d}s:{v.get('clear', 0) + v.get('finished', 0)}/{v['tries']}" for d, v in per_delay.items())
         print(f"{s:16} {cells}")
-    print(f"{len(results)} tries, {not_clear} not clear, {skipped} skipped for budget, {wall:.0f} s")
+    classes = collections.Counter(r["class"] for r in results)
+    print(f"{len(results)} tries, {not_clear} not clear ({dict(classes)}), {skipped} skipped for budget, {wall:.0f} s")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 1 if not_clear else 0
+
+
+def merge(files: list[Path], out: Path | None) -> int:
+    """One report from several runs (e.g. two calls on a machine lent for ten minutes at a time)."""
+    reports = [json.loads(f.read_text()) for f in files]
+    total = dict(reports[0], merged_from=[str(f) for f in files], wall_s=sum(r["wall_s"] for r in reports),
+                 tries=sum(r["tries"] for r in reports), not_clear=sum(r["not_clear"] for r in reports),
+                 skipped_for_budget=sum(r["skipped_for_budget"] for r in reports), scenarios={})
+    for report in reports:
+        for s, per_delay in report["scenarios"].items():
+            for d, cell in per_delay.items():
+                into = total["scenarios"].setdefault(s, {}).setdefault(d, {"tries": 0, "endings": []})
+                for key, value in cell.items():
+                    if key not in ("endings", "tries"):
+                        into[key] = into.get(key, 0) + value
+                into["tries"] += cell["tries"]
+                for e in cell["endings"]:
+                    same = next((x for x in into["endings"] if (x["code"], mask(x["stderr"])) == (e["code"], mask(e["stderr"]))), None)
+                    if same is None:
+                        into["endings"].append(dict(e))
+                    else:
+                        same["count"] += e["count"]
+    for s, per_delay in total["scenarios"].items():
+        cells = "  ".join(f"{d}s:{v.get('clear', 0) + v.get('finished', 0)}/{v['tries']}" for d, v in per_delay.items())
+        print(f"{s:16} {cells}")
+    print(f"{total['tries']} tries, {total['not_clear']} not clear")
+    if out:
+        out.write_text(json.dumps(total, indent=1) + "\n")
+    return 1 if total["not_clear"] else 0
 
 
 def versions() -> dict[str, str]:
