@@ -14,7 +14,7 @@ the ``ResolutionError`` / ``KernelFallbackError`` out of ``trainer.train()``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -125,13 +125,14 @@ def guard_model(
 
 def run_gate(
     model: Any, *, policy: AllowPolicy, packed: bool = True, stack: CheckResult | None = None,
-    first_row_probe: bool = True,
+    first_row_probe: bool = True, command: Callable[[list[str]], str] | None = None,
 ) -> GuardReport:
     """Guard ``model`` (after :func:`check_stack` returned ``stack``); return the armed GuardReport.
 
     Raises :class:`GuardRefused` with one report covering every refusal: the stack check's trace when it
     failed, then the guard's per-layer table (disarmed) when the guard refused or the stack check did; its
-    ``fix`` is :func:`refusal_advice`'s why / fix block."""
+    ``fix`` is :func:`refusal_advice`'s why / fix block (``command``: the run's own command line with the
+    given arguments added, for a fix that pastes)."""
     sections: list[str] = []
     if stack is not None and not stack.ok:
         from kernelguard.report import render
@@ -147,7 +148,7 @@ def run_gate(
     # The table only: refusal_advice below is the trainer's why / fix block, in its flags.
     sections.append(report.render(syntax="cli", padded=UNPACKED_FLAG, why=False))
     report.disarm()
-    advice = refusal_advice(report, stack, packed=packed)
+    advice = refusal_advice(report, stack, packed=packed, command=command)
     raise GuardRefused("\n\n".join(sections), fix=advice or None)
 
 
@@ -179,10 +180,14 @@ class _Refusal:
     provider: str = ""
 
 
-def refusal_advice(report: GuardReport | None, stack: CheckResult | None, *, packed: bool) -> str:
+def refusal_advice(
+    report: GuardReport | None, stack: CheckResult | None, *, packed: bool,
+    command: Callable[[list[str]], str] | None = None,
+) -> str:
     """The short "why / fix" block that ends `kernelguard train`'s refusal, in its flags' terms: each
     refused kernel's real reason, then the commands that fix it, offering ``--allow`` only where an allow
-    can make the run start. Every line fits ADVICE_WIDTH columns."""
+    can make the run start; with ``command`` (the run's command line with arguments added) that offer is the
+    whole command to paste. Every line fits ADVICE_WIDTH columns."""
     refusals = _stack_refusals(stack) + (_guard_refusals(report) if report is not None else [])
     by_kernel = {r.kernel: r for r in reversed(refusals)}  # the stack check's (more precise) reason wins
     ordered = [by_kernel[k] for k in dict.fromkeys(r.kernel for r in refusals)]
@@ -195,10 +200,39 @@ def refusal_advice(report: GuardReport | None, stack: CheckResult | None, *, pac
     for r in ordered:
         where = f" ({r.layers} layer{'s' * (r.layers != 1)})" if r.layers else ""
         why.append(_wrap(f"{r.kernel}{where}: {r.reason}", 2))
-    for command in dict.fromkeys(c for r in ordered for c in r.fixes):
-        fix.extend(_command_lines(command))
-    fix.extend(_allow_lines(ordered, gdn, packed=packed))
+    for install in dict.fromkeys(c for r in ordered for c in r.fixes):
+        fix.extend(_command_lines(install))
+    fix.extend(_allow_lines(ordered, gdn, packed=packed) if command is None
+               else _run_anyway_lines(ordered, gdn, packed=packed, command=command))
     return "\n".join(why + fix)
+
+
+def _run_anyway_lines(
+    ordered: list[_Refusal], gdn: list[_Refusal], *, packed: bool, command: Callable[[list[str]], str]
+) -> list[str]:
+    """The run's own command with what makes it start here on the slow paths: unpacked where a GDN torch
+    reference would run (attention then needs no mask), every reference allowed; a kernel present but with a
+    known issue keeps its own line (accepting it is a decision about that issue, not about speed)."""
+    from kernelguard.paste import command_lines
+
+    names = [r.kernel for r in gdn]
+    unpack = packed and bool(gdn)
+    attention = next((r for r in ordered if r.kernel == "attention"), None)
+    if attention is not None and not unpack:
+        names.append("attention")
+    lines = []
+    if names:
+        extra = [*(UNPACKED_FLAG.split() if unpack else []), "--allow", *names]
+        lines.append("  or run here on the slow paths (correct, several times slower):")
+        lines.extend("  " + line for line in command_lines(command(extra), ADVICE_WIDTH - 2))
+    if attention is not None and not unpack:
+        lines.append(_wrap("or, on a CUDA machine, keep attention fast: --attention varlen", 2))
+    for r in ordered:
+        if r.kernel != "attention" and not r.reference and (r.issues or not packed):
+            lines.append(
+                _wrap(f"or accept {r.kernel} as it is: --allow {' '.join(r.issues or (r.kernel,))}", 2)
+            )
+    return lines
 
 
 def _allow_lines(ordered: list[_Refusal], gdn: list[_Refusal], *, packed: bool) -> list[str]:

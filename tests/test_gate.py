@@ -67,3 +67,17 @@ def test_the_refusal_ends_with_a_why_fix_block_in_the_trainers_flags(fake_provid
     assert "varlen_attention" not in advice  # the check's row name; --allow calls it attention
     assert "  attention: --attention varlen (torch's varlen attention, CUDA), or --allow attention" in advice
     assert "attn_implementation" not in advice and all(len(line) <= 100 for line in advice.splitlines())
+
+
+def test_with_the_run_s_command_the_offer_is_that_command_with_what_it_lacks(fake_providers: Path, tiny: Any) -> None:
+    """Only attention refused (the GDN kernels are served): the offer keeps packing and adds --allow attention
+    to the run's own command; without a command (an API caller) the flags are named instead."""
+    stack = gate.check_stack("qwen3_5", allow=AllowPolicy(), packed=True, device=CUDA)
+    command = lambda extra: "kernelguard train --model m --output-dir out " + " ".join(extra)  # noqa: E731
+    with pytest.raises(GuardRefused) as info:
+        gate.run_gate(tiny.tiny_model("qwen3_5"), policy=AllowPolicy(), packed=True, stack=stack, command=command)
+    advice = info.value.fix or ""
+    assert advice.endswith("  or run here on the slow paths (correct, several times slower):\n"
+                           "  kernelguard train --model m --output-dir out --allow attention\n"
+                           "  or, on a CUDA machine, keep attention fast: --attention varlen"), advice
+    assert "--packing none" not in advice

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +201,11 @@ def test_refusal_ends_with_a_why_fix_block_in_cli_terms(assets: dict[str, Path])
     ]
     assert "chunk_gated_delta_rule (3 layers): `import fla.ops.gated_delta_rule` failed" in why
     assert "pip install 'flash-linear-attention" in fix and "causal-conv1d" in fix
-    assert "or train unpacked with --packing none and --allow causal_conv1d_fn chunk_gated_delta_rule" in fix
+    # the offer that makes it start here is this very command with what it lacks, and it pastes
+    offer = fix.split("  or run here on the slow paths (correct, several times slower):\n", 1)[1]
+    pasted = shlex.split(offer.replace(" \\\n", " "))
+    assert pasted == ["kernelguard", "train", *_args(assets, out, "--max-steps", "2", *allow), "--packing", "none",
+                      "--allow", "causal_conv1d_fn", "chunk_gated_delta_rule"], offer
     assert "only for a fallback you accept" not in r.stderr and "attn_implementation" not in block
     assert all(len(line) <= 100 for line in block.splitlines()), block
     assert not out.exists()

@@ -50,7 +50,7 @@ from .settings.packing_modes import (
     check_control_allowed,
     eval_layout,
 )
-from .signals import resume_command, stop_request
+from .signals import command_with, resume_command, stop_request
 from .startup.input_check import check_inputs_early
 from .startup.preflight import (
     StartPlan,
@@ -115,7 +115,7 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
         log(info, f"warning: {said}", logging.WARNING)  # said now, not after hours of training
     on_main(info, lambda: check_checkpoint_shapes(built.model, start.resume_from))  # before anything is written
     report = run_gate(built.model, policy=policy, packed=packed, stack=stack,
-                      first_row_probe=cfg.packing.first_row_probe)
+                      first_row_probe=cfg.packing.first_row_probe, command=command_with)
     try:
         # The table, not just "passed": which provider serves each layer's kernels is what a log reader needs.
         log(info, f"guard passed; attention={built.attention}\n{report.render()}")

@@ -28,6 +28,7 @@ from kernelguard.errors import Preempted
 
 __all__ = [
     "StopRequest",
+    "command_with",
     "die_with_parent",
     "remember_command",
     "resume_command",
@@ -43,11 +44,16 @@ def remember_command(argv: list[str]) -> None:
 
 
 def resume_command(flag: str = "--resume") -> str:
-    """The exact command line that continues this run: its own arguments plus ``flag``. Under plain torchrun
-    the torchrun options are not known here, so they are named as a placeholder to keep."""
+    """The exact command line that continues this run: its own arguments plus ``flag``."""
+    return command_with([] if flag in _COMMAND else [flag])
+
+
+def command_with(extra: list[str]) -> str:
+    """This run's own command line with ``extra`` arguments added. Under plain torchrun the torchrun options
+    are not known here, so they are named as a placeholder to keep."""
     import shlex
 
-    args = list(_COMMAND) + ([] if flag in _COMMAND else [flag])
+    args = [*_COMMAND, *extra]
     if "LOCAL_RANK" in os.environ and "KERNELGUARD_LAUNCH_DIR" not in os.environ:
         return f"torchrun TORCHRUN_OPTIONS -m kernelguard.train {shlex.join(args)}"
     return f"kernelguard train {shlex.join(args)}"
