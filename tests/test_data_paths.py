@@ -133,3 +133,18 @@ def test_a_folder_holding_a_run_is_refused_before_torch_with_the_resume_command(
     (tmp_path / "out" / "run.json").unlink()  # control: an empty folder is taken (the run goes on, past torch)
     result, _ = _train(tmp_path, *base, "--dry-run")
     assert result["code"] == 0 and "torch" in result["imported"]
+
+
+def test_a_fix_that_is_one_flag_s_value_becomes_the_whole_command(tmp_path: Path) -> None:
+    """`--master-port 99999` is refused with the command that sets the port the fix names (the old value gone);
+    a fix that says more than one flag's value (a choice in words) is printed as it is."""
+    assets = h.write_train_assets(tmp_path, rows=4)
+    base = ["--model", str(assets["model"]), "--tokenizer", str(assets["tok"]), "--data", str(assets["data"]),
+            "--output-dir", "out", "--nproc-per-node", "2"]
+    result, err = _train(tmp_path, *base, "--master-port", "99999", "--max-steps", "2")
+    assert result == {"code": 2, "imported": []}
+    assert err.endswith(f"Fix: kernelguard train {' '.join(base)} --max-steps 2 --master-port 29500\n"), err
+    _, err = _train(tmp_path, *base, "--master-port=99999")
+    assert err.endswith(f"Fix: kernelguard train {' '.join(base)} --master-port 29500\n"), err
+    _, err = _train(tmp_path, *base, "--profile-step", "9", "--max-steps", "2")  # control: a fix in words
+    assert "Fix: --profile-step 2 (or any step up to 2), or leave the profiling flags out\n" in err, err

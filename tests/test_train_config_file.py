@@ -367,7 +367,7 @@ def test_activation_checkpointing_typo_in_a_config_file(tmp_path: Path) -> None:
 
     config = tmp_path / "run.yaml"
     config.write_text('activation_checkpointing: "maybe"\n')
-    with pytest.raises(ConfigError, match="activation_checkpointing is 'maybe'; expected auto, on or off"):
+    with pytest.raises(ConfigError, match="activation_checkpointing is 'maybe'; expected auto \\(the default\\), on or off"):
         parse(["--config", str(config), "--model", "m", "--data", "d", "--output-dir", str(tmp_path / "o")])
 
 

@@ -420,13 +420,13 @@ def test_activation_checkpointing_values_and_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         TrainConfig.from_flags(**base, activation_checkpointing="sometimes")
     assert str(err.value) == (
-        "activation_checkpointing is 'sometimes'; expected auto, on or off.\n"
-        "Fix: --activation-checkpointing auto (the default), on or off"
+        "activation_checkpointing is 'sometimes'; expected auto (the default), on or off.\n"
+        "Fix: --activation-checkpointing auto"
     )
     with pytest.raises(ConfigError, match="compile is 'yes' \\(str\\); expected true or false"):
         TrainConfig.from_flags(**base, compile="yes")
     argv = ["--model", "m", "--data", "d", "--output-dir", str(tmp_path)]
-    with pytest.raises(ConfigError, match="--activation-checkpointing is 'maybe'; expected auto, on or off"):
+    with pytest.raises(ConfigError, match="--activation-checkpointing is 'maybe'; expected auto \\(the default\\), on or off"):
         parse_command([*argv, "--activation-checkpointing", "maybe"])
     with pytest.raises(ConfigError, match="--no-activation-checkpointing takes no value \\(got 'auto'\\)"):
         parse_command([*argv, "--no-activation-checkpointing", "auto"])
@@ -463,7 +463,7 @@ def test_checkpointing_switch_reads_auto_on_off_from_a_config_file_value() -> No
     ]  # fmt: skip
     with pytest.raises(ConfigError, match="f.yaml: x is 1 \\(int\\); expected auto, on, off, true or false"):
         read(1, where="f.yaml: x")
-    with pytest.raises(ConfigError, match="f.yaml: x is 'never'; expected auto, on or off"):
+    with pytest.raises(ConfigError, match="f.yaml: x is 'never'; expected auto \\(the default\\), on or off"):
         read("never", where="f.yaml: x")
 
 

@@ -175,9 +175,36 @@ def _with_corrected_command(error: Exception, argv: list[str]) -> Exception:
         fixed = [*argv, *details["add"]]  # a flag this data needs (--columns for rows of other names)
     elif old is not None and any(a in (old, f"{flag}={old}") for a in argv):
         fixed = [new if a == old else (f"{flag}={new}" if a == f"{flag}={old}" else a) for a in argv]
+    elif (setting := _flag_setting(getattr(error, "fix", None))) is not None:
+        fixed = [*_without_flag(argv, setting[0]), *setting]  # a fix that is one flag's value: the whole line
     else:
         return error
     return type(error)(error.message, fix=f"kernelguard train {shlex.join(fixed)}", details=details)  # type: ignore
+
+
+def _flag_setting(fix: str | None) -> list[str] | None:
+    """``fix`` as one flag and its values (``--master-port 29500``), or None where it says anything more."""
+    import re
+    import shlex
+
+    if not fix or not re.fullmatch(r"--[a-z][a-z0-9-]*( [^ ,;()]+)*", fix.strip()):
+        return None
+    words = shlex.split(fix)
+    return words if all(not w.startswith("--") for w in words[1:]) else None
+
+
+def _without_flag(argv: list[str], flag: str) -> list[str]:
+    """``argv`` less every occurrence of ``flag`` with its values (up to the next option)."""
+    out, skipping = [], False
+    for arg in argv:
+        if arg == flag or arg.startswith(flag + "="):
+            skipping = arg == flag
+            continue
+        if skipping and not arg.startswith("-"):
+            continue
+        skipping = False
+        out.append(arg)
+    return out
 
 
 def _early_checks(cfg: Any, *, launching: bool) -> None:

@@ -90,8 +90,8 @@ def acquire(
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e:
             raise ConfigError(
-                f"{flag} {output}: cannot create its lock file {path} ({e.strerror or e}).",
-                fix="choose a folder you own, or fix its permissions",
+                f"{flag} {output}: cannot create its lock file {path} ({e.strerror or e}); pick a folder this "
+                "user may write.",
             ) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -140,8 +140,8 @@ def _make_folders(output: Path, *, flag: str = "--output-dir") -> list[Path]:
         output.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(
-            f"{flag} {output}: {e.filename or output} cannot be created ({e.strerror or e}).",
-            fix="choose a folder you own, or fix its permissions",
+            f"{flag} {output}: {e.filename or output} cannot be created ({e.strerror or e}); pick a folder this "
+            "user may write.",
         ) from e
     return missing
 

@@ -316,9 +316,7 @@ class CheckpointSection:
     def __post_init__(self) -> None:
         validate(self)
         if self.output_dir.exists() and not self.output_dir.is_dir():
-            raise ConfigError(
-                f"output_dir {self.output_dir} exists and is not a directory.", fix="pass a directory path"
-            )
+            raise ConfigError(f"the output folder {self.output_dir} is a file, not a folder.")
 
 
 @dataclass(kw_only=True, slots=True)

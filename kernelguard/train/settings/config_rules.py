@@ -267,13 +267,15 @@ def normalize_report_to(value: object) -> tuple[str, ...]:
     for name in items:
         if name not in REPORT_TO_CHOICES:
             raise ConfigError(
-                f"report_to has {name!r}; expected one of {', '.join(REPORT_TO_CHOICES)}.",
-                fix="--report-to tensorboard (several: --report-to tensorboard,wandb)",
+                f"report_to has {name!r}; expected one of {', '.join(REPORT_TO_CHOICES)} (several: "
+                "--report-to tensorboard,wandb).",
+                fix="--report-to tensorboard",
             )
     if "none" in items and len(set(items)) > 1:
         raise ConfigError(
-            f"report_to is {','.join(items)}: 'none' cannot be combined with a tracker.",
-            fix="--report-to none, or list only trackers",
+            f"report_to is {','.join(items)}: 'none' cannot be combined with a tracker; list only trackers, or "
+            "none alone.",
+            fix="--report-to none",
         )
     return tuple(dict.fromkeys(n for n in items if n != "none"))
 
@@ -294,8 +296,8 @@ def checkpointing_value(value: str, *, source: str) -> bool | None:
     key = value.strip().lower()
     if key not in CHECKPOINTING_VALUES:
         raise ConfigError(
-            f"{source} is {value!r}; expected auto, on or off.",
-            fix="--activation-checkpointing auto (the default), on or off",
+            f"{source} is {value!r}; expected auto (the default), on or off.",
+            fix="--activation-checkpointing auto",
         )
     return CHECKPOINTING_VALUES[key]
 

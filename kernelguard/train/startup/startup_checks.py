@@ -47,18 +47,14 @@ def check_writable_folder(path: Path, *, flag: str) -> Path:
     while not _exists(existing) and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise ConfigError(
-            f"{flag} {path}: {existing} is a file, not a folder.",
-            fix=f"pass a folder path for {flag}",
-        )
+        raise ConfigError(f"{flag} {path}: {existing} is a file, not a folder; {flag} names a folder.")
     if not os.access(existing, os.W_OK | os.X_OK):
         if os.statvfs(existing).f_flag & os.ST_RDONLY:
-            raise ConfigError(f"{flag} {path}: {existing} is on a read-only file system.",
-                              fix=f"pass {flag} on a writable disk")
+            raise ConfigError(f"{flag} {path}: {existing} is on a read-only file system; {flag} must be on a "
+                              "writable disk.")
         raise ConfigError(
             f"{flag} {path}: {existing} is not writable by this user (uid {os.getuid()}, owner uid "
-            f"{existing.stat().st_uid}).",
-            fix="choose a folder you own, or fix its permissions",
+            f"{existing.stat().st_uid}); pick a folder this user may write.",
         )
     return existing
 
@@ -119,8 +115,8 @@ def check_model_size(config: Any, *, model: str) -> None:
     if isinstance(layers, int) and layers > MAX_LAYERS:
         raise ConfigError(
             f"--model {model}: num_hidden_layers is {layers:,}; kernelguard train builds at most {MAX_LAYERS:,} "
-            "(no released model comes close; building this many would take minutes before anything is said).",
-            fix="check num_hidden_layers in the config (and layer_types, which lists one type per layer)",
+            "(no released model comes close; building this many would take minutes before anything is said): "
+            "check num_hidden_layers in the config (and layer_types, which lists one type per layer).",
         )
 
 
@@ -145,9 +141,9 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
            if environ.get(name, "").strip() and not ok(environ[name])]
     if bad:
         raise ConfigError(
-            "environment variable(s) kernelguard reads hold values it cannot use:\n  " + "\n  ".join(bad),
-            fix="unset " + " ".join(b.split("=")[0] for b in bad) + " (the defaults are fine), or set a value as "
-            "expected above",
+            "environment variable(s) kernelguard reads hold values it cannot use (set each as expected below, "
+            "or unset it: its default is fine):\n  " + "\n  ".join(bad),
+            fix="unset " + " ".join(b.split("=")[0] for b in bad),
         )
 
 
