@@ -328,9 +328,18 @@ def resolve_model(model: str, source: TransformersSource | None = None) -> Model
     if family is None and (broken := _dangling(path)):
         raise ConfigError(f"--model {model}: {broken}.", fix="point --model at an existing config.json or folder")
     if family is None:
+        from .terms import nearest
+
+        names = gated_delta_families(source)
+        near = nearest(model, names, n=1)
+        if near:
+            raise ConfigError(
+                f"unknown model {model!r}: not a family with fallback kernels in transformers, and not a file; "
+                f"did you mean {near[0]}?", fix=f"--model {near[0]}",
+                details={"replace": (model, near[0]), "flag": "--model"})
         raise ConfigError(
-            f"unknown model {model!r}: not a family with fallback kernels in transformers, and not a file.",
-            fix=f"use one of: {', '.join(gated_delta_families(source))} (or pass a config.json / model folder)",
+            f"unknown model {model!r}: not a family with fallback kernels in transformers, and not a file. The "
+            f"families: {', '.join(names)}; or pass a config.json or model folder.",
         )
     return ModelSpec(family, None, "family name")
 

@@ -406,9 +406,15 @@ USAGE_ERRORS = {
         lambda p: ["check", "--model", "nope"],
         (
             "kernelguard: error: unknown model 'nope': not a family with fallback kernels in "
-            "transformers, and not a file."
+            "transformers, and not a file. The families: "
         ),
-        "Fix: use one of: ",
+        "qwen3_5, qwen3_5_moe, qwen3_next",  # nothing near: the names, no Fix line to guess with
+    ),
+    "model-typo": (
+        lambda p: ["check", "--model", "qwen3_55", "--mode", "training"],
+        "kernelguard: error: unknown model 'qwen3_55': not a family with fallback kernels in transformers, and not "
+        "a file; did you mean qwen3_5?",
+        "Fix: kernelguard check --model qwen3_5 --mode training\n",
     ),
     "bad-arch": (
         lambda p: ["check", "--arch", "banana"],

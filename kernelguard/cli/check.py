@@ -79,7 +79,7 @@ def check_options(args: argparse.Namespace) -> object:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    return run_command(lambda: _check(args))
+    return run_command(lambda: _check(args), command=("check", argv))
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -51,16 +51,31 @@ def print_out(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def run_command(body: Callable[[], int]) -> int:
+def run_command(body: Callable[[], int], command: tuple[str, list[str]] | None = None) -> int:
     """Run a command that reads and reports (check, lock, env, issues): Ctrl-C while it starts is one line,
-    a kernelguard error is its message and its exit code, never a traceback."""
+    a kernelguard error is its message and its exit code, never a traceback. ``command`` (its name and
+    arguments): an error naming the value to put instead (``details["replace"]``) gets this command line with
+    it in place as its fix, a line that pastes."""
     with startup_interrupts(INTERRUPTED):
         try:
             return body()
         except KernelGuardError as exc:
+            if command is not None:
+                exc = _with_replacement(exc, *command)
             usage = isinstance(exc, ConfigError)
             print(wrap_message(f"kernelguard: {'error: ' if usage else ''}{exc}"), file=sys.stderr)
             return exit_code_for(exc)
         except KeyboardInterrupt as exc:  # Ctrl-C once a file is being written: one line and the shell's code
             print(INTERRUPTED, file=sys.stderr, flush=True)
             return exit_code_for(exc)
+
+
+def _with_replacement(error: KernelGuardError, name: str, argv: list[str]) -> KernelGuardError:
+    import shlex
+
+    old, new = error.details.get("replace", (None, None))
+    flag = error.details.get("flag")
+    if old is None or not any(a in (old, f"{flag}={old}") for a in argv):
+        return error
+    fixed = [new if a == old else (f"{flag}={new}" if a == f"{flag}={old}" else a) for a in argv]
+    return type(error)(error.message, fix=f"kernelguard {name} {shlex.join(fixed)}", details=error.details)

@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    return run_command(lambda: _lock(args))
+    return run_command(lambda: _lock(args), command=("lock", argv))
 
 
 def _lock(args: argparse.Namespace) -> int:
