@@ -8,11 +8,10 @@ interpreter's own start-up, before any code of this package can run.
 
 from __future__ import annotations
 
+import _signal as signal  # the C module: `signal`'s enum conversion alone is a window worth closing
 import os
 import sys
 from types import FrameType
-
-import _signal as signal  # the C module: `signal`'s enum conversion alone is a window worth closing
 
 __all__ = ["main"]
 
@@ -34,7 +33,7 @@ def main() -> int:
     # Marked as kernelguard.interrupts' start-up handler: a command keeps it while it starts, and puts Ctrl-C
     # back to KeyboardInterrupt (end_startup_interrupts) once it has something to clean up; train replaces the
     # SIGTERM one with its own as soon as its module is loaded.
-    setattr(leave, "kernelguard_startup", True)
+    leave.kernelguard_startup = True
     for sig in lines:
         # left alone where ignored (nohup, a background job) or already handled by an embedding program
         if signal.getsignal(sig) in (signal.default_int_handler, signal.SIG_DFL):

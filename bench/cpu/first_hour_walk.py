@@ -113,7 +113,7 @@ def main() -> int:
             step["first_line"] = next((line for line in step["stderr_tail"].splitlines() if line.strip()), "")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "clone": str(clone),
-                                    "head": subprocess.run(["git", "-C", str(clone), "rev-parse", "--short", "HEAD"],
+                                    "head": subprocess.run(["git", "-C", str(clone), "rev-parse", "--short", "HEAD"], check=False,
                                                            capture_output=True, text=True).stdout.strip(),
                                     "steps": STEPS}, indent=1) + "\n")
     print("\n| step | exit | wall |\n|---|---|---|")

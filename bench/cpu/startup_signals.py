@@ -49,7 +49,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-import train_helpers as h  # noqa: E402
+import train_helpers as h
 
 EXPECTED_CODE = {"SIGINT": 130, "SIGTERM": 143}
 SCENARIOS: dict[str, tuple[str, str, bool]] = {

@@ -134,9 +134,9 @@ def _leave(code: int) -> NoReturn:
 
 
 def _main(argv: list[str] | None) -> int:
+    from .common.command_line import remember_command
     from .launch import launch, launched_by_kernelguard
     from .settings.config_cli import parse_command
-    from .signals import remember_command
 
     argv = list(sys.argv[1:] if argv is None else argv)
     remember_command(argv)  # for the --resume line a stopped run ends with

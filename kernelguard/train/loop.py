@@ -21,6 +21,7 @@ from kernelguard.gate import allowed_line, check_stack, run_gate
 from kernelguard.install import extra_command
 from kernelguard.policy import AllowPolicy
 
+from .common.command_line import command_with, resume_command
 from .common.logs import log
 from .common.ranks import DistInfo, on_main
 from .inputs.data import (
@@ -50,7 +51,7 @@ from .settings.packing_modes import (
     check_control_allowed,
     eval_layout,
 )
-from .signals import command_with, resume_command, stop_request
+from .signals import stop_request
 from .startup.input_check import check_inputs_early
 from .startup.preflight import (
     StartPlan,

@@ -82,7 +82,7 @@ def refuse_existing_run(cfg: Any) -> None:
     """A new run (no --resume, no --overwrite) never lands on top of another."""
     found = run_artifacts(cfg.checkpoint.output_dir)
     if found and not cfg.checkpoint.overwrite:
-        from ..signals import resume_command
+        from ..common.command_line import resume_command
 
         raise CheckpointError(
             f"--output-dir {cfg.checkpoint.output_dir} already holds a run ({', '.join(found)}). The command "
