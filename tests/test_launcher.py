@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import types
 from pathlib import Path
 from typing import Any
@@ -115,8 +116,12 @@ def test_config_error_exits_2_before_any_rank_starts(
     monkeypatch.setattr(launch_mod, "launch", lambda *a: started.append(a))
     args = [*_args(assets, assets["root"] / "x"), "--nproc-per-node", "2", "--max-length", "0"]
     assert main(args) == 2 and not started
+    # the fix: this command with the flag's every value (256 from the helper, then 0) replaced by the one to use
+    at = [i for i, a in enumerate(args) if a == "--max-length"]
+    fixed = [a for i, a in enumerate(args) if i not in at and i - 1 not in at]
     assert capsys.readouterr().err == (
-        "kernelguard train: error: max_length is 0; it must be a positive integer.\nFix: --max-length 8192\n"
+        "kernelguard train: error: max_length is 0; it must be a positive integer.\n"
+        f"Fix: kernelguard train {shlex.join(fixed)} --max-length 8192\n"
     )
 
 
