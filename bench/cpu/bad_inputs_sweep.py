@@ -544,8 +544,8 @@ R5 = "train/export: round 5 (issue 42)"
 
 
 def round5_cases(work: Path, base: list[str]) -> list[dict[str, Any]]:
-    """Issue 42: the run's identity (class 1), asked for and silently not done (2), errors that name the wrong
-    source (4), a valid YAML merge key (5). Resumes that are refused share round 4's run; one that trains copies it."""
+    """Issue 42: the run's identity (class 1), asked for and silently not done (2), start-up signals (3), errors
+    that name the wrong source (4), a valid YAML merge key (5). Resumes that are refused share round 4's run; one that trains copies it."""
     done, r5 = str(work / "runs" / "done4"), work / "r5"
     fp32 = str(work / "runs" / "done5-fp32")
     r5.mkdir(exist_ok=True)
@@ -604,6 +604,12 @@ def round5_cases(work: Path, base: list[str]) -> list[dict[str, Any]]:
          "pip install --force-reinstall --no-deps 'kernelguard==9.9.9'", {"fakes": False}),
         ("a missing relative model path in pyproject.toml", ["-m", "kernelguard", "check"], "refuse",
          f"in [tool.kernelguard] of {r5 / 'proj' / 'pyproject.toml'}", {"fakes": False, "cwd": r5 / "proj" / "sub"}),
+        # 3: a signal while the command line itself starts (before kernelguard.entry, it was a traceback or a
+        # death without a word; the full picture at many delays: bench/cpu/startup_signals.py)
+        ("Ctrl-C 0.2 s into check", ["-m", "kernelguard", "check", "--model", "qwen3_5"], "signal",
+         "kernelguard: interrupted.", {"signal": ("SIGINT", 0.2, 130), "fakes": False}),
+        ("SIGTERM 0.2 s into train", train("r5s1"), "signal", "stopped by SIGTERM before training started",
+         {"signal": ("SIGTERM", 0.2, 143)}),
         # 5: a valid input accepted
         ("YAML merge key in a --config file", train("r5y", "--config", str(r5 / "merge.yaml"), "--no-export"), "ok",
          None, {"max": "1"}),
