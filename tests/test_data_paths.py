@@ -148,3 +148,14 @@ def test_a_fix_that_is_one_flag_s_value_becomes_the_whole_command(tmp_path: Path
     assert err.endswith(f"Fix: kernelguard train {' '.join(base)} --master-port 29500\n"), err
     _, err = _train(tmp_path, *base, "--profile-step", "9", "--max-steps", "2")  # control: a fix in words
     assert "Fix: --profile-step 2 (or any step up to 2), or leave the profiling flags out\n" in err, err
+
+
+def test_a_typo_of_a_name_already_given_is_dropped_from_the_command_not_doubled(tmp_path: Path) -> None:
+    assets = h.write_train_assets(tmp_path, rows=4)
+    base = ["--model", str(assets["model"]), "--tokenizer", str(assets["tok"]), "--data", str(assets["data"]),
+            "--output-dir", "out", "--allow", "causal_conv1d_fn", "chunk_gated_delta_rule"]
+    result, err = _train(tmp_path, *base, "--allow", "causal_conv1d")
+    assert result == {"code": 2, "imported": []}
+    assert err.endswith(f"Fix: kernelguard train {' '.join(base)}\n"), err
+    _, err = _train(tmp_path, *base[:-2], "--allow", "causal_conv1d")  # control: a name not given yet is put in
+    assert err.endswith(f"Fix: kernelguard train {' '.join(base[:-2])} --allow causal_conv1d_fn\n"), err

@@ -173,6 +173,11 @@ def _with_corrected_command(error: Exception, argv: list[str]) -> Exception:
     flag = details.get("flag")
     if "add" in details and details["add"][0] not in argv and "--eval-data" not in argv:  # one layout for all
         fixed = [*argv, *details["add"]]  # a flag this data needs (--columns for rows of other names)
+    elif old is not None and new in argv and old in argv:  # the name meant is there already: drop the typo
+        at = argv.index(old)
+        fixed = argv[:at] + argv[at + 1:]
+        if argv[at - 1] == flag and (at + 1 == len(argv) or argv[at + 1].startswith("-")):
+            fixed = argv[:at - 1] + argv[at + 1:]  # and its flag, now without a value
     elif old is not None and any(a in (old, f"{flag}={old}") for a in argv):
         fixed = [new if a == old else (f"{flag}={new}" if a == f"{flag}={old}" else a) for a in argv]
     elif (setting := _flag_setting(getattr(error, "fix", None))) is not None:
