@@ -157,5 +157,5 @@ def test_a_typo_of_a_name_already_given_is_dropped_from_the_command_not_doubled(
     result, err = _train(tmp_path, *base, "--allow", "causal_conv1d")
     assert result == {"code": 2, "imported": []}
     assert err.endswith(f"Fix: kernelguard train {' '.join(base)}\n"), err
-    _, err = _train(tmp_path, *base[:-2], "--allow", "causal_conv1d")  # control: a name not given yet is put in
-    assert err.endswith(f"Fix: kernelguard train {' '.join(base[:-2])} --allow causal_conv1d_fn\n"), err
+    _, err = _train(tmp_path, *base[:-3], "--allow", "causal_conv1d")  # control: a name not given yet is put in
+    assert err.endswith(f"Fix: kernelguard train {' '.join(base[:-3])} --allow causal_conv1d_fn\n"), err
