@@ -227,12 +227,17 @@ def _run_anyway_lines(
         lines.extend("  " + line for line in command_lines(command(extra), ADVICE_WIDTH - 2))
     if attention is not None and not unpack:
         lines.append(_wrap("or, on a CUDA machine, keep attention fast: --attention varlen", 2))
-    for r in ordered:
-        if r.kernel != "attention" and not r.reference and (r.issues or not packed):
-            lines.append(
-                _wrap(f"or accept {r.kernel} as it is: --allow {' '.join(r.issues or (r.kernel,))}", 2)
-            )
-    return lines
+    return lines + _accept_as_is_lines(ordered, packed=packed)
+
+
+def _accept_as_is_lines(ordered: list[_Refusal], *, packed: bool) -> list[str]:
+    """A kernel present but refused (a known issue, or unpacked where no reference runs): accepting it as it
+    is, by name."""
+    return [
+        _wrap(f"or accept {r.kernel} as it is: --allow {' '.join(r.issues or (r.kernel,))}", 2)
+        for r in ordered
+        if r.kernel != "attention" and not r.reference and (r.issues or not packed)
+    ]
 
 
 def _allow_lines(ordered: list[_Refusal], gdn: list[_Refusal], *, packed: bool) -> list[str]:
@@ -254,10 +259,8 @@ def _allow_lines(ordered: list[_Refusal], gdn: list[_Refusal], *, packed: bool) 
                     2,
                 )
             )
-        elif not r.reference and (r.issues or not packed):
-            lines.append(
-                _wrap(f"or accept {r.kernel} as it is: --allow {' '.join(r.issues or (r.kernel,))}", 2)
-            )
+        else:
+            lines.extend(_accept_as_is_lines([r], packed=packed))
     return lines
 
 

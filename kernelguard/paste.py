@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["command_lines", "is_command"]
+__all__ = ["command_lines", "is_command", "with_value_replaced"]
 
 # A line that is a command to paste; not a log line that names its program ("kernelguard train: ...").
 _COMMAND = re.compile(r"^\s*(?:kernelguard|torchrun|pip|uv|conda|python3?|apt-get|export)\s(?!\S*:\s)")
@@ -43,3 +43,11 @@ def command_lines(command: str, width: int, indent: int = 4) -> list[str]:
 def is_command(line: str) -> bool:
     """``line`` starts with a program a printed fix or resume line runs."""
     return _COMMAND.match(line) is not None
+
+
+def with_value_replaced(argv: list[str], old: str, new: str, flag: str | None) -> list[str] | None:
+    """``argv`` with the value ``old`` (alone, or as ``FLAG=old``) replaced by ``new``, for a fix that prints the
+    corrected command; None when ``argv`` does not hold ``old``."""
+    if not any(a in (old, f"{flag}={old}") for a in argv):
+        return None
+    return [new if a == old else (f"{flag}={new}" if a == f"{flag}={old}" else a) for a in argv]

@@ -73,9 +73,10 @@ def run_command(body: Callable[[], int], command: tuple[str, list[str]] | None =
 def _with_replacement(error: KernelGuardError, name: str, argv: list[str]) -> KernelGuardError:
     import shlex
 
+    from ..paste import with_value_replaced
+
     old, new = error.details.get("replace", (None, None))
-    flag = error.details.get("flag")
-    if old is None or not any(a in (old, f"{flag}={old}") for a in argv):
+    fixed = with_value_replaced(argv, old, new, error.details.get("flag")) if old is not None else None
+    if fixed is None:
         return error
-    fixed = [new if a == old else (f"{flag}={new}" if a == f"{flag}={old}" else a) for a in argv]
     return type(error)(error.message, fix=f"kernelguard {name} {shlex.join(fixed)}", details=error.details)

@@ -168,18 +168,21 @@ def _with_corrected_command(error: Exception, argv: list[str]) -> Exception:
     ``--data`` file) gets, as its fix, this whole command with that value replaced: a line that pastes."""
     import shlex
 
+    from kernelguard.paste import with_value_replaced
+
     details = getattr(error, "details", {})
     old, new = details.get("replace", (None, None))
     flag = details.get("flag")
+    replaced = with_value_replaced(argv, old, new, flag) if old is not None else None
     if "add" in details and details["add"][0] not in argv and "--eval-data" not in argv:  # one layout for all
         fixed = [*argv, *details["add"]]  # a flag this data needs (--columns for rows of other names)
     elif old is not None and new in argv and old in argv:  # the name meant is there already: drop the typo
         at = argv.index(old)
         fixed = argv[:at] + argv[at + 1:]
-        if argv[at - 1] == flag and (at + 1 == len(argv) or argv[at + 1].startswith("-")):
+        if at and argv[at - 1] == flag and (at + 1 == len(argv) or argv[at + 1].startswith("-")):
             fixed = argv[:at - 1] + argv[at + 1:]  # and its flag, now without a value
-    elif old is not None and any(a in (old, f"{flag}={old}") for a in argv):
-        fixed = [new if a == old else (f"{flag}={new}" if a == f"{flag}={old}" else a) for a in argv]
+    elif replaced is not None:
+        fixed = replaced
     elif (setting := _flag_setting(getattr(error, "fix", None))) is not None:
         fixed = [*_without_flag(argv, setting[0]), *setting]  # a fix that is one flag's value: the whole line
     else:

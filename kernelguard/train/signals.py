@@ -40,7 +40,7 @@ def stopped_lines(output: Any, how: str) -> list[str]:
     from pathlib import Path
 
     from .output.checkpoint import complete_checkpoints
-    from .startup.preflight import run_artifacts
+    from .startup.startup_checks import run_artifacts
 
     done = complete_checkpoints(Path(output)) if output is not None else []
     if done:

@@ -34,9 +34,8 @@ from ..inputs.identity import (
 from ..model.parallel import model_source
 from ..model.weight_files import weights_to_load
 from ..output import checkpoint as ckpt
-from ..settings.config import CONFIG_FILENAME, TrainConfig, save_config
+from ..settings.config import TrainConfig, save_config
 from .startup_checks import (
-    RUN_ARTIFACTS,
     check_environment,
     check_flags,
     check_inputs,
@@ -44,12 +43,10 @@ from .startup_checks import (
     check_paths,
     check_profile_window,
     check_writable_folder,
-    refuse_existing_run,
     run_artifacts,
 )
 
 __all__ = [
-    "RUN_ARTIFACTS",
     "StartPlan",
     "check_checkpoint_shapes",
     "check_environment",
@@ -66,8 +63,6 @@ __all__ = [
     "claim_output",
     "plan_resume",
     "preflight",
-    "refuse_existing_run",
-    "run_artifacts",
 ]
 
 # fp32 master weights + AdamW's two fp32 moments, per parameter (DCP stores them as trained).
