@@ -278,6 +278,9 @@ def _report_failure(error: Any, folder: Path, output: Path | None = None) -> int
         return int(first["exit_code"])
     rank, failure = (killed[0], error.failures[killed[0]]) if killed else error.get_first_failure()
     code = int(failure.exitcode)
+    # a rank that left on Ctrl-C is the cause; the agent then SIGTERMs the others, which is not the news
+    if any(int(f.exitcode) in (EXIT_INTERRUPTED, -signal.SIGINT) for f in error.failures.values()):
+        code = EXIT_INTERRUPTED
     if code in (EXIT_INTERRUPTED, -signal.SIGINT):
         from .signals import stopped_lines
 
