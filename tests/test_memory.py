@@ -65,6 +65,8 @@ def tiny(tmp_path: Path) -> Path:
 
 
 def _cfg(model: Path, **kw: object) -> TrainConfig:
+    """One block per step unless a test says otherwise: the formulas below are per forward."""
+    kw.setdefault("grad_accum", 1)
     return TrainConfig.from_flags(model=str(model), data="unused", output=model.parent / "out", **kw)  # type: ignore[arg-type]
 
 
@@ -89,7 +91,7 @@ def test_peak_without_checkpointing_is_the_loss_forward_without_gradients(tiny: 
     assert est.peak_bytes == parts + est.loss_bytes
     assert "the peak is reached in the loss's forward (saved activations + its chunk buffers)" in est.notes
     accum = memory.estimate(
-        _cfg(tiny, block_size=256, activation_checkpointing=False, grad_accum=2), world_size=1
+        _cfg(tiny, block_size=256, activation_checkpointing=False, grad_accum=2, blocks_per_forward=1), world_size=1
     )
     assert accum.peak_bytes == est.peak_bytes + est.gradient_bytes  # the 2nd micro-batch runs with grads
 
@@ -213,29 +215,33 @@ def test_min_world_size_doubles_until_it_fits(tiny: Path) -> None:
     assert memory.min_world_size(lambda n: est[n], 1, limit=8) is None
 
 
-def test_auto_checkpointing_estimate_is_for_the_setting_auto_picks_on_this_gpu(tiny: Path) -> None:
-    """--dry-run with the default --activation-checkpointing auto reports the setting the run would use, and why."""
-    off = memory.estimate(
-        _cfg(tiny, block_size=256, activation_checkpointing=False), world_size=1, gpu_bytes=10**12
-    )
-    on = memory.estimate(
-        _cfg(tiny, block_size=256, activation_checkpointing=True), world_size=1, gpu_bytes=10**12
-    )
-    auto = memory.estimate(_cfg(tiny, block_size=256), world_size=1, gpu_bytes=10**12)
-    assert auto.activation_checkpointing is False and auto.peak_bytes == off.peak_bytes
+def test_auto_estimate_is_for_the_layout_auto_picks_on_this_gpu(tiny: Path) -> None:
+    """--dry-run with the defaults (--activation-checkpointing auto, --blocks-per-forward auto, two blocks per
+    step) reports the layout the run would use, and why."""
+    def fixed(ac: bool, n: int) -> memory.MemoryEstimate:
+        cfg = _cfg(tiny, block_size=256, grad_accum=2, activation_checkpointing=ac, blocks_per_forward=n)
+        return memory.estimate(cfg, world_size=1, gpu_bytes=10**12)
+
+    merged, alone, ac_one = fixed(False, 2), fixed(False, 1), fixed(True, 1)
+    assert (merged.block_size, merged.grad_accum, merged.blocks_per_forward) == (512, 1, 2)
+    assert "2 blocks of 256 tokens per forward (512-token rows)" in merged.render()
+    auto = memory.estimate(_cfg(tiny, block_size=256, grad_accum=2), world_size=1, gpu_bytes=10**12)
+    assert (auto.activation_checkpointing, auto.blocks_per_forward, auto.peak_bytes) == (False, 2, merged.peak_bytes)
     assert auto.notes[-1] == (
-        f"--activation-checkpointing auto: off, estimated peak {off.peak_bytes / 2**30:.2f} GiB without it fits "
-        "92% of 931.32 GiB on the given GPU memory"
+        "auto: activation checkpointing off, 2 blocks (512 tokens) per forward: estimated peak "
+        f"{merged.peak_bytes / 2**30:.2f} GiB fits 92% of 931.32 GiB on the given GPU memory"
     )
-    small = int(off.peak_bytes / memory.HEADROOM) - 1  # one byte short of fitting without checkpointing
-    auto = memory.estimate(_cfg(tiny, block_size=256), world_size=1, gpu_bytes=small)
-    assert auto.activation_checkpointing is True and auto.peak_bytes == on.peak_bytes
-    assert auto.notes[-1].startswith("--activation-checkpointing auto: on, estimated peak ")
-    assert auto.notes[-1].endswith(" with it")
+    small = int(merged.peak_bytes / memory.HEADROOM) - 1  # one byte short of the merged row
+    auto = memory.estimate(_cfg(tiny, block_size=256, grad_accum=2), world_size=1, gpu_bytes=small)
+    assert (auto.activation_checkpointing, auto.blocks_per_forward, auto.peak_bytes) == (False, 1, alone.peak_bytes)
     assert f"note: {auto.notes[-1]}" in auto.render()
+    tiny_card = int(ac_one.peak_bytes / memory.HEADROOM) - 1  # nothing fits
+    auto = memory.estimate(_cfg(tiny, block_size=256, grad_accum=2), world_size=1, gpu_bytes=tiny_card)
+    assert (auto.activation_checkpointing, auto.blocks_per_forward) == (True, 1) and auto.fits is False
+    assert "does not fit" in auto.notes[-1] and "in any layout" in auto.notes[-1]
 
 
-def test_auto_checkpointing_without_a_gpu_reports_its_choice_on_each_common_card(
+def test_auto_estimate_without_a_gpu_reports_its_choice_on_each_common_card(
     tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No GPU here (a docker build, a login node): the report is for auto's choice on the largest common card,
@@ -245,10 +251,10 @@ def test_auto_checkpointing_without_a_gpu_reports_its_choice_on_each_common_card
     on = memory.estimate(_cfg(tiny, block_size=256, activation_checkpointing=True), world_size=1)
     auto = memory.estimate(_cfg(tiny, block_size=256), world_size=1)
     assert auto.activation_checkpointing is False and auto.fits is None and auto.peak_bytes == off.peak_bytes
+    one_block = "activation checkpointing off, 1 block (256 tokens) per forward"
     assert auto.notes[-1] == (
-        "--activation-checkpointing auto decides on the job's GPU (80 GB (H100/A100): off, 141 GB (H200): off): "
-        f"off where the peak without it ({off.peak_bytes / 2**30:.2f} GiB) fits, else on "
-        f"({on.peak_bytes / 2**30:.2f} GiB)"
+        f"auto decides on the job's GPU (80 GB (H100/A100): {one_block}, 141 GB (H200): {one_block}); "
+        "shown: 141 GB (H200)"
     )
     # A model whose activations fit no common card without checkpointing: the report is the checkpointed one.
     monkeypatch.setattr(
@@ -256,7 +262,7 @@ def test_auto_checkpointing_without_a_gpu_reports_its_choice_on_each_common_card
     )
     auto = memory.estimate(_cfg(tiny, block_size=256), world_size=1)
     assert auto.activation_checkpointing is True and auto.peak_bytes == on.peak_bytes
-    assert "(tiny card: on, bigger card: on)" in auto.notes[-1]
+    assert "(tiny card: activation checkpointing on, 1 block (256 tokens) per forward, bigger card: " in auto.notes[-1]
 
 
 # ---------------------------------------------------------------------------------------- --dry-run CLI ---

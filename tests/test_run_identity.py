@@ -83,13 +83,13 @@ def test_resume_refuses_a_different_run_naming_each_difference(
     out = tmp_path / "out"
     folder = _seal_run(out, preflight(_cfg(assets, out), world_size=2).identity)
     before = _snapshot(out)
-    changed = _cfg(assets, out, resume=True, learning_rate=1e-3, max_length=512, gradient_accumulation_steps=2)
+    changed = _cfg(assets, out, resume=True, learning_rate=1e-3, max_length=512, gradient_accumulation_steps=4)
     with pytest.raises(CheckpointError) as info:
         preflight(changed, world_size=1)
     message = info.value.message
     assert message.startswith(f"--resume: {folder} belongs to a different run; what differs:")
     for line in ("max_length: was 256, now 512", "world_size: was 2, now 1",
-                 "gradient_accumulation_steps: was 1, now 2", "learning_rate: was 0.003, now 0.001"):  # fmt: skip
+                 "gradient_accumulation_steps: was 2, now 4", "learning_rate: was 0.003, now 0.001"):  # fmt: skip
         assert f"\n  {line}" in message, message
     assert "--resume-anyway" in (info.value.fix or "")
     assert _snapshot(out) == before
@@ -124,7 +124,7 @@ def test_resume_names_a_changed_param_dtype_or_packing_in_one_line(assets: dict[
     out = tmp_path / "out"
     identity = preflight(_cfg(assets, out), world_size=1).identity
     assert identity["version"] == 2 and identity["param_dtype"] == "bf16" and identity["packing"] == "packed"
-    assert identity["harmless"] == {"loss": "chunked", "attention": "auto", "compile": False, "fused_norms": False}
+    assert identity["harmless"] == {"loss": "chunked", "attention": "auto", "compile": None, "fused_norms": False}
     folder = _seal_run(out, identity)
     before = _snapshot(out)
     for overrides, message in (

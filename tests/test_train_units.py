@@ -408,7 +408,7 @@ def test_activation_checkpointing_is_auto_unless_a_flag_says_otherwise(
 ) -> None:
     cfg = parse_args(["--model", "m", "--data", "d", "--output-dir", str(tmp_path), *flags])
     assert cfg.runtime.activation_checkpointing is expected
-    assert cfg.runtime.compile is ("--compile" in flags)
+    assert cfg.runtime.compile is (True if "--compile" in flags else None)  # None: auto
 
 
 def test_activation_checkpointing_values_and_errors(tmp_path: Path) -> None:
@@ -423,8 +423,13 @@ def test_activation_checkpointing_values_and_errors(tmp_path: Path) -> None:
         "activation_checkpointing is 'sometimes'; expected auto (the default), on or off.\n"
         "Fix: --activation-checkpointing auto"
     )
-    with pytest.raises(ConfigError, match="compile is 'yes' \\(str\\); expected true or false"):
-        TrainConfig.from_flags(**base, compile="yes")
+    assert TrainConfig.from_flags(**base, compile="off").runtime.compile is False
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.from_flags(**base, compile="sometimes")
+    assert str(err.value) == "compile is 'sometimes'; expected auto (the default), on or off.\nFix: --compile auto"
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.from_flags(**base, compile=3)
+    assert "compile is 3 (int); expected true or false" in str(err.value)
     argv = ["--model", "m", "--data", "d", "--output-dir", str(tmp_path)]
     with pytest.raises(ConfigError, match="--activation-checkpointing is 'maybe'; expected auto \\(the default\\), on or off"):
         parse_command([*argv, "--activation-checkpointing", "maybe"])
@@ -457,7 +462,7 @@ def test_saved_config_keeps_auto_and_compile_and_a_config_file_sets_them(tmp_pat
 def test_checkpointing_switch_reads_auto_on_off_from_a_config_file_value() -> None:
     from kernelguard.train.settings.config_cli import _CheckpointingSwitch
 
-    read = _CheckpointingSwitch.from_file
+    read = _CheckpointingSwitch(["--activation-checkpointing"], "activation_checkpointing").from_file
     assert [read(v, where="f.yaml: x") for v in (None, True, False, "auto", "on", "off")] == [
         None, True, False, None, True, False,
     ]  # fmt: skip
@@ -506,63 +511,85 @@ def _cuda_info() -> Any:
     return DistInfo(0, 1, 0, torch.device("cuda", 0))  # a device object only: nothing is allocated on it
 
 
-def test_auto_checkpointing_is_off_when_the_estimate_fits_the_gpu_and_on_when_not(
+def test_auto_step_layout_takes_the_fastest_layout_the_estimate_fits_and_flags_win(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """auto on a GPU: no checkpointing with both blocks in one row when it fits; then one block per forward;
+    then checkpointing; the least memory when nothing fits. Flags are never second-guessed; CPU runs keep the
+    checkpointed one-block path; a failing estimate means the safe layout."""
     import types
 
     import torch
     import train_helpers as h
 
     from kernelguard.train.model import memory
-    from kernelguard.train.model.build import resolve_activation_checkpointing
+    from kernelguard.train.model.build import resolve_step_layout
+    from kernelguard.train.model.memory import Layout
 
     cfg = TrainConfig.from_flags(
         model=str(h.write_model_config(tmp_path / "m")), data="d", output_dir=tmp_path / "o", max_length=256
     )
+    assert cfg.training.gradient_accumulation_steps == 2  # the default: two blocks per step
     card = types.SimpleNamespace(total_memory=141 * 10**9, name="Fake H200")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: card)
-    without = memory.estimate(
-        TrainConfig.from_flags(**{**_fields(cfg), "activation_checkpointing": False}), world_size=1
+    peaks = {
+        (ac, n): memory.estimate(
+            TrainConfig.from_flags(**{**_fields(cfg), "activation_checkpointing": ac, "blocks_per_forward": n}),
+            world_size=1, gpu_bytes=10**12,
+        ).peak_bytes
+        for ac in (False, True) for n in (1, 2)
+    }  # fmt: skip
+    # More blocks per row and no checkpointing cost memory; checkpointing one block costs the least.
+    assert peaks[False, 2] > peaks[False, 1] > peaks[True, 1] and peaks[False, 2] > peaks[True, 2] > peaks[True, 1]
+    gib = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
+    layout = resolve_step_layout(cfg, _cuda_info())
+    assert (layout.activation_checkpointing, layout.blocks_per_forward, layout.compile) == (False, 2, True)
+    assert layout.line == (
+        "step: activation checkpointing off, 2 blocks (512 tokens) per forward, compile on "
+        f"(auto: estimated peak {gib(peaks[False, 2])} fits 92% of 131.32 GiB on Fake H200; compile: auto: a GPU run)"
     )
-    on, line = resolve_activation_checkpointing(cfg, _cuda_info())
-    gib = f"{without.peak_bytes / 2**30:.2f} GiB"
-    assert (on, line) == (
-        False,
-        f"activation checkpointing: off (auto: estimated peak {gib} without it fits 92% of 131.32 GiB on Fake H200)",
+    for ac, n in [(False, 1), (True, 2), (True, 1)]:
+        card.total_memory = int(peaks[ac, n] / 0.92) + 2  # just fits this layout, and none needing more
+        layout = resolve_step_layout(cfg, _cuda_info())
+        fitting = [k for k in [(False, 2), (False, 1), (True, 2), (True, 1)] if peaks[k] <= peaks[ac, n]]
+        assert (layout.activation_checkpointing, layout.blocks_per_forward) == fitting[0]
+        if fitting[0] != (False, 2):
+            assert f"activation checkpointing off, 2 blocks (512 tokens) per forward would need {gib(peaks[False, 2])}" in layout.line
+    card.total_memory = int(peaks[True, 1] / 0.92) - 1  # nothing fits: the least memory, said so
+    layout = resolve_step_layout(cfg, _cuda_info())
+    assert (layout.activation_checkpointing, layout.blocks_per_forward) == (True, 1)
+    assert f"estimated peak {gib(peaks[True, 1])} does not fit 92% of" in layout.line
+    assert "in any layout (see --dry-run for more ranks or a smaller --max-length)" in layout.line
+    # Flags win: both given, no estimate is consulted; one given, auto chooses only the other.
+    card.total_memory = 141 * 10**9
+    explicit = TrainConfig.from_flags(
+        **{**_fields(cfg), "activation_checkpointing": True, "blocks_per_forward": 1, "compile": False}
     )
-    card.total_memory = int(without.peak_bytes / 0.92) - 1  # one byte short of fitting without checkpointing
-    on, line = resolve_activation_checkpointing(cfg, _cuda_info())
-    with_ac = memory.estimate(TrainConfig.from_flags(**{**_fields(cfg), "activation_checkpointing": True}), world_size=1)
-    assert on is True and line.startswith(
-        f"activation checkpointing: on (auto: estimated peak {gib} without it exceeds"
+    assert resolve_step_layout(explicit, _cuda_info()).line == (
+        "step: activation checkpointing on, 1 block (256 tokens) per forward, compile off "
+        "(--activation-checkpointing; --blocks-per-forward 1; compile: --no-compile)"
     )
-    assert line.endswith(f"; {with_ac.peak_bytes / 2**30:.2f} GiB with it)")
-    # Explicit flags are never second-guessed; a CPU run keeps checkpointing on; a failing estimate means on.
-    for value, text in [
-        (True, "on (--activation-checkpointing)"),
-        (False, "off (--no-activation-checkpointing)"),
-    ]:
-        explicit = TrainConfig.from_flags(**{**_fields(cfg), "activation_checkpointing": value})
-        assert resolve_activation_checkpointing(explicit, _cuda_info()) == (
-            value,
-            f"activation checkpointing: {text}",
-        )
-    cpu = resolve_activation_checkpointing(cfg, _cuda_info().__class__(0, 1, 0, torch.device("cpu")))
-    assert cpu[0] is True
-    assert cpu[1] == (
-        "activation checkpointing: on (auto: a cpu run has no GPU memory to budget; "
-        "--no-activation-checkpointing turns it off)"
+    half = TrainConfig.from_flags(**{**_fields(cfg), "activation_checkpointing": True})
+    layout = resolve_step_layout(half, _cuda_info())
+    assert (layout.activation_checkpointing, layout.blocks_per_forward) == (True, 2)
+    assert layout.line.endswith(
+        f"(--activation-checkpointing; auto: estimated peak {gib(peaks[True, 2])} fits 92% of 131.32 GiB on "
+        "Fake H200; compile: auto: a GPU run)"
+    )
+    cpu = resolve_step_layout(cfg, _cuda_info().__class__(0, 1, 0, torch.device("cpu")))
+    assert cpu.line == (
+        "step: activation checkpointing on, 1 block (256 tokens) per forward, compile off "
+        "(auto: a cpu run has no GPU memory to budget; compile: auto: a cpu run)"
     )
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("probe exploded")
 
-    monkeypatch.setattr(memory, "choose_checkpointing", broken)
-    assert resolve_activation_checkpointing(cfg, _cuda_info()) == (
-        True,
-        "activation checkpointing: on (auto: the memory estimate failed: probe exploded)",
-    )
+    monkeypatch.setattr(memory, "choose_layout", broken)
+    failed = resolve_step_layout(cfg, _cuda_info())
+    assert (failed.activation_checkpointing, failed.blocks_per_forward) == (True, 1)
+    assert failed.line.endswith("(auto: the memory estimate failed: probe exploded; compile: auto: a GPU run)")
+    assert Layout(True, 1).describe(8192) == "activation checkpointing on, 1 block (8,192 tokens) per forward"
 
 
 def _fields(cfg: TrainConfig) -> dict[str, Any]:

@@ -41,7 +41,8 @@ __all__ = [
     "choose_attention",
     "make_optimizer",
     "prepare_training",
-    "resolve_activation_checkpointing",
+    "StepLayout",
+    "resolve_step_layout",
     "setup_training",
 ]
 
@@ -132,33 +133,64 @@ def make_optimizer(
     return opt, sched
 
 
-def resolve_activation_checkpointing(cfg: TrainConfig, info: DistInfo) -> tuple[bool, str]:
-    """(on?, the line to log). auto (``None``) on a GPU: off when kernelguard.train.model.memory's estimate of the
-    peak without it fits the card (keeping its 8% reserve), else on; rank 0 decides for every rank. auto on CPU:
-    on, as before auto existed (CPU runs are tests; there is no GPU memory to budget and the suite keeps
-    covering the checkpointed path)."""
-    if cfg.runtime.activation_checkpointing is not None:
-        on = bool(cfg.runtime.activation_checkpointing)
-        flag = "--activation-checkpointing" if on else "--no-activation-checkpointing"
-        return on, f"activation checkpointing: {'on' if on else 'off'} ({flag})"
-    if info.device.type != "cuda":
-        return True, (
-            f"activation checkpointing: on (auto: a {info.device.type} run has no GPU memory to budget; "
-            "--no-activation-checkpointing turns it off)"
-        )
-    from .memory import choose_checkpointing
+@dataclass(frozen=True, slots=True)
+class StepLayout:
+    """How a run's steps run (what auto chose, or the flags): the one line that says it, and why."""
+
+    activation_checkpointing: bool
+    blocks_per_forward: int
+    compile: bool
+    line: str
+
+
+def resolve_step_layout(cfg: TrainConfig, info: DistInfo) -> StepLayout:
+    """Activation checkpointing, blocks per forward and compile for this run; the user's flags win.
+
+    auto on a GPU: the fastest layout whose memory estimate fits the card (kernelguard.train.model.memory.
+    choose_layout; rank 0 decides for every rank) and compile on. auto on CPU: checkpointing on, one block per
+    forward, no compile (CPU runs are tests: there is no GPU memory to budget, compiling costs more than it
+    saves there, and the suite keeps covering the checkpointed path). None of the three changes the math."""
+    rt = cfg.runtime
+    gpu = info.device.type == "cuda"
+    compile_on = gpu if rt.compile is None else bool(rt.compile)
+    compile_why = (
+        f"auto: a {'GPU' if gpu else info.device.type} run" if rt.compile is None
+        else "--compile" if rt.compile else "--no-compile"
+    )
+    given = [
+        *(["--activation-checkpointing" if rt.activation_checkpointing else "--no-activation-checkpointing"]
+          if rt.activation_checkpointing is not None else []),
+        *([f"--blocks-per-forward {rt.blocks_per_forward}"] if rt.blocks_per_forward else []),
+    ]
+    from .memory import Layout
+
+    if len(given) == 2 or not gpu:
+        ac = True if rt.activation_checkpointing is None else bool(rt.activation_checkpointing)
+        auto = [] if len(given) == 2 else [f"auto: a {info.device.type} run has no GPU memory to budget"]
+        why = "; ".join([*given, *auto, f"compile: {compile_why}"])
+        return _layout(Layout(ac, rt.blocks_per_forward or 1), compile_on, why, cfg)
+    from .memory import choose_layout
 
     props = torch.cuda.get_device_properties(info.device)
     try:
         choice = on_main(
             info,
-            lambda: choose_checkpointing(
+            lambda: choose_layout(
                 cfg, gpu_bytes=int(props.total_memory), gpu_source=props.name, world_size=info.world_size
             ),
         )
     except Exception as e:  # noqa: BLE001 - the estimate only advises: never fail a run that would train
-        return True, f"activation checkpointing: on (auto: the memory estimate failed: {e})"
-    return choice.enabled, choice.line()
+        ac = True if rt.activation_checkpointing is None else bool(rt.activation_checkpointing)
+        return _layout(Layout(ac, rt.blocks_per_forward or 1), compile_on,
+                       f"auto: the memory estimate failed: {e}; compile: {compile_why}", cfg)
+    why = "; ".join([*given, f"auto: {choice.reason}"])
+    return _layout(choice.layout, compile_on, f"{why}; compile: {compile_why}", cfg)
+
+
+def _layout(layout: Any, compile_on: bool, why: str, cfg: TrainConfig) -> StepLayout:
+    text = layout.describe(int(cfg.packing.max_length))
+    line = f"step: {text}, compile {'on' if compile_on else 'off'} ({why})"
+    return StepLayout(layout.activation_checkpointing, layout.blocks_per_forward, compile_on, line)
 
 
 def prepare_training(
@@ -177,13 +209,14 @@ def prepare_training(
         from .fused_norms import fuse_norms
 
         _log(info, fuse_norms(model).describe())
-    if cfg.runtime.compile:
+    layout = resolve_step_layout(cfg, info)
+    _log(info, layout.line)
+    if layout.compile:
         from .compile import compile_layers
 
         built.compiled = compile_layers(model)
         _log(info, built.compiled.describe())
-    built.activation_checkpointing, line = resolve_activation_checkpointing(cfg, info)
-    _log(info, line)
+    built.activation_checkpointing = layout.activation_checkpointing
     if built.activation_checkpointing:
         apply_activation_checkpointing(model)
     # Before sharding: the head keeps its parameters and names, only its forward changes.
@@ -209,7 +242,10 @@ def prepare_training(
     optimizer, scheduler = make_optimizer(
         model, optimizer=cfg.optimizer, device=info.device, schedule_steps=schedule_steps
     )
-    return TrainState(model, optimizer, scheduler, info, head=head, grad_clip=cfg.optimizer.max_grad_norm)
+    return TrainState(
+        model, optimizer, scheduler, info, head=head, grad_clip=cfg.optimizer.max_grad_norm,
+        blocks_per_forward=layout.blocks_per_forward,
+    )
 
 
 _LOADED = {

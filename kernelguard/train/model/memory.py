@@ -20,9 +20,10 @@ What `kernelguard train` holds per rank (FSDP2, ``MixedPrecisionPolicy(param_dty
   (``log_softmax(dtype=float32)`` upcasts a bf16 input first) and the fp32 log-softmax; ``--loss logits``
   keeps the fp32 log-softmax of every token and holds the logits and their fp32 copy through the loss.
 
-``--activation-checkpointing auto`` (the default) uses this estimate at the start of a GPU run:
-checkpointing off when the peak without it fits the card (keeping the 8% below free), on otherwise
-(:func:`choose_checkpointing`; kernelguard.train.model.build logs the choice with both figures).
+``--activation-checkpointing auto`` and ``--blocks-per-forward auto`` (the defaults) use this estimate at the
+start of a GPU run: the fastest layout whose peak fits the card (keeping the 8% below free), checkpointing off
+before fewer blocks per forward (:func:`choose_layout`; kernelguard.train.model.build logs the choice with its
+figures).
 
 The peak is the larger of two moments: the loss's forward (all saved activations + the loss buffers) and the
 backward, where each layer's saved tensors are freed as its gradients appear, so the larger of all saved and
@@ -55,9 +56,11 @@ __all__ = [
     "HEADROOM",
     "PROBE_ATTENTION",
     "ActivationProbe",
-    "CheckpointingChoice",
+    "Layout",
+    "LayoutChoice",
     "MemoryEstimate",
-    "choose_checkpointing",
+    "candidate_layouts",
+    "choose_layout",
     "combine",
     "estimate",
     "measure_activations",
@@ -74,7 +77,7 @@ class MemoryEstimate:
     activation_checkpointing: bool
     loss: str
     param_dtype: str
-    grad_accum: int
+    grad_accum: int  # forwards per optimizer step
     num_params: int
     params_per_rank: int
     parameter_bytes: int
@@ -87,6 +90,7 @@ class MemoryEstimate:
     gpu_bytes: int | None
     gpu_source: str
     notes: tuple[str, ...] = field(default=())
+    blocks_per_forward: int = 1  # packed blocks in each forward's row (block_size counts all their tokens)
 
     @property
     def fits(self) -> bool | None:
@@ -114,8 +118,8 @@ class MemoryEstimate:
         ]
         head = (
             f"memory per rank: {human_count(self.num_params)} parameters over {self.world_size} rank(s) "
-            f"({human_count(self.params_per_rank)} each), {self.block_size:,}-token blocks, activation "
-            f"checkpointing {ac}, grad accum {self.grad_accum}"
+            f"({human_count(self.params_per_rank)} each), {self._rows()}, activation "
+            f"checkpointing {ac}, {self.grad_accum} forward{'s' if self.grad_accum != 1 else ''} per step"
         )
         lines = [head]
         lines += [f"  {name:<44} {_gib(value):>9}" for name, value in rows]
@@ -123,6 +127,12 @@ class MemoryEstimate:
         lines.append("  " + self._verdict())
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def _rows(self) -> str:
+        n = self.blocks_per_forward
+        if n == 1:
+            return f"{self.block_size:,}-token blocks"
+        return f"{n} blocks of {self.block_size // n:,} tokens per forward ({self.block_size:,}-token rows)"
 
     def _verdict(self) -> str:
         if self.gpu_bytes is not None:
@@ -149,96 +159,148 @@ def estimate(
 ) -> MemoryEstimate:
     """Estimate per-rank memory for ``cfg`` (a :class:`kernelguard.train.settings.config.TrainConfig`).
 
-    ``world_size``: default ``$WORLD_SIZE``, else 1. ``gpu_bytes``: default the
-    visible GPU's memory; with no GPU the verdict is given for 80 GB and 141 GB cards. With
-    ``activation_checkpointing=None`` (auto) the estimate is for the setting :func:`choose_checkpointing` picks
-    on that GPU, with its reason in the notes; with no GPU, for the setting it picks on the largest of
-    ``COMMON_GPUS``, and the notes give its choice on each. ``model``: the run's model from
-    :func:`kernelguard.train.model.memory_probe.build_probe_model`, when the caller has it (else it is built);
-    ``progress`` hears each stage (``--dry-run`` prints them)."""
+    ``world_size``: default ``$WORLD_SIZE``, else 1. ``gpu_bytes``: default the visible GPU's memory; with no
+    GPU the verdict is given for 80 GB and 141 GB cards. Settings left to auto (``--activation-checkpointing``,
+    ``--blocks-per-forward``) are estimated as :func:`choose_layout` picks them on that GPU, with its reason in
+    the notes; with no GPU, as it picks them on the largest of ``COMMON_GPUS``, and the notes give its choice
+    on each. ``model``: the run's model from :func:`kernelguard.train.model.memory_probe.build_probe_model`,
+    when the caller has it (else it is built); ``progress`` hears each stage (``--dry-run`` prints them)."""
     estimate_for, gpu, source = _estimator(
         cfg, world_size=world_size, gpu_bytes=gpu_bytes, model=model, progress=progress
     )
-    if cfg.runtime.activation_checkpointing is not None:
-        return estimate_for(bool(cfg.runtime.activation_checkpointing))
     if gpu is None:  # the job's GPU decides; shown: what auto picks on the largest common card
-        without, with_ac = estimate_for(False), estimate_for(True)
-        cards = ", ".join(f"{name}: {'off' if without.fits_on(size) else 'on'}" for name, size in COMMON_GPUS)
-        note = (
-            f"--activation-checkpointing auto decides on the job's GPU ({cards}): off where the peak without it "
-            f"({_gib(without.peak_bytes)}) fits, else on ({_gib(with_ac.peak_bytes)})"
-        )
-        shown = without if without.fits_on(max(size for _, size in COMMON_GPUS)) else with_ac
-        return replace(shown, notes=(*shown.notes, note))
-    choice = _choose(estimate_for, gpu, source)
-    note = f"--activation-checkpointing auto: {'on' if choice.enabled else 'off'}, {choice.reason}"
+        choices = [(name, _choose(cfg, estimate_for, int(size), name)) for name, size in COMMON_GPUS]
+        shown = choices[-1][1]
+        if len(candidate_layouts(cfg)) == 1:
+            return shown.estimate
+        cards = ", ".join(f"{name}: {choice.layout.describe(_block(cfg))}" for name, choice in choices)
+        note = f"auto decides on the job's GPU ({cards}); shown: {COMMON_GPUS[-1][0]}"
+        return replace(shown.estimate, notes=(*shown.estimate.notes, note))
+    choice = _choose(cfg, estimate_for, gpu, source)
+    if len(candidate_layouts(cfg)) == 1:
+        return choice.estimate
+    note = f"auto: {choice.layout.describe(_block(cfg))}: {choice.reason}"
     return replace(choice.estimate, notes=(*choice.estimate.notes, note))
 
 
 @dataclass(frozen=True, slots=True)
-class CheckpointingChoice:
-    """What ``--activation-checkpointing auto`` chose for one run, why (with the figures), and the estimate."""
+class Layout:
+    """How one optimizer step's blocks meet the model: recomputed or saved activations, and how many of the
+    step's blocks go through the model in one forward (one packed row)."""
 
-    enabled: bool
+    activation_checkpointing: bool
+    blocks_per_forward: int
+
+    def describe(self, block_size: int) -> str:
+        ac = "on" if self.activation_checkpointing else "off"
+        n = self.blocks_per_forward
+        blocks = f"{n} block{'s' if n != 1 else ''} ({n * block_size:,} tokens)"
+        return f"activation checkpointing {ac}, {blocks} per forward"
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutChoice:
+    """What auto chose for one run, why (with the figures), and its estimate."""
+
+    layout: Layout
     reason: str
     estimate: MemoryEstimate
 
-    def line(self) -> str:
-        return f"activation checkpointing: {'on' if self.enabled else 'off'} (auto: {self.reason})"
+    @property
+    def enabled(self) -> bool:  # activation checkpointing
+        return self.layout.activation_checkpointing
 
 
-def choose_checkpointing(
+def candidate_layouts(cfg: Any) -> list[Layout]:
+    """The layouts auto may pick for ``cfg``, fastest first; a setting given by the user is the only value
+    tried for it. No checkpointing beats fewer blocks per forward (measured on the proxy: off 1.2-1.3x, two
+    blocks per forward 1.18x, bench/RESULTS.md), so checkpointing is turned on only when no block count fits
+    without it."""
+    accum = int(cfg.training.gradient_accumulation_steps)
+    given_ac = cfg.runtime.activation_checkpointing
+    given_blocks = cfg.runtime.blocks_per_forward
+    acs = [False, True] if given_ac is None else [bool(given_ac)]
+    counts = [given_blocks] if given_blocks else [n for n in range(accum, 0, -1) if accum % n == 0]
+    return [Layout(ac, n) for ac in acs for n in counts]
+
+
+def choose_layout(
     cfg: Any, *, gpu_bytes: int, gpu_source: str, world_size: int | None = None
-) -> CheckpointingChoice:
-    """Off when the run's estimated peak without checkpointing fits ``HEADROOM`` of ``gpu_bytes``, else on.
-
-    Checkpointing never changes the results (the forward is recomputed exactly); off is ~25% faster when the
-    activations fit (bench/RESULTS.md). ``cfg.runtime.activation_checkpointing`` is not read: this is what auto means."""
+) -> LayoutChoice:
+    """The first of :func:`candidate_layouts` whose estimated peak fits ``HEADROOM`` of ``gpu_bytes``; when
+    none does, the one that needs least memory, said so. Neither setting changes the results: checkpointing
+    recomputes the forward exactly, and blocks in one packed row keep their boundaries and their share of the
+    step's token-mean loss."""
     estimate_for, _, _ = _estimator(cfg, world_size=world_size, gpu_bytes=gpu_bytes, gpu_source=gpu_source)
-    return _choose(estimate_for, gpu_bytes, gpu_source)
+    return _choose(cfg, estimate_for, gpu_bytes, gpu_source)
 
 
-def _choose(estimate_for: Callable[[bool], MemoryEstimate], gpu: int, source: str) -> CheckpointingChoice:
-    without = estimate_for(False)
+def _block(cfg: Any) -> int:
+    return int(cfg.packing.max_length)
+
+
+def _choose(
+    cfg: Any, estimate_for: Callable[[Layout], MemoryEstimate], gpu: int, source: str
+) -> LayoutChoice:
     budget = f"{HEADROOM:.0%} of {_gib(gpu)} on {source}"
-    if without.fits_on(gpu):
-        return CheckpointingChoice(
-            False, f"estimated peak {_gib(without.peak_bytes)} without it fits {budget}", without
-        )
-    with_ac = estimate_for(True)
+    candidates = candidate_layouts(cfg)
+    first = estimate_for(candidates[0])
+    if first.fits_on(gpu):
+        return LayoutChoice(candidates[0], f"estimated peak {_gib(first.peak_bytes)} fits {budget}", first)
+    for layout in candidates[1:]:
+        est = estimate_for(layout)
+        if est.fits_on(gpu):
+            reason = (
+                f"estimated peak {_gib(est.peak_bytes)} fits {budget}; "
+                f"{candidates[0].describe(_block(cfg))} would need {_gib(first.peak_bytes)}"
+            )
+            return LayoutChoice(layout, reason, est)
+    least = min((estimate_for(layout) for layout in candidates), key=lambda e: e.peak_bytes)
+    layout = Layout(least.activation_checkpointing, least.blocks_per_forward)
     reason = (
-        f"estimated peak {_gib(without.peak_bytes)} without it exceeds {budget}; "
-        f"{_gib(with_ac.peak_bytes)} with it"
+        f"estimated peak {_gib(least.peak_bytes)} does not fit {budget} in any layout "
+        "(see --dry-run for more ranks or a smaller --max-length)"
     )
-    if not with_ac.fits_on(gpu):
-        reason += " (does not fit either: see --dry-run for more ranks or a smaller --max-length)"
-    return CheckpointingChoice(True, reason, with_ac)
+    return LayoutChoice(layout, reason, least)
 
 
 def _estimator(
     cfg: Any, *, world_size: int | None, gpu_bytes: int | None, gpu_source: str = "the given GPU memory",
     model: Any = None, progress: Callable[[str], None] | None = None,
-) -> tuple[Callable[[bool], MemoryEstimate], int | None, str]:
-    """(checkpointing on/off -> the estimate, GPU bytes, where they came from): the model is probed once."""
+) -> tuple[Callable[[Layout], MemoryEstimate], int | None, str]:
+    """(layout -> the estimate, GPU bytes, where they came from): the model is built once and probed once per
+    row length."""
+    from .memory_probe import build_probe_model
     from .parallel import model_source
 
     ranks = _world_size(world_size)
     hf_config = model.config if model is not None else model_source(str(cfg.model.model))[0]
-    probe = measure_activations(
-        hf_config, tokens=int(cfg.packing.max_length), param_dtype=cfg.runtime.param_dtype, model=model,
-        progress=progress,
-    )
+    block = _block(cfg)
+    accum = int(cfg.training.gradient_accumulation_steps)
+    probes: dict[int, ActivationProbe] = {}
     gpu, source = (gpu_bytes, gpu_source) if gpu_bytes else _visible_gpu()
 
-    def estimate_for(activation_checkpointing: bool) -> MemoryEstimate:
+    def probe(tokens: int) -> ActivationProbe:
+        nonlocal model
+        if tokens not in probes:
+            if model is None:
+                model = build_probe_model(hf_config)
+            probes[tokens] = measure_activations(
+                hf_config, tokens=tokens, param_dtype=cfg.runtime.param_dtype, model=model, progress=progress
+            )
+        return probes[tokens]
+
+    def estimate_for(layout: Layout) -> MemoryEstimate:
+        n = layout.blocks_per_forward
         return combine(
-            probe,
+            probe(n * block),
             world_size=ranks,
-            block_size=int(cfg.packing.max_length),
-            activation_checkpointing=activation_checkpointing,
+            block_size=n * block,
+            activation_checkpointing=layout.activation_checkpointing,
             loss=str(cfg.runtime.loss),
             param_dtype=str(cfg.runtime.param_dtype),
-            grad_accum=int(cfg.training.gradient_accumulation_steps),
+            grad_accum=max(1, accum // n),
+            blocks_per_forward=n,
             gpu_bytes=gpu,
             gpu_source=source,
         )
@@ -278,6 +340,7 @@ def combine(
     loss: str,
     param_dtype: str,
     grad_accum: int = 1,
+    blocks_per_forward: int = 1,
     gpu_bytes: int | None = None,
     gpu_source: str = "no GPU",
 ) -> MemoryEstimate:
@@ -317,6 +380,7 @@ def combine(
         loss=loss,
         param_dtype=param_dtype,
         grad_accum=grad_accum,
+        blocks_per_forward=blocks_per_forward,
         num_params=n,
         params_per_rank=per_rank,
         parameter_bytes=params,

@@ -205,7 +205,14 @@ class TrainingSection:
         None, "length of the LR schedule (default: epochs of data)", metavar="N"
     )
     num_train_epochs: int = setting(1, "passes over the data", metavar="N")
-    gradient_accumulation_steps: int = setting(1, "packed blocks per rank per optimizer step", metavar="N")
+    # Two blocks: each step trains twice --max-length tokens per rank, on every card; how many of them run
+    # through the model in one forward is --blocks-per-forward's (a speed choice that leaves the math as it is).
+    gradient_accumulation_steps: int = setting(
+        2,
+        "packed blocks per rank per optimizer step (at the default --max-length, 16,384 tokens); the loss is "
+        "their token mean whether they run as one forward or several (--blocks-per-forward)",
+        metavar="N",
+    )
     seed: int = setting(0, "seed for init, data order and packing")
 
     def __post_init__(self) -> None:
@@ -263,12 +270,21 @@ class RuntimeSection:
         "on for CPU runs. The flag alone means on",
         aliases=("--gradient-checkpointing",),
     )
-    # Off by default: compile pauses and recompiles on new shapes are a cost every run would pay.
-    compile: bool = setting(
-        False,
+    # None: auto, decided per run (build.resolve_runtime): on for GPU runs, where it pays, off on CPU (tests).
+    compile: bool | None = setting(
+        None,
         "regional torch.compile of each decoder layer before FSDP2 sharding, with the GDN kernels, the causal "
-        "conv and attention left opaque (speedups measured: bench/RESULTS.md); the first steps pause to compile",
-        negatable=True,
+        "conv and attention left opaque (speedups measured: bench/RESULTS.md); the first steps pause to compile. "
+        "auto (default): on for GPU runs, off on CPU. The flag alone means on",
+    )
+    # None: auto, decided per run from the memory estimate (kernelguard.train.model.memory.choose_layout).
+    blocks_per_forward: int | None = setting(
+        None,
+        "how many of a step's --gradient-accumulation-steps blocks run through the model in one forward, as one "
+        "packed row (the same examples, boundaries and loss: only fewer, larger kernel launches). auto "
+        "(default): as many as the memory estimate fits on the GPU (1 on CPU); N must divide "
+        "--gradient-accumulation-steps",
+        metavar="auto|N",
     )
     # Off by default until measured on the GPU (bench/gpu/perf_round4.sh, lever fused_norms).
     fused_norms: bool = setting(
@@ -399,6 +415,14 @@ class TrainConfig:
         for name, cls in SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"{name} is not a {cls.__name__}.", fix=f"pass {name}={cls.__name__}(...)")
+        blocks, accum = self.runtime.blocks_per_forward, self.training.gradient_accumulation_steps
+        if blocks is not None and accum % blocks:
+            raise ConfigError(
+                f"--blocks-per-forward {blocks} does not divide --gradient-accumulation-steps {accum}: each "
+                "forward takes the same number of a step's blocks.",
+                fix=f"--blocks-per-forward {max(d for d in range(1, min(blocks, accum) + 1) if accum % d == 0)}, "
+                "or --blocks-per-forward auto",
+            )
 
     @classmethod
     def from_flags(cls, **values: Any) -> TrainConfig:

@@ -15,7 +15,7 @@ from kernelguard.report import fit_lines, fit_usage, terminal_width
 
 from .config import CONFIG_FILENAME, SECTIONS, TrainConfig, setting
 from .config_file import file_defaults, load_config_file
-from .config_rules import checkpointing_value, choices_of, field_kinds
+from .config_rules import AUTO_SWITCHES, blocks_per_forward_value, checkpointing_value, choices_of, field_kinds
 
 __all__ = [
     "DEPRECATED_FLAGS",
@@ -133,20 +133,31 @@ class _CheckpointingSwitch(argparse.BooleanOptionalAction):
                 parser.error(f"{option_string} takes no value (got {values!r}); it means off")
             setattr(namespace, self.dest, False)
             return
-        flag = option_string or "--activation-checkpointing"
-        setattr(namespace, self.dest, True if values is None else checkpointing_value(values, source=flag))
+        flag = "--" + self.dest.replace("_", "-")
+        value = True if values is None else checkpointing_value(values, source=option_string or flag, flag=flag)
+        setattr(namespace, self.dest, value)
 
-    @staticmethod
-    def from_file(value: Any, *, where: str) -> bool | None:
+    def from_file(self, value: Any, *, where: str) -> bool | None:
         """A --config file's value: true, false, null (auto) or the strings auto/on/off."""
+        flag = "--" + self.dest.replace("_", "-")
         if value is None or isinstance(value, bool):
             return value
         if isinstance(value, str):
-            return checkpointing_value(value, source=where)
+            return checkpointing_value(value, source=where, flag=flag)
         raise ConfigError(
             f"{where} is {value!r} ({type(value).__name__}); expected auto, on, off, true or false.",
-            fix="activation_checkpointing: auto",
+            fix=f"{self.dest}: auto",
         )
+
+
+class _BlocksPerForward(argparse.Action):
+    """``--blocks-per-forward auto|N``; a --config file gives null, auto or a number."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, blocks_per_forward_value(values, source=option_string or "--blocks-per-forward"))
+
+    def from_file(self, value: Any, *, where: str) -> int | None:
+        return blocks_per_forward_value(value, source=where)
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -210,8 +221,10 @@ def _flag_kwargs(f: Any, base: Any, *, launcher: bool) -> dict[str, Any]:
     kw: dict[str, Any] = {"dest": f.name, "help": meta["help"].replace("%", "%%"), "default": default}
     if meta.get("metavar"):
         kw["metavar"] = meta["metavar"]
-    if f.name == "activation_checkpointing":
+    if f.name in AUTO_SWITCHES:
         kw["action"] = _CheckpointingSwitch
+    elif f.name == "blocks_per_forward":
+        kw["action"] = _BlocksPerForward
     elif base is bool:
         negatable = meta.get("negatable") or default is True
         kw["action"] = argparse.BooleanOptionalAction if negatable else "store_true"

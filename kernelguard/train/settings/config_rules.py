@@ -39,6 +39,8 @@ __all__ = [
     "TRACKERS",
     "check_trackers",
     "checkpointing_value",
+    "blocks_per_forward_value",
+    "AUTO_SWITCHES",
     "choices_of",
     "field_kinds",
     "normalize_report_to",
@@ -60,7 +62,8 @@ COLUMN_ROLES = ("system", "user", "assistant")
 _COLUMNS_EXAMPLE = "user=question,assistant=answer"
 INIT_CHOICES = ("pretrained", "random")  # where a run's weights come from (kernelguard.train.startup.preflight)
 REPORT_TO_CHOICES = ("none", "tensorboard", "wandb", "trackio")
-# --activation-checkpointing VALUE -> RuntimeSection.activation_checkpointing (None: auto)
+# --activation-checkpointing / --compile VALUE -> RuntimeSection.activation_checkpointing / compile (None: auto)
+AUTO_SWITCHES = ("activation_checkpointing", "compile")
 CHECKPOINTING_VALUES: dict[str, bool | None] = {
     "auto": None,
     "on": True,
@@ -181,7 +184,8 @@ RULES: tuple[Rule, ...] = (
     _positive("max_steps", "--max-steps 100, or leave it out to train for --num-train-epochs"),
     _positive("schedule_steps", "leave --schedule-steps out to use the epoch length"),
     _positive("num_train_epochs", "--num-train-epochs 1"),
-    _positive("gradient_accumulation_steps", "--gradient-accumulation-steps 1"),
+    _positive("gradient_accumulation_steps", "--gradient-accumulation-steps 2"),
+    _positive("blocks_per_forward", "--blocks-per-forward auto"),
     _must("seed", lambda v: 0 <= v < 2**32, "in [0, 2**32)", "--seed 0"),
     _must("learning_rate", lambda v: v > 0, "> 0", "--learning-rate 1e-5"),
     _must("min_lr_ratio", lambda v: 0.0 <= v <= 1.0, "in [0, 1]", "--min-lr-ratio 0.1"),
@@ -291,15 +295,31 @@ def parse_size(text: str | int, *, source: str = "max_shard_size") -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
-def checkpointing_value(value: str, *, source: str) -> bool | None:
-    """``auto`` -> None, ``on``/``true``/``yes`` -> True, ``off``/``false``/``no`` -> False."""
+def checkpointing_value(value: str, *, source: str, flag: str = "--activation-checkpointing") -> bool | None:
+    """An auto switch's value (``flag``, one of AUTO_SWITCHES): ``auto`` -> None, ``on``/``true``/``yes`` ->
+    True, ``off``/``false``/``no`` -> False."""
     key = value.strip().lower()
     if key not in CHECKPOINTING_VALUES:
         raise ConfigError(
             f"{source} is {value!r}; expected auto (the default), on or off.",
-            fix="--activation-checkpointing auto",
+            fix=f"{flag} auto",
         )
     return CHECKPOINTING_VALUES[key]
+
+
+def blocks_per_forward_value(value: Any, *, source: str) -> int | None:
+    """``--blocks-per-forward``: ``auto`` (None) or a positive number of blocks."""
+    if value is None or (_is_int(value) and value > 0):
+        return value
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise ConfigError(
+        f"{source} is {value!r}; expected auto (the default) or a positive number of blocks.",
+        fix="--blocks-per-forward auto",
+    )
 
 
 # ------------------------------------------------------------------------------------------- checking ---
@@ -342,6 +362,9 @@ _SPELLINGS: dict[str, Callable[[Any], Any]] = {
     "activation_checkpointing": lambda v: (
         checkpointing_value(v, source="activation_checkpointing") if isinstance(v, str) else v
     ),
+    "compile": lambda v: checkpointing_value(v, source="compile", flag="--compile") if isinstance(v, str) else v,
+    "blocks_per_forward": lambda v: blocks_per_forward_value(v, source="blocks_per_forward")
+    if isinstance(v, str) else v,
     "max_shard_size": lambda v: str(v) if _is_int(v) else v,  # a byte count, as from_pretrained takes it
 }
 

@@ -27,6 +27,8 @@ __all__ = [
     "build_batch",
     "build_packed_block",
     "build_padded_batch",
+    "forward_rows",
+    "merge_packed_blocks",
     "pack_best_fit_decreasing",
     "pack_sequential_greedy",
     "packing_stats",
@@ -233,6 +235,54 @@ def build_packed_block(
         "num_real_tokens": real,
     }
 
+
+
+def merge_packed_blocks(blocks: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Packed blocks of :func:`build_packed_block` as ONE packed row: the same examples with the same
+    boundaries (``cu_seq_lens`` offset, ``seq_idx`` renumbered, positions and labels as they were), so every
+    token sees and predicts exactly what it did in its own block; only the launches are fewer and larger.
+    Each block's padding tail stays one segment of its own. Keys starting with ``_`` holding lists (a caller's
+    bookkeeping) are concatenated."""
+    import torch
+
+    if len(blocks) == 1:
+        return blocks[0]
+    if not blocks or any("cu_seq_lens_q" not in b or "seq_idx" not in b for b in blocks):
+        raise ValueError("only packed blocks with their boundaries (cu_seq_lens_q, seq_idx) can share a row")
+    cu, seq_idx, offset, segments = [blocks[0]["cu_seq_lens_q"][:1]], [], 0, 0
+    for b in blocks:
+        cu.append(b["cu_seq_lens_q"][1:] + offset)
+        seq_idx.append(b["seq_idx"] + segments)
+        offset += int(b["input_ids"].shape[1])
+        segments += len(b["cu_seq_lens_q"]) - 1
+    cu_q = torch.cat(cu)
+    longest = max(int(b["max_length_q"]) for b in blocks)
+    merged: dict[str, Any] = {
+        key: torch.cat([b[key] for b in blocks], dim=1) for key in ("input_ids", "labels", "position_ids")
+    }
+    merged |= {
+        "cu_seq_lens_q": cu_q,
+        "cu_seq_lens_k": cu_q.clone(),
+        "max_length_q": longest,
+        "max_length_k": longest,
+        "seq_idx": torch.cat(seq_idx, dim=1),
+        "num_real_tokens": sum(int(b["num_real_tokens"]) for b in blocks),
+    }
+    for key, value in blocks[0].items():
+        if key.startswith("_") and isinstance(value, list):
+            merged[key] = [x for b in blocks for x in b[key]]
+    return merged
+
+
+def forward_rows(micro: Sequence[dict[str, Any]], blocks_per_forward: int) -> list[dict[str, Any]]:
+    """A step's micro-batches as the rows its forwards take: consecutive packed blocks merged
+    ``blocks_per_forward`` at a time (:func:`merge_packed_blocks`). Layouts without boundaries (padded
+    batches, the leaky/naive controls) keep one forward per block: merging them would change what they are."""
+    if blocks_per_forward <= 1 or not all("cu_seq_lens_q" in b for b in micro):
+        return list(micro)
+    return [
+        merge_packed_blocks(micro[i : i + blocks_per_forward]) for i in range(0, len(micro), blocks_per_forward)
+    ]
 
 
 def padded_shape(rows: int, longest: int, max_length: int) -> tuple[int, int]:

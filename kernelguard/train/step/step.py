@@ -28,7 +28,7 @@ from kernelguard.packed_batch import IGNORE_INDEX
 
 from ..common.ranks import DistInfo, sync_replicated_grads
 from .loss import linear_cross_entropy
-from .packing import shard_blocks
+from .packing import forward_rows, shard_blocks
 
 __all__ = [
     "NON_MODEL_KEYS",
@@ -160,7 +160,9 @@ def restart_schedule_at(scheduler: Any) -> None:
 class TrainState:
     """Everything one optimizer step touches (built by :func:`kernelguard.train.model.build.setup_training`).
 
-    ``head``: the LM head made to return hidden states (chunked loss), or None for the model's logits."""
+    ``head``: the LM head made to return hidden states (chunked loss), or None for the model's logits.
+    ``blocks_per_forward``: how many of a step's packed blocks share one forward's row
+    (:func:`kernelguard.train.step.packing.forward_rows`)."""
 
     model: torch.nn.Module
     optimizer: Any
@@ -168,6 +170,7 @@ class TrainState:
     info: DistInfo
     head: torch.nn.Linear | None = None
     grad_clip: float = 1.0
+    blocks_per_forward: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,8 +268,10 @@ def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
 
 
 def optimizer_step(state: TrainState, micro: list[dict[str, Any]]) -> StepResult:
-    """One optimizer step over this rank's micro-batches: forward/backward, clip, AdamW, LR schedule."""
-    loss_sum, count = forward_backward(state.model, micro, info=state.info, head=state.head)
+    """One optimizer step over this rank's micro-batches (its packed blocks, merged into rows of
+    ``state.blocks_per_forward``): forward/backward, clip, AdamW, LR schedule."""
+    rows = forward_rows(micro, state.blocks_per_forward)
+    loss_sum, count = forward_backward(state.model, rows, info=state.info, head=state.head)
     grad_norm = clip_gradients(state.model, state.grad_clip)
     lr = float(state.optimizer.param_groups[0]["lr"])
     tokens = float(count)
