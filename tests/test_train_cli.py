@@ -139,6 +139,26 @@ def test_chunked_loss_trains_exactly_like_the_full_logits(assets: dict[str, Path
     assert diff <= 1e-6, diff
 
 
+def test_two_blocks_in_one_forward_train_exactly_like_one_forward_each(
+    assets: dict[str, Path], full_run: Path
+) -> None:
+    """--blocks-per-forward 2 (what auto picks on a GPU that fits it) against the CPU's one forward per block,
+    through the command line, two ranks: the layout line says it, and every step's loss and gradient norm match."""
+    out = assets["root"] / "merged"
+    r = h.run_train(_args(assets, out, "--max-steps", str(STEPS), "--blocks-per-forward", "2", "--no-plot",
+                          "--no-export"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "step: activation checkpointing on, 2 blocks (512 tokens) per forward, compile off" in r.stderr
+    full_stderr = (assets["root"] / "full.stderr").read_text()
+    assert "step: activation checkpointing on, 1 block (256 tokens) per forward, compile off" in full_stderr
+    a, b = _metrics(full_run), _metrics(out)
+    assert len(a) == len(b) == STEPS
+    for x, y in zip(a, b):
+        assert x["loss_tokens"] == y["loss_tokens"]
+        assert abs(x["loss"] - y["loss"]) <= 1e-5 * abs(y["loss"]), (x["loss"], y["loss"])
+        assert abs(x["grad_norm"] - y["grad_norm"]) <= 1e-4 * y["grad_norm"], (x["grad_norm"], y["grad_norm"])
+
+
 def test_kill_and_resume_matches_uninterrupted_run(assets: dict[str, Path], full_run: Path) -> None:
     from safetensors.torch import load_file
 

@@ -16,8 +16,10 @@ step, FSDP2 included. Variants differ only in their input batches and TrainConfi
   product         what `kernelguard train` runs by default: best-fit-decreasing blocks of exactly
                   --tokens-per-batch tokens (build_packed_block), kernelguard_varlen attention, AC, chunked loss.
   product_noac    product with --no-activation-checkpointing.
-  product_default exactly `kernelguard train` with no performance flags: activation checkpointing auto (the
-                  memory estimate decides on this GPU; the JSON records the choice), no compile.
+  product_default exactly `kernelguard train` with no performance flags: two blocks per step, activation
+                  checkpointing and blocks per forward auto (the memory estimate decides on this GPU; the JSON
+                  records the choice), compile auto (on for a GPU run).
+  product_round5  the default before round 6: one block per step, checkpointing auto, no compile.
 
 Levers (``--lever``, comma list, measured one at a time). Product flags (the JSON still says product_path:
 true): ``compile`` is ``--compile`` (regional torch.compile of each decoder layer, fla/causal-conv1d/attention
@@ -81,6 +83,9 @@ class Variant:
     loss: str  # TrainConfig.loss
     hide: tuple[str, ...] = ()
     product_path: bool = False  # exactly what `kernelguard train` runs (before levers)
+    compile: bool | None = False  # None: auto (on for a GPU run), as `kernelguard train` defaults
+    blocks_per_step: int = 1  # --gradient-accumulation-steps: blocks of --tokens-per-batch per optimizer step
+    blocks_per_forward: int | None = 1  # None: auto, as `kernelguard train` defaults
 
 
 VARIANTS: dict[str, Variant] = {
@@ -89,7 +94,13 @@ VARIANTS: dict[str, Variant] = {
     "stock_defaults": Variant("stock_defaults", "sdpa", True, "logits"),
     "product": Variant("packed", "auto", True, "chunked", product_path=True),
     "product_noac": Variant("packed", "auto", False, "chunked", product_path=True),
-    "product_default": Variant("packed", "auto", None, "chunked", product_path=True),
+    # `kernelguard train` with no performance flags: two blocks per step; checkpointing, blocks per forward and
+    # compile left to auto (the memory estimate decides on this GPU; the JSON records the choice).
+    "product_default": Variant(
+        "packed", "auto", None, "chunked", product_path=True, compile=None, blocks_per_step=2, blocks_per_forward=None
+    ),
+    # The default before round 6: one block per step, checkpointing auto, no compile.
+    "product_round5": Variant("packed", "auto", None, "chunked", product_path=True),
 }
 LEVERS = ("compile", "liger", "sac2", "no_reshard", "accum2", "tokens2x", "fused_norms")
 PRODUCT_LEVERS = {"compile", "no_reshard", "accum2", "tokens2x", "fused_norms"}  # flags of `kernelguard train`
@@ -645,14 +656,15 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="kg-bench-"))
     if "tokens2x" in levers:
         args.tokens_per_batch *= 2
-    micro = 2 if "accum2" in levers else 1
+    micro = variant.blocks_per_step * (2 if "accum2" in levers else 1)
     config = model_config(args)
     (tmp / "config.json").write_text(json.dumps(config))
     cfg = train_config(args, variant, tmp / "config.json", tmp / "out")
-    cfg.runtime.compile = "compile" in levers
+    cfg.runtime.compile = True if "compile" in levers else variant.compile
     cfg.runtime.reshard_after_forward = "no_reshard" not in levers
     cfg.runtime.fused_norms = "fused_norms" in levers
     cfg.training.gradient_accumulation_steps = micro
+    cfg.runtime.blocks_per_forward = variant.blocks_per_forward
     lifted, note = (
         (False, "fla hidden")
         if "fla" in variant.hide
@@ -734,6 +746,9 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
                 "levers": levers,
                 "reshard_after_forward": cfg.runtime.reshard_after_forward,
                 "micro_batches_per_step": micro,
+                "blocks_per_forward_applied": state.blocks_per_forward,
+                "compile_applied": built.compiled is not None,
+                "step_layout": built.layout.line if built.layout else None,
                 "widths": "tiny" if args.tiny else args.widths,
             },
             "config": {**config, "params": sum(p.numel() for p in state.model.parameters())},

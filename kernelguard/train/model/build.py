@@ -47,6 +47,16 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class StepLayout:
+    """How a run's steps run (what auto chose, or the flags): the one line that says it, and why."""
+
+    activation_checkpointing: bool
+    blocks_per_forward: int
+    compile: bool
+    line: str
+
+
 @dataclass(slots=True)
 class BuiltModel:
     """The model on the meta device and where its config and weights came from."""
@@ -56,6 +66,7 @@ class BuiltModel:
     weights: Path | None  # None: seeded random init
     attention: str  # the attn_implementation it was built with
     activation_checkpointing: bool | None = None  # what prepare_training applied (None: not yet prepared)
+    layout: StepLayout | None = None  # what prepare_training chose, with its line (None: not yet prepared)
     compiled: Any = None  # kernelguard.train.model.compile.RegionalCompile with --compile, once prepared
     weight_plan: Any = None  # kernelguard.train.model.weights.WeightPlan: the sharded load (None: rank 0 loads)
     weight_note: str | None = None  # why rank 0 loads, when it does
@@ -133,16 +144,6 @@ def make_optimizer(
     return opt, sched
 
 
-@dataclass(frozen=True, slots=True)
-class StepLayout:
-    """How a run's steps run (what auto chose, or the flags): the one line that says it, and why."""
-
-    activation_checkpointing: bool
-    blocks_per_forward: int
-    compile: bool
-    line: str
-
-
 def resolve_step_layout(cfg: TrainConfig, info: DistInfo) -> StepLayout:
     """Activation checkpointing, blocks per forward and compile for this run; the user's flags win.
 
@@ -209,7 +210,7 @@ def prepare_training(
         from .fused_norms import fuse_norms
 
         _log(info, fuse_norms(model).describe())
-    layout = resolve_step_layout(cfg, info)
+    layout = built.layout = resolve_step_layout(cfg, info)
     _log(info, layout.line)
     if layout.compile:
         from .compile import compile_layers
