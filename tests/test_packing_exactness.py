@@ -59,11 +59,18 @@ def _inputs(examples: list[tuple[list[int], list[int]]], layout: str, device: to
     return {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items() if k in keys}
 
 
-def _model(device: torch.device, dtype: torch.dtype, *, key_dim: int) -> Any:
+# On a GPU: Qwen3.5's own GDN geometry (16 key heads repeated to 32 value heads, head dims 128), the one whose
+# fla autotune choices ship in kernelguard/fla_autotune_pins.json (check --run's), so the test compiles one
+# config per kernel instead of searching each (a cold search outlasted the acceptance's time limit).
+GPU_GDN = {"linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+           "linear_value_head_dim": 128}  # fmt: skip
+
+
+def _model(device: torch.device, dtype: torch.dtype, **gdn: int) -> Any:
     from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     torch.manual_seed(0)
-    config = Qwen3_5TextConfig(**(CONFIG | {"linear_key_head_dim": key_dim}))
+    config = Qwen3_5TextConfig(**(CONFIG | gdn))
     return Qwen3_5ForCausalLM(config).to(device=device, dtype=dtype).train()
 
 
@@ -146,7 +153,7 @@ def _check(model: Any, device: torch.device, *, tol: float, factor: float) -> di
 def test_trained_packed_equals_alone_and_controls_leak_cpu(fake_providers: Any) -> None:
     """CPU twin: the fake providers honour cu_seqlens / seq_idx segment by segment, fp32."""
     device = torch.device("cpu")
-    _check(_model(device, torch.float32, key_dim=32), device, tol=1e-4, factor=100.0)
+    _check(_model(device, torch.float32, linear_key_head_dim=32), device, tol=1e-4, factor=100.0)
 
 
 @pytest.mark.gpu
@@ -157,10 +164,13 @@ def test_trained_packed_equals_alone_and_controls_leak_gpu() -> None:
     from kernelguard.guard import guard
 
     accepted = ["fla-640-refusal", "fla-640-wrong-grads"]  # key head dim 128: correct (bench/RESULTS.md)
+    from kernelguard.fla_autotune import pin_for_this_gpu
+
     lift_for_accepted_issues(accepted)
+    print(pin_for_this_gpu())
     device = torch.device("cuda")
     # Key head dim 128: fla's Hopper backward is correct there (bench/RESULTS.md). bf16 rounding sets the
     # floor of the exact layout's difference, so the factor is smaller than on CPU; the figures go to the JSON.
-    model = _model(device, torch.bfloat16, key_dim=128)
+    model = _model(device, torch.bfloat16, **GPU_GDN)
     with guard(model, mode="training", packed=True, allow=["attention", *accepted]):
         _check(model, device, tol=3e-2, factor=5.0)

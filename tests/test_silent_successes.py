@@ -115,14 +115,23 @@ def test_a_non_finite_step_is_not_applied(one_rank_group: Any) -> None:
             out = self.emb(input_ids) * float("inf")
             return type("Out", (), {"logits": out})()
 
-    model = Tiny()
-    before = model.emb.weight.detach().clone()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    batch = {"input_ids": torch.tensor([[1, 2, 3]]), "labels": torch.tensor([[1, 2, 3]])}
-    result = optimizer_step(TrainState(model, opt, sched, one_rank_group), [batch])
-    assert not result.finite
-    assert torch.equal(model.emb.weight, before)  # the update was skipped: weights stay the last good ones
+    # The product's fused AdamW skips on the device (found_inf); a plain one is skipped by the host.
+    for fused in (True, False):
+        model = Tiny()
+        before = model.emb.weight.detach().clone()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+        batch = {"input_ids": torch.tensor([[1, 2, 3]]), "labels": torch.tensor([[1, 2, 3]])}
+        result = optimizer_step(TrainState(model, opt, sched, one_rank_group), [batch])
+        assert not result.finite
+        assert torch.equal(model.emb.weight, before), fused  # skipped: weights stay the last good ones
+        assert sched.last_epoch == 0 and not hasattr(opt, "found_inf")
+        assert all(float(st["step"]) == 0 for st in opt.state.values()), fused  # AdamW's count not advanced
+        model.emb.weight.data.copy_(before)
+        model.forward = lambda input_ids, **_: type("Out", (), {"logits": model.emb(input_ids)})()  # finite
+        result = optimizer_step(TrainState(model, opt, sched, one_rank_group), [batch])
+        assert result.finite and sched.last_epoch == 1
+        assert not torch.equal(model.emb.weight, before), fused  # a finite step is applied
 
 
 @pytest.fixture

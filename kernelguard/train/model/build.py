@@ -134,8 +134,9 @@ def make_optimizer(
         for group in groups:
             group["params"] = [p for p in group["params"] if isinstance(p, DTensor)]
         groups.append({"params": whole, "weight_decay": 0.0})  # the GDN decay: never weight-decayed
+    # Fused on CPU too: CPU runs (the test suite) take the GPU's optimizer path, found_inf included (step.py).
     opt = torch.optim.AdamW(
-        groups, lr=optimizer.learning_rate, betas=optimizer.adam_betas, fused=device.type == "cuda"
+        groups, lr=optimizer.learning_rate, betas=optimizer.adam_betas, fused=device.type in ("cuda", "cpu")
     )
     warmup = warmup_length(optimizer.warmup_steps, optimizer.warmup_ratio, schedule_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(

@@ -36,6 +36,7 @@ __all__ = [
     "StepResult",
     "TrainState",
     "clip_gradients",
+    "clip_gradients_",
     "dropped_blocks_note",
     "extended_schedule_note",
     "forward_backward",
@@ -248,6 +249,11 @@ def forward_backward(
 def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
     """Total gradient norm over all ranks' shards (and the parameters kept whole on every rank,
     :func:`kernelguard.train.model.parallel.apply_fsdp`); clip to ``max_norm`` when it is > 0."""
+    return float(clip_gradients_(model, max_norm))
+
+
+def clip_gradients_(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """:func:`clip_gradients` without reading the norm on the host: a tensor on the gradients' device."""
     from torch.distributed.tensor import DTensor
 
     params = [p for p in model.parameters() if p.grad is not None]
@@ -259,32 +265,42 @@ def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
         norm = torch.nn.utils.get_total_norm([p.grad for p in kind], norm_type=2.0, foreach=True)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     if not norms:
-        return 0.0
+        return torch.zeros(())
     total = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
     if max_norm > 0:
         for kind in kinds:
             torch.nn.utils.clip_grads_with_norm_(kind, max_norm, total, foreach=True)
-    return float(total)
+    return total
 
 
 def optimizer_step(state: TrainState, micro: list[dict[str, Any]]) -> StepResult:
     """One optimizer step over this rank's micro-batches (its packed blocks, merged into rows of
-    ``state.blocks_per_forward``): forward/backward, clip, AdamW, LR schedule."""
+    ``state.blocks_per_forward``): forward/backward, clip, AdamW, LR schedule.
+
+    A fused AdamW is told on the device whether the step is finite (``found_inf``, the mechanism
+    ``torch.amp.GradScaler`` uses) and skips a non-finite update itself, so the host reads nothing until the
+    whole step is queued: the one synchronisation is at the end, for the figures the step returns."""
     rows = forward_rows(micro, state.blocks_per_forward)
     loss_sum, count = forward_backward(state.model, rows, info=state.info, head=state.head)
-    grad_norm = clip_gradients(state.model, state.grad_clip)
+    grad_norm = clip_gradients_(state.model, state.grad_clip)
     lr = float(state.optimizer.param_groups[0]["lr"])
-    tokens = float(count)
-    loss = float(loss_sum) / max(1.0, tokens)
     # Both values are already global; the flag is still agreed on explicitly so that every rank skips the
     # update and stops together even if one rank's reduction saw something the others did not.
-    bad = torch.tensor(0.0 if math.isfinite(loss) and math.isfinite(grad_norm) else 1.0, device=state.info.device)
+    bad = (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm.to(loss_sum.device))).float()
     dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    finite = not bool(bad)
-    if finite:  # a NaN update would poison every weight and AdamW moment: never apply it
-        state.optimizer.step()
+    if state.optimizer.defaults.get("fused"):
+        state.optimizer.found_inf = bad  # a NaN update would poison every weight and AdamW moment: skipped
+        try:
+            state.optimizer.step()
+        finally:
+            del state.optimizer.found_inf
+        finite = not bool(bad)
+    else:
+        finite = not bool(bad)
+        if finite:
+            state.optimizer.step()
+    if finite:
         state.scheduler.step()
     state.optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss, int(tokens), grad_norm, lr, finite)
-
-
+    tokens = float(count)
+    return StepResult(float(loss_sum) / max(1.0, tokens), int(tokens), float(grad_norm), lr, finite)
