@@ -499,6 +499,10 @@ def test_train_throughput_tiny_cpu_times_the_product_step(variant: str, tmp_path
             "levers": [],
             "activation_checkpointing_applied": True,  # what auto / the flag really did (the bench records it)
             "micro_batches_per_step": 1,
+            "blocks_per_forward_applied": 1,
+            "compile_applied": False,
+            "step_layout": "step: activation checkpointing on, 1 block (256 tokens) per forward, compile off "
+            "(--activation-checkpointing; --blocks-per-forward 1; compile: --no-compile)",
             "reshard_after_forward": True,
             "widths": "tiny",
         }

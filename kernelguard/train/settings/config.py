@@ -21,6 +21,7 @@ from .. import chat_templates
 from .config_rules import (
     ATTENTION_CHOICES,
     DATASET_FORMATS,
+    check_blocks_per_forward,
     DEFAULT_MAX_SHARD_SIZE,
     LOG_LEVELS,
     LOSS_CHOICES,
@@ -205,13 +206,8 @@ class TrainingSection:
         None, "length of the LR schedule (default: epochs of data)", metavar="N"
     )
     num_train_epochs: int = setting(1, "passes over the data", metavar="N")
-    # Two blocks: each step trains twice --max-length tokens per rank, on every card; how many of them run
-    # through the model in one forward is --blocks-per-forward's (a speed choice that leaves the math as it is).
     gradient_accumulation_steps: int = setting(
-        2,
-        "packed blocks per rank per optimizer step (at the default --max-length, 16,384 tokens); the loss is "
-        "their token mean whether they run as one forward or several (--blocks-per-forward)",
-        metavar="N",
+        2, "packed blocks per rank per optimizer step, the same on every card (16,384 tokens by default)", metavar="N"
     )
     seed: int = setting(0, "seed for init, data order and packing")
 
@@ -270,23 +266,20 @@ class RuntimeSection:
         "on for CPU runs. The flag alone means on",
         aliases=("--gradient-checkpointing",),
     )
-    # None: auto, decided per run (build.resolve_runtime): on for GPU runs, where it pays, off on CPU (tests).
+    # None: auto (build.resolve_step_layout); blocks per forward from the memory estimate (memory.choose_layout).
     compile: bool | None = setting(
         None,
-        "regional torch.compile of each decoder layer before FSDP2 sharding, with the GDN kernels, the causal "
-        "conv and attention left opaque (speedups measured: bench/RESULTS.md); the first steps pause to compile. "
-        "auto (default): on for GPU runs, off on CPU. The flag alone means on",
+        "regional torch.compile of each decoder layer before FSDP2 sharding, GDN kernels, causal conv and attention "
+        "left opaque; the first steps pause to compile. auto (default): on for GPU runs. The flag alone means on",
     )
-    # None: auto, decided per run from the memory estimate (kernelguard.train.model.memory.choose_layout).
     blocks_per_forward: int | None = setting(
         None,
-        "how many of a step's --gradient-accumulation-steps blocks run through the model in one forward, as one "
-        "packed row (the same examples, boundaries and loss: only fewer, larger kernel launches). auto "
-        "(default): as many as the memory estimate fits on the GPU (1 on CPU); N must divide "
+        "how many of a step's blocks run through the model as one packed row (same examples, boundaries and loss; "
+        "fewer, larger launches). auto (default): as many as the memory estimate fits (1 on CPU); N must divide "
         "--gradient-accumulation-steps",
         metavar="auto|N",
     )
-    # Off by default until measured on the GPU (bench/gpu/perf_round4.sh, lever fused_norms).
+    # Off by default: compile fuses what it fuses, and costs more with it (bench/RESULTS.md 1a000000).
     fused_norms: bool = setting(
         False,
         "Liger-Kernel's fused RMSNorm and SiLU-gate kernels for every norm and MLP that computes exactly what "
@@ -415,14 +408,7 @@ class TrainConfig:
         for name, cls in SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"{name} is not a {cls.__name__}.", fix=f"pass {name}={cls.__name__}(...)")
-        blocks, accum = self.runtime.blocks_per_forward, self.training.gradient_accumulation_steps
-        if blocks is not None and accum % blocks:
-            raise ConfigError(
-                f"--blocks-per-forward {blocks} does not divide --gradient-accumulation-steps {accum}: each "
-                "forward takes the same number of a step's blocks.",
-                fix=f"--blocks-per-forward {max(d for d in range(1, min(blocks, accum) + 1) if accum % d == 0)}, "
-                "or --blocks-per-forward auto",
-            )
+        check_blocks_per_forward(self.runtime.blocks_per_forward, self.training.gradient_accumulation_steps)
 
     @classmethod
     def from_flags(cls, **values: Any) -> TrainConfig:

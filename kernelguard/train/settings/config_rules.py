@@ -40,6 +40,7 @@ __all__ = [
     "check_trackers",
     "checkpointing_value",
     "blocks_per_forward_value",
+    "check_blocks_per_forward",
     "AUTO_SWITCHES",
     "choices_of",
     "field_kinds",
@@ -305,6 +306,17 @@ def checkpointing_value(value: str, *, source: str, flag: str = "--activation-ch
             fix=f"{flag} auto",
         )
     return CHECKPOINTING_VALUES[key]
+
+
+def check_blocks_per_forward(blocks: int | None, accum: int) -> None:
+    """Every forward of a step takes the same number of its blocks: N must divide the blocks per step."""
+    if blocks is not None and accum % blocks:
+        nearest = max(d for d in range(1, min(blocks, accum) + 1) if accum % d == 0)
+        raise ConfigError(
+            f"--blocks-per-forward {blocks} does not divide --gradient-accumulation-steps {accum}: each "
+            "forward takes the same number of a step's blocks.",
+            fix=f"--blocks-per-forward {nearest}, or --blocks-per-forward auto",
+        )
 
 
 def blocks_per_forward_value(value: Any, *, source: str) -> int | None:
