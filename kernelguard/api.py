@@ -86,8 +86,10 @@ def require(
         if not result.ok:
             raise resolution_error(result)
         return result
+    # None means require()'s default (no Hub); any other value goes to check() as given, which refuses a
+    # non-bool ("no" is truthy) exactly as check(hub="no") does.
     result = check(model or "qwen3_5", mode=mode or "training", arch=arch, allow=allow, packed=packed,
-                   hub=bool(hub))
+                   hub=False if hub is None else hub)
     if not result.ok:
         raise resolution_error(result)
     return result

@@ -139,6 +139,8 @@ API_CASES: dict[str, tuple[Callable[[], object], str]] = {
     "check-arch-no-gpu": (lambda: kernelguard.check(arch="9.5"), "arch= '9.5' is not the compute capability"),
     "check-allow-int": (lambda: kernelguard.check(allow=5), "allow=: a int (5) is not"),  # type: ignore[arg-type]
     "require-allow-typo": (lambda: kernelguard.require(allow=["fla640"]), "allow=: 'fla640' is not a known"),
+    # "no" is truthy: require() once read it as hub=True and checked the Hub path
+    "require-hub-string": (lambda: kernelguard.require(hub="no"), "hub must be True or False, found 'no'"),  # type: ignore[arg-type]
     "guard-a-string": (lambda: kernelguard.guard("model"), "expected a torch.nn.Module"),  # type: ignore[arg-type]
     "guard-an-object": (lambda: kernelguard.guard(object()), "expected a torch.nn.Module"),
     "guard-plain-sequential": (lambda: kernelguard.guard(__import__("torch").nn.Sequential()),

@@ -142,7 +142,9 @@ def api_cases() -> list[dict[str, Any]]:
         "guard(allow typo)": "import torch, kernelguard as k; k.guard(torch.nn.Sequential(), allow=['fla640'])",
         "guard(packed='no')": "import torch, kernelguard as k; k.guard(torch.nn.Linear(2, 2), packed='no')",
         "guard(strict='false')": "import torch, kernelguard as k; k.guard(torch.nn.Linear(2, 2), strict='false')",
+        "require(hub='no')": "import kernelguard as k; k.require(hub='no')",  # "no" is truthy: never Hub on
     }
+    must_say = {"require(hub='no')": "hub must be True or False, found 'no'"}
     cases = []
     for name, code in snippets.items():
         # A KernelGuardError escaping a script is the API's way to refuse; wrap it like a job would print it.
@@ -150,7 +152,7 @@ def api_cases() -> list[dict[str, Any]]:
                    "except Exception as e:\n    print(f'{type(e).__name__}: {e}', file=sys.stderr)\n"
                    "    raise SystemExit(2 if type(e).__module__.startswith('kernelguard') else 1)\n")
         cases.append({"class": "API", "name": name, "argv": ["-c", wrapped], "expect": "refuse",
-                      "must_say": None})
+                      "must_say": must_say.get(name)})
     # require twice must SUCCEED (exit 3 is the snippet's own "all calls returned" marker)
     cases[0]["expect"] = "exit3"
     return cases
