@@ -108,6 +108,24 @@ def nearest(name: str, valid: Iterable[str], n: int = 3) -> list[str]:
     return difflib.get_close_matches(name, list(dict.fromkeys(valid)), n=n, cutoff=0.6)
 
 
+def _is_slip(typed: str, meant: str) -> bool:
+    """A typo rather than another word: at most one edit per four letters (a letter left out, added, replaced, or
+    two swapped), at least one allowed."""
+    return _edits(typed, meant) <= max(1, len(meant) // 4)
+
+
+def _edits(a: str, b: str) -> int:
+    """Optimal-string-alignment distance: insertions, deletions, substitutions and adjacent swaps."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]
+
+
 _UNRECOGNIZED = re.compile(r"^unrecognized arguments: (.*)$")
 _INVALID_CHOICE = re.compile(r"^argument ([^:]+): invalid choice: '?([^']*?)'? \(choose from (.*)\)$")
 
@@ -130,7 +148,9 @@ def usage_suggestion(message: str, options: Iterable[str]) -> tuple[str, tuple[s
             return message, None, None
         typed, eq, value = flags[0].partition("=")
         flags_by_name = {o[2:]: o for o in options if o.startswith("--")}  # "--" would make every flag close
-        close = [flags_by_name[n] for n in nearest(typed[2:], flags_by_name)]
+        # A flag's corrected command runs another job when the guess is wrong (--nope 3 -> --nnodes 3, a
+        # 3-node launch): only a slip of a few letters is corrected.
+        close = [flags_by_name[n] for n in nearest(typed[2:], flags_by_name) if _is_slip(typed[2:], n)]
         if not close:
             return message, None, None
         said = f"unrecognized argument {typed}; did you mean {' or '.join(close)}?"

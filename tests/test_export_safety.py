@@ -251,6 +251,23 @@ def test_a_step_that_does_not_exist_names_the_steps_that_do_and_the_command_with
         f"Fix: kernelguard export {copy / 'checkpoints' / 'step_2'}",
     ]
     assert not out.exists()
+    # A save being written, inside its run (the complete steps named) and copied out alone (how to find one).
+    (copy / "checkpoints" / "step_1").rename(unsealed := copy / "checkpoints" / "step_3.tmp")
+    assert main([str(unsealed)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        (f"kernelguard export: error: {unsealed} is a save still being written or cut short (a .tmp folder is never "
+         f"a complete checkpoint). The complete checkpoints of {copy} are at step 2."),
+        f"Fix: kernelguard export {copy / 'checkpoints' / 'step_2'}",
+    ]
+    alone = tmp_path / "elsewhere" / "step_4.tmp"
+    shutil.copytree(unsealed, alone)
+    assert main([str(alone)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        (f"kernelguard export: error: {alone} is a save still being written or cut short (a .tmp folder is never a "
+         f"complete checkpoint), and {alone.parent} has no complete checkpoint (a run saves one every --save-steps N "
+         "steps and at its end)."),
+        "Fix: pass a complete checkpoint: a run's OUTPUT/checkpoints/step_N folder holding a COMPLETE file",
+    ]
 
 
 def test_an_export_says_what_it_reads_and_writes_as_it_goes(

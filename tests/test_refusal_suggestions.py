@@ -99,5 +99,18 @@ def test_argparse_messages_of_either_python_get_the_nearest_name() -> None:
             "--mode: 'train' is not one of training, inference; did you mean training?", ("train", "training"),
             "--mode")
     assert usage_suggestion("unrecognized arguments: --moed x", ["--mode", "--model", "--arch"])[0] == (
-        "unrecognized argument --moed; did you mean --mode or --model?")
+        "unrecognized argument --moed; did you mean --mode?")  # --model is two edits from it: not a slip
     assert usage_suggestion("the following arguments are required: --model", ["--model"])[1] is None
+
+
+def test_a_flag_is_corrected_only_for_a_slip_never_into_another_job() -> None:
+    """difflib finds --nnodes "close" to --nope: the printed fix was a 3-node launch. Only a few letters' slip is
+    corrected into a command; anything further is argparse's own message and --help."""
+    flags = ["--nnodes", "--nproc-per-node", "--learning-rate", "--max-length", "--arch", "--resume"]
+    for typed in ("--nope 3", "--nope", "--node 2", "--res"):
+        assert usage_suggestion(f"unrecognized arguments: {typed}", flags) == (
+            f"unrecognized arguments: {typed}", None, None), typed
+    for typed, meant in (("--learning-rat", "--learning-rate"), ("--max-lenght", "--max-length"),
+                         ("--nnode", "--nnodes"), ("--archs", "--arch"), ("--reusme", "--resume")):
+        said, replace, _ = usage_suggestion(f"unrecognized arguments: {typed} 1", flags)
+        assert said == f"unrecognized argument {typed}; did you mean {meant}?" and replace == (typed, meant)

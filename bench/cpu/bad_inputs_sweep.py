@@ -271,7 +271,7 @@ def train_cases(work: Path) -> list[dict[str, Any]]:
         if row["name"] in said:
             row["must_say"] = said[row["name"]]
     return (result + round3_cases(work, base, model) + run_cases(work, base, other)
-            + round4_cases(work, base, model, data) + round5_cases(work, base))
+            + round4_cases(work, base, model, data) + round5_cases(work, base) + round6_cases(work, base))
 
 
 # Extreme but valid widths (Qwen3.5-397B-A17B-like MoE, a 27B dense): sized on the meta device, never built.
@@ -629,6 +629,26 @@ def round5_cases(work: Path, base: list[str]) -> list[dict[str, Any]]:
         rows.append({"class": R5, "name": name, "argv": argv, "expect": expect, "must_say": must_say,
                      "fakes": extra.pop("fakes", True), **extra})
     return rows
+
+
+R6 = "train/export: round 6 (issue 52)"
+
+
+def round6_cases(work: Path, base: list[str]) -> list[dict[str, Any]]:
+    """Issue 52's regressions: a did-you-mean that turned a typo into another job, an unfinished save outside
+    its run without a fix."""
+    (unsealed := work / "r6" / "step_4.tmp").mkdir(parents=True, exist_ok=True)
+    out = str(work / "runs" / "r6")
+    cases = [
+        ("--nope 3 (difflib's nearest is --nnodes: a 3-node launch)", [*base, "--output-dir", out, "--nope", "3"],
+         "refuse", "Fix: kernelguard train --help"),
+        ("--learning-rat 3e-4 (a slip: the corrected command)", [*base, "--output-dir", out, "--learning-rat", "3e-4"],
+         "refuse", "did you mean --learning-rate?"),
+        ("export an unfinished save outside its run", ["-m", "kernelguard", "export", str(unsealed)], "refuse",
+         "Fix: pass a complete checkpoint"),
+    ]
+    return [{"class": R6, "name": name, "argv": argv, "expect": expect, "must_say": must_say, "fakes": True}
+            for name, argv, expect, must_say in cases]
 
 
 def copy_run(run_dir: Path, dest: Path) -> Path:

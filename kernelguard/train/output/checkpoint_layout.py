@@ -45,14 +45,21 @@ def not_a_checkpoint(checkpoint: Path) -> CheckpointError | None:
     if (checkpoint / MARKER).is_file():
         return None
     asked = step_of(checkpoint)
+    unsealed = checkpoint.name.startswith("step_") and checkpoint.name.endswith(".tmp")  # a save being written
     run = checkpoint.parent if checkpoint.name == "checkpoints" else (
-        checkpoint.parent.parent if asked is not None or checkpoint.parent.name == "checkpoints" else checkpoint)
+        checkpoint.parent.parent if asked is not None or checkpoint.parent.name == "checkpoints" else
+        checkpoint.parent if unsealed else checkpoint)
     done = complete_checkpoints(run)
     what = ("has no COMPLETE marker (a save cut short, or a partial copy)" if checkpoint.is_dir() and asked is not None
-            else "does not exist" if not checkpoint.exists() else "is not a checkpoint folder (OUTPUT/checkpoints/step_N)")
+            else "is a save still being written or cut short (a .tmp folder is never a complete checkpoint)"
+            if unsealed else "does not exist" if not checkpoint.exists()
+            else "is not a checkpoint folder (OUTPUT/checkpoints/step_N)")
     if not done:
-        return CheckpointError(f"{checkpoint} {what}, and {run} has no complete checkpoint (a run saves one every "
-                               "--save-steps N steps and at its end).")
+        return CheckpointError(
+            f"{checkpoint} {what}, and {run} has no complete checkpoint (a run saves one every --save-steps N "
+            "steps and at its end).",
+            fix=f"pass a complete checkpoint: a run's OUTPUT/checkpoints/step_N folder holding a {MARKER} file",
+        )
     steps = [s for s, _ in done]
     # The nearest step to the one asked (a typo of it), the newest when none was asked or two are as near.
     best = max(done, key=lambda d: (-abs(d[0] - asked), d[0]) if asked is not None else (0, d[0]))[1]
