@@ -142,15 +142,16 @@ def test_chunked_loss_trains_exactly_like_the_full_logits(assets: dict[str, Path
 def test_two_blocks_in_one_forward_train_exactly_like_one_forward_each(
     assets: dict[str, Path], full_run: Path
 ) -> None:
-    """--blocks-per-forward 2 (what auto picks on a GPU that fits it) against the CPU's one forward per block,
-    through the command line, two ranks: the layout line says it, and every step's loss and gradient norm match."""
-    out = assets["root"] / "merged"
-    r = h.run_train(_args(assets, out, "--max-steps", str(STEPS), "--blocks-per-forward", "2", "--no-plot",
+    """The default's two blocks in one packed row (auto off the GPU, and on a GPU that fits it) against
+    --blocks-per-forward 1, through the command line, two ranks: each says its layout, and every step's loss
+    and gradient norm match."""
+    out = assets["root"] / "one-per-forward"
+    r = h.run_train(_args(assets, out, "--max-steps", str(STEPS), "--blocks-per-forward", "1", "--no-plot",
                           "--no-export"))  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "step: activation checkpointing on, 2 blocks (512 tokens) per forward, compile off" in r.stderr
+    assert "step: activation checkpointing on, 1 block (256 tokens) per forward, compile off" in r.stderr
     full_stderr = (assets["root"] / "full.stderr").read_text()
-    assert "step: activation checkpointing on, 1 block (256 tokens) per forward, compile off" in full_stderr
+    assert "step: activation checkpointing on, 2 blocks (512 tokens) per forward, compile off" in full_stderr
     a, b = _metrics(full_run), _metrics(out)
     assert len(a) == len(b) == STEPS
     for x, y in zip(a, b):

@@ -211,7 +211,7 @@ def test_two_steps_with_compile_match_two_steps_without(
     for a, b in zip(eager, compiled):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
-    head = r"kernelguard train: step: activation checkpointing on, 1 block \([\d,]+ tokens\) per forward, "
+    head = r"kernelguard train: step: activation checkpointing on, 2 blocks \([\d,]+ tokens\) per forward, "
     cpu = r"auto: a cpu run has no GPU memory to budget"
     assert any(re.fullmatch(head + rf"compile off \({cpu}; compile: auto: a cpu run\)", x) for x in eager_log.splitlines())
     assert any(re.fullmatch(head + rf"compile on \({cpu}; compile: --compile\)", x) for x in log.splitlines())

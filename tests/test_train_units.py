@@ -578,7 +578,7 @@ def test_auto_step_layout_takes_the_fastest_layout_the_estimate_fits_and_flags_w
     )
     cpu = resolve_step_layout(cfg, _cuda_info().__class__(0, 1, 0, torch.device("cpu")))
     assert cpu.line == (
-        "step: activation checkpointing on, 1 block (256 tokens) per forward, compile off "
+        "step: activation checkpointing on, 2 blocks (512 tokens) per forward, compile off "
         "(auto: a cpu run has no GPU memory to budget; compile: auto: a cpu run)"
     )
 

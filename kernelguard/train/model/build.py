@@ -149,9 +149,10 @@ def resolve_step_layout(cfg: TrainConfig, info: DistInfo) -> StepLayout:
     """Activation checkpointing, blocks per forward and compile for this run; the user's flags win.
 
     auto on a GPU: the fastest layout whose memory estimate fits the card (kernelguard.train.model.memory.
-    choose_layout; rank 0 decides for every rank) and compile on. auto on CPU: checkpointing on, one block per
-    forward, no compile (CPU runs are tests: there is no GPU memory to budget, compiling costs more than it
-    saves there, and the suite keeps covering the checkpointed path). None of the three changes the math."""
+    choose_layout; rank 0 decides for every rank) and compile on. auto on CPU: checkpointing on, all of a step's
+    blocks in one forward, no compile (CPU runs are tests: there is no GPU memory to budget, compiling costs more
+    than it saves there, and the suite keeps covering the checkpointed path). None of the three changes the
+    math."""
     rt = cfg.runtime
     gpu = info.device.type == "cuda"
     compile_on = gpu if rt.compile is None else bool(rt.compile)
@@ -170,7 +171,9 @@ def resolve_step_layout(cfg: TrainConfig, info: DistInfo) -> StepLayout:
         ac = True if rt.activation_checkpointing is None else bool(rt.activation_checkpointing)
         auto = [] if len(given) == 2 else [f"auto: a {info.device.type} run has no GPU memory to budget"]
         why = "; ".join([*given, *auto, f"compile: {compile_why}"])
-        return _layout(Layout(ac, rt.blocks_per_forward or 1), compile_on, why, cfg)
+        # Off the GPU all of a step's blocks share one row: the fewest forwards, nothing to budget.
+        blocks = rt.blocks_per_forward or cfg.training.gradient_accumulation_steps
+        return _layout(Layout(ac, blocks), compile_on, why, cfg)
     from .memory import choose_layout
 
     props = torch.cuda.get_device_properties(info.device)

@@ -275,7 +275,7 @@ class RuntimeSection:
     blocks_per_forward: int | None = setting(
         None,
         "how many of a step's blocks run through the model as one packed row (same examples, boundaries and loss; "
-        "fewer, larger launches). auto (default): as many as the memory estimate fits (1 on CPU); N must divide "
+        "fewer, larger launches). auto (default): as many as the memory estimate fits (all on CPU); N must divide "
         "--gradient-accumulation-steps",
         metavar="auto|N",
     )
