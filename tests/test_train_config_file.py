@@ -66,9 +66,17 @@ def test_config_file_values_and_cli_precedence(tmp_path: Path, name: str, text: 
         "--config", str(path), "--learning-rate", "1e-3", "--block-size", "128",
         "--assistant-only-loss", "--allow", "chunk_gated_delta_rule",
     ]  # fmt: skip
-    cfg = parse_command(cli).config
+    command = parse_command(cli)
+    cfg = command.config
     assert (cfg.optimizer.learning_rate, cfg.packing.max_length, cfg.training.num_train_epochs) == (1e-3, 128, 2)
     assert cfg.data.assistant_only_loss is True and cfg.runtime.allow == ("chunk_gated_delta_rule",)
+    # One warning per flag the command line really gave against the file, none for what only the file gives
+    # (the file's output_dir, a path, once read as "overridden" by itself).
+    assert all("output_dir" not in w for w in command.warnings), command.warnings
+    assert parse_command(["--config", str(path)]).warnings == ()
+    moved = parse_command(["--config", str(path), "--output-dir", str(tmp_path / "other")]).warnings
+    assert moved == (f"--output-dir {str(tmp_path / 'other')!r} on the command line overrides output_dir: "
+                     f"{str(tmp_path / 'out')!r} from {path}",)
 
 
 def test_config_file_accepts_field_names_and_dashes(tmp_path: Path) -> None:

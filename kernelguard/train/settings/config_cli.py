@@ -347,11 +347,12 @@ def parse_command(argv: list[str] | None) -> Command:
     parser.set_defaults(**{k: v for k, v in from_file.items() if k not in lists})
     parser.deprecated_used = []  # type: ignore[attr-defined]
     ns = vars(parser.parse_args(argv))
+    typed = _given_on_command_line(argv) if from_file else set()
     overridden = [
-        f"--{dest.replace('_', '-')} {ns[dest]!r} on the command line overrides {dest}: {from_file[dest]!r} "
+        f"--{dest.replace('_', '-')} {_shown(ns[dest])} on the command line overrides {dest}: {_shown(from_file[dest])} "
         f"from {config_file}"
         for dest in from_file
-        if ns.get(dest) not in (None, [], from_file[dest])
+        if dest in typed and ns.get(dest) not in (None, [], from_file[dest])
     ]
     for dest in lists & from_file.keys():  # a list given on the command line replaces the file's
         ns[dest] = ns[dest] or from_file[dest]
@@ -362,6 +363,21 @@ def parse_command(argv: list[str] | None) -> Command:
     cfg = TrainConfig.from_flags(**{k: v for k, v in ns.items() if k in names})
     warnings = [*parser.deprecated_used, *overridden]  # type: ignore[attr-defined]
     return Command(cfg, _launch_options(ns), tuple(warnings))
+
+
+def _shown(value: Any) -> str:
+    return repr(str(value)) if isinstance(value, Path) else repr(value)
+
+
+def _given_on_command_line(argv: list[str]) -> set[str]:
+    """The settings the command line itself gives (argparse converts a file's string default with the flag's
+    type, so comparing values cannot tell a typed flag from the file's own value)."""
+    unset = object()
+    parser = build_parser()
+    lists = (argparse._AppendAction, argparse._ExtendAction)  # these add to their default: None starts a list
+    parser.set_defaults(**{a.dest: None if isinstance(a, lists) else unset for a in parser._actions
+                           if a.dest != "help"})  # fmt: skip
+    return {dest for dest, value in vars(parser.parse_args(argv)).items() if value is not unset and value is not None}
 
 
 def _launch_options(ns: dict[str, Any]) -> LaunchOptions | None:
