@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable
 
 from .check import CheckOptions, CheckResult, run_check
-from .errors import ResolutionError
+from .errors import ConfigError, ResolutionError
 from .policy import AllowPolicy
 from .terms import PYTHON
 
@@ -35,9 +35,20 @@ def check(
     hub: bool | None = None,
 ) -> CheckResult:
     """Resolve providers for ``model`` without raising on a failed requirement (see ``CheckResult.ok``)."""
-    return run_check(
-        CheckOptions(model=model, mode=mode, archs=_archs(arch), allow=_allow(allow), packed=packed, hub=hub)
-    )
+    try:
+        return run_check(
+            CheckOptions(model=model, mode=mode, archs=_archs(arch), allow=_allow(allow), packed=packed, hub=hub)
+        )
+    except ConfigError as e:  # the check speaks CLI flags; a Python caller reads keyword arguments
+        raise _in_python_terms(e) from None
+
+
+def _in_python_terms(error: ConfigError) -> ConfigError:
+    from .terms import in_terms
+
+    details = {k: v for k, v in error.details.items() if k != "flag"}  # a flag to replace means nothing here
+    fix = in_terms(error.fix, PYTHON) if error.fix else None
+    return type(error)(in_terms(error.message, PYTHON), fix=fix, details=details)
 
 
 def _archs(arch: object) -> tuple[object, ...]:

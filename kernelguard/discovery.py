@@ -340,6 +340,7 @@ def resolve_model(model: str, source: TransformersSource | None = None) -> Model
         raise ConfigError(
             f"unknown model {model!r}: not a family with fallback kernels in transformers, and not a file. The "
             f"families: {', '.join(names)}; or pass a config.json or model folder.",
+            fix="give a family name from the list above, or the path of a config.json or model folder",
         )
     return ModelSpec(family, None, "family name")
 

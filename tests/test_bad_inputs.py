@@ -141,6 +141,7 @@ API_CASES: dict[str, tuple[Callable[[], object], str]] = {
     "require-allow-typo": (lambda: kernelguard.require(allow=["fla640"]), "allow=: 'fla640' is not a known"),
     # "no" is truthy: require() once read it as hub=True and checked the Hub path
     "require-hub-string": (lambda: kernelguard.require(hub="no"), "hub must be True or False, found 'no'"),  # type: ignore[arg-type]
+    "require-unknown-model": (lambda: kernelguard.require("zzzz"), "unknown model 'zzzz': not a family"),
     "guard-a-string": (lambda: kernelguard.guard("model"), "expected a torch.nn.Module"),  # type: ignore[arg-type]
     "guard-an-object": (lambda: kernelguard.guard(object()), "expected a torch.nn.Module"),
     "guard-plain-sequential": (lambda: kernelguard.guard(__import__("torch").nn.Sequential()),
@@ -157,6 +158,13 @@ def test_api_bad_input_raises_config_error(name: str) -> None:
         call()
     assert contains in str(info.value)
     assert info.value.fix
+
+
+def test_a_model_typo_is_fixed_in_python_terms_for_python_callers() -> None:
+    for call in (kernelguard.check, kernelguard.require):
+        with pytest.raises(kernelguard.ConfigError) as info:
+            call("qwen3_55")
+        assert info.value.fix == "model='qwen3_5'" and "--model" not in str(info.value), str(info.value)
 
 
 def test_require_reads_kernelguard_allow_and_arch_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
