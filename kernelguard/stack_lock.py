@@ -339,9 +339,11 @@ def compare(locked: Mapping[str, Any], here: Mapping[str, Any], *, syntax: str =
     out: list[Difference] = []
     had_stack, has_stack = locked.get("stack", {}), here.get("stack", {})
     for name in had_stack:
-        if had_stack.get(name) != has_stack.get(name):
-            out.append(Difference(name, _show(had_stack.get(name)), _show(has_stack.get(name)),
-                                  _stack_fix(name, had_stack.get(name), had_stack)))
+        had, has = had_stack.get(name), has_stack.get(name)
+        if name == "python":  # a lock written by hand (or by another tool) may carry a patch release: not locked
+            had, has = _python(had), _python(has)
+        if had != has:
+            out.append(Difference(name, _show(had), _show(has), _stack_fix(name, had, had_stack)))
     if sorted(locked.get("allow", [])) != sorted(here.get("allow", [])):
         items = sorted(locked.get("allow", []))
         fix = f"pass exactly the lock's: {allow_hint(items, syntax)}" if items else "pass no allow items"

@@ -106,6 +106,23 @@ def test_the_same_stack_is_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert stack_lock.verify_lock(lock).ok
 
 
+def test_a_python_patch_release_is_not_locked_a_minor_one_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/lock.md: the lock holds major.minor. A lock that carries a patch release (written by hand or another
+    tool) is read the same way: 3.11.9 accepts this node's 3.11, 3.10.4 does not."""
+    lock = _lock(tmp_path, _facts(tmp_path))
+    data = json.loads(lock.read_text())
+    for written, accepted in (("3.11.9", True), ("3.11.0", True), ("3.10.4", False)):
+        data["stack"]["python"] = written
+        lock.write_text(json.dumps(data))
+        monkeypatch.setattr(stack_lock, "run_check", lambda options: _result(_facts(tmp_path), options))
+        if accepted:
+            assert stack_lock.verify_lock(lock).ok, written
+        else:
+            error = _refusal(monkeypatch, lock, _facts(tmp_path))
+            assert error.differences == ("python: lock says 3.10, here 3.11; restore: run the job with Python 3.10, "
+                                         "the image's",)
+
+
 def test_a_version_drift_names_the_lock_the_node_and_the_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lock = _lock(tmp_path, _facts(tmp_path))
     error = _refusal(monkeypatch, lock, _facts(tmp_path, conv="1.6.0"))
