@@ -224,8 +224,12 @@ def read_lock(path: str | os.PathLike[str], *, option: str = "--lock") -> dict[s
         raise ConfigError(f"{named}: no such file.", fix=fix) from None
     except IsADirectoryError:
         inside = where / DEFAULT_LOCK
-        fix = (f"export {ENV_LOCK}={inside}" if option == ENV_LOCK
-               else f"{option}{str(inside)!r}" if option.endswith("=") else f"{option} {inside}")
+        if inside.is_file():  # the folder holds the lock: name it
+            fix = (f"export {ENV_LOCK}={inside}" if option == ENV_LOCK
+                   else f"{option}{str(inside)!r}" if option.endswith("=") else f"{option} {inside}")
+        else:  # never a path that does not exist
+            fix = (f"point {ENV_LOCK} at the image's lock file, or unset it" if option == ENV_LOCK
+                   else f"pass the lock file itself; {rewrite}")
         raise ConfigError(f"{named} is a directory, not a lock file.", fix=fix) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{option} {where} is not a kernelguard lock: {exc}.", fix=rewrite) from None

@@ -259,9 +259,17 @@ def test_a_bad_kernelguard_lock_names_the_variable_not_an_argument(
         assert info.value.message == f"KERNELGUARD_LOCK={tmp_path / 'missing.lock'}: no such file."
         assert info.value.fix == "point KERNELGUARD_LOCK at the image's lock file, or unset it"
     monkeypatch.setenv("KERNELGUARD_LOCK", str(tmp_path))
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ConfigError) as info:  # a folder without a lock in it: no path that does not exist
         check_lock(None)
     assert info.value.message == f"KERNELGUARD_LOCK={tmp_path} is a directory, not a lock file."
+    assert info.value.fix == "point KERNELGUARD_LOCK at the image's lock file, or unset it"
+    with pytest.raises(ConfigError) as info:
+        check_lock(str(tmp_path))
+    assert info.value.fix == ("pass the lock file itself; write it again where the image is built: kernelguard lock "
+                              "--output kernelguard.lock")
+    (tmp_path / "kernelguard.lock").write_text("{}")  # the folder holds the lock: the fix names it
+    with pytest.raises(ConfigError) as info:
+        check_lock(None)
     assert info.value.fix == f"export KERNELGUARD_LOCK={tmp_path / 'kernelguard.lock'}"
     with pytest.raises(ConfigError) as info:  # an argument given is named as the argument
         check_lock(str(tmp_path))
