@@ -42,6 +42,19 @@ def test_a_lock_file_left_by_a_dead_process_blocks_nothing(tmp_path: Path) -> No
     assert not (tmp_path / LOCK_FILE).exists()
 
 
+def test_a_folder_where_the_lock_file_goes_is_named_not_blamed_on_permissions(tmp_path: Path) -> None:
+    from kernelguard.errors import ConfigError
+
+    (tmp_path / LOCK_FILE).mkdir()
+    with pytest.raises(ConfigError) as info:
+        acquire(tmp_path)
+    assert "is a folder, where this run's lock file belongs" in info.value.message
+    assert "may write" not in info.value.message
+    assert info.value.fix == f"move it away: mv {tmp_path / LOCK_FILE} {tmp_path / LOCK_FILE}.old"
+    subprocess.run(info.value.fix.removeprefix("move it away: ").split(), check=True)  # the fix, pasted
+    acquire(tmp_path).release()
+
+
 def test_dcp_failures_are_unwrapped_to_their_real_cause(tmp_path: Path) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
 

@@ -17,8 +17,10 @@ it and nothing else was written), so a refused or failed start leaves the folder
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shlex
 import socket
 import sys
 import time
@@ -88,10 +90,18 @@ def acquire(
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as e:
+        except IsADirectoryError as e:  # not a permission problem: a folder stands where the lock file goes
+            old = shlex.quote(str(path))
             raise ConfigError(
-                f"{flag} {output}: cannot create its lock file {path} ({e.strerror or e}); pick a folder this "
-                "user may write.",
+                f"{flag} {output}: {path} is a folder, where this run's lock file belongs (a copy or a mistake "
+                "put it there); nothing was started.",
+                fix=f"move it away: mv {old} {shlex.quote(str(path) + '.old')}",
+            ) from e
+        except OSError as e:
+            why = "pick a folder this user may write" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else (
+                "free or fix that folder")
+            raise ConfigError(
+                f"{flag} {output}: cannot create its lock file {path} ({e.strerror or e}); {why}.",
             ) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
