@@ -180,6 +180,27 @@ def test_a_profiled_step_after_max_steps_is_refused_at_start_up(tmp_path: Path) 
         check_profile_window(parse_args(_flags(tmp_path, *ok)))
 
 
+def test_an_asked_step_that_is_moved_is_said_with_why() -> None:
+    """--profile-step 1 cannot be profiled (the warm-up) and --profile-step 4 was moved by an autotune search:
+    each run says which step it profiled instead, and why; a step profiled as asked says nothing."""
+    clock = lambda: iter([i / 10 for i in range(100)]).__next__  # noqa: E731 - every step 0.1 s: steady
+    said: list[str] = []
+    warm = StepProfiler(first_step=1, every=0, device=torch.device("cpu"), clock=clock(), log=said.append, asked=True)
+    assert [s for s in range(1, 8) if warm.run(s, lambda: None)[1]] == [4]
+    assert said == ["--profile-step 1: profiled step 4 instead (the 3 steps before a window must be steady, and step "
+                    "3 came while the run was still compiling, autotuning or warming up; its figures would describe "
+                    "the compiler or the autotuner, not the step)"]
+    said.clear()
+    held = iter([0, 2, 2, 2])
+    tuned = StepProfiler(first_step=4, every=0, device=torch.device("cpu"), searches=lambda: next(held),
+                         clock=clock(), log=said.append, asked=True)
+    assert [s for s in range(1, 8) if tuned.run(s, lambda: None)[1]] == [5]
+    assert said[0].startswith("--profile-step 4: profiled step 5 instead (an fla autotune search ran inside step 4;")
+    said.clear()
+    exact = StepProfiler(first_step=4, every=0, device=torch.device("cpu"), clock=clock(), log=said.append, asked=True)
+    assert [s for s in range(1, 8) if exact.run(s, lambda: None)[1]] == [4] and said == []
+
+
 def test_a_window_still_waiting_for_steady_steps_is_taken_at_the_last_step() -> None:
     """A 3-step run asked to profile every step: steps are never steady (three unprofiled ones are needed),
     so without the last step the window would never run, silently."""

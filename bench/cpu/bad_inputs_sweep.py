@@ -646,6 +646,9 @@ def round6_cases(work: Path, base: list[str]) -> list[dict[str, Any]]:
          "refuse", "did you mean --learning-rate?"),
         ("export an unfinished save outside its run", ["-m", "kernelguard", "export", str(unsealed)], "refuse",
          "Fix: pass a complete checkpoint"),
+        ("--profile-step 1 (inside the warm-up): the step profiled instead is said",
+         [*base, "--output-dir", out + "p", "--profile-step", "1", "--no-export"], "ok",
+         "--profile-step 1: profiled step 2 instead"),
     ]
     return [{"class": R6, "name": name, "argv": argv, "expect": expect, "must_say": must_say, "fakes": True}
             for name, argv, expect, must_say in cases]

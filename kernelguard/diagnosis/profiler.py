@@ -36,6 +36,7 @@ __all__ = [
 
 DEFAULT_FIRST_STEP = 10  # on a GPU when --profile-step is not given
 _RECENT = 5  # unprofiled step times kept as the reference wall time
+STEADY_STEPS = 3  # unprofiled steps that must agree before a window: so the first step that can be profiled is 4
 # Recent steps are steady when the slowest is within this factor of the fastest: a compile, autotune or first
 # eval shape makes a step many times slower (bench/lib/step_stats.py calls > 3x the median an outlier).
 _STEADY_SPREAD = 3.0
@@ -129,6 +130,8 @@ class StepProfiler:
     # The run's last step: a window still waiting for steady steps is profiled there rather than never (a
     # window that was asked for and not taken is a flag silently not done).
     last_step: int | None = None
+    # The user named first_step (--profile-step N): a window moved off it is said, with why.
+    asked: bool = False
     profiles: list[StepProfile] = field(default_factory=list)
     retried: int = 0  # windows postponed: an autotune search inside, or steps not steady yet
     total_s: float = 0.0
@@ -139,6 +142,7 @@ class StepProfiler:
     _searches0: int = 0
     _retry: bool = False
     _flops: float | None = None
+    _moved_why: str = ""  # why the window that is due was postponed last
 
     def due(self, step: int) -> bool:
         """Step ``step`` is scheduled for a window (or a postponed one is waiting)."""
@@ -156,12 +160,14 @@ class StepProfiler:
             return True
         self._retry = True  # not steady yet: try again at the next step
         self.retried += 1
+        self._moved_why = (f"the {STEADY_STEPS} steps before a window must be steady, and step {step} came "
+                           "while the run was still compiling, autotuning or warming up")
         return False
 
     def _steady(self) -> bool:
         """The last unprofiled steps agree: none of them is still compiling, autotuning or warming up."""
-        recent = list(self._recent)[-3:]
-        return len(recent) >= 3 and max(recent) <= _STEADY_SPREAD * min(recent)
+        recent = list(self._recent)[-STEADY_STEPS:]
+        return len(recent) >= STEADY_STEPS and max(recent) <= _STEADY_SPREAD * min(recent)
 
     def _search_count(self) -> int:
         if self.searches is not None:
@@ -216,6 +222,7 @@ class StepProfiler:
         if self._retry:
             self.retried += 1
             self.total_s += wall
+            self._moved_why = f"an fla autotune search ran inside step {step}"
             return {}
         reference = statistics.median(self._recent) if self._recent else None
         events = events_from_profiler(prof)
@@ -231,6 +238,9 @@ class StepProfiler:
         self.total_s += spent
         profile = replace(profile, trace=trace)
         profile = replace(profile, overhead_s=max(0.0, spent - profile.step_s))
+        if self.asked and not self.profiles and step != self.first_step and self.log is not None:
+            self.log(f"--profile-step {self.first_step}: profiled step {step} instead ({self._moved_why}; its "
+                     "figures would describe the compiler or the autotuner, not the step)")
         self.profiles.append(profile)
         warning = profile.warning()
         if warning and self.log is not None:

@@ -61,4 +61,5 @@ def step_profiler(
         layers=(len(layer_types(hf_config)) or None) if hf_config is not None else None,
         peak_flops=peak or None,
         last_step=last_step,
+        asked=cfg.metrics.profile_step is not None,
     )

@@ -347,9 +347,9 @@ class MetricsSection:
     # the first evals); a CPU-only run has no GPU to judge, so it profiles only when asked.
     profile_step: int | None = setting(
         None,
-        "profile this step (default: from step 10 on a GPU, once steps are steady; never on a CPU-only run; "
-        "0: never): where GPU time goes (by kernel class, and how much was launched from torch reference "
-        "paths), MFU and a verdict into metrics.jsonl, and one warning line when the step is on a slow path",
+        "profile this step, or the first steady one after it, said in the log (default: step 10 on a GPU; never "
+        "on a CPU-only run; 0: never): GPU time by kernel class, time launched from torch reference paths, MFU "
+        "and a verdict into metrics.jsonl, and one warning line when the step is on a slow path",
         metavar="N",
     )
     profile_every: int = setting(500, "profile again every N steps after --profile-step (0: once)", metavar="N")
