@@ -650,8 +650,24 @@ def round6_cases(work: Path, base: list[str]) -> list[dict[str, Any]]:
          [*base, "--output-dir", out + "p", "--profile-step", "1", "--no-export"], "ok",
          "--profile-step 1: profiled step 2 instead"),
     ]
-    return [{"class": R6, "name": name, "argv": argv, "expect": expect, "must_say": must_say, "fakes": True}
+    rows = [{"class": R6, "name": name, "argv": argv, "expect": expect, "must_say": must_say, "fakes": True}
             for name, argv, expect, must_say in cases]
+    # A full disk at each write site of a run, one code path each (tests/fault_hooks: the file on /dev/full).
+    # The DCP shards, the RNG state and the export's shards have their own faults (rounds 4 and 5).
+    sites = {".kernelguard.lock": "the run folder's lock", "run.json": "the run's identity",
+             "train_config.json": "the run's configuration", "metrics.jsonl": "the metrics log",
+             ".metadata": "a checkpoint's DCP metadata", "trainer.json": "a checkpoint's trainer state",
+             "source.json": "a checkpoint's source record", "manifest.json": "a checkpoint's manifest",
+             "COMPLETE": "a checkpoint's seal", "chat_template.jinja": "the export's template"}  # fmt: skip
+    for i, (name, what) in enumerate(sites.items()):
+        rows.append({"class": R6, "name": f"a full disk writing {what} ({name})", "expect": "refuse",
+                     "argv": [*base, "--output-dir", out + f"d{i}"], "must_say": "No space left on device (ENOSPC)",
+                     "fakes": True, "fault": f"enospc-file:{name}"})
+    rows.append({"class": R6, "name": "a full disk writing metrics.png (after the export: a warning)", "expect": "ok",
+                 "argv": [*base, "--output-dir", out + "d-png", "--plot"], "fakes": True,
+                 "must_say": "metrics.png not written: No space left on device (ENOSPC)",
+                 "fault": "enospc-file:metrics.png"})
+    return rows
 
 
 def copy_run(run_dir: Path, dest: Path) -> Path:

@@ -31,6 +31,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from .common.atomic_file import write_text_atomically
+
 __all__ = [
     "ERRORS_DIR",
     "SHARED_ERRORS_ENV",
@@ -97,14 +99,10 @@ def write_record(record: dict[str, Any], error: BaseException | None) -> Path | 
         "time": time.time(),
     }
     path = Path(folder) / f"node-{node}-rank-{record['rank']}.json"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(full))
-        tmp.replace(path)
+        write_text_atomically(path, json.dumps(full))
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         print(f"kernelguard train: cannot write the error record {path}: {e}", file=sys.stderr, flush=True)
         return None
     return path

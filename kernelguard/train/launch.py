@@ -31,6 +31,7 @@ from kernelguard.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, ConfigError
 from kernelguard.interrupts import children_start_with_interrupts_held, end_startup_interrupts
 
 from . import failures
+from .common.atomic_file import write_text_atomically
 from .common.run_folder_lock import HOLDER_ENV, acquire
 from .settings.config_cli import LaunchOptions
 
@@ -68,10 +69,7 @@ def write_rank_error(
     rank = int(os.environ.get("RANK", "0"))
     record = {"rank": rank, "exit_code": exit_code, "message": message, "report": report, "crash": crash}
     failures.write_record(record, error)
-    path = Path(folder) / f"rank-{rank}.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record))
-    tmp.replace(path)
+    write_text_atomically(Path(folder) / f"rank-{rank}.json", json.dumps(record))
     return True
 
 

@@ -455,5 +455,12 @@ def finish(cfg: TrainConfig, info: DistInfo, state: TrainState, built: BuiltMode
             )
         except ImportError:
             log(info, f"matplotlib is not installed: no metrics.png ({extra_command('train')})")
+        except OSError as e:  # the model is exported: the plot is a convenience, its failure a warning
+            from .common.write_errors import describe, disk_free
+
+            free = disk_free(cfg.checkpoint.output_dir)
+            room = f"; {free / 2**30:.1f} GiB free there" if free is not None else ""
+            log(info, f"warning: metrics.png not written: {describe(e)}{room} (metrics.jsonl holds every "
+                      "figure)", logging.WARNING)
     steps = data.plan.stop_step
     log(info, f"done: {steps} step{'' if steps == 1 else 's'}; output in {cfg.checkpoint.output_dir}")

@@ -8,6 +8,9 @@ ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
   after half of their first write reached the file, as write(2) on a full disk does.
 - ``checkpoint-rng:NAME``: the RNG file each rank adds to checkpoint ``NAME.tmp`` is opened on /dev/full, so
   writing it fails with the kernel's own ENOSPC (torch's writer on a path called it "unexpected pos").
+- ``enospc-file:NAME``: every file called NAME (or NAME.tmp, .NAME.xxxx: the temporary file an atomic write
+  renames onto it) that Python opens for writing (``open``, ``Path.write_text``) is opened on /dev/full, and ``os.write`` to a descriptor of a file called NAME fails with ENOSPC: the
+  kernel's own error at that one write site, the rest of the disk writable (tests/test_full_disk.py walks them).
 - ``teardown-marker``: a process that runs the interpreter's teardown (atexit) says so on stderr.
 - ``ctrl-c-in-torch-numpy-import``: Ctrl-C (SIGINT to this process) at the moment torch's C extension imports
   numpy, whose failures (a KeyboardInterrupt included) torch clears: the window where Ctrl-C used to be lost.
@@ -146,6 +149,35 @@ class _SignalAsTheCliImports:
             os.kill(os.getpid(), self.sig)
 
 
+def _enospc_file(name: str) -> None:
+    import builtins
+    import errno
+    import io
+
+    real_open, real_write = builtins.open, os.write
+
+    def _named(path: str) -> bool:  # the file, or the temporary one an atomic write renames onto it
+        base = os.path.basename(path)
+        return base == name or base.startswith((f"{name}.", f".{name}."))
+
+    def full_open(file, mode="r", *args, **kwargs):  # type: ignore[no-untyped-def]
+        writing = isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+")
+        hit = writing and _named(os.fspath(file))
+        return real_open("/dev/full" if hit else file, mode.replace("x", "w") if hit else mode, *args, **kwargs)
+
+    def full_write(fd, data):  # type: ignore[no-untyped-def]
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = ""
+        if _named(target):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    builtins.open = io.open = full_open  # type: ignore[assignment]
+    os.write = full_write
+
+
 if _FAULT == "teardown-marker":
     import atexit
 
@@ -167,5 +199,7 @@ elif _FAULT == "steady-steps":
     _steady_steps()
 elif _FAULT.startswith("checkpoint:"):
     _checkpoint_disk_full(_FAULT.split(":", 1)[1])
+elif _FAULT.startswith("enospc-file:"):
+    _enospc_file(_FAULT.split(":", 1)[1])
 elif _FAULT.startswith("checkpoint-rng:"):
     _checkpoint_rng_disk_full(_FAULT.split(":", 1)[1])

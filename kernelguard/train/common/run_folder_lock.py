@@ -117,8 +117,19 @@ def acquire(
         "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "command": " ".join(argv if argv is not None else getattr(sys, "orig_argv", sys.argv)),
     }
-    os.ftruncate(fd, 0)
-    os.write(fd, (json.dumps(record) + "\n").encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    except OSError as e:  # a full disk: no half-written lock left behind, the cause named
+        from .write_errors import write_failure
+
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        for folder in created:  # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise write_failure(f"{flag} {output}: writing its lock file {path}", e, folder=output,
+                            after="run the same command again") from None
     return OutputLock(output, fd, created, name)
 
 

@@ -11,6 +11,7 @@ the run stops the way an interrupt always does.
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -78,6 +79,16 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
+def _full_disk_behind_short_write(cause: BaseException, folder: Path, need_bytes: int | None) -> bool:
+    """torch.save's zip writer reports a write(2) that wrote less (ENOSPC on a full disk) as ``RuntimeError:
+    [enforce fail at inline_container.cc] unexpected pos``, without the errno. It was a full disk when the
+    disk of ``folder`` has less room than the write needs."""
+    if isinstance(cause, OSError) or "unexpected pos" not in str(cause) or not need_bytes:
+        return False
+    free = disk_free(folder)
+    return free is not None and free < need_bytes
+
+
 def write_failure(
     what: str, error: BaseException, *, folder: Path, need_bytes: int | None = None, after: str | None = None
 ) -> BaseException:
@@ -87,13 +98,17 @@ def write_failure(
     if isinstance(cause, KeyboardInterrupt | KernelGuardError):
         return cause
     after = after or "--resume from the last complete checkpoint"
+    said = ""
+    if _full_disk_behind_short_write(cause, folder, need_bytes):
+        said = f" (torch's writer said: {str(cause).splitlines()[0]})"
+        cause = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     code = cause.errno if isinstance(cause, OSError) else None
     message = f"{what} failed: {describe(cause)}."
     if code in (*_NO_SPACE, errno.EFBIG):
         free = disk_free(folder)
         room = f"; {_size(free)} free there" if free is not None else ""
         need = f", about {_size(need_bytes)} is needed" if need_bytes else ""
-        message = f"{what} failed: {describe(cause)}{need}{room}."
+        message = f"{what} failed: {describe(cause)}{said}{need}{room}."
     if code in _NO_SPACE:
         fix = f"free disk space on the disk of {folder} (or move it to a larger disk), then {after}"
     elif code in _NO_ACCESS:

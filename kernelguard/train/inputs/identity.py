@@ -22,6 +22,7 @@ from typing import Any
 
 from kernelguard.errors import CheckpointError, ConfigError
 
+from ..common.atomic_file import write_text_atomically
 from ..settings.config import RENAMED, TrainConfig
 
 __all__ = [
@@ -235,8 +236,4 @@ def read_identity(file: Path) -> dict[str, Any]:
 
 
 def write_identity(output: Path, identity: dict[str, Any]) -> Path:
-    path = output / RUN_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
-    return path
+    return write_text_atomically(output / RUN_FILE, json.dumps(identity, indent=1, sort_keys=True) + "\n")

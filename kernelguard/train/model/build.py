@@ -37,11 +37,11 @@ from .weights import load_weights, plan_weights
 
 __all__ = [
     "BuiltModel",
+    "StepLayout",
     "build_model",
     "choose_attention",
     "make_optimizer",
     "prepare_training",
-    "StepLayout",
     "resolve_step_layout",
     "setup_training",
 ]

@@ -251,8 +251,9 @@ def save_checkpoint(
     try:
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
         _save_rng_state(tmp / f"rng_rank{dist.get_rank()}.pt")
-    except (CheckpointException, OSError) as e:  # disk full, permissions changed mid-run, Ctrl-C inside DCP
-        raise write_failure(f"writing checkpoint {tmp}", e, folder=output) from None
+    except (CheckpointException, OSError, RuntimeError) as e:  # disk full, permissions changed, Ctrl-C inside DCP
+        need = _state_bytes(model_sd, optim_sd) * dist.get_world_size()  # every rank's shards, on a shared disk
+        raise write_failure(f"writing checkpoint {tmp}", e, folder=output, need_bytes=need) from None
     dist.barrier()
     outcome: list[Any] = [None]
     if is_main:
@@ -274,6 +275,23 @@ def save_checkpoint(
         prune_checkpoints(output, keep=keep, newest=step)
     dist.barrier()
     return final
+
+
+def _state_bytes(*states: Any) -> int:
+    """Bytes of the tensors in nested state dicts (this rank's shards of a DTensor)."""
+    import torch
+
+    total, stack = 0, list(states)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, torch.Tensor):
+            local = item.to_local() if hasattr(item, "to_local") else item
+            total += local.numel() * local.element_size()
+    return total
 
 
 def read_trainer_state(path: Path) -> dict[str, Any]:

@@ -19,6 +19,7 @@ Padding tokens are not counted: MFU reports useful work only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -243,10 +244,14 @@ class MetricsLog:
         self._trackers = {n: _open_tracker(n, path.parent, resume_step, run_config or {}) for n in report_to}
         path.write_text("".join(k + "\n" for k in kept))
         self._file = path.open("a")
+        self._broken = False
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        except OSError as e:  # a full disk: one line naming it, the run stops (its checkpoints would fail next)
+            raise self._failed(e) from None
         step = record.get("step")
         values = {
             k: float(v)
@@ -262,10 +267,23 @@ class MetricsLog:
                     self._trackers.pop(name)
 
     def close(self) -> None:
-        self._file.close()
-        for tracker in self._trackers.values():
-            tracker.close()
-        self._trackers = {}
+        try:
+            self._file.close()
+        except OSError as e:
+            if not self._broken:  # already said by write(): the buffered line fails again on close
+                raise self._failed(e) from None
+        finally:
+            for tracker in self._trackers.values():
+                tracker.close()
+            self._trackers = {}
+
+    def _failed(self, error: OSError) -> BaseException:
+        from ..common.write_errors import write_failure
+
+        self._broken = True
+        with contextlib.suppress(OSError):
+            self._file.close()
+        return write_failure(f"writing {self.path}", error, folder=self.path.parent)
 
 
 def open_metrics(

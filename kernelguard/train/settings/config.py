@@ -18,10 +18,10 @@ from kernelguard.errors import ConfigError
 from kernelguard.install import extra_command
 
 from .. import chat_templates
+from ..common.atomic_file import write_text_atomically
 from .config_rules import (
     ATTENTION_CHOICES,
     DATASET_FORMATS,
-    check_blocks_per_forward,
     DEFAULT_MAX_SHARD_SIZE,
     LOG_LEVELS,
     LOSS_CHOICES,
@@ -29,6 +29,7 @@ from .config_rules import (
     OVERLONG_POLICIES,
     PARAM_DTYPES,
     REPORT_TO_CHOICES,
+    check_blocks_per_forward,
     normalize_report_to,
     validate,
 )
@@ -453,7 +454,4 @@ def save_config(cfg: TrainConfig, path: Path) -> Path:
     if path.is_dir():
         path = path / CONFIG_FILENAME
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(config_dict(cfg), indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    return write_text_atomically(path, json.dumps(config_dict(cfg), indent=2) + "\n")

@@ -15,7 +15,13 @@ from kernelguard.report import fit_lines, fit_usage, terminal_width
 
 from .config import CONFIG_FILENAME, SECTIONS, TrainConfig, setting
 from .config_file import file_defaults, load_config_file
-from .config_rules import AUTO_SWITCHES, blocks_per_forward_value, checkpointing_value, choices_of, field_kinds
+from .config_rules import (
+    AUTO_SWITCHES,
+    blocks_per_forward_value,
+    checkpointing_value,
+    choices_of,
+    field_kinds,
+)
 
 __all__ = [
     "DEPRECATED_FLAGS",

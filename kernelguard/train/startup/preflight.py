@@ -231,6 +231,7 @@ def claim_output(cfg: TrainConfig, plan: StartPlan) -> list[str]:
     is created, leftovers of a crash mid-save are removed and this run's identity and configuration
     (``train_config.json``) are written."""
     removed = []
+    fresh = not (cfg.checkpoint.output_dir / RUN_FILE).exists()
     try:
         for name in run_artifacts(cfg.checkpoint.output_dir) if cfg.checkpoint.overwrite else []:
             target = cfg.checkpoint.output_dir / name
@@ -243,11 +244,15 @@ def claim_output(cfg: TrainConfig, plan: StartPlan) -> list[str]:
         ckpt.remove_incomplete(cfg.checkpoint.output_dir)
         write_identity(cfg.checkpoint.output_dir, plan.identity)
         save_config(cfg, cfg.checkpoint.output_dir)  # a --config file that repeats this run
-    except OSError as e:
-        raise ConfigError(
-            f"--output-dir {cfg.checkpoint.output_dir}: {e.filename or cfg.checkpoint.output_dir} cannot be written ({e.strerror or e}).",
-            fix="choose a folder you own, or fix its permissions",
-        ) from e
+    except OSError as e:  # the cause named (a full disk is not a permission problem), nothing trained yet
+        from ..common.write_errors import write_failure
+
+        if fresh:  # a run.json without its train_config.json would make the folder look like a run's
+            with contextlib.suppress(OSError):
+                (cfg.checkpoint.output_dir / RUN_FILE).unlink()
+
+        raise write_failure(f"--output-dir {cfg.checkpoint.output_dir}: writing the run's record", e,
+                            folder=cfg.checkpoint.output_dir, after="run the same command again") from None
     return removed
 
 
