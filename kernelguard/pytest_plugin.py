@@ -125,8 +125,16 @@ def _marker_policy(settings: Settings, values: tuple[str, ...]) -> Any:
     if policy is None:
         from kernelguard.policy import AllowPolicy
 
-        policy = AllowPolicy.parse(values, source="@pytest.mark.kernelguard(allow=...)")
-        settings.marker_policies[values] = policy
+        from kernelguard.errors import ConfigError
+
+        try:
+            policy = AllowPolicy.parse(values, source="@pytest.mark.kernelguard(allow=...)")
+        except ConfigError as e:  # the test's marker is wrong, not kernelguard: no traceback through our source
+            wrong = str(e)
+        else:
+            settings.marker_policies[values] = policy
+            return policy
+        pytest.fail(f"usage error: {wrong}", pytrace=False)
     return policy
 
 

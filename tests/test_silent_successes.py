@@ -291,6 +291,20 @@ def test_a_marker_keyword_typo_is_a_usage_error() -> None:
         pytest_plugin._item_settings(item)  # type: ignore[arg-type]
 
 
+def test_a_marker_allow_value_typo_is_a_usage_error_without_kernelguards_traceback() -> None:
+    from types import SimpleNamespace
+
+    from kernelguard import pytest_plugin
+
+    settings = SimpleNamespace(marker_policies={})
+    with pytest.raises(pytest.fail.Exception) as info:
+        pytest_plugin._marker_policy(settings, ("causal_conv1d",))  # type: ignore[arg-type]
+    said = str(info.value)
+    assert said.startswith("usage error: @pytest.mark.kernelguard(allow=...): 'causal_conv1d' is not a known")
+    assert "did you mean causal_conv1d_fn or causal_conv1d_update?" in said
+    assert info.value.pytrace is False and info.value.__context__ is None  # no chained kernelguard traceback
+
+
 @pytest.mark.parametrize(("command", "line"), [
     (["check"], "kernelguard: interrupted."),
     (["export", "run/checkpoints/step_1", "--output", "out"],
