@@ -39,6 +39,19 @@ def test_the_common_layouts_are_detected_and_mapped_to_a_conversation() -> None:
         {"role": "system", "content": "S"}, user, answer]
 
 
+def test_sharegpt_rows_are_read_as_conversations() -> None:
+    turns = [{"from": "system", "value": "S"}, {"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]
+    assert detect_format(Row("d", 1, {"conversations": turns, "id": "x"})) == "sharegpt"
+    expected = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
+                {"role": "assistant", "content": "A"}]
+    assert _messages({"conversations": turns}) == expected
+    # The same turns under another column, named with --messages-column (it once said "unknown role None").
+    row = Row("d.jsonl", 1, {"chat": turns})
+    assert row_item(row, detect_format(row, "chat"), column="chat", assistant_only=True, eos=None).messages == expected  # type: ignore[union-attr]
+    with pytest.raises(DataError, match=r"field 'conversations\[1\].from': unknown speaker 'alien'; expected one of human"):
+        _messages({"conversations": [turns[0], {"from": "alien", "value": "Q"}]})
+
+
 def test_the_known_formats_keep_their_meaning() -> None:
     """A `messages`, `prompt`/`completion` or `text` column wins over a layout's columns."""
     assert detect_format(Row("d", 1, {"prompt": "Q", "completion": "A", "response": "x"})) == "prompt-completion"

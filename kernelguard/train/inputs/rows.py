@@ -9,6 +9,8 @@ Row formats (TRL's dataset conventions), detected from the columns of the first 
 - ``prompt``/``completion``: two strings (concatenated, end-of-sequence token appended) or two message lists
   (rendered as one conversation). Loss on the completion only.
 - ``text``: plain language modelling; loss on every token.
+- ``sharegpt``: a ``conversations`` column of ``{"from", "value"}`` turns (``human``/``gpt``/``system``...), read
+  as ``messages``; a ``from``/``value`` turn is read in any messages column.
 - ``columns:ROLE=COLUMN,...``: other column names mapped to a ``[system?, user, assistant]`` conversation that
   trains like a ``messages`` row. The layouts users bring are detected (question/answer, Alpaca's
   instruction/input/output, prompt/response: :data:`LAYOUTS`); any other names by ``--columns`` (its syntax:
@@ -39,7 +41,12 @@ from kernelguard.errors import DataError
 from ..settings.config_rules import parse_columns
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
-FORMATS = ("messages", "prompt-completion", "text")
+SHAREGPT = "sharegpt"  # a 'conversations' column of {"from", "value"} turns (ShareGPT, Vicuna, LLaMA-Factory)
+FORMATS = ("messages", "prompt-completion", "text", SHAREGPT)
+# ShareGPT's speaker names -> chat roles (what FastChat, Axolotl and LLaMA-Factory read them as).
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "chatgpt": "assistant", "bard": "assistant", "model": "assistant", "system": "system",
+                  "tool": "tool", "observation": "tool"}  # fmt: skip
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 
 Span = tuple[int, int]
@@ -47,6 +54,8 @@ Span = tuple[int, int]
 __all__ = [
     "COLUMNS_PREFIX",
     "FORMATS",
+    "SHAREGPT",
+    "SHAREGPT_ROLES",
     "LAYOUTS",
     "REASONING_FIELDS",
     "ROLES",
@@ -90,6 +99,8 @@ def detect_format(row: Row, column: str = "messages") -> str:
     keys = set(row.value)
     if column in keys:
         return "messages"
+    if column == "messages" and "conversations" in keys:  # the default column: ShareGPT's name for it
+        return SHAREGPT
     if {"prompt", "completion"} <= keys:
         return "prompt-completion"
     if "text" in keys:
@@ -106,7 +117,8 @@ def _columns(row: Row) -> str:
 def _format_error(row: Row, problem: str, column: str, field_name: str | None = None) -> DataError:
     formats = (
         f"messages (a {column!r} column of chat messages), prompt-completion ('prompt' and 'completion' "
-        "columns), text (a 'text' column), question/answer, instruction/input/output, prompt/response"
+        "columns), text (a 'text' column), sharegpt (a 'conversations' column of from/value turns), "
+        "question/answer, instruction/input/output, prompt/response"
     )
     error = data_error(
         row.file,
@@ -154,6 +166,13 @@ def _message(row: Row, msg: Any, where: str) -> dict[str, Any]:
     f, r = row.file, row.row
     if not isinstance(msg, dict):
         raise data_error(f, r, where, f"expected an object with role and content, got {type(msg).__name__}")
+    if "role" not in msg and "from" in msg:  # a ShareGPT turn: {"from": "human", "value": "..."}
+        who = msg["from"]
+        if not isinstance(who, str) or who.lower() not in SHAREGPT_ROLES:
+            raise data_error(f, r, f"{where}.from", f"unknown speaker {who!r}; expected one of "
+                             f"{', '.join(SHAREGPT_ROLES)}")
+        msg = {k: v for k, v in msg.items() if k not in ("from", "value")} | {
+            "role": SHAREGPT_ROLES[who.lower()], "content": msg.get("value")}
     role = msg.get("role")
     if not isinstance(role, str) or role not in ROLES:
         raise data_error(
@@ -293,7 +312,8 @@ def row_item(row: Row, fmt: str, *, column: str, assistant_only: bool, eos: str 
     """The row as something to encode, or a DataError naming the field."""
     if not isinstance(row.value, dict):
         raise data_error(row.file, row.row, "<row>", f"expected an object, got {type(row.value).__name__}")
-    if fmt == "messages":
+    if fmt in ("messages", SHAREGPT):
+        column = "conversations" if fmt == SHAREGPT else column
         msgs = validate_messages(row, column, need_assistant=assistant_only)
         return ChatItem(row, msgs, _tools(row), 0, column)
     if fmt.startswith(COLUMNS_PREFIX):
@@ -368,6 +388,8 @@ def detect_layout(keys: set[str]) -> tuple[str, str] | None:
 def describe_format(fmt: str) -> str:
     """``columns:user=question,assistant=answer`` -> ``a conversation mapped from columns (user=question,
     assistant=answer)``; another format as it is."""
+    if fmt == SHAREGPT:
+        return "ShareGPT conversations (a 'conversations' column of from/value turns)"
     if not fmt.startswith(COLUMNS_PREFIX):
         return fmt
     return f"a conversation mapped from columns ({fmt[len(COLUMNS_PREFIX):].replace(',', ', ')})"

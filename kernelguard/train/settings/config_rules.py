@@ -57,7 +57,7 @@ LOSS_CHOICES = ("chunked", "logits")  # kernelguard.train.step.loss.linear_cross
 # Hugging Face's names; kernelguard.train.step.step.lr_lambda implements each.
 LR_SCHEDULER_TYPES = ("cosine", "linear", "constant", "constant_with_warmup")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # logging's, for --log-level
-DATASET_FORMATS = ("auto", "messages", "prompt-completion", "text")
+DATASET_FORMATS = ("auto", "messages", "prompt-completion", "text", "sharegpt")
 # --columns ROLE=COLUMN,...: the roles a row's columns can be mapped to (kernelguard.train.inputs.columns).
 COLUMN_ROLES = ("system", "user", "assistant")
 _COLUMNS_EXAMPLE = "user=question,assistant=answer"
