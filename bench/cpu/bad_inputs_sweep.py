@@ -639,6 +639,11 @@ def round6_cases(work: Path, base: list[str]) -> list[dict[str, Any]]:
     its run without a fix."""
     (unsealed := work / "r6" / "step_4.tmp").mkdir(parents=True, exist_ok=True)
     out = str(work / "runs" / "r6")
+    sharegpt = work / "r6" / "sharegpt.jsonl"
+    sharegpt.write_text("".join(json.dumps({"conversations": [{"from": "human", "value": f"copy ab{i}"},
+                                                              {"from": "gpt", "value": f"ab{i}"}]}) + "\n"
+                                for i in range(40)))
+    with_data = [a if a != base[base.index("--data") + 1] else str(sharegpt) for a in base]
     cases = [
         ("--nope 3 (difflib's nearest is --nnodes: a 3-node launch)", [*base, "--output-dir", out, "--nope", "3"],
          "refuse", "Fix: kernelguard train --help"),
@@ -649,6 +654,8 @@ def round6_cases(work: Path, base: list[str]) -> list[dict[str, Any]]:
         ("--profile-step 1 (inside the warm-up): the step profiled instead is said",
          [*base, "--output-dir", out + "p", "--profile-step", "1", "--no-export"], "ok",
          "--profile-step 1: profiled step 2 instead"),
+        ("ShareGPT rows (conversations of from/value turns)", [*with_data, "--output-dir", out + "s", "--no-export"],
+         "ok", "data: ShareGPT conversations"),
     ]
     rows = [{"class": R6, "name": name, "argv": argv, "expect": expect, "must_say": must_say, "fakes": True}
             for name, argv, expect, must_say in cases]
