@@ -380,6 +380,7 @@ def _given_on_command_line(argv: list[str]) -> set[str]:
     type, so comparing values cannot tell a typed flag from the file's own value)."""
     unset = object()
     parser = build_parser()
+    parser.deprecated_used = []  # type: ignore[attr-defined]
     lists = (argparse._AppendAction, argparse._ExtendAction)  # these add to their default: None starts a list
     parser.set_defaults(**{a.dest: None if isinstance(a, lists) else unset for a in parser._actions
                            if a.dest != "help"})  # fmt: skip
