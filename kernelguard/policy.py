@@ -95,7 +95,9 @@ class AllowPolicy:
         issues: set[str] = set()
         kernels: set[str] = set()
         flags = {ATTENTION: False, UNTRUSTED_HUB_REPO: False, EVERYTHING: False, PACKED_WITHOUT_BOUNDARIES: False}
-        for raw in items:
+        # "a,b" is two items wherever allow items are read (--allow a,b, KERNELGUARD_ALLOW, ini, markers): no ID
+        # or kernel name holds a comma.
+        for raw in [part for x in items for part in (x.split(",") if isinstance(x, str) else [x])]:
             if not isinstance(raw, str):
                 raise _unknown(raw, source, known, expected_type=True)
             item = raw.strip()

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +95,20 @@ def test_varlen_attention_is_the_same_allow_item_as_attention() -> None:
     policy = AllowPolicy.parse(["varlen_attention"])
     assert policy.allows_attention() and policy.values() == ["attention"]
     assert AllowPolicy.parse(["attention"]) == policy
+
+
+def test_comma_joined_allow_items_are_each_read_everywhere(tmp_path: Path) -> None:
+    """--allow a,b (as KERNELGUARD_ALLOW is written) was one unknown item, and its fix dropped one kernel."""
+    from kernelguard.train.settings.config_cli import parse_args
+
+    joined = AllowPolicy.parse(["causal_conv1d_fn, chunk_gated_delta_rule", "attention"])
+    assert joined == AllowPolicy.parse(["causal_conv1d_fn", "chunk_gated_delta_rule", "attention"])
+    cfg = parse_args(["--model", "m", "--data", "d", "--output-dir", str(tmp_path),
+                      "--allow", "causal_conv1d_fn,chunk_gated_delta_rule"])
+    assert AllowPolicy.parse(cfg.runtime.allow, source="--allow") == AllowPolicy.parse(
+        ["causal_conv1d_fn", "chunk_gated_delta_rule"])
+    with pytest.raises(kernelguard.ConfigError, match="'chunk_gated_delta_rul' is not a known"):
+        AllowPolicy.parse("causal_conv1d_fn,chunk_gated_delta_rul")  # each item still checked
 
 
 def test_require_speaks_python_and_offers_allow_only_where_it_helps(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -659,6 +659,9 @@ def round6_cases(work: Path, base: list[str]) -> list[dict[str, Any]]:
     ]
     rows = [{"class": R6, "name": name, "argv": argv, "expect": expect, "must_say": must_say, "fakes": True}
             for name, argv, expect, must_say in cases]
+    rows.append({"class": R6, "name": "--allow a,b (comma-joined, as KERNELGUARD_ALLOW is written)", "expect": "ok",
+                 "argv": [*base, "--output-dir", out + "a", "--no-export", "--packing", "none", "--allow",
+                          "causal_conv1d_fn,chunk_gated_delta_rule"], "must_say": None, "fakes": False})
     # A full disk at each write site of a run, one code path each (tests/fault_hooks: the file on /dev/full).
     # The DCP shards, the RNG state and the export's shards have their own faults (rounds 4 and 5).
     sites = {".kernelguard.lock": "the run folder's lock", "run.json": "the run's identity",
