@@ -59,6 +59,7 @@ from .startup.preflight import (
     check_image_lock,
     check_packed_segments,
     claim_output,
+    nothing_left_to_train,
     preflight,
     segment_limit_note,
 )
@@ -247,12 +248,7 @@ def check_resume_plan(cfg: TrainConfig, start: StartPlan, plan: Plan) -> dict[st
     export_pending = cfg.checkpoint.export and not (cfg.checkpoint.output_dir / "final").exists()
     if int(saved.get("step", 0)) > plan.stop_step or (int(saved.get("step", 0)) == plan.stop_step
                                                       and not export_pending):
-        raise CheckpointError(
-            f"--resume: {start.resume_from} is at step {saved.get('step')}, and this run stops at step "
-            f"{plan.stop_step}: there is nothing left to train.",
-            fix=f"raise --max-steps above {saved.get('step')} to train further (with --schedule-steps to keep the "
-            "LR schedule), or use the checkpoint (or final/) as it is",
-        )
+        raise nothing_left_to_train(start.resume_from, int(saved.get("step", 0)), plan.stop_step)
     now = {"num_blocks": len(plan.blocks), "schedule_steps": plan.schedule_steps}
     diffs = [
         f"{k}: was {saved[k]!r}, now {v!r}"

@@ -34,6 +34,7 @@ from ..inputs.identity import (
 from ..model.parallel import model_source
 from ..model.weight_files import weights_to_load
 from ..output import checkpoint as ckpt
+from ..output.checkpoint_layout import step_of
 from ..settings.config import TrainConfig, save_config
 from .startup_checks import (
     check_environment,
@@ -62,6 +63,7 @@ __all__ = [
     "checkpoint_bytes_estimate",
     "claim_output",
     "plan_resume",
+    "nothing_left_to_train",
     "preflight",
 ]
 
@@ -167,6 +169,11 @@ def plan_resume(cfg: TrainConfig, identity: dict[str, Any]) -> StartPlan:
             f"{', '.join(newer) or 'newer checkpoint'} (all of its files, intact ones too) will be replaced when "
             "this run saves that step again: copy it away now to keep it"
         )
+    if path is not None and cfg.training.max_steps is not None:  # said now, not after the model is built
+        step = step_of(path) or 0
+        export_pending = cfg.checkpoint.export and not (cfg.checkpoint.output_dir / "final").exists()
+        if step > cfg.training.max_steps or (step == cfg.training.max_steps and not export_pending):
+            raise nothing_left_to_train(path, step, cfg.training.max_steps)
     reference, source = _reference_identity(cfg.checkpoint.output_dir, path)
     notices: list[str] = []
     if reference is not None:
@@ -177,6 +184,18 @@ def plan_resume(cfg: TrainConfig, identity: dict[str, Any]) -> StartPlan:
         warnings += [f"--resume-anyway: {source} differs: {d}" for d in diffs]
         notices += [f"--resume: {source} was {line}" for line in harmless_changes(reference, identity)]
     return StartPlan(identity, path, tuple(warnings), tuple(notices))
+
+
+def nothing_left_to_train(checkpoint: Path, step: int, stop: int) -> CheckpointError:
+    """--resume of a run that already reached its last step: what to do instead (train further, or use it)."""
+    final = checkpoint.parent.parent / "final"
+    use = f"use {final} (the exported model)" if final.exists() else "use the checkpoint as it is"
+    return CheckpointError(
+        f"--resume: {checkpoint} is at step {step}, and this run stops at step {stop}: there is nothing left "
+        "to train.",
+        fix=f"raise --max-steps above {step} to train further (with --schedule-steps to keep the LR schedule), "
+        f"or {use}",
+    )
 
 
 def _refuse_different_run(
