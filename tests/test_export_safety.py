@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -268,6 +269,13 @@ def test_a_step_that_does_not_exist_names_the_steps_that_do_and_the_command_with
          "steps and at its end)."),
         "Fix: pass a complete checkpoint: a run's OUTPUT/checkpoints/step_N folder holding a COMPLETE file",
     ]
+    # The run has exported already: the corrected command writes beside final/, and it works when pasted.
+    (copy / "final").mkdir()
+    assert main([str(copy / "checkpoints" / "step_7")]) == 2
+    fix = capsys.readouterr().err.splitlines()[-1]
+    assert fix == (f"Fix: kernelguard export {copy / 'checkpoints' / 'step_2'} --output {copy / 'final-step_2'}")
+    assert main(shlex.split(fix.removeprefix("Fix: kernelguard export "))) == 0
+    assert (copy / "final-step_2" / "config.json").is_file()
 
 
 def test_an_export_says_what_it_reads_and_writes_as_it_goes(

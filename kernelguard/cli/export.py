@@ -94,4 +94,8 @@ def _with_command(error: KernelGuardError, argv: list[str]) -> KernelGuardError:
     if old is None or not any(Path(a).expanduser() == Path(old) for a in argv):
         return error
     fixed = [new if Path(a).expanduser() == Path(old) else a for a in argv]
+    given_output = any(a == "--output" or a.startswith("--output=") for a in fixed) or "--overwrite" in fixed
+    default = Path(new).parent.parent / "final"
+    if not given_output and default.exists():  # the default output is taken: a fix that pastes needs its own
+        fixed += ["--output", str(default.with_name(f"final-{Path(new).name}"))]
     return type(error)(error.message, fix=f"kernelguard export {shlex.join(fixed)}", details=error.details)
