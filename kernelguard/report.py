@@ -330,8 +330,19 @@ def wrap_message(text: str, *, width: int | None = None) -> str:
         if line.startswith("Fix: "):
             lines.extend(fix_lines(line[len("Fix: "):], width=columns, label="Fix:"))
         else:
-            lines.append(fill(line, columns, 2))
+            lines.extend(_prose_then_command(line, columns))
     return "\n".join(lines)
+
+
+def _prose_then_command(line: str, width: int) -> list[str]:
+    """A line that ends in a shell command after a colon (``...; restore: pip install ...``): the prose wrapped,
+    the command on lines of its own broken with `` \`` so it pastes; any other line wrapped as prose."""
+    command, _ = split_fix(line.strip())
+    if len(line) <= width or command is None or not line.rstrip().endswith(command):
+        return [fill(line, width, 2)]
+    lead = len(line) - len(line.lstrip()) + 4
+    prose = line[: line.rindex(command)].rstrip()
+    return [fill(prose, width, 2), *(" " * lead + part for part in command_lines(command, width - lead, 4))]
 
 
 def read_by_a_person() -> bool:

@@ -431,7 +431,7 @@ def verify_lock(
             f"{target}): {len(differences)} difference(s), so the kernels the image verified are not the ones this "
             "job would run.",
             differences=tuple(d.line() for d in differences), lock=str(path),
-            fix=f"run each restore above, or rebuild the image and its lock ({rebuild_command(locked, path)})",
+            fix=f"run each restore above; or rebuild the image and its lock: {rebuild_command(locked, path)}",
         )
     return result
 

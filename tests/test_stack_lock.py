@@ -369,8 +369,8 @@ def test_the_rebuild_command_carries_the_locks_model_mode_packing_archs_and_allo
     data["model"]["packed"] = False
     lock.write_text(json.dumps(data))
     error = _refusal(monkeypatch, lock, _facts(tmp_path, conv="1.6.0"), allow=["attention"])
-    assert error.fix == ("run each restore above, or rebuild the image and its lock (kernelguard lock --model qwen3_5 "
-                         f"--mode training --no-packed --arch 9.0 --allow attention --output {lock})")
+    assert error.fix == ("run each restore above; or rebuild the image and its lock: kernelguard lock --model qwen3_5 "
+                         f"--mode training --no-packed --arch 9.0 --allow attention --output {lock}")
 
 
 def test_a_lock_without_target_archs_is_not_said_to_be_on_sm_question_mark(
@@ -385,4 +385,4 @@ def test_a_lock_without_target_archs_is_not_said_to_be_on_sm_question_mark(
     assert info.value.message.startswith(
         f"this node's stack differs from {lock} (written for qwen3_5 training with no target arch (written without "
         "--arch or a GPU)): ")
-    assert info.value.fix.endswith(f"(kernelguard lock --model qwen3_5 --mode training --packed --output {lock})")
+    assert info.value.fix.endswith(f": kernelguard lock --model qwen3_5 --mode training --packed --output {lock}")
