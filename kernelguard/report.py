@@ -336,7 +336,7 @@ def wrap_message(text: str, *, width: int | None = None) -> str:
 
 def _prose_then_command(line: str, width: int) -> list[str]:
     """A line that ends in a shell command after a colon (``...; restore: pip install ...``): the prose wrapped,
-    the command on lines of its own broken with `` \`` so it pastes; any other line wrapped as prose."""
+    the command on lines of its own broken with `` \\`` so it pastes; any other line wrapped as prose."""
     command, _ = split_fix(line.strip())
     if len(line) <= width or command is None or not line.rstrip().endswith(command):
         return [fill(line, width, 2)]

@@ -84,7 +84,14 @@ def test_an_existing_output_is_refused_unless_overwrite(
     assert main([str(step), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"kernelguard export: error: --output {tmp_path / 'out'} already exists." in err
-    assert "--overwrite to replace it" in err and (tmp_path / "out" / "keep.txt").is_file()
+    assert f"pass --output {tmp_path / 'out-2'} (a new folder), or --overwrite to replace it" in err
+    assert (tmp_path / "out" / "keep.txt").is_file()
+    # Refused before torch loads (it took 3-5 s): a fresh interpreter never imports it.
+    probe = ("import sys; from kernelguard.cli.export import main; rc = main(sys.argv[1:]); "
+             "print(rc, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe, str(step), "--output", str(tmp_path / "out")],
+                          capture_output=True, text=True, check=False)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
     assert main([str(step), "--output", str(tmp_path / "out"), "--overwrite"]) == 0
     assert not (tmp_path / "out" / "keep.txt").exists() and (tmp_path / "out" / "config.json").is_file()
 

@@ -77,7 +77,7 @@ def test_a_refusal_wraps_its_prose_and_breaks_the_command_so_it_still_pastes(mon
 
 def test_a_lock_difference_keeps_its_restore_command_pasteable(monkeypatch: pytest.MonkeyPatch) -> None:
     """A line that ends in a command after a colon (a lock difference's restore): prose wrapped, the command on
-    lines of its own joined by `` \`` (it was wrapped as prose and broke when pasted)."""
+    lines of its own joined by a trailing backslash (it was wrapped as prose and broke when pasted)."""
     monkeypatch.setenv("COLUMNS", "80")
     command = "pip install 'torch==2.11.0' --index-url https://download.pytorch.org/whl/cu130"
     text = wrap_message(f"kernelguard: differs\n  - torch: lock says 2.11.0+cu130, here 2.13.0+cpu; restore: {command}")

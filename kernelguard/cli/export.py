@@ -64,6 +64,15 @@ def main(argv: list[str] | None = None) -> int:
         if (refusal := not_a_checkpoint(args.checkpoint.expanduser())) is not None:
             print(wrap_message(f"kernelguard export: error: {_with_command(refusal, argv)}"), file=sys.stderr)
             return exit_code_for(refusal)
+        from ..train.output.export_checks import check_destination
+
+        checkpoint = args.checkpoint.expanduser()
+        try:  # an output that is taken is refused before torch loads too
+            check_destination(args.output.expanduser() if args.output else checkpoint.parent.parent / "final",
+                              overwrite=args.overwrite, checkpoint=checkpoint)
+        except KernelGuardError as e:
+            print(wrap_message(f"kernelguard export: error: {e}"), file=sys.stderr)
+            return exit_code_for(e)
         _say(f"loading torch and transformers to export {args.checkpoint}")
         from ..train.output.export import export_checkpoint  # imports torch
 

@@ -53,8 +53,10 @@ def check_destination(final: Path, *, overwrite: bool, checkpoint: Path | None =
                 f"({run}); --overwrite would delete them.",
                 fix=f"pass --output {run / 'final'} (the default) or a folder outside {run / 'checkpoints'}")
     if final.exists() and not overwrite:
+        fresh = next(final.with_name(f"{final.name}-{n}") for n in range(2, 10**6)
+                     if not final.with_name(f"{final.name}-{n}").exists())
         raise ConfigError(f"--output {final} already exists.",
-                          fix="pass --output NEW_DIR, or --overwrite to replace it")
+                          fix=f"pass --output {fresh} (a new folder), or --overwrite to replace it")
     if final.exists() and not final.is_dir():
         raise ConfigError(f"--output {final} is a file.", fix="pass --output NEW_DIR")
     existing = final.parent
