@@ -51,6 +51,8 @@ def attention_blind_reason(impl: str | None, seg: RowSegments, *, mask: bool, ca
         return (f"{impl} reads cu_seq_lens_q or the position ids, and the batch has neither",
                 "pass the collator's cu_seq_lens_q/k and position_ids with the batch")
     varlen = f"or a varlen attention (attn_implementation='flash_attention_2', or '{VARLEN_NAME}')"
+    if seg.by_mask is not None:  # a causal block-diagonal 4-D mask: the boundaries are in it (they agree: checked)
+        return None
     if mask:
         return (f"{impl} builds its mask from the attention_mask given, which has no boundaries (all ones)",
                 f"{drop_mask}, {varlen}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RowSegments", "examples_per_row", "position_starts", "read_segments"]
+__all__ = ["RowSegments", "block_mask_starts", "examples_per_row", "position_starts", "read_segments"]
 
 
 def position_starts(position_ids: Any) -> list[list[int]]:
@@ -50,6 +50,9 @@ class RowSegments:
     cu_k_differs: bool = False  # cu_seq_lens_k is not cu_seq_lens_q (self-attention over one row: it must be)
     by_seq_idx: tuple[int, ...] | None = None
     mask_all_ones: bool | None = None  # None: no attention mask
+    # A 4-D mask that is exactly causal and block-diagonal: the starts of its blocks (row 0). None for no 4-D mask
+    # or another structure (a shared prefix, a tree): nothing is claimed about those.
+    by_mask: tuple[int, ...] | None = None
 
     @property
     def padded(self) -> bool:
@@ -59,7 +62,7 @@ class RowSegments:
     @property
     def examples(self) -> int:
         """Examples in the busiest row, by the signals present (they agree, or :meth:`disagreement` says not)."""
-        counts = [len(s) for s in (self.by_cu_seq_lens, self.by_seq_idx) if s is not None]
+        counts = [len(s) for s in (self.by_cu_seq_lens, self.by_seq_idx, self.by_mask) if s is not None]
         counts += [len(row) for row in self.by_positions or ()]
         return max(counts, default=1)
 
@@ -80,6 +83,8 @@ class RowSegments:
             out["cu_seq_lens_q"] = self.by_cu_seq_lens
         if self.by_seq_idx is not None:
             out["seq_idx"] = self.by_seq_idx
+        if self.by_mask is not None:
+            out["attention_mask"] = self.by_mask
         return out
 
     def disagreement(self) -> str | None:
@@ -122,6 +127,8 @@ def read_segments(position_ids: Any, kwargs: dict[str, Any], attention_mask: Any
     cu = kwargs.get("cu_seq_lens_q")
     if cu is not None and hasattr(cu, "tolist"):
         values = [int(v) for v in cu.reshape(-1).tolist()]
+        while len(values) > 2 and values[-1] == values[-2]:  # padded to a static shape: repeats describe nothing
+            values.pop()
         found["by_cu_seq_lens"], found["cu_end"] = tuple(values[:-1]), (values[-1] if values else 0)
         cu_k = kwargs.get("cu_seq_lens_k")
         found["cu_k_differs"] = cu_k is not None and cu_k is not cu and (
@@ -133,7 +140,27 @@ def read_segments(position_ids: Any, kwargs: dict[str, Any], attention_mask: Any
         found["by_seq_idx"] = (0, *(int(i) for i in changes.tolist()))
     if attention_mask is not None and hasattr(attention_mask, "dim") and attention_mask.dim() == 2:
         found["mask_all_ones"] = bool(attention_mask.bool().all())
+    if attention_mask is not None and hasattr(attention_mask, "dim") and attention_mask.dim() == 4:
+        found["by_mask"] = block_mask_starts(attention_mask)
     return RowSegments(**found)
+
+
+def block_mask_starts(mask: Any) -> tuple[int, ...] | None:
+    """The starts of a 4-D mask's blocks (row 0, head 0) when it is exactly a causal block-diagonal mask, the
+    packed row's own; None for any other structure. Bool masks: True attends; float masks: 0 attends (additive)."""
+    import torch
+
+    m = mask[0, 0]
+    if m.dim() != 2 or m.shape[0] != m.shape[1] or m.shape[0] < 1:
+        return None
+    allowed = m if m.dtype == torch.bool else m == 0
+    starts = [0, *(int(i) + 1 for i in (~allowed.diagonal(-1)).nonzero().flatten().tolist())]
+    segment = torch.zeros(m.shape[0], dtype=torch.long, device=m.device)
+    segment[starts[1:]] = 1
+    segment = segment.cumsum(0)
+    index = torch.arange(m.shape[0], device=m.device)
+    expected = (segment[:, None] == segment[None, :]) & (index[None, :] <= index[:, None])
+    return tuple(starts) if bool((allowed == expected).all()) else None
 
 
 def _shape(position_ids: Any, kwargs: dict[str, Any]) -> tuple[int, int]:

@@ -435,3 +435,54 @@ def test_the_probe_passes_correct_rows_exact_to_fp32(fake_providers: Any, tiny: 
     (probe,) = report.boundaries.probes
     assert len(probe.measured) == 4 and max(d.worst for d in probe.measured) < 1e-5  # measured ~2e-7
     assert [d.example for d in probe.measured][0] in ((5, 8), (8, 12))
+
+
+# ---------------------------------------------------------------------------- correct batches, not refused ---
+def _alone(model: Any, index: int) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([FEATURES[index]["input_ids"]]), use_cache=False).logits[0]
+
+
+def test_cu_seq_lens_padded_to_a_static_shape_with_trailing_repeats_passes_exactly(
+    fake_providers: Any, tiny: Any
+) -> None:
+    """[0, 5, 8, 12, 12, 12]: a collator's static-shape cu_seq_lens (the repeats describe no tokens) is the same
+    row; it was refused as "an empty or decreasing segment". An empty segment between two examples still is."""
+    model, _ = _guarded(tiny)
+    padded = torch.tensor([0, 5, 8, 12, 12, 12], dtype=torch.int32)
+    with torch.no_grad():
+        logits = model(**{**_bounded(), "cu_seq_lens_q": padded, "cu_seq_lens_k": padded}, use_cache=False).logits
+    torch.testing.assert_close(logits[0, 5:8], _alone(model, 1), rtol=1e-4, atol=1e-5)
+    inner = torch.tensor([0, 5, 5, 8, 12], dtype=torch.int32)
+    error = _refused(model, {**_bounded(), "cu_seq_lens_q": inner, "cu_seq_lens_k": inner})
+    assert "cu_seq_lens_q has an empty or decreasing segment" in error.message
+
+
+def _block_mask(starts: list[int], length: int, *, additive: bool = False) -> torch.Tensor:
+    segment = torch.zeros(length, dtype=torch.long)
+    segment[starts[1:]] = 1
+    segment = segment.cumsum(0)
+    index = torch.arange(length)
+    allowed = (segment[:, None] == segment[None, :]) & (index[None, :] <= index[:, None])
+    if additive:
+        return torch.zeros(1, 1, length, length).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    return allowed[None, None]
+
+
+@pytest.mark.parametrize("additive", [False, True], ids=["bool", "additive"])
+def test_a_hand_built_4d_block_diagonal_mask_is_read_for_its_blocks(
+    fake_providers: Any, tiny: Any, additive: bool
+) -> None:
+    """sdpa given the row's own causal block-diagonal 4-D mask sees every boundary: accepted and exact (it was
+    refused as "the attention_mask given, which has no boundaries"); a 4-D mask whose blocks are another row's
+    is a contradiction, refused, and so is a plain causal 4-D mask (one block) over a row of three."""
+    model, _ = _guarded(tiny)
+    with torch.no_grad():
+        logits = model(**_bounded(), attention_mask=_block_mask([0, 5, 8], 12, additive=additive),
+                       use_cache=False).logits
+    torch.testing.assert_close(logits[0, 5:8], _alone(model, 1), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(logits[0, 8:12], _alone(model, 2), rtol=1e-4, atol=1e-5)
+    other = _refused(model, {**_bounded(), "attention_mask": _block_mask([0, 6, 8], 12, additive=additive)})
+    assert "attention_mask 3 examples (starting at 0, 6, 8)" in other.message
+    one = _refused(model, {**_bounded(), "attention_mask": _block_mask([0], 12, additive=additive)})
+    assert "attention_mask 1 example (starting at 0)" in one.message  # plain causal: one example, not three
