@@ -18,7 +18,6 @@ import torch
 
 from kernelguard.errors import CheckpointError, Preempted
 from kernelguard.gate import allowed_line, check_stack, run_gate
-from kernelguard.install import extra_command
 from kernelguard.policy import AllowPolicy
 
 from .common.command_line import command_with, resume_command
@@ -37,7 +36,7 @@ from .model.parallel import DTYPES
 from .output import checkpoint as ckpt
 from .output.checkpoint import diverged
 from .output.export import export_run, start_warnings
-from .output.metrics import peak_flops, plot_metrics, step_flops
+from .output.metrics import peak_flops, plot_run_metrics, step_flops
 from .output.profiling import step_profiler, unprofiled_warning
 from .output.provenance import write_source
 from .output.reporting import Reporter, process_age_s, step_record
@@ -445,18 +444,7 @@ def finish(cfg: TrainConfig, info: DistInfo, state: TrainState, built: BuiltMode
         log(info, f"exported {final} in {time.perf_counter() - t0:.1f} s ({files} safetensors file"
                   + ("s)" if files != 1 else ")"))
     if info.is_main and cfg.metrics.plot and (cfg.checkpoint.output_dir / "metrics.jsonl").exists():
-        try:
-            plot_metrics(
-                cfg.checkpoint.output_dir / "metrics.jsonl", cfg.checkpoint.output_dir / "metrics.png"
-            )
-        except ImportError:
-            log(info, f"matplotlib is not installed: no metrics.png ({extra_command('train')})")
-        except OSError as e:  # the model is exported: the plot is a convenience, its failure a warning
-            from .common.write_errors import describe, disk_free
-
-            free = disk_free(cfg.checkpoint.output_dir)
-            room = f"; {free / 2**30:.1f} GiB free there" if free is not None else ""
-            log(info, f"warning: metrics.png not written: {describe(e)}{room} (metrics.jsonl holds every "
-                      "figure)", logging.WARNING)
+        if said := plot_run_metrics(cfg.checkpoint.output_dir):
+            log(info, said, logging.WARNING if said.startswith("warning") else logging.INFO)
     steps = data.plan.stop_step
     log(info, f"done: {steps} step{'' if steps == 1 else 's'}; output in {cfg.checkpoint.output_dir}")

@@ -40,6 +40,7 @@ __all__ = [
     "open_metrics",
     "peak_flops",
     "plot_metrics",
+    "plot_run_metrics",
     "read_metrics",
     "step_flops",
 ]
@@ -297,6 +298,25 @@ def open_metrics(
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_run_metrics(output: Path) -> str | None:
+    """``OUTPUT/metrics.png`` from ``OUTPUT/metrics.jsonl``; the line to log when it could not be drawn. The model
+    is exported by then: the plot is a convenience, so a failure (no matplotlib, a full disk) is said, not
+    raised."""
+    from kernelguard.install import extra_command
+
+    from ..common.write_errors import describe, disk_free
+
+    try:
+        plot_metrics(output / "metrics.jsonl", output / "metrics.png")
+    except ImportError:
+        return f"matplotlib is not installed: no metrics.png ({extra_command('train')})"
+    except OSError as e:
+        free = disk_free(output)
+        room = f"; {free / 2**30:.1f} GiB free there" if free is not None else ""
+        return f"warning: metrics.png not written: {describe(e)}{room} (metrics.jsonl holds every figure)"
+    return None
 
 
 def plot_metrics(jsonl: Path, png: Path) -> Path:
