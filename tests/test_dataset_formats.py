@@ -127,7 +127,8 @@ def test_rows_that_fit_no_format_list_formats_and_columns(tokenizer: Any, tmp_pa
     assert info.value.message == (
         f"{tmp_path / 'd.jsonl'}, row 1, field 'messages': no column of a known dataset format (columns: query, "
         "reply); known formats: messages (a 'messages' column of chat messages), prompt-completion ('prompt' and "
-        "'completion' columns), text (a 'text' column), question/answer, instruction/input/output, "
+        "'completion' columns), text (a 'text' column), sharegpt (a 'conversations' column of from/value turns), "
+        "question/answer, instruction/input/output, "
         "prompt/response; other columns map to a conversation with --columns user=COLUMN,assistant=COLUMN (a "
         "column of chat messages: --messages-column NAME)")
     assert info.value.fix == "--columns user=query,assistant=reply"

@@ -252,6 +252,8 @@ def save_checkpoint(
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
         _save_rng_state(tmp / f"rng_rank{dist.get_rank()}.pt")
     except (CheckpointException, OSError, RuntimeError) as e:  # disk full, permissions changed, Ctrl-C inside DCP
+        if not isinstance(e, (CheckpointException, OSError)) and "unexpected pos" not in str(e):
+            raise  # not a write's failure (a lost peer's gloo error): the launcher names its real cause
         need = _state_bytes(model_sd, optim_sd) * dist.get_world_size()  # every rank's shards, on a shared disk
         raise write_failure(f"writing checkpoint {tmp}", e, folder=output, need_bytes=need) from None
     dist.barrier()
