@@ -248,6 +248,11 @@ def test_log_lines_come_once_and_a_log_gets_no_progress_bar_frames(assets: dict[
     assert all(s.startswith("kernelguard train: ") for s in ours), [s for s in ours if not s.startswith("k")]
     steps = [s.split(":")[1] for s in ours if s.startswith("kernelguard train: step ")]
     assert steps == [" step 2/4", " step 4/4"] and sum("guard passed" in s for s in ours) == 1
+    # Each line carries the token-weighted mean of the steps since the last one, from metrics.jsonl's own records.
+    records = _metrics(out)
+    for line, window in zip([s for s in ours if s.startswith("kernelguard train: step ")], (records[:2], records[2:])):
+        mean = sum(r["loss"] * r["loss_tokens"] for r in window) / sum(r["loss_tokens"] for r in window)
+        assert f"(mean of the last 2 steps: {mean:.4f})" in line, line
     # stderr is a pipe here: the bar's frames would be noise in a log, so there are none (--logging-steps
     # lines instead); the bar is drawn only on a terminal.
     assert "\r" not in r.stderr and not any(s.startswith("train:") for s in segments)

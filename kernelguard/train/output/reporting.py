@@ -46,6 +46,7 @@ class Reporter:
         self._bar_args = (cfg, info, total, start)
         self._stack = contextlib.ExitStack()
         self.logging_steps, self.total = (cfg.metrics.logging_steps if info.is_main else 0), total
+        self._window: tuple[float, int, int] = (0.0, 0, 0)  # loss x tokens, tokens, steps since the last line
         if info.is_main and cfg.metrics.progress and not self.logging_steps and not _on_a_terminal():
             self.logging_steps = plain_progress_steps(total)  # the bar's plain-line stand-in in a log
 
@@ -64,8 +65,15 @@ class Reporter:
     def write(self, record: dict[str, Any]) -> None:
         if self.metrics is not None:
             self.metrics.write(record)
+        if "loss" in record and "eval_loss" not in record:  # the window a logged line's mean covers
+            tokens = max(1, int(record.get("loss_tokens") or 1))
+            self._window = (self._window[0] + record["loss"] * tokens, self._window[1] + tokens, self._window[2] + 1)
         if self.logging_steps and record["step"] % self.logging_steps == 0:
-            logger.info(step_line(record, self.total))
+            total_loss, tokens, steps = self._window
+            mean = (total_loss / tokens, steps) if steps > 1 and "eval_loss" not in record else None
+            logger.info(step_line(record, self.total, mean=mean))
+            if "eval_loss" not in record:
+                self._window = (0.0, 0, 0)
         if self.bar is None:
             return
         if "eval_loss" in record:
@@ -83,12 +91,15 @@ class Reporter:
             self.metrics.close()
 
 
-def step_line(record: dict[str, Any], total: int) -> str:
-    """The --logging-steps line of one metrics record (a step's, or an eval's)."""
+def step_line(record: dict[str, Any], total: int, *, mean: tuple[float, int] | None = None) -> str:
+    """The --logging-steps line of one metrics record (a step's, or an eval's). ``mean``: the token-weighted
+    loss over the steps since the last line, and how many: one step's loss is noisy, and read alone in a log it
+    can look like the loss rising (Hugging Face's Trainer logs the mean too)."""
     if "eval_loss" in record:
         return f"step {record['step']}/{total}: eval loss {record['eval_loss']:.4f}"
+    smoothed = f" (mean of the last {mean[1]} steps: {mean[0]:.4f})" if mean is not None else ""
     return (
-        f"step {record['step']}/{total}: loss {record['loss']:.4f}, lr {record['lr']:.3g}, "
+        f"step {record['step']}/{total}: loss {record['loss']:.4f}{smoothed}, lr {record['lr']:.3g}, "
         f"grad norm {record['grad_norm']:.3g}, {record['tokens_per_s']:,.0f} tokens/s"
     )
 
