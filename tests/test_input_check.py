@@ -80,6 +80,24 @@ def test_a_hub_id_as_model_says_nothing_is_downloaded_and_how_to_get_it(tmp_path
     assert info.value.fix == "hf download Qwen/Qwen3.5-2B --local-dir Qwen3.5-2B"
 
 
+def test_a_mistyped_model_or_tokenizer_folder_names_the_nearest_one(assets: dict[str, Path], tmp_path: Path) -> None:
+    """A typo of a local folder gets the folder meant, to put in the command (it printed `--model DIR`)."""
+    model = tmp_path / "models" / "qwen-tiny"
+    shutil.copytree(assets["tok"], model)
+    shutil.copy(assets["model"], model / "config.json")
+    typo = TrainConfig.from_flags(model=str(tmp_path / "models" / "qwen-tny"), data="d.jsonl", output_dir=tmp_path / "o")
+    with pytest.raises(ConfigError) as info:
+        check_inputs(typo)
+    assert info.value.message == (f"--model {tmp_path / 'models' / 'qwen-tny'} does not exist; did you mean {model}? "
+                                  "(a local model folder; nothing is downloaded)")
+    assert info.value.details["replace"] == (str(tmp_path / "models" / "qwen-tny"), str(model))
+    cfg = TrainConfig.from_flags(model=str(model), tokenizer=str(tmp_path / "models" / "qwen-tin"), data="d.jsonl",
+                                 output_dir=tmp_path / "o")
+    with pytest.raises(ConfigError) as info:
+        check_inputs(cfg)
+    assert info.value.fix == f"--tokenizer {model}" and info.value.details["flag"] == "--tokenizer"
+
+
 def test_a_config_json_model_without_tokenizer_asks_for_one(assets: dict[str, Path], tmp_path: Path) -> None:
     cfg = TrainConfig.from_flags(model=str(assets["model"]), data="d.jsonl", output_dir=tmp_path / "out")
     with pytest.raises(ConfigError, match=r"is a config.json, which holds no tokenizer: pass --tokenizer DIR"):

@@ -156,6 +156,11 @@ def no_tokenizer_error(cfg: Any, tokenizer: Path) -> ConfigError:
                                                      if broken else "does not exist")
     hub_id = not tokenizer.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", str(tokenizer)) is not None
     download = f"hf download {tokenizer} --local-dir {shlex.quote(tokenizer.name)}" if hub_id else None
+    flag = "--tokenizer" if str(cfg.model.tokenizer) != str(cfg.model.model) else "--model"
+    if what == "does not exist" and (near := _nearest_folder(str(tokenizer), flag)) is not None:
+        kind = "tokenizer" if flag == "--tokenizer" else "model"
+        return ConfigError(f"{flag} {tokenizer} does not exist; did you mean {near.details['replace'][1]}? (a local "
+                           f"{kind} folder; nothing is downloaded)", fix=near.fix, details=near.details)
     if str(cfg.model.tokenizer) != str(cfg.model.model):
         return ConfigError(f"--tokenizer {tokenizer} {what}; expected a local tokenizer folder (nothing is "
                            "downloaded).", fix=download or "pass --tokenizer DIR, a local tokenizer folder")
@@ -168,6 +173,15 @@ def no_tokenizer_error(cfg: Any, tokenizer: Path) -> ConfigError:
         "--tokenizer DIR is given) or a config.json. Nothing is downloaded.",
         fix=download or "pass --model DIR (a local model folder) or its config.json",
     )
+
+
+def _nearest_folder(path: str, flag: str) -> ConfigError | None:
+    """The existing name in ``path``'s folder nearest to it, as :func:`missing_path_error` finds one for --data
+    (its ``details["replace"]``: the command line puts it in place); None when nothing is near."""
+    from ..inputs.sources import missing_path_error
+
+    found = missing_path_error(path, flag=flag)
+    return found if found.details.get("replace") else None
 
 
 def check_flags(cfg: Any) -> None:
