@@ -176,7 +176,9 @@ def _collect_decorator_sites(found: Collected, path: str, module: Any, device: s
         required = mode == "inference" or not is_decode_only(closure.kernel)
         found.entries.append(classify_closure(path, closure, device, required=required, policy=policy,
                                                packed_training=packed and mode == "training", hub_asked=hub_asked))
-        if closure.is_torch_reference and compat.hub_kernel(closure) is None:
+        # A decode-only kernel in training mode is not required (generate() inside a job may run its reference,
+        # slowly): reported, never armed.
+        if required and closure.is_torch_reference and compat.hub_kernel(closure) is None:
             owner = sys.modules.get(gsite.module)
             if owner is not None:
                 found.to_arm.append((owner, gsite.name, closure.kernel, f"{gsite.module}.{gsite.name}", closure))

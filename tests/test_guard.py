@@ -42,8 +42,8 @@ MODELING = {
     "qwen3_next": "transformers.models.qwen3_next.modeling_qwen3_next",
     "qwen3_5_moe": "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
 }
-FALLBACK_GLOBALS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
-                    "causal_conv1d_update")
+FALLBACK_GLOBALS = ("torch_chunk_gated_delta_rule", "causal_conv1d_fn")  # armed in training mode
+DECODE_GLOBALS = ("torch_recurrent_gated_delta_rule", "causal_conv1d_update")  # armed in inference mode only
 
 
 @pytest.fixture(autouse=True)
@@ -201,7 +201,9 @@ def test_disarm_restores_identity_and_arming_is_idempotent(fresh_transformers_mo
     model = tiny.tiny_model("qwen3_5")
     module = sys.modules[MODELING["qwen3_5"]]
     originals = {name: getattr(module, name) for name in FALLBACK_GLOBALS}
-    first = guard(model, strict=False)
+    decode = {n: getattr(module, n) for n in DECODE_GLOBALS}
+    first = guard(model, strict=False)  # training mode: the decode-only kernels are reported, not armed
+    assert all(getattr(module, n) is decode[n] for n in DECODE_GLOBALS)
     wrappers = {name: getattr(module, name) for name in FALLBACK_GLOBALS}
     second = guard(model, strict=False)
     for name in FALLBACK_GLOBALS:

@@ -86,13 +86,13 @@ def test_generate_inside_a_training_guard_runs_the_decode_references_without_ref
     """Evaluating by generation inside a training job: the decode-only kernels ("slow (decode-only)" in the
     table) are not armed in training mode, so generate() runs their torch references; the prefill kernels stay
     guarded (the control: the same guard without their allow items refuses the first forward)."""
-    model = tiny.tiny_model("qwen3_5")
+    model = tiny.tiny_model("qwen3_5", use_cache=True)  # as Qwen3.5 checkpoints ship it: generate() decodes
     prefill = ["causal_conv1d_fn", "chunk_gated_delta_rule", "attention"]
     with _guard(model, packed=False, mode="training", allow=prefill) as report:
         decode = {e.kernel for e in report.entries if not e.fast and e.kernel not in prefill}
         assert decode == {"causal_conv1d_update", "fused_recurrent_gated_delta_rule"}
-        out = model.generate(_ids(), max_new_tokens=3, do_sample=False)
-        assert out.shape == (1, 15)
+        out = model.generate(_ids(), max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+        assert out.sequences.shape == (1, 15) and out.past_key_values is not None  # the cache: decode kernels ran
         assert {e.kernel for e in fallback_events()} == {"causal_conv1d_fn", "chunk_gated_delta_rule"}
     with _guard(model, packed=False, mode="training", allow=["attention"], strict=False), \
             pytest.raises(KernelFallbackError, match="causal_conv1d_fn"):

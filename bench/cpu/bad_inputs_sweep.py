@@ -143,6 +143,12 @@ def api_cases() -> list[dict[str, Any]]:
         "guard(packed='no')": "import torch, kernelguard as k; k.guard(torch.nn.Linear(2, 2), packed='no')",
         "guard(strict='false')": "import torch, kernelguard as k; k.guard(torch.nn.Linear(2, 2), strict='false')",
         "require(hub='no')": "import kernelguard as k; k.require(hub='no')",  # "no" is truthy: never Hub on
+        "generate() inside guard(mode='training'), use_cache on": (
+            f"import sys, torch; sys.path.insert(0, {str(ROOT / 'tests')!r}); import tiny_models, kernelguard as k\n"
+            "m = tiny_models.tiny_model('qwen3_5', use_cache=True)\n"
+            "with k.guard(m, packed=False, allow=['causal_conv1d_fn', 'chunk_gated_delta_rule', 'attention']):\n"
+            "    m.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=3, do_sample=False)\n"
+            "raise SystemExit(3)"),
     }
     must_say = {"require(hub='no')": "hub must be True or False, found 'no'"}
     cases = []
@@ -153,8 +159,9 @@ def api_cases() -> list[dict[str, Any]]:
                    "    raise SystemExit(2 if type(e).__module__.startswith('kernelguard') else 1)\n")
         cases.append({"class": "API", "name": name, "argv": ["-c", wrapped], "expect": "refuse",
                       "must_say": must_say.get(name)})
-    # require twice must SUCCEED (exit 3 is the snippet's own "all calls returned" marker)
+    # require twice, and generate() in a training guard, must SUCCEED (exit 3: the snippet's "all returned")
     cases[0]["expect"] = "exit3"
+    next(c for c in cases if c["name"].startswith("generate()"))["expect"] = "exit3"
     return cases
 
 
