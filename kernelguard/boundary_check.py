@@ -61,7 +61,9 @@ def attention_blind_reason(impl: str | None, seg: RowSegments, *, mask: bool, ca
                 "(cu_seq_lens_q is not read by it)", f"pass position_ids that restart at 0 for each example, {varlen}")
     if cache:
         return (f"{impl} finds a packed row's boundaries in its position_ids only without a cache, and this call "
-                "builds one (use_cache=True)", "pass use_cache=False when training on packed rows")
+                "builds one (use_cache=True, by the keyword or the model's config)",
+                "pass use_cache=False when training on packed rows (with Trainer/TRL: model.config.use_cache = "
+                "False)")
     return None
 
 
@@ -86,6 +88,14 @@ class BoundaryCheck:
 
     def forget(self) -> None:
         REGISTRY.boundary_checks.pop(self.key, None)
+
+    def _builds_cache(self, kwargs: dict[str, Any]) -> bool:
+        """Whether this call builds or reads a cache, as the model decides it: the keyword, else the config's
+        ``use_cache`` (Qwen3.5 checkpoints ship True: a call that omits the keyword builds one)."""
+        if any(kwargs.get(k) is not None for k in ("cache", "past_key_values")):
+            return True
+        given = kwargs.get("use_cache")
+        return bool(given if given is not None else getattr(self._config, "use_cache", False))
 
     def missing(self, kwargs: dict[str, Any]) -> list[tuple[str, str]]:
         """(kernel parameter, why) for each boundary this call's GDN kernels would not get."""
@@ -120,7 +130,7 @@ class BoundaryCheck:
         packed, accepted = seg.examples > 1, False
         if packed and missing:
             accepted = self.judge(seg.examples, seg.source, missing)
-        cache = bool(kwargs.get("use_cache")) or any(kwargs.get(k) is not None for k in ("cache", "past_key_values"))
+        cache = self._builds_cache(kwargs)
         blind = attention_blind_reason(self.facts.attention_impl, seg, mask=mask is not None, cache=cache) \
             if packed and self.facts.attention else None
         if blind is not None:

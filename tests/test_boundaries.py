@@ -342,7 +342,7 @@ def test_sdpa_without_position_ids_cannot_see_the_rows_boundaries_even_when_atte
     with torch.no_grad():
         model(**_bounded(), use_cache=False)
     cached = _refused(model, {**_bounded(), "use_cache": True})
-    assert "this call builds one (use_cache=True)" in cached.message
+    assert "this call builds one (use_cache=True, by the keyword or the model's config)" in cached.message
 
 
 def test_trl_padding_free_with_pad_to_multiple_of_passes_and_keeps_examples_apart(fake_providers: Any, tiny: Any) -> None:
@@ -486,3 +486,15 @@ def test_a_hand_built_4d_block_diagonal_mask_is_read_for_its_blocks(
     assert "attention_mask 3 examples (starting at 0, 6, 8)" in other.message
     one = _refused(model, {**_bounded(), "attention_mask": _block_mask([0], 12, additive=additive)})
     assert "attention_mask 1 example (starting at 0)" in one.message  # plain causal: one example, not three
+
+
+def test_a_cache_the_config_asks_for_is_read_like_the_keyword(fake_providers: Any, tiny: Any) -> None:
+    """Qwen3.5 checkpoints ship use_cache=True: a training call that omits the keyword builds a cache, and sdpa
+    then gets no packed mask (it passed: the check read the keyword only). Passing use_cache=False is exact."""
+    model, _ = _guarded(tiny, use_cache=True)
+    with torch.no_grad():
+        logits = model(**_bounded(), use_cache=False).logits
+    torch.testing.assert_close(logits[0, 5:8], _alone(model, 1), rtol=1e-4, atol=1e-5)
+    omitted = _refused(model, _bounded())
+    assert "this call builds one (use_cache=True, by the keyword or the model's config)" in omitted.message
+    assert omitted.fix.startswith("pass use_cache=False when training on packed rows")
