@@ -63,20 +63,23 @@ def _seal_run(output: Path, identity: dict[str, Any], step: int = 2) -> Path:
     return folder
 
 
-def test_resuming_a_finished_run_is_refused_before_anything_is_built(assets: dict[str, Path], tmp_path: Path) -> None:
-    """A run that reached its --max-steps and exported: --resume says so at once (it once built the model and
-    loaded the data for 41 s first), and offers the export; one still to export resumes to export only."""
+def test_resuming_a_finished_run_is_refused_before_the_gate_and_the_data(assets: dict[str, Path], tmp_path: Path) -> None:
+    """A run that reached its --max-steps and exported: --resume says so before the gate and the data (it once
+    loaded them for 41 s first), and offers the export; one still to export resumes to export only."""
+    from kernelguard.train.startup.preflight import check_something_left
+
     out = tmp_path / "out"
     folder = _seal_run(out, preflight(_cfg(assets, out, max_steps=2), world_size=2).identity, step=2)
-    assert preflight(_cfg(assets, out, resume=True, max_steps=2), world_size=2).resume_from == folder  # export left
+    plan = preflight(_cfg(assets, out, resume=True, max_steps=2), world_size=2)
+    check_something_left(_cfg(assets, out, resume=True, max_steps=2), plan.resume_from)  # the export is left
     (out / "final").mkdir()
     with pytest.raises(CheckpointError) as info:
-        preflight(_cfg(assets, out, resume=True, max_steps=2), world_size=2)
+        check_something_left(_cfg(assets, out, resume=True, max_steps=2), plan.resume_from)
     assert info.value.message == (f"--resume: {folder} is at step 2, and this run stops at step 2: there is nothing "
                                   "left to train.")
     assert info.value.fix == ("raise --max-steps above 2 to train further (with --schedule-steps to keep the LR "
                               f"schedule), or use {out / 'final'} (the exported model)")
-    assert preflight(_cfg(assets, out, resume=True, max_steps=3), world_size=2).resume_from == folder
+    check_something_left(_cfg(assets, out, resume=True, max_steps=3), folder)  # a longer run: something left
 
 
 def test_identity_fingerprints_inputs_and_settings(assets: dict[str, Path], tmp_path: Path) -> None:

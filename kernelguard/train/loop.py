@@ -57,6 +57,7 @@ from .startup.preflight import (
     check_checkpoint_shapes,
     check_image_lock,
     check_packed_segments,
+    check_something_left,
     claim_output,
     nothing_left_to_train,
     preflight,
@@ -115,6 +116,7 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
     for said in start_warnings(built, cfg.checkpoint, dtype=DTYPES[cfg.runtime.param_dtype]):
         log(info, f"warning: {said}", logging.WARNING)  # said now, not after hours of training
     on_main(info, lambda: check_checkpoint_shapes(built.model, start.resume_from))  # before anything is written
+    on_main(info, lambda: check_something_left(cfg, start.resume_from))
     report = run_gate(built.model, policy=policy, packed=packed, stack=stack,
                       first_row_probe=cfg.packing.first_row_probe, command=command_with)
     try:

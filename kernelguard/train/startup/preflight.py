@@ -63,6 +63,7 @@ __all__ = [
     "checkpoint_bytes_estimate",
     "claim_output",
     "plan_resume",
+    "check_something_left",
     "nothing_left_to_train",
     "preflight",
 ]
@@ -169,11 +170,6 @@ def plan_resume(cfg: TrainConfig, identity: dict[str, Any]) -> StartPlan:
             f"{', '.join(newer) or 'newer checkpoint'} (all of its files, intact ones too) will be replaced when "
             "this run saves that step again: copy it away now to keep it"
         )
-    if path is not None and cfg.training.max_steps is not None:  # said now, not after the model is built
-        step = step_of(path) or 0
-        export_pending = cfg.checkpoint.export and not (cfg.checkpoint.output_dir / "final").exists()
-        if step > cfg.training.max_steps or (step == cfg.training.max_steps and not export_pending):
-            raise nothing_left_to_train(path, step, cfg.training.max_steps)
     reference, source = _reference_identity(cfg.checkpoint.output_dir, path)
     notices: list[str] = []
     if reference is not None:
@@ -184,6 +180,18 @@ def plan_resume(cfg: TrainConfig, identity: dict[str, Any]) -> StartPlan:
         warnings += [f"--resume-anyway: {source} differs: {d}" for d in diffs]
         notices += [f"--resume: {source} was {line}" for line in harmless_changes(reference, identity)]
     return StartPlan(identity, path, tuple(warnings), tuple(notices))
+
+
+def check_something_left(cfg: TrainConfig, resume_from: Path | None) -> None:
+    """A --resume whose checkpoint already reached --max-steps (and exported, if asked), refused before the gate
+    and the data (it took 41 s to say): after the identity and the checkpoint's shapes, which name a run of other
+    settings or another model first. Without --max-steps the run's length needs the data: the loop says it."""
+    if resume_from is None or cfg.training.max_steps is None:
+        return
+    step = step_of(resume_from) or 0
+    export_pending = cfg.checkpoint.export and not (cfg.checkpoint.output_dir / "final").exists()
+    if step > cfg.training.max_steps or (step == cfg.training.max_steps and not export_pending):
+        raise nothing_left_to_train(resume_from, step, cfg.training.max_steps)
 
 
 def nothing_left_to_train(checkpoint: Path, step: int, stop: int) -> CheckpointError:
