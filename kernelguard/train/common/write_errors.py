@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kernelguard.errors import CheckpointError, KernelGuardError
 
-__all__ = ["describe", "disk_free", "root_cause", "write_failure"]
+__all__ = ["describe", "disk_free", "is_torch_short_write", "root_cause", "write_failure"]
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _NO_ACCESS = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -79,11 +79,15 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def _full_disk_behind_short_write(cause: BaseException, folder: Path, need_bytes: int | None) -> bool:
+def is_torch_short_write(error: BaseException) -> bool:
     """torch.save's zip writer reports a write(2) that wrote less (ENOSPC on a full disk) as ``RuntimeError:
-    [enforce fail at inline_container.cc] unexpected pos``, without the errno. It was a full disk when the
-    disk of ``folder`` has less room than the write needs."""
-    if isinstance(cause, OSError) or "unexpected pos" not in str(cause) or not need_bytes:
+    [enforce fail at inline_container.cc] unexpected pos``, without the errno."""
+    return not isinstance(error, OSError) and "unexpected pos" in str(error)
+
+
+def _full_disk_behind_short_write(cause: BaseException, folder: Path, need_bytes: int | None) -> bool:
+    """A short write of torch's was a full disk when the disk of ``folder`` has less room than the write needs."""
+    if not is_torch_short_write(cause) or not need_bytes:
         return False
     free = disk_free(folder)
     return free is not None and free < need_bytes

@@ -165,7 +165,7 @@ def resolve_step_layout(cfg: TrainConfig, info: DistInfo) -> StepLayout:
           if rt.activation_checkpointing is not None else []),
         *([f"--blocks-per-forward {rt.blocks_per_forward}"] if rt.blocks_per_forward else []),
     ]
-    from .memory import Layout
+    from .memory import Layout, choose_layout
 
     if len(given) == 2 or not gpu:
         ac = True if rt.activation_checkpointing is None else bool(rt.activation_checkpointing)
@@ -174,8 +174,6 @@ def resolve_step_layout(cfg: TrainConfig, info: DistInfo) -> StepLayout:
         # Off the GPU all of a step's blocks share one row: the fewest forwards, nothing to budget.
         blocks = rt.blocks_per_forward or cfg.training.gradient_accumulation_steps
         return _layout(Layout(ac, blocks), compile_on, why, cfg)
-    from .memory import choose_layout
-
     props = torch.cuda.get_device_properties(info.device)
     try:
         choice = on_main(

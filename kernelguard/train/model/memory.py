@@ -206,10 +206,6 @@ class LayoutChoice:
     reason: str
     estimate: MemoryEstimate
 
-    @property
-    def enabled(self) -> bool:  # activation checkpointing
-        return self.layout.activation_checkpointing
-
 
 def candidate_layouts(cfg: Any) -> list[Layout]:
     """The layouts auto may pick for ``cfg``, fastest first; a setting given by the user is the only value
@@ -244,18 +240,17 @@ def _choose(
 ) -> LayoutChoice:
     budget = f"{HEADROOM:.0%} of {_gib(gpu)} on {source}"
     candidates = candidate_layouts(cfg)
-    first = estimate_for(candidates[0])
-    if first.fits_on(gpu):
-        return LayoutChoice(candidates[0], f"estimated peak {_gib(first.peak_bytes)} fits {budget}", first)
-    for layout in candidates[1:]:
+    estimates: list[MemoryEstimate] = []
+    for layout in candidates:
         est = estimate_for(layout)
-        if est.fits_on(gpu):
-            reason = (
-                f"estimated peak {_gib(est.peak_bytes)} fits {budget}; "
-                f"{candidates[0].describe(_block(cfg))} would need {_gib(first.peak_bytes)}"
-            )
-            return LayoutChoice(layout, reason, est)
-    least = min((estimate_for(layout) for layout in candidates), key=lambda e: e.peak_bytes)
+        estimates.append(est)
+        if not est.fits_on(gpu):
+            continue
+        reason = f"estimated peak {_gib(est.peak_bytes)} fits {budget}"
+        if layout != candidates[0]:
+            reason += f"; {candidates[0].describe(_block(cfg))} would need {_gib(estimates[0].peak_bytes)}"
+        return LayoutChoice(layout, reason, est)
+    least = min(estimates, key=lambda e: e.peak_bytes)
     layout = Layout(least.activation_checkpointing, least.blocks_per_forward)
     reason = (
         f"estimated peak {_gib(least.peak_bytes)} does not fit {budget} in any layout "

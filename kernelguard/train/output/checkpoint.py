@@ -29,7 +29,7 @@ import torch.distributed as dist
 from kernelguard.errors import CheckpointError, KernelGuardError, TrainingDiverged
 
 from ..common.logs import logger
-from ..common.write_errors import describe, root_cause, write_failure
+from ..common.write_errors import describe, is_torch_short_write, root_cause, write_failure
 from ..step.step import StepResult
 from .checkpoint_layout import MARKER, checkpoint_root, complete_checkpoints, latest_checkpoint
 from .checkpoint_layout import step_of as _step_of
@@ -252,7 +252,7 @@ def save_checkpoint(
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
         _save_rng_state(tmp / f"rng_rank{dist.get_rank()}.pt")
     except (CheckpointException, OSError, RuntimeError) as e:  # disk full, permissions changed, Ctrl-C inside DCP
-        if not isinstance(e, (CheckpointException, OSError)) and "unexpected pos" not in str(e):
+        if not isinstance(e, (CheckpointException, OSError)) and not is_torch_short_write(e):
             raise  # not a write's failure (a lost peer's gloo error): the launcher names its real cause
         need = _state_bytes(model_sd, optim_sd) * dist.get_world_size()  # every rank's shards, on a shared disk
         raise write_failure(f"writing checkpoint {tmp}", e, folder=output, need_bytes=need) from None

@@ -277,7 +277,6 @@ def claim_output(cfg: TrainConfig, plan: StartPlan) -> list[str]:
         if fresh:  # a run.json without its train_config.json would make the folder look like a run's
             with contextlib.suppress(OSError):
                 (cfg.checkpoint.output_dir / RUN_FILE).unlink()
-
         raise write_failure(f"--output-dir {cfg.checkpoint.output_dir}: writing the run's record", e,
                             folder=cfg.checkpoint.output_dir, after="run the same command again") from None
     return removed
