@@ -42,6 +42,26 @@ def test_sum_and_gradients_match_cross_entropy_for_any_chunking(chunk: int) -> N
     torch.testing.assert_close(w.grad, ref_dw, rtol=1e-5, atol=1e-6)
 
 
+def test_compiled_chunks_match_cross_entropy_and_zero_ignored_rows() -> None:
+    """The compiled softmax-gradient pass `kernelguard train` uses when it compiles: same sum and gradients
+    (fp32 inside both), ignored rows zero without the eager path's masking; all ignored gives zeros."""
+    hidden, weight, labels = _inputs(dtype=torch.float32)
+    ref_loss, ref_dh, ref_dw = _reference(hidden, weight, labels, scale=0.25)
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    total, _ = linear_cross_entropy(h, w, labels, chunk_tokens=7, compiled_chunks=True)
+    (total * 0.25).backward()
+    torch.testing.assert_close(total.double(), ref_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h.grad.double(), ref_dh, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(w.grad.double(), ref_dw, rtol=1e-4, atol=1e-5)
+    assert float(h.grad[labels == IGNORE_INDEX].abs().max()) == 0.0
+    none = torch.full_like(labels, IGNORE_INDEX)
+    h.grad = w.grad = None
+    total, count = linear_cross_entropy(h, w, none, chunk_tokens=7, compiled_chunks=True)
+    total.backward()
+    assert float(total) == 0.0 and int(count) == 0
+    assert float(h.grad.abs().max()) == 0.0 and float(w.grad.abs().max()) == 0.0
+
+
 def _off_rounding(got: torch.Tensor, exact: torch.Tensor) -> float:
     """The fraction of ``got``'s elements that differ from ``exact`` (fp64) rounded once to their dtype."""
     return float((got != exact.to(got.dtype)).float().mean())

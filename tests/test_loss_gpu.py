@@ -29,30 +29,39 @@ def test_real_vocab_bf16_matches_the_stock_loss_with_less_memory() -> None:
         loss.backward()
         return loss.detach(), h.grad, w.grad
 
-    def chunked() -> tuple[torch.Tensor, ...]:
+    def chunked(compiled_chunks: bool = False) -> tuple[torch.Tensor, ...]:
         h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
-        total, count = linear_cross_entropy(h, w, labels)
+        total, count = linear_cross_entropy(h, w, labels, compiled_chunks=compiled_chunks)
         loss = total / count
         loss.backward()
         return loss.detach(), h.grad, w.grad
 
     peaks = {}
     results = {}
-    for name, fn in (("stock", stock), ("chunked", chunked)):
+    compiled = lambda: chunked(compiled_chunks=True)  # noqa: E731  # what `kernelguard train` runs when it compiles
+    compiled()  # compile outside the measured peak
+    for name, fn in (("stock", stock), ("chunked", chunked), ("compiled", compiled)):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         results[name] = fn()
         torch.cuda.synchronize()
         peaks[name] = torch.cuda.max_memory_allocated() - base
-    (l1, dh1, dw1), (l2, dh2, dw2) = results["stock"], results["chunked"]
-    rel = {
-        "loss": abs(float(l2) - float(l1)) / abs(float(l1)),
-        "dhidden": float((dh2.float() - dh1.float()).norm() / dh1.float().norm()),
-        "dweight": float((dw2.float() - dw1.float()).norm() / dw1.float().norm()),
-    }
-    print({"rel": rel, "peak_GB": {k: round(v / 2**30, 2) for k, v in peaks.items()}})
-    assert rel["loss"] < 1e-4, rel
+    l1, dh1, dw1 = results["stock"]
+
+    def off(name: str) -> dict[str, float]:
+        l2, dh2, dw2 = results[name]
+        return {
+            "loss": abs(float(l2) - float(l1)) / abs(float(l1)),
+            "dhidden": float((dh2.float() - dh1.float()).norm() / dh1.float().norm()),
+            "dweight": float((dw2.float() - dw1.float()).norm() / dw1.float().norm()),
+        }
+
+    rel, rel_compiled = off("chunked"), off("compiled")
+    print({"rel": rel, "rel_compiled": rel_compiled, "peak_GB": {k: round(v / 2**30, 2) for k, v in peaks.items()}})
+    assert rel["loss"] < 1e-4 and rel_compiled["loss"] < 1e-4, (rel, rel_compiled)
+    assert rel_compiled["dhidden"] < 3e-2 and rel_compiled["dweight"] < 3e-2, rel_compiled
+    assert peaks["compiled"] < 0.75 * peaks["stock"], peaks
     # H200, 2026-12-03: dhidden 0.28%, dweight 0.17% (bf16 against bf16: 10.7x and 17.6x under 3e-2; a wrong
     # gradient is off by O(1)); peaks 8.18 vs 14.55 GB (0.56x: a chunking that materialises the logits is >= 1x,
     # so 0.75 sits between the two, 1.3x from each: a memory figure, the same on every run of one stack)

@@ -60,11 +60,13 @@ SCRIPT = textwrap.dedent(
         return [dict(layer=d.layer, first_example=d.reference, worst_later=d.worst, tolerance=d.tolerance,
                      differs=d.differs) for d in measured]
 
+    from kernelguard.fla_autotune import pin_for_this_gpu
+    print(pin_for_this_gpu(), file=sys.stderr)  # Qwen3.5's GDN geometry: bf16 compiles one config per kernel
     out = {{}}
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
         torch.manual_seed(0)
         model = tiny_model("qwen3_5", hidden_size=512, num_hidden_layers=8, linear_key_head_dim=128,
-                           linear_value_head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8,
+                           linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32,
                            head_dim=128, num_attention_heads=4, num_key_value_heads=2,
                            layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2).to("cuda", dtype)
         good, bad = on_gpu(correct), on_gpu(leaky)

@@ -30,7 +30,8 @@ optimizer and clipping are paid once per 2 blocks); ``tokens2x`` is ``--max-leng
 (one block of twice the tokens); ``fused_norms`` is ``--fused-norms`` (Liger-Kernel's fused RMSNorm and SiLU x up,
 kernelguard.train.model.fused_norms). Bench-side patches `kernelguard train` does not run (product_path: false):
 ``liger`` (Liger-Kernel's fused linear cross-entropy instead of the chunked loss), ``sac2`` (activation
-checkpointing on every 2nd layer). ``liger`` and ``fused_norms`` need ``liger-kernel`` importable (a pure-Python
+checkpointing on every 2nd layer), ``eager_loss`` (the chunked loss's per-chunk softmax gradient left eager
+when the layers compile: the control for the compiled one). ``liger`` and ``fused_norms`` need ``liger-kernel`` importable (a pure-Python
 wheel) and CUDA.
 
 ``--widths 27b``: Qwen3.5-27B's real widths (bench/configs/qwen3_5_27b_text.json: hidden 5120, vocab 248,320,
@@ -102,7 +103,7 @@ VARIANTS: dict[str, Variant] = {
     # The default before round 6: one block per step, checkpointing auto, no compile.
     "product_round5": Variant("packed", "auto", None, "chunked", product_path=True),
 }
-LEVERS = ("compile", "liger", "sac2", "no_reshard", "accum2", "tokens2x", "fused_norms")
+LEVERS = ("compile", "liger", "sac2", "no_reshard", "accum2", "tokens2x", "fused_norms", "eager_loss")
 PRODUCT_LEVERS = {"compile", "no_reshard", "accum2", "tokens2x", "fused_norms"}  # flags of `kernelguard train`
 CONFIG_27B = ROOT / "bench" / "configs" / "qwen3_5_27b_text.json"
 
@@ -325,6 +326,14 @@ def apply_levers(levers: list[str], notes: list[str]) -> None:
 
         step.linear_cross_entropy = liger_loss  # type: ignore[assignment]
         notes.append("lever liger: Liger-Kernel fused linear cross-entropy replaces the chunked loss")
+    if "eager_loss" in levers:
+        from kernelguard.train.step.loss import linear_cross_entropy
+
+        def eager_loss(*args: Any, **kwargs: Any) -> Any:
+            return linear_cross_entropy(*args, **{**kwargs, "compiled_chunks": False})
+
+        step.linear_cross_entropy = eager_loss  # type: ignore[assignment]
+        notes.append("lever eager_loss: the chunked loss's softmax-gradient pass eager even when the model compiles")
     if "fused_norms" in levers:  # the product's --fused-norms (TrainConfig.runtime.fused_norms, set in run_variant)
         notes.append("lever fused_norms: `kernelguard train --fused-norms` (kernelguard.train.model.fused_norms): Liger's "
                      "fused RMSNorm for every norm that computes what it computes, and its fused SiLU x up in every MLP")

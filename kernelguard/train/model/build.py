@@ -225,6 +225,7 @@ def prepare_training(
     # Before sharding: the head keeps its parameters and names, only its forward changes.
     head = return_hidden_states_from_head(model) if cfg.runtime.loss == "chunked" else None
     if head is not None:
+        head.compiled_chunks = layout.compile  # the loss's softmax-gradient pass compiled with the layers
         # The model's output is then a slice of the hidden states (a view); FSDP2 warns that an in-place op
         # on it would skip its pre-backward hook. The loss only reads it.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")

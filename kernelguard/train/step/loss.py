@@ -12,9 +12,17 @@ adds into the weight gradient. Nothing of size tokens x vocab outlives a chunk, 
 gradients by the incoming one.
 
 The idea is the one of Liger-Kernel's fused linear cross-entropy, written here in plain torch ops.
+
+With ``compiled_chunks`` (what `kernelguard train` passes when it compiles the model) the per-chunk work between
+the two matmuls - log-sum-exp, the label's logit, ``softmax - onehot`` with ignored rows zeroed, the cast back -
+is one ``torch.compile``d function: a reduction and a pointwise pass over the bf16 logits instead of an fp32
+buffer written, exponentiated in place and cast (five passes over ``chunk x vocab``), and no ``[chunk, hidden]``
+masking afterwards. The eager path stays the reference the tests compare against.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,6 +35,7 @@ DEFAULT_CHUNK_TOKENS = 4096
 
 __all__ = [
     "DEFAULT_CHUNK_TOKENS",
+    "chunk_loss_and_grad",
     "linear_cross_entropy",
     "return_hidden_states_from_head",
 ]
@@ -42,6 +51,34 @@ def _chunk_log_probs(
     safe = torch.where(valid, labels, torch.zeros_like(labels))
     per_token = -log_probs.gather(1, safe[:, None]).squeeze(1) * valid
     return log_probs, per_token, valid, safe
+
+
+def chunk_loss_and_grad(
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed fp32 loss of one chunk's logits and d(summed loss)/d(logits) in the logits' dtype, ignored rows
+    zero. Written for ``torch.compile`` (fp32 only inside the fused kernels); eagerly it materialises fp32
+    copies, which the eager loss avoids by working in place."""
+    lf = logits.float()
+    lse = torch.logsumexp(lf, dim=-1)
+    valid = labels != ignore_index
+    safe = torch.where(valid, labels, torch.zeros_like(labels))
+    target = lf.gather(1, safe[:, None]).squeeze(1)
+    loss = ((lse - target) * valid).sum()
+    columns = torch.arange(lf.shape[1], device=lf.device)
+    grad = (torch.exp(lf - lse[:, None]) - (columns[None, :] == safe[:, None]).float()) * valid[:, None]
+    return loss, grad.to(logits.dtype)
+
+
+_compiled_chunk: Any = None
+
+
+def _compiled_chunk_loss_and_grad() -> Any:
+    """One compiled :func:`chunk_loss_and_grad` per process (compiled lazily, at the first chunk)."""
+    global _compiled_chunk
+    if _compiled_chunk is None:
+        _compiled_chunk = torch.compile(chunk_loss_and_grad, dynamic=False)
+    return _compiled_chunk
 
 
 def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
@@ -63,6 +100,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         labels: torch.Tensor,
         chunk_tokens: int,
         ignore_index: int,
+        compiled_chunks: bool,
     ) -> torch.Tensor:
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # type: ignore[attr-defined]
         compute = _compute_dtype(hidden)
@@ -70,9 +108,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
         grad_weight = torch.zeros_like(w) if want_weight else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        fused = _compiled_chunk_loss_and_grad() if compiled_chunks else None
         for start in range(0, hidden.shape[0], chunk_tokens):
             stop = start + chunk_tokens
             h = hidden[start:stop].to(compute)
+            if fused is not None:
+                chunk_loss, grad_logits = fused(h @ w.t(), labels[start:stop], ignore_index)
+                total += chunk_loss
+                if grad_hidden is not None:
+                    grad_hidden[start:stop] = torch.mm(grad_logits, w)
+                if grad_weight is not None:
+                    grad_weight.addmm_(grad_logits.t(), h)
+                continue
             log_probs, per_token, valid, safe = _chunk_log_probs(h, w, labels[start:stop], ignore_index)
             total += per_token.sum()
             # d(summed loss)/d(logits) = softmax - onehot(label), built in place in the fp32 buffer. Ignored
@@ -109,6 +156,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -119,6 +167,7 @@ def linear_cross_entropy(
     *,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     ignore_index: int = IGNORE_INDEX,
+    compiled_chunks: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed token cross-entropy of ``hidden @ weight.T`` against ``labels``, and the number of counted tokens.
 
@@ -126,7 +175,8 @@ def linear_cross_entropy(
     (the LM head), ``labels``: ``[N]`` with ``ignore_index`` for tokens that do not count. Returns
     ``(loss_sum, count)`` with ``loss_sum`` an fp32 scalar equal to
     ``F.cross_entropy(hidden @ weight.T, labels, ignore_index=..., reduction="sum")`` computed in fp32; divide
-    by ``count`` (or a global count) for the mean. Peak extra memory is one ``chunk_tokens x V`` fp32 buffer.
+    by ``count`` (or a global count) for the mean. Peak extra memory is one ``chunk_tokens x V`` fp32 buffer
+    (bf16 logits and gradient with ``compiled_chunks``, which needs a working ``torch.compile``).
     """
     if hidden.dim() != 2 or weight.dim() != 2 or labels.dim() != 1:
         raise ValueError(
@@ -142,7 +192,7 @@ def linear_cross_entropy(
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
     count = (labels != ignore_index).sum()
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        total = _LinearCrossEntropy.apply(hidden, weight, labels, chunk_tokens, ignore_index)
+        total = _LinearCrossEntropy.apply(hidden, weight, labels, chunk_tokens, ignore_index, compiled_chunks)
         return total, count
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], chunk_tokens):
@@ -161,6 +211,8 @@ class _HiddenStatesHead(nn.Linear):
     head an identity leaves every parameter, name and state-dict key as it was; the head's weight (unsharded
     after the root's forward, which does not reshard) then feeds :func:`linear_cross_entropy`.
     """
+
+    compiled_chunks = False  # set by the trainer when it compiles the model: see linear_cross_entropy
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return input

@@ -218,7 +218,8 @@ def token_loss_sums(
     for label_set in label_sets:
         labels = label_set.to(device)[:, 1:].reshape(-1)
         if head is not None:
-            total, _ = linear_cross_entropy(shifted, head.weight, labels, ignore_index=IGNORE_INDEX)
+            total, _ = linear_cross_entropy(shifted, head.weight, labels, ignore_index=IGNORE_INDEX,
+                                            compiled_chunks=getattr(head, "compiled_chunks", False))
             sums.append(total)
         else:
             sums.append(F.cross_entropy(shifted.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum"))
