@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernelguard.train.step.loss import linear_cross_entropy
 from kernelguard.packed_batch import IGNORE_INDEX
+from kernelguard.train.step.loss import linear_cross_entropy
 
 
 def _inputs(n: int = 37, h: int = 16, v: int = 53, dtype: torch.dtype = torch.float64, seed: int = 0):

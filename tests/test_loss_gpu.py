@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernelguard.train.step.loss import linear_cross_entropy
 from kernelguard.packed_batch import IGNORE_INDEX
+from kernelguard.train.step.loss import linear_cross_entropy
 
 pytestmark = [
     pytest.mark.gpu,

@@ -22,9 +22,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernelguard.train.step.packing import build_batch
 from kernelguard.packed_batch import BOUNDARY_KEYWORDS, IGNORE_INDEX
 from kernelguard.train.settings.packing_modes import LEAKY, NAIVE, PACKED
+from kernelguard.train.step.packing import build_batch
 
 LENGTH, COUNT = 64, 4  # tokens per example, examples per block
 BLOCK = LENGTH * COUNT

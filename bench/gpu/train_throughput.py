@@ -527,10 +527,10 @@ def detector_figures(
 
     import torch
 
-    from kernelguard.geometry import layer_types
-    from kernelguard.train.output.metrics import peak_flops, step_flops
     from kernelguard.diagnosis.profiler import StepProfiler
     from kernelguard.diagnosis.verdict import attribute_kernels
+    from kernelguard.geometry import layer_types
+    from kernelguard.train.output.metrics import peak_flops, step_flops
     from kernelguard.tripwires import arm_tripwires
 
     said: list[str] = []
@@ -654,8 +654,8 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     hide_packages(set(variant.hide) | set(filter(None, os.environ.get(HIDE_ENV, "").split(","))))
     import torch
 
-    from kernelguard.train.output.metrics import peak_flops, step_flops
     from kernelguard.train.model.parallel import init_distributed
+    from kernelguard.train.output.metrics import peak_flops, step_flops
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
