@@ -555,11 +555,21 @@ def test_auto_step_layout_takes_the_fastest_layout_the_estimate_fits_and_flags_w
         assert (layout.activation_checkpointing, layout.blocks_per_forward) == fitting[0]
         if fitting[0] != (False, 2):
             assert f"activation checkpointing off, 2 blocks (512 tokens) per forward would need {gib(peaks[False, 2])}" in layout.line
-    card.total_memory = int(peaks[True, 1] / 0.92) - 1  # nothing fits: the least memory, said so
-    layout = resolve_step_layout(cfg, _cuda_info())
-    assert (layout.activation_checkpointing, layout.blocks_per_forward) == (True, 1)
-    assert f"estimated peak {gib(peaks[True, 1])} does not fit 92% of" in layout.line
-    assert "in any layout (see --dry-run for more ranks or a smaller --max-length)" in layout.line
+    card.total_memory = int(peaks[True, 1] / 0.92) - 1  # nothing fits: refused before anything is loaded
+    with pytest.raises(ConfigError) as refused:
+        resolve_step_layout(cfg, _cuda_info())
+    total = f"{card.total_memory / 2**30:.2f} GiB"
+    assert refused.value.message == (
+        "the training step does not fit this GPU: its least-memory layout (activation checkpointing on, 1 block "
+        f"(256 tokens) per forward) is estimated at {gib(peaks[True, 1])} per rank over 1 rank(s), reached in the "
+        f"backward (gradients + one recomputed layer + its gradient reduction); the budget is 92% of {total} on "
+        f"Fake H200 ({gib(0.92 * card.total_memory)}). Nothing was loaded. 2 GPUs in all would fit it "
+        "(docs/multi-node.md); a smaller --max-length needs less activation memory (--dry-run shows every term). "
+        "To try this layout anyway, give it: --activation-checkpointing --blocks-per-forward 1."
+    )
+    assert refused.value.fix == "kernelguard train --nproc-per-node 2 ..."
+    given = TrainConfig.from_flags(**{**_fields(cfg), "activation_checkpointing": True, "blocks_per_forward": 1})
+    assert resolve_step_layout(given, _cuda_info()).activation_checkpointing  # the way out it names runs
     # Flags win: both given, no estimate is consulted; one given, auto chooses only the other.
     card.total_memory = 141 * 10**9
     explicit = TrainConfig.from_flags(

@@ -186,8 +186,34 @@ def resolve_step_layout(cfg: TrainConfig, info: DistInfo) -> StepLayout:
         ac = True if rt.activation_checkpointing is None else bool(rt.activation_checkpointing)
         return _layout(Layout(ac, rt.blocks_per_forward or 1), compile_on,
                        f"auto: the memory estimate failed: {e}; compile: {compile_why}", cfg)
+    if not choice.fits:  # before any weight is read: an out-of-memory traceback at the first step says less
+        raise does_not_fit(choice, block_size=int(cfg.packing.max_length), world_size=info.world_size)
     why = "; ".join([*given, f"auto: {choice.reason}"])
     return _layout(choice.layout, compile_on, f"{why}; compile: {compile_why}", cfg)
+
+
+def does_not_fit(choice: Any, *, block_size: int, world_size: int) -> ConfigError:
+    """The error a GPU run raises, before loading anything, when no layout fits its card (a
+    :class:`~kernelguard.train.model.memory.LayoutChoice` with ``fits`` false): the figures, where the peak
+    falls, and what would fit. The user's own layout flags still win: with both given, nothing is estimated."""
+    from .memory import HEADROOM, GIB
+
+    est, ranks, layout = choice.estimate, choice.ranks_that_fit, choice.layout
+    where = est.notes[-1].removeprefix("the peak is reached in ") if est.notes else "the step"
+    ways = "a smaller --max-length needs less activation memory (--dry-run shows every term)"
+    fix = "kernelguard train --dry-run ...   (every term of the estimate)"
+    if ranks is not None:
+        launch = f"--nproc-per-node {ranks}" if ranks <= 8 else f"--nnodes {-(-ranks // 8)} --nproc-per-node 8"
+        ways = f"{ranks} GPUs in all would fit it (docs/multi-node.md); " + ways
+        fix = f"kernelguard train {launch} ..."
+    ac = "--activation-checkpointing" if layout.activation_checkpointing else "--no-activation-checkpointing"
+    return ConfigError(
+        f"the training step does not fit this GPU: its least-memory layout ({layout.describe(block_size)}) is "
+        f"estimated at {est.peak_bytes / GIB:.2f} GiB per rank over {world_size} rank(s), reached in {where}; "
+        f"the budget is {choice.budget} ({HEADROOM * (est.gpu_bytes or 0) / GIB:.2f} GiB). Nothing was loaded. "
+        f"{ways}. To try this layout anyway, give it: {ac} --blocks-per-forward {layout.blocks_per_forward}.",
+        fix=fix,
+    )
 
 
 def _layout(layout: Any, compile_on: bool, why: str, cfg: TrainConfig) -> StepLayout:

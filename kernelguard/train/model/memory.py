@@ -17,20 +17,28 @@ What `kernelguard train` holds per rank (FSDP2, ``MixedPrecisionPolicy(param_dty
   layer's activations while it is recomputed;
 - **loss**: ``--loss chunked`` keeps the hidden-state and LM-head gradients (``T x hidden`` + ``vocab x
   hidden`` in ``param_dtype``) and, one 4,096-token chunk at a time, holds its logits, their fp32 copy
-  (``log_softmax(dtype=float32)`` upcasts a bf16 input first) and the fp32 log-softmax; ``--loss logits``
-  keeps the fp32 log-softmax of every token and holds the logits and their fp32 copy through the loss.
+  (``log_softmax(dtype=float32)`` upcasts a bf16 input first) and the fp32 log-softmax - or, when the run
+  compiles, its logits and their gradient in ``param_dtype`` (the compiled pass materialises no fp32 chunk);
+  ``--loss logits`` keeps the fp32 log-softmax of every token and holds the logits and their fp32 copy
+  through the loss;
+- **gradient reduction**: FSDP2 reduces each group's gradients in fp32 (``reduce_dtype``): its unsharded
+  ``param_dtype`` gradients are copied into an fp32 reduce-scatter input of the whole group, then an fp32
+  output shard is allocated. For the root (embeddings + LM head: a third of the memory at Qwen3.5-27B's
+  widths on few layers) that happens after the whole backward, with every other group's gradients alive.
 
 ``--activation-checkpointing auto`` and ``--blocks-per-forward auto`` (the defaults) use this estimate at the
 start of a GPU run: the fastest layout whose peak fits the card (keeping the 8% below free), checkpointing off
 before fewer blocks per forward (:func:`choose_layout`; kernelguard.train.model.build logs the choice with its
 figures).
 
-The peak is the larger of two moments: the loss's forward (all saved activations + the loss buffers) and the
+The peak is the largest of three moments: the loss's forward (all saved activations + the loss buffers); the
 backward, where each layer's saved tensors are freed as its gradients appear, so the larger of all saved and
-all gradients (with checkpointing: plus the layer being recomputed). CUDA context, NCCL buffers and
+all gradients (with checkpointing: plus the layer being recomputed), plus one layer's gradient reduction; and
+the root's gradient reduction at the end of the backward. CUDA context, NCCL buffers and
 allocator slack are not in torch's ``max_memory_allocated``; "fits" keeps 8% of the card free for them.
-Checked on an H200 against the measured peak of the product's step (bench/RESULTS.md, 2026-12-01): within
-5% for the 1.16 B proxy with and without checkpointing, at 8k and 16k tokens.
+Checked against the measured peak of the product's step (bench/RESULTS.md, memory): the 1.16 B proxy with and
+without checkpointing at 8k and 16k tokens, and Qwen3.5-27B's widths at 2 and 4 layers, where the root's
+reduction is the peak (it was left out, and a 4-layer run the estimate said fits ran out of memory there).
 """
 
 from __future__ import annotations
@@ -91,6 +99,7 @@ class MemoryEstimate:
     gpu_source: str
     notes: tuple[str, ...] = field(default=())
     blocks_per_forward: int = 1  # packed blocks in each forward's row (block_size counts all their tokens)
+    compiled_loss: bool = False  # the chunked loss's softmax-gradient pass compiled (the run compiles)
 
     @property
     def fits(self) -> bool | None:
@@ -114,7 +123,8 @@ class MemoryEstimate:
             ("optimizer state (AdamW, fp32 shards)", self.optimizer_bytes),
             (f"unsharded {self.param_dtype} copies (root + 2 layers)", self.unsharded_bytes),
             ("activations", self.activation_bytes),
-            (f"loss ({self.loss})", self.loss_bytes),
+            (f"loss ({self.loss}{', compiled' if self.compiled_loss and self.loss == 'chunked' else ''})",
+             self.loss_bytes),
         ]
         head = (
             f"memory per rank: {human_count(self.num_params)} parameters over {self.world_size} rank(s) "
@@ -205,6 +215,9 @@ class LayoutChoice:
     layout: Layout
     reason: str
     estimate: MemoryEstimate
+    fits: bool = True
+    ranks_that_fit: int | None = None  # when nothing fits: the fewest ranks (GPUs) whose share of it would
+    budget: str = ""  # "92% of 79.18 GiB on NVIDIA H100 80GB HBM3"
 
 
 def candidate_layouts(cfg: Any) -> list[Layout]:
@@ -236,7 +249,7 @@ def _block(cfg: Any) -> int:
 
 
 def _choose(
-    cfg: Any, estimate_for: Callable[[Layout], MemoryEstimate], gpu: int, source: str
+    cfg: Any, estimate_for: Callable[..., MemoryEstimate], gpu: int, source: str
 ) -> LayoutChoice:
     budget = f"{HEADROOM:.0%} of {_gib(gpu)} on {source}"
     candidates = candidate_layouts(cfg)
@@ -256,13 +269,14 @@ def _choose(
         f"estimated peak {_gib(least.peak_bytes)} does not fit {budget} in any layout "
         "(see --dry-run for more ranks or a smaller --max-length)"
     )
-    return LayoutChoice(layout, reason, least)
+    ranks = min_world_size(lambda n: estimate_for(layout, n), gpu)
+    return LayoutChoice(layout, reason, least, fits=False, ranks_that_fit=ranks, budget=budget)
 
 
 def _estimator(
     cfg: Any, *, world_size: int | None, gpu_bytes: int | None, gpu_source: str = "the given GPU memory",
     model: Any = None, progress: Callable[[str], None] | None = None,
-) -> tuple[Callable[[Layout], MemoryEstimate], int | None, str]:
+) -> tuple[Callable[..., MemoryEstimate], int | None, str]:
     """(layout -> the estimate, GPU bytes, where they came from): the model is built once and probed once per
     row length."""
     from .memory_probe import build_probe_model
@@ -285,11 +299,11 @@ def _estimator(
             )
         return probes[tokens]
 
-    def estimate_for(layout: Layout) -> MemoryEstimate:
+    def estimate_for(layout: Layout, world: int | None = None) -> MemoryEstimate:
         n = layout.blocks_per_forward
         return combine(
             probe(n * block),
-            world_size=ranks,
+            world_size=world or ranks,
             block_size=n * block,
             activation_checkpointing=layout.activation_checkpointing,
             loss=str(cfg.runtime.loss),
@@ -298,6 +312,7 @@ def _estimator(
             blocks_per_forward=n,
             gpu_bytes=gpu,
             gpu_source=source,
+            compiled_loss=cfg.runtime.compile is not False,  # auto compiles GPU runs, the ones estimated
         )
 
     return estimate_for, gpu, source
@@ -338,6 +353,7 @@ def combine(
     blocks_per_forward: int = 1,
     gpu_bytes: int | None = None,
     gpu_source: str = "no GPU",
+    compiled_loss: bool = False,
 ) -> MemoryEstimate:
     """The per-rank figures and peak from a probe (see the module docstring for each term)."""
     n, cb = probe.num_params, probe.compute_bytes
@@ -345,7 +361,7 @@ def combine(
     params, grads, optim = 4 * per_rank, 4 * per_rank, 8 * per_rank
     unsharded = cb * (probe.root_params + 2 * probe.max_layer_params)
     static = params + optim + unsharded
-    kept, transient = _loss_bytes(probe, loss)
+    kept, transient = _loss_bytes(probe, loss, compiled=compiled_loss)
     if activation_checkpointing:
         layer_inputs = probe.num_layers * probe.tokens * probe.hidden_size * cb
         saved_fwd = layer_inputs + probe.root_saved
@@ -360,14 +376,25 @@ def combine(
     accum_grads = grads if grad_accum > 1 else 0
     at_loss = static + saved_fwd + kept + transient + accum_grads
     saved_and_grads = saved_fwd + grads if grad_accum > 1 else max(saved_fwd, grads)
-    in_backward = static + kept + saved_and_grads + (activations - saved_fwd)
-    peak = max(at_loss, in_backward)
-    notes = list(probe.notes)
-    notes.append(
-        "the peak is reached in the loss's forward (saved activations + its chunk buffers)"
-        if at_loss >= in_backward
-        else "the peak is reached in the backward (gradients + one recomputed layer)"
+    layer_reduce = _reduce_bytes(probe.max_layer_params, cb, world_size)
+    in_backward = static + kept + saved_and_grads + (activations - saved_fwd) + layer_reduce
+    # The root reduces last: every other group's fp32 gradient shards exist (all of them with --grad-accum >
+    # 1, whose earlier micro-batch left the root's too); the saved activations are gone and every decoder
+    # layer is resharded (FSDP2 reshards after each layer's backward); the root stays gathered.
+    root_shard = 4 * math.ceil(probe.root_params / world_size)
+    own_root_shard = 0 if grad_accum > 1 else root_shard
+    gathered_root = cb * probe.root_params
+    at_root_reduce = params + optim + gathered_root + grads - own_root_shard + _reduce_bytes(
+        probe.root_params, cb, world_size
     )
+    moments = {
+        "the loss's forward (saved activations + its chunk buffers)": at_loss,
+        "the backward (gradients + one recomputed layer + its gradient reduction)": in_backward,
+        "the root's gradient reduction (embeddings + LM head, in fp32) at the end of the backward": at_root_reduce,
+    }
+    where, peak = max(moments.items(), key=lambda kv: kv[1])
+    notes = list(probe.notes)
+    notes.append(f"the peak is reached in {where}")
     return MemoryEstimate(
         world_size=world_size,
         block_size=block_size,
@@ -388,10 +415,19 @@ def combine(
         gpu_bytes=gpu_bytes,
         gpu_source=gpu_source,
         notes=tuple(notes),
+        compiled_loss=compiled_loss,
     )
 
 
-def _loss_bytes(probe: ActivationProbe, loss: str) -> tuple[int, int]:
+def _reduce_bytes(group_params: int, compute_bytes: int, world_size: int) -> int:
+    """Transient bytes of FSDP2 reducing one group's gradients in fp32: its unsharded ``param_dtype``
+    gradients beside the fp32 reduce-scatter input of the whole group, then that input beside its fp32
+    output shard once the unsharded gradients are freed."""
+    shard = math.ceil(group_params / world_size)
+    return max(compute_bytes * group_params, 4 * shard) + 4 * group_params
+
+
+def _loss_bytes(probe: ActivationProbe, loss: str, *, compiled: bool = False) -> tuple[int, int]:
     """(kept for the backward, transient at the loss's forward) bytes of the loss."""
     from ..step.loss import DEFAULT_CHUNK_TOKENS
 
@@ -400,8 +436,10 @@ def _loss_bytes(probe: ActivationProbe, loss: str) -> tuple[int, int]:
     upcast = 4 if cb != 4 else 0
     if loss == "chunked":
         chunk = min(DEFAULT_CHUNK_TOKENS, t)
-        # kept: d(hidden) and d(LM head); per chunk: its logits, their fp32 copy and the fp32 log-softmax
-        return cb * (t * h + v * h), chunk * v * (cb + upcast + 4)
+        # kept: d(hidden) and d(LM head); per chunk: its logits, their fp32 copy and the fp32 log-softmax,
+        # or, compiled, its logits and their gradient (the compiled pass keeps fp32 inside its kernels)
+        per_chunk = chunk * v * (2 * cb if compiled else cb + upcast + 4)
+        return cb * (t * h + v * h), per_chunk
     # the fp32 log-softmax is kept; the logits and their fp32 copy live through the loss's forward
     return 4 * t * v, t * v * (cb + 4)
 
