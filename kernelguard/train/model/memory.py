@@ -26,19 +26,16 @@ What `kernelguard train` holds per rank (FSDP2, ``MixedPrecisionPolicy(param_dty
   output shard is allocated. For the root (embeddings + LM head: a third of the memory at Qwen3.5-27B's
   widths on few layers) that happens after the whole backward, with every other group's gradients alive.
 
-``--activation-checkpointing auto`` and ``--blocks-per-forward auto`` (the defaults) use this estimate at the
-start of a GPU run: the fastest layout whose peak fits the card (keeping the 8% below free), checkpointing off
-before fewer blocks per forward (:func:`choose_layout`; kernelguard.train.model.build logs the choice with its
-figures).
+``--activation-checkpointing auto`` and ``--blocks-per-forward auto`` (the defaults) take the fastest layout
+whose peak fits the card (:func:`choose_layout`; kernelguard.train.model.build logs it, or refuses the run).
 
 The peak is the largest of three moments: the loss's forward (all saved activations + the loss buffers); the
 backward, where each layer's saved tensors are freed as its gradients appear, so the larger of all saved and
 all gradients (with checkpointing: plus the layer being recomputed), plus one layer's gradient reduction; and
-the root's gradient reduction at the end of the backward. CUDA context, NCCL buffers and
-allocator slack are not in torch's ``max_memory_allocated``; "fits" keeps 8% of the card free for them.
-Checked against the measured peak of the product's step (bench/RESULTS.md, memory): the 1.16 B proxy with and
-without checkpointing at 8k and 16k tokens, and Qwen3.5-27B's widths at 2 and 4 layers, where the root's
-reduction is the peak (it was left out, and a 4-layer run the estimate said fits ran out of memory there).
+the root's gradient reduction at the end of the backward. CUDA context, NCCL buffers and allocator slack
+are not in torch's ``max_memory_allocated``; "fits" keeps 8% of the card free for them. Checked against
+measured peaks (bench/RESULTS.md, memory): the 1.16 B proxy, and Qwen3.5-27B's widths where the root's
+reduction is the peak (left out, a 4-layer run the estimate said fits ran out of memory there).
 """
 
 from __future__ import annotations
@@ -183,7 +180,7 @@ def estimate(
         shown = choices[-1][1]
         if len(candidate_layouts(cfg)) == 1:
             return shown.estimate
-        cards = ", ".join(f"{name}: {choice.layout.describe(_block(cfg))}" for name, choice in choices)
+        cards = ", ".join(f"{name}: {_picked(choice, _block(cfg))}" for name, choice in choices)
         note = f"auto decides on the job's GPU ({cards}); shown: {COMMON_GPUS[-1][0]}"
         return replace(shown.estimate, notes=(*shown.estimate.notes, note))
     choice = _choose(cfg, estimate_for, gpu, source)
@@ -191,6 +188,13 @@ def estimate(
         return choice.estimate
     note = f"auto: {choice.layout.describe(_block(cfg))}: {choice.reason}"
     return replace(choice.estimate, notes=(*choice.estimate.notes, note))
+
+
+def _picked(choice: LayoutChoice, block_size: int) -> str:
+    if choice.fits:
+        return choice.layout.describe(block_size)
+    more = f"; {choice.ranks_that_fit} GPUs in all would fit it" if choice.ranks_that_fit else ""
+    return f"nothing fits, the run is refused before loading{more}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,11 +269,12 @@ def _choose(
         return LayoutChoice(layout, reason, est)
     least = min(estimates, key=lambda e: e.peak_bytes)
     layout = Layout(least.activation_checkpointing, least.blocks_per_forward)
+    ranks = min_world_size(lambda n: estimate_for(layout, n), gpu)
+    more = f"{ranks} GPUs in all would fit it" if ranks else "no number of GPUs would fit it"
     reason = (
         f"estimated peak {_gib(least.peak_bytes)} does not fit {budget} in any layout "
-        "(see --dry-run for more ranks or a smaller --max-length)"
+        f"({more}; a smaller --max-length needs less)"
     )
-    ranks = min_world_size(lambda n: estimate_for(layout, n), gpu)
     return LayoutChoice(layout, reason, least, fits=False, ranks_that_fit=ranks, budget=budget)
 
 
