@@ -386,12 +386,9 @@ def combine(
     # The root reduces last: every other group's fp32 gradient shards exist (all of them with --grad-accum >
     # 1, whose earlier micro-batch left the root's too); the saved activations are gone and every decoder
     # layer is resharded (FSDP2 reshards after each layer's backward); the root stays gathered.
-    root_shard = 4 * math.ceil(probe.root_params / world_size)
-    own_root_shard = 0 if grad_accum > 1 else root_shard
-    gathered_root = cb * probe.root_params
-    at_root_reduce = params + optim + gathered_root + grads - own_root_shard + _reduce_bytes(
-        probe.root_params, cb, world_size
-    )
+    own_root_shard = 0 if grad_accum > 1 else 4 * math.ceil(probe.root_params / world_size)
+    root = probe.root_params
+    at_root_reduce = params + optim + cb * root + grads - own_root_shard + _reduce_bytes(root, cb, world_size)
     moments = {
         "the loss's forward (saved activations + its chunk buffers)": at_loss,
         "the backward (gradients + one recomputed layer + its gradient reduction)": in_backward,
