@@ -373,11 +373,9 @@ def combine(
         activations = saved_fwd + probe.max_layer_saved  # plus the layer being recomputed in the backward
     else:
         saved_fwd = activations = probe.total_saved
-    # Two candidate moments: the loss's forward (everything saved + its chunk buffers) and the backward.
-    # Going down the layers the backward frees each layer's saved tensors as its gradients appear, so saved +
-    # gradients is largest at one end: all saved (its start) or all gradients (its end); with checkpointing,
-    # one recomputed layer on top. Gradients of an earlier micro-batch are alive throughout when --grad-accum
-    # > 1; otherwise zero_grad(set_to_none=True) freed the last step's.
+    # The backward frees each layer's saved tensors as its gradients appear: saved + gradients peaks at one end
+    # (with checkpointing, one recomputed layer on top). An earlier micro-batch's gradients are alive throughout
+    # with --grad-accum > 1; otherwise zero_grad(set_to_none=True) freed the last step's.
     accum_grads = grads if grad_accum > 1 else 0
     at_loss = static + saved_fwd + kept + transient + accum_grads
     saved_and_grads = saved_fwd + grads if grad_accum > 1 else max(saved_fwd, grads)
