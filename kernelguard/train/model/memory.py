@@ -379,13 +379,12 @@ def combine(
     accum_grads = grads if grad_accum > 1 else 0
     at_loss = static + saved_fwd + kept + transient + accum_grads
     saved_and_grads = saved_fwd + grads if grad_accum > 1 else max(saved_fwd, grads)
-    layer_reduce = _reduce_bytes(probe.max_layer_params, cb, world_size)
-    in_backward = static + kept + saved_and_grads + (activations - saved_fwd) + layer_reduce
-    # The root reduces last: every other group's fp32 gradient shards exist (all of them with --grad-accum >
-    # 1, whose earlier micro-batch left the root's too); the saved activations are gone and every decoder
-    # layer is resharded (FSDP2 reshards after each layer's backward); the root stays gathered.
-    own_root_shard = 0 if grad_accum > 1 else 4 * math.ceil(probe.root_params / world_size)
+    in_backward = static + kept + saved_and_grads + (activations - saved_fwd)
+    in_backward += _reduce_bytes(probe.max_layer_params, cb, world_size)
+    # The root reduces last: every other group's gradient shards exist (with --grad-accum > 1 its own too),
+    # the saved activations are gone, every layer is resharded; the root stays gathered.
     root = probe.root_params
+    own_root_shard = 0 if grad_accum > 1 else 4 * math.ceil(root / world_size)
     at_root_reduce = params + optim + cb * root + grads - own_root_shard + _reduce_bytes(root, cb, world_size)
     moments = {
         "the loss's forward (saved activations + its chunk buffers)": at_loss,
