@@ -383,8 +383,7 @@ def combine(
     in_backward += _reduce_bytes(probe.max_layer_params, cb, world_size)
     # The root reduces last: every other group's gradient shards exist (with --grad-accum > 1 its own too),
     # the saved activations are gone, every layer is resharded; the root stays gathered.
-    root = probe.root_params
-    own_root_shard = 0 if grad_accum > 1 else 4 * math.ceil(root / world_size)
+    root, own_root_shard = probe.root_params, 0 if grad_accum > 1 else 4 * math.ceil(probe.root_params / world_size)
     at_root_reduce = params + optim + cb * root + grads - own_root_shard + _reduce_bytes(root, cb, world_size)
     moments = {
         "the loss's forward (saved activations + its chunk buffers)": at_loss,
