@@ -196,7 +196,7 @@ def does_not_fit(choice: Any, *, block_size: int, world_size: int) -> ConfigErro
     """The error a GPU run raises, before loading anything, when no layout fits its card (a
     :class:`~kernelguard.train.model.memory.LayoutChoice` with ``fits`` false): the figures, where the peak
     falls, and what would fit. The user's own layout flags still win: with both given, nothing is estimated."""
-    from .memory import HEADROOM, GIB
+    from .memory import GIB, HEADROOM
 
     est, ranks, layout = choice.estimate, choice.ranks_that_fit, choice.layout
     where = est.notes[-1].removeprefix("the peak is reached in ") if est.notes else "the step"

@@ -50,6 +50,7 @@ from kernelguard.errors import ConfigError
 
 from ..common.logs import human_count
 from .memory_probe import PROBE_ATTENTION, ActivationProbe, measure_activations
+from .memory_terms import BACKWARD, LOSS_FORWARD, ROOT_REDUCE, loss_bytes, reduce_bytes, root_reduction_bytes
 
 GIB = 2**30
 HEADROOM = 0.92  # share of the card torch may allocate before "does not fit"
@@ -366,7 +367,7 @@ def combine(
     params, grads, optim = 4 * per_rank, 4 * per_rank, 8 * per_rank
     unsharded = cb * (probe.root_params + 2 * probe.max_layer_params)
     static = params + optim + unsharded
-    kept, transient = _loss_bytes(probe, loss, compiled=compiled_loss)
+    kept, transient = loss_bytes(probe, loss, compiled=compiled_loss)
     if activation_checkpointing:
         layer_inputs = probe.num_layers * probe.tokens * probe.hidden_size * cb
         saved_fwd = layer_inputs + probe.root_saved
@@ -380,19 +381,13 @@ def combine(
     at_loss = static + saved_fwd + kept + transient + accum_grads
     saved_and_grads = saved_fwd + grads if grad_accum > 1 else max(saved_fwd, grads)
     in_backward = static + kept + saved_and_grads + (activations - saved_fwd)
-    in_backward += _reduce_bytes(probe.max_layer_params, cb, world_size)
-    # The root reduces last: every other group's gradient shards exist (with --grad-accum > 1 its own too),
-    # the saved activations are gone, every layer is resharded; the root stays gathered.
-    root, own_root_shard = probe.root_params, 0 if grad_accum > 1 else 4 * math.ceil(probe.root_params / world_size)
-    at_root_reduce = params + optim + cb * root + grads - own_root_shard + _reduce_bytes(root, cb, world_size)
-    moments = {
-        "the loss's forward (saved activations + its chunk buffers)": at_loss,
-        "the backward (gradients + one recomputed layer + its gradient reduction)": in_backward,
-        "the root's gradient reduction (embeddings + LM head, in fp32) at the end of the backward": at_root_reduce,
-    }
-    where, peak = max(moments.items(), key=lambda kv: kv[1])
-    notes = list(probe.notes)
-    notes.append(f"the peak is reached in {where}")
+    in_backward += reduce_bytes(probe.max_layer_params, cb, world_size)
+    at_root = params + optim + root_reduction_bytes(probe, grads, world_size, grad_accum)
+    where, peak = max(
+        [(f"the {LOSS_FORWARD}", at_loss), (f"the {BACKWARD}", in_backward), (f"the {ROOT_REDUCE}", at_root)],
+        key=lambda kv: kv[1],
+    )
+    notes = [*probe.notes, f"the peak is reached in {where}"]
     return MemoryEstimate(
         world_size=world_size,
         block_size=block_size,
@@ -415,31 +410,6 @@ def combine(
         notes=tuple(notes),
         compiled_loss=compiled_loss,
     )
-
-
-def _reduce_bytes(group_params: int, compute_bytes: int, world_size: int) -> int:
-    """Transient bytes of FSDP2 reducing one group's gradients in fp32: its unsharded ``param_dtype``
-    gradients beside the fp32 reduce-scatter input of the whole group, then that input beside its fp32
-    output shard once the unsharded gradients are freed."""
-    shard = math.ceil(group_params / world_size)
-    return max(compute_bytes * group_params, 4 * shard) + 4 * group_params
-
-
-def _loss_bytes(probe: ActivationProbe, loss: str, *, compiled: bool = False) -> tuple[int, int]:
-    """(kept for the backward, transient at the loss's forward) bytes of the loss."""
-    from ..step.loss import DEFAULT_CHUNK_TOKENS
-
-    t, h, v, cb = probe.tokens, probe.hidden_size, probe.vocab_size, probe.compute_bytes
-    # log_softmax(x, dtype=float32) of a bf16/fp16 x first makes an fp32 copy of x (only CUDA fp16 skips it)
-    upcast = 4 if cb != 4 else 0
-    if loss == "chunked":
-        chunk = min(DEFAULT_CHUNK_TOKENS, t)
-        # kept: d(hidden) and d(LM head); per chunk: its logits, their fp32 copy and the fp32 log-softmax,
-        # or, compiled, its logits and their gradient (the compiled pass keeps fp32 inside its kernels)
-        per_chunk = chunk * v * (2 * cb if compiled else cb + upcast + 4)
-        return cb * (t * h + v * h), per_chunk
-    # the fp32 log-softmax is kept; the logits and their fp32 copy live through the loss's forward
-    return 4 * t * v, t * v * (cb + 4)
 
 
 def min_world_size(
