@@ -78,7 +78,7 @@ def test_two_rank_fsdp2_loss_decreases_and_outputs(full_run: Path) -> None:
     assert 0 < first["load_s"] < first["start_s"], first
     assert [r for r in recs[1:] if "start_s" in r or "load_s" in r] == []
     log = (full_run.parent / "full.stderr").read_text()
-    assert re.search(r"weights: initialised \(rank 0's seeded random init, broadcast\) in \d+\.\d s", log), log
+    assert re.search(r"weights: initialised \(seeded random init, each rank its own shards on its device\) in \d+\.\d s", log), log
     assert re.search(rf"exported {re.escape(str(full_run / 'final'))} in \d+\.\d s \(1 safetensors file\)", log)
 
 

@@ -326,3 +326,38 @@ def test_multimodal_checkpoint_trains_text_exports_its_class_and_export_after_th
     # The source folder's sampling defaults and stop tokens: from --model, and from the run's recorded model.
     assert json.loads((final / "generation_config.json").read_text()) == generation
     assert json.loads((again / "generation_config.json").read_text()) == generation
+
+
+@pytest.mark.slow
+def test_random_init_is_made_per_shard_and_is_the_same_at_any_world_size(tmp_path: Path) -> None:
+    """`--init random` fills each rank's shards on its own device: one rank and two ranks (the second run
+    checkpointed, so its module names are wrapped) start from the same weights, bit for bit; another seed does
+    not; the init is transformers' own scheme for the family."""
+    import tiny_models
+    from safetensors.torch import load_file
+
+    config = h.write_model_config(tmp_path / "model").parent
+    outs = {}
+    for nproc, seed in ((1, 0), (2, 0), (1, 1)):
+        out = tmp_path / f"init_{nproc}_{seed}.safetensors"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(h.REPO), str(h.TESTS_DIR)]), OMP_NUM_THREADS="1",
+                   CUDA_VISIBLE_DEVICES="", TRANSFORMERS_VERBOSITY="error")
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--standalone",
+               str(h.TESTS_DIR / "random_init_worker.py"), str(config), str(out), str(seed)]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, check=False)
+        assert r.returncode == 0, r.stderr[-4000:]
+        # the checkpointed run's state-dict names carry the wrapper: compare by the model's own names
+        outs[nproc, seed] = {k.replace("._checkpoint_wrapped_module", ""): v for k, v in load_file(str(out)).items()}
+    one, two, other = outs[1, 0], outs[2, 0], outs[1, 1]
+    assert sorted(one) == sorted(two) and [k for k in one if not torch.equal(one[k], two[k])] == []
+    assert [k for k in one if one[k].numel() > 8 and torch.equal(one[k], other[k]) and one[k].std() > 0] == []
+    ref = tiny_models.tiny_model("qwen3_5", vocab_size=h.VOCAB_SIZE, pad_token_id=0, eos_token_id=2).state_dict()
+    assert sorted(ref) == sorted(one)
+    std = 0.02  # Qwen3.5's initializer_range: linears and the embedding
+    q = one["model.layers.0.mlp.up_proj.weight"]
+    assert abs(float(q.std()) - std) < 0.2 * std and abs(float(q.mean())) < 0.2 * std
+    assert float(one["model.embed_tokens.weight"][0].abs().max()) == 0.0  # the padding row
+    gdn = "model.layers.0.linear_attn."
+    assert torch.equal(one[gdn + "dt_bias"], torch.ones_like(one[gdn + "dt_bias"]))
+    assert float(one[gdn + "A_log"].exp().min()) >= 0.01 and float(one[gdn + "A_log"].exp().max()) <= 16
+    assert float(one["model.norm.weight"].abs().max()) == 0.0  # Qwen3.5's norms are 1 + weight

@@ -281,7 +281,7 @@ def prepare_training(
 _LOADED = {
     "sharded": "loaded (each rank read its own slices)",
     "rank0": "loaded (rank 0 read them and broadcast)",
-    "random": "initialised (rank 0's seeded random init, broadcast)",
+    "random": "initialised (seeded random init, each rank its own shards on its device)",
 }
 
 

@@ -287,9 +287,14 @@ def load_weights(model: nn.Module, *, plan: WeightPlan | None, note: str | None,
                  weights: Path | None, seed: int) -> str:
     """Fill the sharded ``model`` (after ``fully_shard``): from the plan on every rank, else rank 0's path.
     Returns how: ``"sharded"`` (each rank read its own slices), ``"rank0"`` (rank 0 read the files and
-    broadcast) or ``"random"`` (rank 0's seeded random init, broadcast)."""
+    broadcast) or ``"random"`` (a seeded random init, each rank its own shards: random_init)."""
     from .parallel import materialize
+    from .random_init import init_sharded, supports_sharded_init
 
+    if weights is None and supports_sharded_init(model):
+        init_sharded(model, device=info.device, seed=seed)
+        restore_buffers(model, config)
+        return "random"
     if plan is None or not hf_reader_available():
         if weights is not None and info.is_main:
             why = note or "this torch has no torch.distributed.checkpoint.HuggingFaceStorageReader"
