@@ -38,7 +38,7 @@ from typing import Any
 
 from kernelguard.boundary_check import BoundaryCheck
 from kernelguard.boundary_facts import GdnBoundaries, decoder_stacks, gdn_boundaries
-from kernelguard.equivalence import FirstRowProbe
+from kernelguard.equivalence import FirstRowProbe, probing
 from kernelguard.policy import AllowPolicy
 from kernelguard.registry import REGISTRY
 from kernelguard.terms import PYTHON
@@ -54,6 +54,7 @@ class BoundaryWatch:
     def __init__(self, stacks: list[tuple[str, Any]], facts: GdnBoundaries, policy: AllowPolicy, *,
                  syntax: str = PYTHON, allow_fix: str | None = None, probe: bool = True) -> None:
         self.stacks = [path for path, _ in stacks]
+        self.modules = [module for _, module in stacks]
         self.checks = [BoundaryCheck(module, facts, policy, syntax=syntax, allow_fix=allow_fix)
                        for _, module in stacks]
         self.probes: list[FirstRowProbe] = []
@@ -170,7 +171,8 @@ def _silencer(check: BoundaryCheck) -> Any:
 
 def check_hook(check: BoundaryCheck) -> Any:
     def before_forward(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        check.check_call(args, kwargs)
+        if not probing():
+            check.check_call(args, kwargs)
 
     return before_forward
 
@@ -187,4 +189,9 @@ def watch_boundaries(model: Any, policy: AllowPolicy, *, mode: str = "training",
     paths = [p.removeprefix(root_name + ".") if p.startswith(root_name + ".") else p
              for p in (*facts.layers, *facts.attention) if p != root_name]
     stacks = decoder_stacks(model, paths) if paths else [("", model)]
+    # guard() called again on a model: the new watch replaces the old one on the same stacks (one check each)
+    ours = {id(module) for _, module in stacks}
+    for old in [w for w in REGISTRY.boundary_watches.values() if isinstance(w, BoundaryWatch)]:
+        if ours & {id(module) for module in old.modules}:
+            old.disarm()
     return BoundaryWatch(stacks, facts, policy, syntax=syntax, allow_fix=allow_fix, probe=probe)

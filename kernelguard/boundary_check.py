@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kernelguard.boundary_facts import GdnBoundaries
-from kernelguard.errors import PackedWithoutBoundariesError
+from kernelguard.errors import ConfigError, PackedWithoutBoundariesError
 from kernelguard.policy import PACKED_WITHOUT_BOUNDARIES, AllowPolicy
 from kernelguard.registry import REGISTRY, log_once
 from kernelguard.segments import RowSegments, examples_per_row, read_segments
@@ -116,6 +116,7 @@ class BoundaryCheck:
         if _is_compiling():
             self._check_compiled(positions, mask, kwargs, missing)
             return
+        _check_boundary_types(kwargs)
         self.calls += 1
         if not missing and not self._due():
             return
@@ -213,6 +214,32 @@ class BoundaryCheck:
         return PackedWithoutBoundariesError(
             message, fix=f"{fix}; or {self._allow_fix}", layer=first, examples=seg.examples, missing=("attention",),
             details={"layers": list(self.facts.attention), "impl": self.facts.attention_impl, "kind": "attention"},
+        )
+
+
+def _check_boundary_types(kwargs: dict[str, Any]) -> None:
+    """The kernels take ``cu_seq_lens_*`` as one 1-D integer tensor; anything else fails inside them with an
+    error that names neither the keyword nor the collator (a list; a ``[1, N]`` stack that
+    ``default_data_collator`` makes of a per-row list)."""
+    import torch
+
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        value = kwargs.get(key)
+        if value is None:
+            continue
+        tensor = isinstance(value, torch.Tensor)
+        if tensor and value.dim() == 1 and not value.is_floating_point() and not value.is_complex():
+            continue
+        found = (f"a {value.dim()}-D {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
+                 if tensor else f"a Python {type(value).__name__}")
+        one_row = tensor and value.dim() == 2 and value.shape[0] == 1
+        raise ConfigError(
+            f"{key} is {found}; the GDN kernels and the varlen attention take one 1-D integer tensor of the "
+            "examples' start offsets in the packed row, ending with its length (e.g. [0, 10, 16, 24]). A [1, N] "
+            "tensor is what default_data_collator makes of a per-row list; DataCollatorWithFlattening("
+            "return_flash_attn_kwargs=True) builds the 1-D one.",
+            fix=f"batch[{key!r}] = batch[{key!r}][0]" if one_row
+            else f"batch[{key!r}] = torch.tensor(batch[{key!r}], dtype=torch.int32)",
         )
 
 

@@ -26,7 +26,7 @@ from kernelguard.errors import PackedWithoutBoundariesError
 from kernelguard.packed_batch import BOUNDARY_KEYWORDS
 from kernelguard.segments import RowSegments
 
-__all__ = ["FLOORS", "PROBED_EXAMPLES", "RATIO", "FirstRowProbe", "LayerDifference"]
+__all__ = ["FLOORS", "PROBED_EXAMPLES", "RATIO", "FirstRowProbe", "LayerDifference", "probing"]
 
 PROBED_EXAMPLES = 3  # the first example (the rounding reference) and up to two after it
 RATIO = 20.0
@@ -36,6 +36,13 @@ RATIO = 20.0
 FLOORS = {"float32": 2e-6, "float64": 1e-12, "bfloat16": 3e-2, "float16": 4e-3}
 _MIN_TOKENS = 2  # a one-token example (a padding segment) says little
 _DROPPED = (*BOUNDARY_KEYWORDS, "attention_mask", "position_ids", "input_ids", "inputs_embeds", "labels")
+_RUNNING: list[FirstRowProbe] = []  # probes measuring now (their forwards are not the user's calls)
+
+
+def probing() -> bool:
+    """Whether a probe is running its own forwards: every boundary check stays out of them (a second watch on
+    the same stack, the plugin's, would otherwise check, and probe, the probe's calls)."""
+    return bool(_RUNNING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +99,7 @@ class FirstRowProbe:
 
         layers = _decoder_layers(self.stack, self.path)
         self._quiet(True)
+        _RUNNING.append(self)
         restore = _without_dropout(self.stack)
         try:
             with torch.no_grad():  # the packed row's outputs are kept on the probed examples' tokens only
@@ -99,6 +107,7 @@ class FirstRowProbe:
                 alone = [_outputs(self.stack, layers, _alone(kwargs, a, b)) for a, b in spans]
         finally:
             restore()
+            _RUNNING.remove(self)
             self._quiet(False)
         floor = FLOORS.get(str(packed[0][1].dtype).removeprefix("torch."), FLOORS["float32"]) if packed else 0.0
         out = []

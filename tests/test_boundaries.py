@@ -498,3 +498,37 @@ def test_a_cache_the_config_asks_for_is_read_like_the_keyword(fake_providers: An
     omitted = _refused(model, _bounded())
     assert "this call builds one (use_cache=True, by the keyword or the model's config)" in omitted.message
     assert omitted.fix.startswith("pass use_cache=False when training on packed rows")
+
+
+def test_guard_twice_keeps_one_watch_and_a_correct_row_passes(fake_providers: Any, tiny: Any) -> None:
+    """guard(model) called again (a notebook cell re-run): the new watch replaces the old one on the same stack,
+    and no check runs inside a probe's own forwards (it raised IndexError from the probe)."""
+    model = _model(tiny)
+    first = guard(model, packed=True, allow=["attention"])
+    second = guard(model, packed=True, allow=["attention"])
+    assert not first.boundaries.armed and second.boundaries.armed
+    with torch.no_grad():
+        model(**_flatten(return_flash_attn_kwargs=True, return_seq_idx=True))
+    measured = second.boundaries.probes[0].measured
+    assert measured and not any(d.differs for d in measured)
+
+
+@pytest.mark.parametrize("shape", ["list", "stacked"])
+def test_cu_seq_lens_that_the_kernels_cannot_take_are_refused_naming_the_keyword(
+    fake_providers: Any, tiny: Any, shape: str
+) -> None:
+    model, _ = _guarded(tiny)
+    batch = _flatten(return_flash_attn_kwargs=True, return_seq_idx=True)
+    cu = batch["cu_seq_lens_q"]
+    bad = cu.tolist() if shape == "list" else cu[None]  # what default_data_collator makes of a per-row list
+    with torch.no_grad(), pytest.raises(ConfigError) as info:
+        model(**{**batch, "cu_seq_lens_q": bad, "cu_seq_lens_k": bad})
+    found = "a Python list" if shape == "list" else f"a 2-D int32 tensor of shape [1, {cu.numel()}]"
+    assert info.value.message == (
+        f"cu_seq_lens_q is {found}; the GDN kernels and the varlen attention take one 1-D integer tensor of the "
+        "examples' start offsets in the packed row, ending with its length (e.g. [0, 10, 16, 24]). A [1, N] tensor "
+        "is what default_data_collator makes of a per-row list; DataCollatorWithFlattening("
+        "return_flash_attn_kwargs=True) builds the 1-D one."
+    )
+    assert info.value.fix == ("batch['cu_seq_lens_q'] = torch.tensor(batch['cu_seq_lens_q'], dtype=torch.int32)"
+                              if shape == "list" else "batch['cu_seq_lens_q'] = batch['cu_seq_lens_q'][0]")
