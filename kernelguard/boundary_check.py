@@ -141,7 +141,7 @@ class BoundaryCheck:
         lockstep = _ranks() > 1
         if self.probe is not None and (packed or lockstep):
             probe, self.probe = self.probe, None  # once: the first packed row that every static check passed
-            error = probe(args, kwargs, seg, lockstep=lockstep)
+            error = probe(args, kwargs, seg, lockstep=lockstep, blind=seg.masked_packed)
             if error is not None and packed and not accepted:
                 self._refuse(error)
 

@@ -74,13 +74,15 @@ class FirstRowProbe:
         self._quiet = quiet  # silences the stack's own check while the probe calls it
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], seg: RowSegments, *,
-                 lockstep: bool = False) -> PackedWithoutBoundariesError | None:
+                 lockstep: bool = False, blind: bool = False) -> PackedWithoutBoundariesError | None:
         """The refusal for this row, or None (the caller raises it, or logs it under the allow item).
         ``lockstep``: one of several ranks, which must all run the same number of forwards (FSDP gathers
-        parameters in each): always ``PROBED_EXAMPLES`` examples, repeats standing in for missing ones."""
+        parameters in each): always ``PROBED_EXAMPLES`` examples, repeats standing in for missing ones.
+        ``blind``: a row the probe cannot compare (masked tokens inside a packed row: alone, an example's
+        pads would attend); it only keeps step with the other ranks."""
         if args:  # positional calls: the stack's own caller always passes keywords
             return None
-        spans = _chosen(seg)
+        spans = [] if blind else _chosen(seg)
         real = len(spans)
         if lockstep:
             spans = (spans or [(0, seg.length)]) + [spans[0] if spans else (0, seg.length)] * PROBED_EXAMPLES

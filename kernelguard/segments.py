@@ -53,15 +53,27 @@ class RowSegments:
     # A 4-D mask that is exactly causal and block-diagonal: the starts of its blocks (row 0). None for no 4-D mask
     # or another structure (a shared prefix, a tree): nothing is claimed about those.
     by_mask: tuple[int, ...] | None = None
+    # With a 2-D mask that masks something: the most examples any row holds among its unmasked tokens, by where
+    # their position ids restart (None: no such mask, or no position ids to tell).
+    examples_unmasked: int | None = None
 
     @property
     def padded(self) -> bool:
-        """A padding mask that masks something: one example per row, as transformers' mask code assumes."""
-        return self.mask_all_ones is False
+        """A padding mask that masks something, over one example per row, as transformers' mask code assumes.
+        A row whose unmasked tokens hold several examples (pads between or after packed examples) is packed."""
+        return self.mask_all_ones is False and (self.examples_unmasked or 1) <= 1
+
+    @property
+    def masked_packed(self) -> bool:
+        """Packed rows with masked tokens in them: checked, but not probed (alone, an example's pads would
+        attend)."""
+        return self.mask_all_ones is False and not self.padded
 
     @property
     def examples(self) -> int:
         """Examples in the busiest row, by the signals present (they agree, or :meth:`disagreement` says not)."""
+        if self.masked_packed:
+            return int(self.examples_unmasked or 1)
         counts = [len(s) for s in (self.by_cu_seq_lens, self.by_seq_idx, self.by_mask) if s is not None]
         counts += [len(row) for row in self.by_positions or ()]
         return max(counts, default=1)
@@ -140,9 +152,27 @@ def read_segments(position_ids: Any, kwargs: dict[str, Any], attention_mask: Any
         found["by_seq_idx"] = (0, *(int(i) for i in changes.tolist()))
     if attention_mask is not None and hasattr(attention_mask, "dim") and attention_mask.dim() == 2:
         found["mask_all_ones"] = bool(attention_mask.bool().all())
+        if not found["mask_all_ones"] and position_ids is not None and hasattr(position_ids, "dim"):
+            found["examples_unmasked"] = _examples_unmasked(position_ids, attention_mask)
     if attention_mask is not None and hasattr(attention_mask, "dim") and attention_mask.dim() == 4:
         found["by_mask"] = block_mask_starts(attention_mask)
     return RowSegments(**found)
+
+
+def _examples_unmasked(position_ids: Any, mask: Any) -> int:
+    """The most examples a row holds among its unmasked tokens: where the positions of those tokens, in order,
+    do not continue. A padded row has one (its pads, left or right, are masked); a packed row with pads more."""
+    positions = position_ids[0] if position_ids.dim() == 3 else position_ids
+    if positions.dim() == 1:
+        positions = positions.unsqueeze(0)
+    if tuple(positions.shape) != tuple(mask.shape):
+        return 1
+    most = 1
+    for row, keep in zip(positions, mask.bool()):
+        kept = row[keep.to(row.device)]
+        if kept.numel() > 1:
+            most = max(most, 1 + int((kept[1:] != kept[:-1] + 1).sum()))
+    return most
 
 
 def block_mask_starts(mask: Any) -> tuple[int, ...] | None:

@@ -532,3 +532,29 @@ def test_cu_seq_lens_that_the_kernels_cannot_take_are_refused_naming_the_keyword
     )
     assert info.value.fix == ("batch['cu_seq_lens_q'] = torch.tensor(batch['cu_seq_lens_q'], dtype=torch.int32)"
                               if shape == "list" else "batch['cu_seq_lens_q'] = batch['cu_seq_lens_q'][0]")
+
+
+@pytest.mark.parametrize("layout", ["pads after", "pads between"])
+def test_a_packed_row_with_masked_pads_is_checked_not_waved_through(fake_providers: Any, tiny: Any, layout: str) -> None:
+    """A zero in the mask made the whole batch 'padded' and switched every check off, though the unmasked
+    tokens hold several examples (TRL's bfd rows with padding_free=False keep their position ids; pads between
+    examples): the row leaks and is refused like any packed row without boundaries. Left- and right-padded
+    batches (one example per row among the unmasked tokens) still pass."""
+    model, _ = _guarded(tiny)
+    first, second, pads = list(range(8)), list(range(7)), [0] * 5
+    positions = first + second + pads if layout == "pads after" else first + pads + second
+    mask = [1] * 15 + [0] * 5 if layout == "pads after" else [1] * 8 + [0] * 5 + [1] * 7
+    batch = {"input_ids": torch.randint(3, 250, (1, 20), generator=torch.Generator().manual_seed(0)),
+             "position_ids": torch.tensor([positions]), "attention_mask": torch.tensor([mask])}
+    error = _refused(model, batch)
+    assert error.message == _message(2, "position_ids", BOTH)
+    ids = torch.randint(3, 250, (2, 10), generator=torch.Generator().manual_seed(1))
+    left = {"input_ids": ids, "attention_mask": torch.tensor([[1] * 10, [0] * 4 + [1] * 6]),
+            "position_ids": torch.tensor([list(range(10)), [1] * 4 + list(range(6))])}
+    right = {"input_ids": ids, "attention_mask": torch.tensor([[1] * 10, [1] * 6 + [0] * 4]),
+             "position_ids": torch.tensor([list(range(10)), list(range(6)) + [1] * 4])}
+    padded = _model(tiny)
+    guard(padded, packed=False, allow=["attention"])
+    with torch.no_grad():
+        padded(**left)
+        padded(**right)
