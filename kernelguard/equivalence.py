@@ -55,6 +55,7 @@ class LayerDifference:
     worst: float
     example: tuple[int, int]
     tolerance: float
+    kind: str = "decoder"  # the layer's own word for what it mixes with ("full attention", "linear attention")
 
     @property
     def differs(self) -> bool:
@@ -100,6 +101,7 @@ class FirstRowProbe:
         import torch
 
         layers = _decoder_layers(self.stack, self.path)
+        kinds = {name: _kind(layer) for name, layer in layers}
         self._quiet(True)
         _RUNNING.append(self)
         restore = _without_dropout(self.stack)
@@ -119,7 +121,8 @@ class FirstRowProbe:
         for index, (name, kept) in enumerate(packed):
             diffs = [_relative(kept[0, offsets[i]:offsets[i + 1]], alone[i][index][1][0]) for i in range(len(spans))]
             worst = max(range(1, len(spans)), key=lambda i: diffs[i])
-            out.append(LayerDifference(name, diffs[0], diffs[worst], spans[worst], max(floor, RATIO * diffs[0])))
+            out.append(LayerDifference(name, diffs[0], diffs[worst], spans[worst], max(floor, RATIO * diffs[0]),
+                                       kinds.get(name, "decoder")))
         return out
 
 
@@ -190,6 +193,18 @@ def _decoder_layers(stack: Any, path: str) -> list[tuple[str, Any]]:
     return []
 
 
+def _kind(layer: Any) -> str:
+    """What a decoder layer mixes its tokens with: its own ``layer_type`` (Qwen3.5, Qwen3-Next, ...), else an
+    attention when it has one and no gated-delta module."""
+    declared = getattr(layer, "layer_type", None)
+    if isinstance(declared, str):
+        return declared.replace("_", " ")
+    names = [type(m).__name__ for m in layer.modules()]
+    if any("GatedDelta" in n for n in names):
+        return "linear attention"
+    return "full attention" if any("Attention" in n for n in names) else "decoder"
+
+
 def _without_dropout(module: Any) -> Callable[[], None]:
     """Zero every dropout probability under ``module`` (modules and attention layers' ``attention_dropout``)
     without a train()/eval() switch (transformers >= 5.25 re-kernelizes on a mode change); returns the undo."""
@@ -216,14 +231,20 @@ def _error(first: LayerDifference, measured: list[LayerDifference]) -> PackedWit
     where = ", ".join(f"{d.layer.rsplit('.', 1)[-1]}: {d.worst:.1e}" for d in measured)
     message = (
         f"kernelguard: the first packed row, run example by example, differs from the packed run from "
-        f"{first.layer} on: the example at tokens {a}-{b - 1} differs by {first.worst:.1e} relative (tolerance "
+        f"{first.layer} ({first.kind}) on: the example at tokens {a}-{b - 1} differs by {first.worst:.1e} relative (tolerance "
         f"{first.tolerance:.0e}; the row's first example, which nothing precedes, differs by {first.reference:.1e}). "
         "The layers do not keep the row's examples apart, whatever its boundary keywords say: the results are "
         f"wrong, not only slow, and nothing else raises. Per layer: {where}"
     )
-    fix = ("check that each GDN kernel honours cu_seqlens / seq_idx and that the collator writes its boundaries from "
-           "the same examples (DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)); "
-           "or train on padded batches")
+    if "attention" in first.kind and "linear" not in first.kind:  # the first to leak is an attention layer
+        fix = ("its attention reaches across the row's examples: sdpa and eager keep them apart only from the "
+               "position ids, with no cache (use_cache=False, as the config may say otherwise) and no 2-D "
+               "attention_mask; or give a varlen attention the boundaries (attn_implementation="
+               "'kernelguard_varlen' or 'flash_attention_2', with cu_seq_lens_q/k); or train on padded batches")
+    else:
+        fix = ("check that each GDN kernel honours cu_seqlens / seq_idx and that the collator writes its boundaries "
+               "from the same examples (DataCollatorWithFlattening(return_flash_attn_kwargs=True, "
+               "return_seq_idx=True)); or train on padded batches")
     return PackedWithoutBoundariesError(
         message, fix=fix, layer=first.layer, examples=0, missing=(),
         details={"kind": "probe", "layers": [(d.layer, d.reference, d.worst, d.tolerance) for d in measured]},

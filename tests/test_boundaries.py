@@ -390,7 +390,8 @@ def test_the_first_row_probe_finds_a_leak_no_static_check_sees(
     assert error.details["kind"] == "probe" and error.layer == "model.layers.1"
     assert error.message.startswith(
         "kernelguard: the first packed row, run example by example, differs from the packed run from "
-        "model.layers.1 on: the example at tokens ")
+        "model.layers.1 (linear attention) on: the example at tokens ")
+    assert error.fix.startswith("check that each GDN kernel honours cu_seqlens / seq_idx")
     assert "The layers do not keep the row's examples apart, whatever its boundary keywords say" in error.message
     reference, worst, tolerance = error.details["layers"][1][1:]
     # measured 3.8e-5 against a 1e-6 tolerance (the fp32 floor), where a correct row's layers differ by at most
@@ -558,3 +559,21 @@ def test_a_packed_row_with_masked_pads_is_checked_not_waved_through(fake_provide
     with torch.no_grad():
         padded(**left)
         padded(**right)
+
+
+def test_a_leaking_attention_layer_is_named_as_one_with_the_attention_fix(
+    fake_providers: Any, tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sdpa that no longer sees the packed row (transformers' packed-sequence detection gone: what a cache or a
+    mask does to it): the GDN layers keep the examples apart, the attention layer is the first to differ, and the
+    refusal says so, with the attention's causes, not the GDN kernels'."""
+    import transformers.masking_utils as masking
+
+    model, _ = _guarded(tiny)
+    monkeypatch.setattr(masking, "find_packed_sequence_indices", lambda *a, **k: None)
+    error = _refused(model, _bounded())
+    assert error.layer == "model.layers.3" and error.message.startswith(
+        "kernelguard: the first packed row, run example by example, differs from the packed run from "
+        "model.layers.3 (full attention) on: ")
+    assert error.fix.startswith("its attention reaches across the row's examples: sdpa and eager keep them apart "
+                                "only from the position ids, with no cache (use_cache=False")
