@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard.segments import examples_per_row
 from kernelguard.errors import ConfigError, PackedWithoutBoundariesError
 from kernelguard.guard import guard, inspect
 from kernelguard.policy import AllowPolicy
 from kernelguard.registry import REGISTRY
+from kernelguard.segments import examples_per_row
 
 FIRST = "model.layers.0.linear_attn"
 LEAK = "recurrent and conv state would carry from each example into the next. The results are wrong, not only slow, and nothing else raises."

@@ -13,7 +13,7 @@ import torch
 
 from kernelguard.decisions import REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError
-from kernelguard.integrations.transformers import KernelGuardCallback, Packing, detect_packing
+from kernelguard.integrations.transformers import KernelGuardCallback, Packing, detect_packing, packing_note
 
 GDN_KERNELS = ("chunk_gated_delta_rule", "causal_conv1d_fn")
 
@@ -247,6 +247,13 @@ def test_detect_packing_from_trainer_arguments_and_override() -> None:
     assert detect_packing(args, None).source == "SFTConfig.packing=True (packing_strategy='bfd')"
     args.packing_strategy = "wrapped"  # one long row per batch, not flattened examples
     assert detect_packing(args, None).packed is False
+    assert packing_note(args) == (
+        "kernelguard: note: SFTConfig.packing_strategy='wrapped' joins the examples and cuts rows mid-example: each "
+        "row's examples see one another in every layer (attention and GDN state alike). packing_strategy='bfd' "
+        "keeps them apart."
+    )
+    args.packing_strategy = "bfd"
+    assert packing_note(args) is None
     flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
     assert detect_packing(SimpleNamespace(), flat) == Packing(True, "DataCollatorWithFlattening", True)
     assert detect_packing(SimpleNamespace(), DataCollatorWithFlattening()).boundaries is False

@@ -20,10 +20,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from kernelguard.errors import CheckpointError, ConfigError
+from kernelguard.train.model.weights import plan_weights, read_layout
+from kernelguard.train.output.export import OutTensor, plan_shards, shard_names, write_safetensors
 from kernelguard.train.settings.config import TrainConfig
 from kernelguard.train.settings.config_rules import parse_size
-from kernelguard.train.output.export import OutTensor, plan_shards, shard_names, write_safetensors
-from kernelguard.train.model.weights import plan_weights, read_layout
 
 SHARD = "60KB"  # the tiny model (~0.2 MB in bf16) is then 4+ files
 

@@ -44,6 +44,7 @@ __all__ = [
     "detect_packing",
     "failing_ranks",
     "guard_model",
+    "packing_note",
     "providers_summary",
     "register_varlen_attention",
     "training_gate",
@@ -80,6 +81,17 @@ def detect_packing(args: Any, collator: Any, *, packed: bool | None = None) -> P
     if _is_flattening(collator) or getattr(collator, "padding_free", False) is True:
         return Packing(True, type(collator).__name__, boundaries)
     return Packing(False, "padded batches (no padding-free or flattening collator)", boundaries)
+
+
+def packing_note(args: Any) -> str | None:
+    """A line for a packing that mixes examples by design, which no batch shows: TRL's ``wrapped`` strategy joins
+    the examples and cuts rows mid-example, so every layer (attention and GDN alike) sees the previous one. Said,
+    not refused: it is the user's choice, not a kernel's fallback."""
+    if getattr(args, "packing", False) is True and getattr(args, "packing_strategy", None) == "wrapped":
+        return (f"kernelguard: note: {type(args).__name__}.packing_strategy='wrapped' joins the examples and cuts "
+                "rows mid-example: each row's examples see one another in every layer (attention and GDN state "
+                "alike). packing_strategy='bfd' keeps them apart.")
+    return None
 
 
 def _is_flattening(collator: Any) -> bool:
@@ -318,9 +330,9 @@ def _step_profiler(settings: tuple[int | None, int, Any], model: Any, state: Any
     first, every, trace = settings
     if not getattr(state, "is_world_process_zero", True):
         return None
+    from kernelguard.diagnosis.profiler import DEFAULT_FIRST_STEP, StepProfiler
     from kernelguard.geometry import layer_types
     from kernelguard.train.output.metrics import peak_flops
-    from kernelguard.diagnosis.profiler import DEFAULT_FIRST_STEP, StepProfiler
 
     device = next((p.device for p in model.parameters()), None)
     if first is None:
@@ -406,6 +418,9 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
         if getattr(state, "is_world_process_zero", True):
             print(f"kernelguard: guard passed ({self.packing.source}).\n{self.report.render(verbose=self.verbose)}",
                   file=sys.stderr, flush=True)
+            note = packing_note(args)
+            if note is not None:
+                print(note, file=sys.stderr, flush=True)
 
         self.profiler = _step_profiler(self.profile, model, state)
 
