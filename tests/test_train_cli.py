@@ -330,7 +330,7 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert "max_length is 0" in capsys.readouterr().err
     assert main(["--data", "d"]) == 2
     assert capsys.readouterr().err == (
-        "kernelguard train: error: --model is required.\nFix: pass --model DIR_OR_CONFIG_JSON\n"
+        "kernelguard train: error: --model is required.\nFix: kernelguard train --data d --model DIR_OR_CONFIG_JSON\n"
     )
     tok = h.write_tokenizer(tmp_path / "tok")
     data = h.write_jsonl(tmp_path / "d.jsonl", h.copy_task_rows(2))  # a Hub name would be refused first offline

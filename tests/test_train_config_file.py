@@ -160,7 +160,9 @@ def test_required_flags_may_come_from_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         parse_command(["--config", str(path), "--data", "d"])
     assert info.value.message == "--output-dir is required."
-    assert info.value.fix == f"pass --output-dir DIR, or set output_dir in {path}"
+    # the user's own command, completed: a run folder named after the model, never a placeholder kernelguard
+    # could fill
+    assert info.value.fix == f"kernelguard train --config {path} --data d --output-dir runs/m (or set output_dir in {path})"
 
 
 @pytest.mark.parametrize(("old", "new"), sorted(DEPRECATED_FLAGS.items()))

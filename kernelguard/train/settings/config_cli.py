@@ -323,13 +323,21 @@ def _normalize_flag_spelling(argv: list[str], parser: argparse.ArgumentParser) -
     return out
 
 
-def _required_missing(ns: dict[str, Any], config_file: Path | None) -> None:
+def _required_missing(ns: dict[str, Any], config_file: Path | None, argv: list[str]) -> None:
+    """The first required setting not given, refused with the user's own command completed: a run folder named
+    after the model where kernelguard can name one, a placeholder only for what it cannot guess."""
+    import shlex
+
     for cls in SECTIONS.values():
         for f in fields(cls):
             if "required" in f.metadata and ns.get(f.name) is None:
                 flag = "--" + f.name.replace("_", "-")
-                where = f", or set {f.name} in {config_file}" if config_file else ""
-                raise ConfigError(f"{flag} is required.", fix=f"pass {flag} {f.metadata['required']}{where}")
+                value = f.metadata["required"]
+                if f.name == "output_dir" and ns.get("model"):
+                    value = f"runs/{Path(str(ns['model'])).name.removesuffix('.json') or 'run'}"
+                where = f" (or set {f.name} in {config_file})" if config_file else ""
+                raise ConfigError(f"{flag} is required.",
+                                  fix=f"kernelguard train {shlex.join([*argv, flag, value])}{where}")
 
 
 def parse_command(argv: list[str] | None) -> Command:
@@ -362,7 +370,7 @@ def parse_command(argv: list[str] | None) -> Command:
     ]
     for dest in lists & from_file.keys():  # a list given on the command line replaces the file's
         ns[dest] = ns[dest] or from_file[dest]
-    _required_missing(ns, config_file)
+    _required_missing(ns, config_file, argv)
     b1, b2 = ns.pop("adam_beta1"), ns.pop("adam_beta2")
     ns["adam_betas"] = (ns["adam_betas"][0] if b1 is None else b1, ns["adam_betas"][1] if b2 is None else b2)
     names = {f.name for cls in SECTIONS.values() for f in fields(cls)}
