@@ -82,6 +82,7 @@ class BoundaryCheck:
         self.quiet = False  # while the probe itself calls the model
         self._allow_fix = allow_fix or f"accept it explicitly with {allow_hint([PACKED_WITHOUT_BOUNDARIES], syntax)}"
         self._at = {name: _positional_index(root, name) for name in ("input_ids", "position_ids", "attention_mask")}
+        self._names = _positional_names(root)
         self._config = getattr(root, "config", None)
         self._op = _row_check_op()  # registered here, eagerly: dynamo cannot trace the registration
         REGISTRY.boundary_checks[self.key] = self
@@ -141,6 +142,7 @@ class BoundaryCheck:
         lockstep = _ranks() > 1
         if self.probe is not None and (packed or lockstep):
             probe, self.probe = self.probe, None  # once: the first packed row that every static check passed
+            args, kwargs = _as_keywords(self._names, args, kwargs)  # `model.model(input_ids, **rest)` too
             error = probe(args, kwargs, seg, lockstep=lockstep, blind=seg.masked_packed)
             if error is not None and packed and not accepted:
                 self._refuse(error)
@@ -241,6 +243,24 @@ def _check_boundary_types(kwargs: dict[str, Any]) -> None:
             fix=f"batch[{key!r}] = batch[{key!r}][0]" if one_row
             else f"batch[{key!r}] = torch.tensor(batch[{key!r}], dtype=torch.int32)",
         )
+
+
+def _positional_names(root: Any) -> list[str]:
+    """The forward's parameters that a positional argument can fill, in order (after ``self``)."""
+    try:
+        params = list(inspect.signature(type(root).forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in itertools.takewhile(lambda p: p.kind in kinds, params)]
+
+
+def _as_keywords(names: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A call's positional arguments as keywords, when the forward's signature names them all (chunked-loss
+    trainers call ``model.model(input_ids, **rest)``); else the call as it was."""
+    if not args or len(args) > len(names) or set(names[: len(args)]) & set(kwargs):
+        return args, kwargs
+    return (), {**dict(zip(names, args)), **kwargs}
 
 
 def _positional_index(root: Any, name: str) -> int | None:

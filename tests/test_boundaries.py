@@ -577,3 +577,17 @@ def test_a_leaking_attention_layer_is_named_as_one_with_the_attention_fix(
         "model.layers.3 (full attention) on: ")
     assert error.fix.startswith("its attention reaches across the row's examples: sdpa and eager keep them apart "
                                 "only from the position ids, with no cache (use_cache=False")
+
+
+def test_the_probe_runs_on_a_stack_called_with_positional_input_ids(
+    fake_providers: Any, tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunked-loss trainers call the decoder stack as `model.model(input_ids, **rest)`: the probe skipped such a
+    call, so a leak no static check sees passed; the positional input ids are now read as the keyword."""
+    _ignoring_cu_seqlens(monkeypatch)
+    model, _ = _guarded(tiny)
+    batch = _bounded()
+    ids = batch.pop("input_ids")
+    with torch.no_grad(), pytest.raises(PackedWithoutBoundariesError) as info:
+        model.model(ids, **batch)
+    assert info.value.details["kind"] == "probe" and info.value.layer == "model.layers.1"
