@@ -12,14 +12,15 @@ from kernelguard.boundary_facts import GdnBoundaries
 from kernelguard.errors import ConfigError, PackedWithoutBoundariesError
 from kernelguard.policy import PACKED_WITHOUT_BOUNDARIES, AllowPolicy
 from kernelguard.registry import REGISTRY, log_once
-from kernelguard.segments import RowSegments, examples_per_row, read_segments
+from kernelguard.segments import RowSegments, examples_per_row, read_segments, signals_disagree_on_device
 from kernelguard.terms import PYTHON, allow_hint
 
 __all__ = ["FIRST_CALLS", "FIX", "RECHECK_EVERY", "BoundaryCheck", "attention_blind_reason"]
 
 FIX = "DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True), or padding_free=False"
 FIRST_CALLS = 8  # every signal is read on each of a check's first calls ...
-RECHECK_EVERY = 64  # ... and then on every RECHECK_EVERY-th call (a few device reads each)
+RECHECK_EVERY = 64  # ... and then on every RECHECK_EVERY-th call (a few device reads each); in between, the
+# signals are compared on the device at every call and the first disagreement is read back at the next read
 VARLEN_NAME = "kernelguard_varlen"  # kernelguard.attention.VARLEN_NAME (that module imports transformers)
 WRONG = "The results are wrong, not only slow, and nothing else raises."
 _OP = "kernelguard::check_packed_row"
@@ -83,6 +84,7 @@ class BoundaryCheck:
         self._allow_fix = allow_fix or f"accept it explicitly with {allow_hint([PACKED_WITHOUT_BOUNDARIES], syntax)}"
         self._at = {name: _positional_index(root, name) for name in ("input_ids", "position_ids", "attention_mask")}
         self._names = _positional_names(root)
+        self._first_bad: Any = None  # device int: the first call whose signals disagreed since the last read
         self._config = getattr(root, "config", None)
         self._op = _row_check_op()  # registered here, eagerly: dynamo cannot trace the registration
         REGISTRY.boundary_checks[self.key] = self
@@ -120,9 +122,11 @@ class BoundaryCheck:
         _check_boundary_types(kwargs)
         self.calls += 1
         if not missing and not self._due():
+            self._watch(positions, kwargs, mask)
             return
         ids = _argument(args, kwargs, "input_ids", self._at["input_ids"])
         seg = read_segments(positions, {**kwargs, "input_ids": ids}, mask)
+        self._read_watch(seg)
         if seg.padded:
             return  # a padded batch: one example per row, as transformers' own mask code assumes
         disagreement = seg.disagreement()
@@ -149,6 +153,27 @@ class BoundaryCheck:
 
     def _due(self) -> bool:
         return self.calls <= FIRST_CALLS or self.calls % RECHECK_EVERY == 0
+
+    def _watch(self, positions: Any, kwargs: dict[str, Any], mask: Any) -> None:
+        """Between host reads: compare the signals on the device and keep the first call that disagreed."""
+        import torch
+
+        bad = signals_disagree_on_device(positions, kwargs, mask)
+        if bad is None:
+            return
+        call = torch.tensor(self.calls, device=bad.device)
+        first = self._first_bad if self._first_bad is not None else torch.zeros_like(call)
+        self._first_bad = torch.where((first == 0) & bad, call, first)
+
+    def _read_watch(self, seg: RowSegments) -> None:
+        """At a host read: refuse for the first call since the last read whose signals disagreed."""
+        first, self._first_bad = self._first_bad, None
+        at = int(first) if first is not None else 0
+        if at:
+            self._refuse(self._disagree_error(
+                f"boundary signals disagreed at its call {at} (compared on the device at every call, read back "
+                f"at call {self.calls}: position_ids, cu_seq_lens_q and seq_idx marked different example starts, "
+                "or cu_seq_lens_q did not end at the row's length)", seg))
 
     def _check_compiled(self, positions: Any, mask: Any, kwargs: dict[str, Any], missing: list[tuple[str, str]]) -> None:
         """Inside a graph: count the examples of a row that lacks a boundary (the op runs on every call)."""

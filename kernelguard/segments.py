@@ -17,7 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RowSegments", "block_mask_starts", "examples_per_row", "position_starts", "read_segments"]
+__all__ = [
+    "RowSegments",
+    "block_mask_starts",
+    "examples_per_row",
+    "position_starts",
+    "read_segments",
+    "signals_disagree_on_device",
+]
 
 
 def position_starts(position_ids: Any) -> list[list[int]]:
@@ -173,6 +180,50 @@ def _examples_unmasked(position_ids: Any, mask: Any) -> int:
         if kept.numel() > 1:
             most = max(most, 1 + int((kept[1:] != kept[:-1] + 1).sum()))
     return most
+
+
+def signals_disagree_on_device(position_ids: Any, kwargs: dict[str, Any], attention_mask: Any) -> Any:
+    """A device bool (no host read): whether a one-row call's boundary signals - position ids, ``cu_seq_lens_q``,
+    ``seq_idx`` - mark different example starts, or ``cu_seq_lens_q`` does not end at the row's length. None
+    when fewer than two signals are there or the call is not one row. A 2-D mask that masks something makes it
+    False (a padded batch; :func:`read_segments` judges those when it reads them). Between the calls the host
+    reads, this is what keeps watching: a stale ``cu_seq_lens``, an all-zero ``seq_idx``."""
+    import torch
+
+    markers = []
+    length = None
+    if position_ids is not None and hasattr(position_ids, "dim"):
+        positions = position_ids[0] if position_ids.dim() == 3 else position_ids
+        positions = positions.unsqueeze(0) if positions.dim() == 1 else positions
+        if positions.shape[0] != 1 or positions.shape[-1] < 2:
+            return None
+        row = positions[0]
+        length = row.shape[0]
+        markers.append(torch.cat([row.new_ones(1, dtype=torch.bool), row[1:] != row[:-1] + 1]))
+    seq_idx = kwargs.get("seq_idx")
+    if seq_idx is not None and hasattr(seq_idx, "dim") and (seq_idx.dim() == 1 or seq_idx.shape[0] == 1):
+        row = seq_idx.reshape(-1)
+        if length is not None and row.shape[0] != length:
+            return None
+        length = row.shape[0]
+        markers.append(torch.cat([row.new_ones(1, dtype=torch.bool), row[1:] != row[:-1]]))
+    cu = kwargs.get("cu_seq_lens_q")
+    ends_wrong = None
+    if cu is not None and hasattr(cu, "dim") and cu.dim() == 1 and length is not None and markers:
+        device = markers[0].device
+        cu = cu.to(device, non_blocking=True).long()
+        marker = torch.zeros(length + 1, dtype=torch.bool, device=device)
+        marker[cu.clamp(0, length)] = True  # repeats at the end (a static shape) land on `length`: dropped
+        markers.append(marker[:length])
+        ends_wrong = cu[-1] != length
+    if len(markers) < 2:
+        return None
+    bad = torch.stack([(m != markers[0]).any() for m in markers[1:]]).any()
+    if ends_wrong is not None:
+        bad = bad | ends_wrong
+    if attention_mask is not None and hasattr(attention_mask, "dim") and attention_mask.dim() == 2:
+        bad = bad & attention_mask.to(bad.device).bool().all()
+    return bad
 
 
 def block_mask_starts(mask: Any) -> tuple[int, ...] | None:

@@ -591,3 +591,36 @@ def test_the_probe_runs_on_a_stack_called_with_positional_input_ids(
     with torch.no_grad(), pytest.raises(PackedWithoutBoundariesError) as info:
         model.model(ids, **batch)
     assert info.value.details["kind"] == "probe" and info.value.layer == "model.layers.1"
+
+
+@pytest.mark.parametrize("fault", ["stale cu_seq_lens", "seq_idx all zeros", "none"])
+def test_signals_are_watched_between_the_reads_and_the_first_bad_call_is_named(
+    fake_providers: Any, tiny: Any, fault: str
+) -> None:
+    """The host reads the signals on the first calls and every RECHECK_EVERY-th; a collator that goes wrong
+    later (call 9: a stale cu_seq_lens, an all-zero seq_idx) passed until the next read, then unseen. The device
+    now compares them at every call, without a host read, and the next read refuses naming the call."""
+    from kernelguard.boundary_check import FIRST_CALLS, RECHECK_EVERY
+
+    model, _ = _guarded(tiny, num_hidden_layers=1, layer_types=["linear_attention"])  # 64 calls: the smallest
+    good = _bounded()
+    bad = dict(good)
+    if fault == "stale cu_seq_lens":
+        cu = good["cu_seq_lens_q"].clone()
+        cu[1] += 1  # the previous batch's split: one token off, same length
+        bad.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    elif fault == "seq_idx all zeros":
+        bad["seq_idx"] = torch.zeros_like(good["seq_idx"])
+    with torch.no_grad():
+        for _ in range(FIRST_CALLS):
+            model(**good)
+        model(**bad)  # call 9: between reads, nothing raises here
+        for _ in range(RECHECK_EVERY - FIRST_CALLS - 2):
+            model(**good)
+        if fault == "none":
+            model(**good)  # the read at call RECHECK_EVERY finds nothing
+            return
+        with pytest.raises(PackedWithoutBoundariesError) as info:
+            model(**good)  # call RECHECK_EVERY: the read
+    assert info.value.details["kind"] == "disagree"
+    assert f"boundary signals disagreed at its call {FIRST_CALLS + 1} (compared on the device at every call, read back at call {RECHECK_EVERY}" in info.value.message
