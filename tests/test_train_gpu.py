@@ -92,7 +92,11 @@ def test_one_gpu_packed_bf16_training_with_varlen_and_resume(tmp_path: Path) -> 
             # The fake fla reports version 0.6.0: on Hopper with Triton 3.4-3.7.0 the known-issue table matches
             # it (fla #640, key head dim <= 64) exactly as it would the real one. Accepting that one row is
             # what a user of this stack would do; no slow-path allowance is given.
-            "--allow", "fla-640-wrong-grads", *extra,
+            "--allow", "fla-640-wrong-grads",
+            # Its subject is varlen attention and resume; three processes each compiling outgrew the
+            # acceptance's shared phase (bench/RESULTS.md 1a0000000). Compile on a GPU is the default that
+            # bench/gpu/train_diagnosis.sh and the timed variants run.
+            "--no-compile", *extra,
         ]  # fmt: skip
 
     full = tmp_path / "full"
