@@ -407,8 +407,8 @@ def _log_allowed_and_warned(report: GuardReport, *, say_allowed: bool = True) ->
             registry.mark_logged(("allowed", e.kernel, e.reason))
             registry.mark_logged(("trip", e.kernel))
         elif e.allowed:
-            registry.log_once(("allowed", e.kernel, e.reason),
-                               f"kernelguard: allowed slow path `{e.kernel}` -> {e.implementation} ({e.reason})")
+            registry.log_once(("allowed", e.kernel, e.reason), registry.fitted(
+                f"kernelguard: allowed slow path `{e.kernel}` -> {e.implementation} ({e.reason})"))
         elif e.kernel == "attention" and report.attention == "warn":
             registry.log_once(("attention", e.implementation),
-                               f"kernelguard: slow attention: {e.reason}. Fix: {e.fix}")
+                              registry.fitted(f"kernelguard: slow attention: {e.reason}. Fix: {e.fix}"))

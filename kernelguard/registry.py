@@ -37,6 +37,7 @@ __all__ = [
     "armed_sites",
     "clear_fallback_events",
     "fallback_events",
+    "fitted",
     "layer_path",
     "log_once",
     "remember_layer_paths",
@@ -284,6 +285,19 @@ def clear_fallback_events() -> None:
 def armed_sites() -> list[str]:
     """The sites (``module.global_name``) wrapped by a tripwire right now."""
     return REGISTRY.armed_sites()
+
+
+LOG_WIDTH = 100  # a log line kernelguard writes fits this many columns (a terminal, a CI log viewer)
+
+
+def fitted(message: str, width: int = LOG_WIDTH) -> str:
+    """A one-line log message wrapped at ``width``, continuation lines indented (never inside a word: module
+    paths and commands stay whole)."""
+    import textwrap
+
+    if len(message) <= width:
+        return message
+    return textwrap.fill(message, width=width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
 
 
 def log_once(key: tuple[str, ...], message: str) -> None:

@@ -37,6 +37,7 @@ from kernelguard.registry import (
     ScannedSite,
     clear_fallback_events,
     fallback_events,
+    fitted,
     layer_path,
     remember_layer_paths,
     unwrapped,
@@ -231,7 +232,7 @@ def _trip(patch: _Patch, layer: Callable[[], str], *, tracing: bool = False) -> 
     ))
     if allowed:
         patch.quiet = True
-        REGISTRY.log_once(("trip", patch.kernel), f"kernelguard: allowed fallback: {event.message}")
+        REGISTRY.log_once(("trip", patch.kernel), fitted(f"kernelguard: allowed fallback: {event.message}"))
     elif patch.raises():
         error = event.to_error()
         raise compiled_error(error) if tracing else error

@@ -779,3 +779,21 @@ def test_an_allowed_fallback_is_logged_once_not_also_by_transformers(
     ours = [m for m in messages if m.startswith("kernelguard: allowed fallback") and "chunk_gated_delta_rule" in m]
     theirs = [m for m in messages if m.startswith("`chunk_gated_delta_rule` is falling back")]
     assert len(ours) == 1 and theirs == [], messages
+
+
+def test_the_guards_log_lines_fit_100_columns(
+    fresh_transformers_models: None, tiny: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the torch references allowed (no fla, no causal-conv1d: a laptop), the allowed-slow-path lines and the
+    first call's allowed-fallback lines ran to 200-380 columns; they are wrapped, nothing of them dropped."""
+    import torch
+
+    model = tiny.tiny_model("qwen3_5")
+    caplog.set_level(logging.WARNING, logger="kernelguard")
+    with guard(model, packed=False, allow=["attention", "chunk_gated_delta_rule", "causal_conv1d_fn"]):
+        with torch.no_grad():
+            model(input_ids=torch.randint(3, 200, (1, 12)), use_cache=False)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "allowed slow path `chunk_gated_delta_rule`" in text and "allowed fallback: " in text
+    assert "torch_chunk_gated_delta_rule" in text  # a module path is never broken
+    assert max(len(line) for line in text.splitlines()) <= 100, text
