@@ -161,7 +161,7 @@ class BoundaryCheck:
         bad = signals_disagree_on_device(positions, kwargs, mask)
         if bad is None:
             return
-        call = torch.tensor(self.calls, device=bad.device)
+        call = torch.full((), self.calls, device=bad.device)  # a fill kernel: torch.tensor() would copy and sync
         first = self._first_bad if self._first_bad is not None else torch.zeros_like(call)
         self._first_bad = torch.where((first == 0) & bad, call, first)
 
