@@ -213,7 +213,9 @@ def signals_disagree_on_device(position_ids: Any, kwargs: dict[str, Any], attent
         device = markers[0].device
         cu = cu.to(device, non_blocking=True).long()
         marker = torch.zeros(length + 1, dtype=torch.bool, device=device)
-        marker[cu.clamp(0, length)] = True  # repeats at the end (a static shape) land on `length`: dropped
+        # index_fill_ takes the value as a kernel argument (`marker[i] = True` would copy a host scalar and sync);
+        # repeats at the end (a static shape) land on `length`: dropped
+        marker.index_fill_(0, cu.clamp(0, length), True)
         markers.append(marker[:length])
         ends_wrong = cu[-1] != length
     if len(markers) < 2:
