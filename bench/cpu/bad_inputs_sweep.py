@@ -663,6 +663,8 @@ def round6_cases(work: Path, base: list[str]) -> list[dict[str, Any]]:
          "--profile-step 1: profiled step 2 instead"),
         ("ShareGPT rows (conversations of from/value turns)", [*with_data, "--output-dir", out + "s", "--no-export"],
          "ok", "data: ShareGPT conversations"),
+        ("no --output-dir: the fix is the command completed, not a placeholder", base, "refuse",
+         "--output-dir runs/"),
     ]
     rows = [{"class": R6, "name": name, "argv": argv, "expect": expect, "must_say": must_say, "fakes": True}
             for name, argv, expect, must_say in cases]
