@@ -70,11 +70,14 @@ def one_step(source: Path, info: Any, *, keep_fp32: Any) -> tuple[Any, Any, dict
     batch = {"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)}
     forward_backward(model, [batch], info=info)
     grads = {n: _local(p.grad).tolist() for n, p in fp32_params(model).items() if p.grad is not None}
+    # every gradient whole (sharded ones gathered): the norm the ranks' shards and kept parameters must give
+    whole = [_local(p.grad).float() for p in model.parameters() if p.grad is not None]
+    reference = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in whole])))
     norm = clip_gradients(model, 1.0)
     opt.step()
     after = {n: _local(p.detach()).tolist() for n, p in fp32_params(model).items()}
     result = {
-        "seen": seen, "grads": grads, "grad_norm": norm, "after": after,
+        "seen": seen, "grads": grads, "grad_norm": norm, "reference_norm": reference, "after": after,
         "param_dtypes": {n: str(p.dtype) for n, p in fp32_params(model).items()},
         "groups": [len(g["params"]) for g in opt.param_groups],
     }  # fmt: skip

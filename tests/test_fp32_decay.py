@@ -75,6 +75,8 @@ def test_decay_parameters_stay_fp32_in_compute_on_two_ranks_and_in_the_export(tm
     assert ranks[0]["kept"]["grads"] == ranks[1]["kept"]["grads"]
     assert ranks[0]["kept"]["after"] == ranks[1]["kept"]["after"]
     assert ranks[0]["kept"]["grad_norm"] == ranks[1]["kept"]["grad_norm"]
+    # over both ranks' shards (kernelguard.train.step.grad_norm) and the parameters every rank keeps whole
+    assert ranks[0]["kept"]["grad_norm"] == pytest.approx(ranks[0]["kept"]["reference_norm"], rel=1e-5)
     after = {k: torch.tensor(v) for k, v in ranks[0]["kept"]["after"].items()}
     assert all(not torch.equal(after[k], decay[k]) for k in decay)  # AdamW stepped them
     final = out / "final"

@@ -72,16 +72,23 @@ def _cfg(model: Path, **kw: object) -> TrainConfig:
 
 def test_parameters_gradients_and_adamw_state_match_a_hand_count(tiny: Path) -> None:
     total, root, layer = hand_count()
-    est = memory.estimate(_cfg(tiny, block_size=256), world_size=1, gpu_bytes=80 * 10**9)
+    est = memory.estimate(_cfg(tiny, block_size=256, reshard_after_forward=True), world_size=1, gpu_bytes=80 * 10**9)
     assert est.num_params == total
     assert (est.parameter_bytes, est.gradient_bytes, est.optimizer_bytes) == (4 * total, 4 * total, 8 * total)
     assert est.unsharded_bytes == 2 * (root + 2 * layer)  # bf16 root + two layers in flight
-    two = memory.estimate(_cfg(tiny, block_size=256), world_size=2, gpu_bytes=80 * 10**9)
+    # auto on a card it fits: every layer kept gathered from its forward to its backward, the whole bf16 model
+    kept = memory.estimate(_cfg(tiny, block_size=256), world_size=1, gpu_bytes=80 * 10**9)
+    assert (kept.reshard_after_forward, kept.unsharded_bytes) == (False, 2 * total)
+    assert kept.peak_bytes - est.peak_bytes == 2 * (total - root - 2 * layer)
+    assert "unsharded bf16 copies (whole model)" in kept.render()
+    assert kept.notes[-1].startswith("auto: activation checkpointing off, 1 block (256 tokens) per forward, weights kept gathered: ")
+    two = memory.estimate(_cfg(tiny, block_size=256, reshard_after_forward=True), world_size=2, gpu_bytes=80 * 10**9)
     half = -(-total // 2)
     assert (two.params_per_rank, two.parameter_bytes, two.optimizer_bytes) == (half, 4 * half, 8 * half)
     assert two.activation_bytes == est.activation_bytes  # every rank runs its own block
     assert two.unsharded_bytes == est.unsharded_bytes
-    fp32 = memory.estimate(_cfg(tiny, block_size=256, param_dtype="fp32", compile=False), world_size=1, gpu_bytes=10**12)
+    fp32 = memory.estimate(_cfg(tiny, block_size=256, param_dtype="fp32", compile=False, reshard_after_forward=True),
+                           world_size=1, gpu_bytes=10**12)
     assert fp32.unsharded_bytes == 4 * (root + 2 * layer)
 
 
@@ -227,26 +234,27 @@ def test_min_world_size_doubles_until_it_fits(tiny: Path) -> None:
 
 def test_auto_estimate_is_for_the_layout_auto_picks_on_this_gpu(tiny: Path) -> None:
     """--dry-run with the defaults (--activation-checkpointing auto, --blocks-per-forward auto, two blocks per
-    step) reports the layout the run would use, and why."""
+    step) reports the layout the run would use, and why (the weights freed after each forward here: the third
+    switch is tested in tests/test_train_units.py and the hand count above)."""
     def fixed(ac: bool, n: int) -> memory.MemoryEstimate:
-        cfg = _cfg(tiny, block_size=256, grad_accum=2, activation_checkpointing=ac, blocks_per_forward=n)
+        cfg = _cfg(tiny, reshard_after_forward=True, block_size=256, grad_accum=2, activation_checkpointing=ac, blocks_per_forward=n)
         return memory.estimate(cfg, world_size=1, gpu_bytes=10**12)
 
     merged, alone, ac_one = fixed(False, 2), fixed(False, 1), fixed(True, 1)
     assert (merged.block_size, merged.grad_accum, merged.blocks_per_forward) == (512, 1, 2)
     assert "2 blocks of 256 tokens per forward (512-token rows)" in merged.render()
-    auto = memory.estimate(_cfg(tiny, block_size=256, grad_accum=2), world_size=1, gpu_bytes=10**12)
+    auto = memory.estimate(_cfg(tiny, reshard_after_forward=True, block_size=256, grad_accum=2), world_size=1, gpu_bytes=10**12)
     assert (auto.activation_checkpointing, auto.blocks_per_forward, auto.peak_bytes) == (False, 2, merged.peak_bytes)
     assert auto.notes[-1] == (
         "auto: activation checkpointing off, 2 blocks (512 tokens) per forward: estimated peak "
         f"{merged.peak_bytes / 2**30:.2f} GiB fits 92% of 931.32 GiB on the given GPU memory"
     )
     small = int(merged.peak_bytes / memory.HEADROOM) - 1  # one byte short of the merged row
-    auto = memory.estimate(_cfg(tiny, block_size=256, grad_accum=2), world_size=1, gpu_bytes=small)
+    auto = memory.estimate(_cfg(tiny, reshard_after_forward=True, block_size=256, grad_accum=2), world_size=1, gpu_bytes=small)
     assert (auto.activation_checkpointing, auto.blocks_per_forward, auto.peak_bytes) == (False, 1, alone.peak_bytes)
     assert f"note: {auto.notes[-1]}" in auto.render()
     tiny_card = int(ac_one.peak_bytes / memory.HEADROOM) - 1  # nothing fits
-    auto = memory.estimate(_cfg(tiny, block_size=256, grad_accum=2), world_size=1, gpu_bytes=tiny_card)
+    auto = memory.estimate(_cfg(tiny, reshard_after_forward=True, block_size=256, grad_accum=2), world_size=1, gpu_bytes=tiny_card)
     assert (auto.activation_checkpointing, auto.blocks_per_forward) == (True, 1) and auto.fits is False
     assert "does not fit" in auto.notes[-1] and "in any layout" in auto.notes[-1]
 
@@ -257,9 +265,9 @@ def test_auto_estimate_without_a_gpu_reports_its_choice_on_each_common_card(
     """No GPU here (a docker build, a login node): the report is for auto's choice on the largest common card,
     and says which it makes on each."""
     monkeypatch.setattr(memory, "_visible_gpu", lambda: (None, "no GPU"))
-    off = memory.estimate(_cfg(tiny, block_size=256, activation_checkpointing=False), world_size=1)
-    on = memory.estimate(_cfg(tiny, block_size=256, activation_checkpointing=True), world_size=1)
-    auto = memory.estimate(_cfg(tiny, block_size=256), world_size=1)
+    off = memory.estimate(_cfg(tiny, reshard_after_forward=True, block_size=256, activation_checkpointing=False), world_size=1)
+    on = memory.estimate(_cfg(tiny, reshard_after_forward=True, block_size=256, activation_checkpointing=True), world_size=1)
+    auto = memory.estimate(_cfg(tiny, reshard_after_forward=True, block_size=256), world_size=1)
     assert auto.activation_checkpointing is False and auto.fits is None and auto.peak_bytes == off.peak_bytes
     one_block = "activation checkpointing off, 1 block (256 tokens) per forward"
     assert auto.notes[-1] == (
@@ -270,7 +278,7 @@ def test_auto_estimate_without_a_gpu_reports_its_choice_on_each_common_card(
     monkeypatch.setattr(
         memory, "COMMON_GPUS", (("tiny card", off.peak_bytes * 0.9), ("bigger card", off.peak_bytes))
     )
-    auto = memory.estimate(_cfg(tiny, block_size=256), world_size=1)
+    auto = memory.estimate(_cfg(tiny, reshard_after_forward=True, block_size=256), world_size=1)
     assert auto.activation_checkpointing is True and auto.peak_bytes == on.peak_bytes
     assert "(tiny card: activation checkpointing on, 1 block (256 tokens) per forward, bigger card: " in auto.notes[-1]
 

@@ -1,11 +1,16 @@
 """The first-row probe (kernelguard.equivalence) on CUDA with the REAL fla and causal-conv1d (the H200 run).
 
-In one fresh interpreter (``import fla`` takes most of a minute on first use), for bf16 and fp32: a correct packed
-row (positions, cu_seq_lens, seq_idx) through ``guard(packed=True)`` must pass the probe (no false alarm on the
-real kernels' rounding), and the same row with its boundaries withheld, measured by the probe directly (the
-static checks would refuse it first), must differ in fp32. The per-layer figures and the probe's cost go to
+In one fresh interpreter (``import fla`` takes most of a minute on first use), in bf16 (what training runs): a
+correct packed row (positions, cu_seq_lens, seq_idx) through ``guard(packed=True)`` must pass the probe (no false
+alarm on the real kernels' rounding), and the same row with its boundaries withheld, measured by the probe
+directly (the static checks would refuse it first), must differ. The per-layer figures and the probe's cost go to
 ``$KG_PROBE_OUT`` (bench/RESULTS.md quotes them). Forward only, under no_grad: fla 0.6.0's Hopper refusal is a
 backward one.
+
+bf16 only: its GDN kernels are pinned (kernelguard.fla_autotune) on Qwen3.5's geometry, fp32's are not, and
+fp32's cold autotune outran the test's bound on an H100. A withheld boundary is not near bf16's tolerance: on
+an H200 (bench/results/2026-12-03-h200-s9/probe_gpu.json) it was 0.39-0.87 against 0.03-0.18 in bf16, the same
+as in fp32.
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ pytestmark = [
 
 SCRIPT = textwrap.dedent(
     """
-    import json, sys, time
+    import faulthandler, json, sys, time
     sys.path.insert(0, {tests!r})
     t0 = time.perf_counter()
+    faulthandler.dump_traceback_later(120, exit=False)  # a stall shows every thread's stack before the bound
 
     def stage(what):  # to stderr as it happens: a run cut short says where its time went
         print(f"[{{time.perf_counter() - t0:6.1f}} s] {{what}}", file=sys.stderr, flush=True)
@@ -69,7 +75,7 @@ SCRIPT = textwrap.dedent(
     from kernelguard.fla_autotune import pin_for_this_gpu
     print(pin_for_this_gpu(), file=sys.stderr)  # Qwen3.5's GDN geometry: bf16 compiles one config per kernel
     out = {{}}
-    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+    for name, dtype in (("bf16", torch.bfloat16),):
         stage(f"{{name}}: warm-up (fla autotune on a cold cache)")
         torch.manual_seed(0)
         model = tiny_model("qwen3_5", hidden_size=512, num_hidden_layers=8, linear_key_head_dim=128,
@@ -116,6 +122,6 @@ def test_the_probe_on_real_kernels_passes_a_correct_row_and_sees_withheld_bounda
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     if os.environ.get("KG_PROBE_OUT"):
         Path(os.environ["KG_PROBE_OUT"]).write_text(json.dumps(result, indent=2) + "\n")
-    for dtype in ("bf16", "fp32"):
-        assert result[dtype]["correct"] and not any(r["differs"] for r in result[dtype]["correct"]), result[dtype]
-    assert any(r["differs"] for r in result["fp32"]["boundaries_withheld"]), result["fp32"]
+    bf16 = result["bf16"]
+    assert bf16["correct"] and not any(r["differs"] for r in bf16["correct"]), bf16
+    assert any(r["differs"] for r in bf16["boundaries_withheld"]), bf16

@@ -514,9 +514,10 @@ def _cuda_info() -> Any:
 def test_auto_step_layout_takes_the_fastest_layout_the_estimate_fits_and_flags_win(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """auto on a GPU: no checkpointing with both blocks in one row when it fits; then one block per forward;
-    then checkpointing; the least memory when nothing fits. Flags are never second-guessed; CPU runs keep the
-    checkpointed one-block path; a failing estimate means the safe layout."""
+    """auto on a GPU: no checkpointing with both blocks in one row and the weights kept gathered when it fits;
+    then the weights freed after each forward; then one block per forward; then checkpointing; the least memory
+    when nothing fits. Flags are never second-guessed; CPU runs keep the checkpointed, resharded path; a failing
+    estimate means the safe layout."""
     import types
 
     import torch
@@ -532,58 +533,67 @@ def test_auto_step_layout_takes_the_fastest_layout_the_estimate_fits_and_flags_w
     assert cfg.training.gradient_accumulation_steps == 2  # the default: two blocks per step
     card = types.SimpleNamespace(total_memory=141 * 10**9, name="Fake H200")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: card)
+    order = [(ac, n, r) for ac in (False, True) for n in (2, 1) for r in (False, True)]  # fastest first
     peaks = {
-        (ac, n): memory.estimate(
-            TrainConfig.from_flags(**{**_fields(cfg), "activation_checkpointing": ac, "blocks_per_forward": n}),
+        (ac, n, r): memory.estimate(
+            TrainConfig.from_flags(**{**_fields(cfg), "activation_checkpointing": ac, "blocks_per_forward": n,
+                                      "reshard_after_forward": r}),
             world_size=1, gpu_bytes=10**12,
         ).peak_bytes
-        for ac in (False, True) for n in (1, 2)
+        for ac, n, r in order
     }  # fmt: skip
-    # More blocks per row and no checkpointing cost memory; checkpointing one block costs the least.
-    assert peaks[False, 2] > peaks[False, 1] > peaks[True, 1] and peaks[False, 2] > peaks[True, 2] > peaks[True, 1]
+    # More blocks per row, no checkpointing and gathered weights cost memory; the last layout costs the least.
+    assert peaks[False, 2, True] > peaks[False, 1, True] > peaks[True, 1, True]
+    assert all(peaks[ac, n, False] > peaks[ac, n, True] for ac, n, _ in order)
+    assert min(peaks.values()) == peaks[True, 1, True] and max(peaks.values()) == peaks[False, 2, False]
     gib = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
     layout = resolve_step_layout(cfg, _cuda_info())
-    assert (layout.activation_checkpointing, layout.blocks_per_forward, layout.compile) == (False, 2, True)
+    assert (layout.activation_checkpointing, layout.blocks_per_forward, layout.reshard_after_forward) == (False, 2, False)
+    assert layout.compile
     assert layout.line == (
-        "step: activation checkpointing off, 2 blocks (512 tokens) per forward, compile on "
-        f"(auto: estimated peak {gib(peaks[False, 2])} fits 92% of 131.32 GiB on Fake H200; compile: auto: a GPU run)"
+        "step: activation checkpointing off, 2 blocks (512 tokens) per forward, weights kept gathered, compile on "
+        f"(auto: estimated peak {gib(peaks[False, 2, False])} fits 92% of 131.32 GiB on Fake H200; compile: auto: a "
+        "GPU run)"
     )
-    for ac, n in [(False, 1), (True, 2), (True, 1)]:
-        card.total_memory = int(peaks[ac, n] / 0.92) + 2  # just fits this layout, and none needing more
+    for key in order[1:]:
+        card.total_memory = int(peaks[key] / 0.92) + 2  # just fits this layout, and none needing more
         layout = resolve_step_layout(cfg, _cuda_info())
-        fitting = [k for k in [(False, 2), (False, 1), (True, 2), (True, 1)] if peaks[k] <= peaks[ac, n]]
-        assert (layout.activation_checkpointing, layout.blocks_per_forward) == fitting[0]
-        if fitting[0] != (False, 2):
-            assert f"activation checkpointing off, 2 blocks (512 tokens) per forward would need {gib(peaks[False, 2])}" in layout.line
-    card.total_memory = int(peaks[True, 1] / 0.92) - 1  # nothing fits: refused before anything is loaded
+        fitting = [k for k in order if peaks[k] <= peaks[key]]
+        assert (layout.activation_checkpointing, layout.blocks_per_forward, layout.reshard_after_forward) == fitting[0]
+        assert ("activation checkpointing off, 2 blocks (512 tokens) per forward, weights kept gathered would need "
+                f"{gib(peaks[False, 2, False])}") in layout.line
+    card.total_memory = int(peaks[True, 1, True] / 0.92) - 1  # nothing fits: refused before anything is loaded
     with pytest.raises(ConfigError) as refused:
         resolve_step_layout(cfg, _cuda_info())
     total = f"{card.total_memory / 2**30:.2f} GiB"
     assert refused.value.message == (
         "the training step does not fit this GPU: its least-memory layout (activation checkpointing on, 1 block "
-        f"(256 tokens) per forward) is estimated at {gib(peaks[True, 1])} per rank over 1 rank(s), reached in the "
-        f"backward (gradients + one recomputed layer + its gradient reduction); the budget is 92% of {total} on "
+        f"(256 tokens) per forward) is estimated at {gib(peaks[True, 1, True])} per rank over 1 rank(s), reached in "
+        f"the backward (gradients + one recomputed layer + its gradient reduction); the budget is 92% of {total} on "
         f"Fake H200 ({gib(0.92 * card.total_memory)}). Nothing was loaded. 2 GPUs in all would fit it "
         "(docs/multi-node.md); a smaller --max-length needs less activation memory (--dry-run shows every term). "
-        "To try this layout anyway, give it: --activation-checkpointing --blocks-per-forward 1."
+        "To try this layout anyway, give it: --activation-checkpointing --blocks-per-forward 1 "
+        "--reshard-after-forward."
     )
     assert refused.value.fix == "kernelguard train --nproc-per-node 2 ..."
-    given = TrainConfig.from_flags(**{**_fields(cfg), "activation_checkpointing": True, "blocks_per_forward": 1})
+    given = TrainConfig.from_flags(**{**_fields(cfg), "activation_checkpointing": True, "blocks_per_forward": 1,
+                                      "reshard_after_forward": True})
     assert resolve_step_layout(given, _cuda_info()).activation_checkpointing  # the way out it names runs
-    # Flags win: both given, no estimate is consulted; one given, auto chooses only the other.
+    # Flags win: all three given, no estimate is consulted; some given, auto chooses only the others.
     card.total_memory = 141 * 10**9
     explicit = TrainConfig.from_flags(
-        **{**_fields(cfg), "activation_checkpointing": True, "blocks_per_forward": 1, "compile": False}
+        **{**_fields(cfg), "activation_checkpointing": True, "blocks_per_forward": 1, "compile": False,
+           "reshard_after_forward": False}
     )
     assert resolve_step_layout(explicit, _cuda_info()).line == (
-        "step: activation checkpointing on, 1 block (256 tokens) per forward, compile off "
-        "(--activation-checkpointing; --blocks-per-forward 1; compile: --no-compile)"
+        "step: activation checkpointing on, 1 block (256 tokens) per forward, weights kept gathered, compile off "
+        "(--activation-checkpointing; --blocks-per-forward 1; --no-reshard-after-forward; compile: --no-compile)"
     )
     half = TrainConfig.from_flags(**{**_fields(cfg), "activation_checkpointing": True})
     layout = resolve_step_layout(half, _cuda_info())
-    assert (layout.activation_checkpointing, layout.blocks_per_forward) == (True, 2)
+    assert (layout.activation_checkpointing, layout.blocks_per_forward, layout.reshard_after_forward) == (True, 2, False)
     assert layout.line.endswith(
-        f"(--activation-checkpointing; auto: estimated peak {gib(peaks[True, 2])} fits 92% of 131.32 GiB on "
+        f"(--activation-checkpointing; auto: estimated peak {gib(peaks[True, 2, False])} fits 92% of 131.32 GiB on "
         "Fake H200; compile: auto: a GPU run)"
     )
     cpu = resolve_step_layout(cfg, _cuda_info().__class__(0, 1, 0, torch.device("cpu")))
@@ -591,13 +601,14 @@ def test_auto_step_layout_takes_the_fastest_layout_the_estimate_fits_and_flags_w
         "step: activation checkpointing on, 2 blocks (512 tokens) per forward, compile off "
         "(auto: a cpu run has no GPU memory to budget; compile: auto: a cpu run)"
     )
+    assert cpu.reshard_after_forward
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("probe exploded")
 
     monkeypatch.setattr(memory, "choose_layout", broken)
     failed = resolve_step_layout(cfg, _cuda_info())
-    assert (failed.activation_checkpointing, failed.blocks_per_forward) == (True, 1)
+    assert (failed.activation_checkpointing, failed.blocks_per_forward, failed.reshard_after_forward) == (True, 1, True)
     assert failed.line.endswith("(auto: the memory estimate failed: probe exploded; compile: auto: a GPU run)")
     assert Layout(True, 1).describe(8192) == "activation checkpointing on, 1 block (8,192 tokens) per forward"
 

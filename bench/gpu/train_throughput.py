@@ -103,8 +103,9 @@ VARIANTS: dict[str, Variant] = {
     # The default before round 6: one block per step, checkpointing auto, no compile.
     "product_round5": Variant("packed", "auto", None, "chunked", product_path=True),
 }
-LEVERS = ("compile", "liger", "sac2", "no_reshard", "accum2", "tokens2x", "fused_norms", "eager_loss")
-PRODUCT_LEVERS = {"compile", "no_reshard", "accum2", "tokens2x", "fused_norms"}  # flags of `kernelguard train`
+LEVERS = ("compile", "liger", "sac2", "no_reshard", "reshard", "accum2", "tokens2x", "fused_norms", "eager_loss",
+          "foreach_clip")
+PRODUCT_LEVERS = {"compile", "no_reshard", "reshard", "accum2", "tokens2x", "fused_norms"}  # flags of `kernelguard train`
 CONFIG_27B = ROOT / "bench" / "configs" / "qwen3_5_27b_text.json"
 
 
@@ -334,6 +335,17 @@ def apply_levers(levers: list[str], notes: list[str]) -> None:
 
         step.linear_cross_entropy = eager_loss  # type: ignore[assignment]
         notes.append("lever eager_loss: the chunked loss's softmax-gradient pass eager even when the model compiles")
+    if "foreach_clip" in levers:  # the control of kernelguard.train.step.grad_norm: the step before it
+        from kernelguard.train.step import grad_norm
+
+        grad_norm.tiled_buffers = lambda grads: ([], list(grads))  # type: ignore[assignment]
+        step.gradient_norm = lambda model: grad_norm.clip_gradients_(model, 1.0)  # type: ignore[assignment]
+        step.clip_divisor = lambda norm, max_norm: None  # type: ignore[assignment]
+        notes.append("lever foreach_clip: the gradient norm over every tensor (torch._foreach_norm) and the clip as a "
+                     "pass over every gradient (clip_grads_with_norm_), not the fused AdamW's grad_scale")
+    if "reshard" in levers:  # the product's --reshard-after-forward (set in run_variant)
+        notes.append("lever reshard: `kernelguard train --reshard-after-forward`: each layer's gathered weights freed "
+                     "after its forward and gathered again for its backward")
     if "fused_norms" in levers:  # the product's --fused-norms (TrainConfig.runtime.fused_norms, set in run_variant)
         notes.append("lever fused_norms: `kernelguard train --fused-norms` (kernelguard.train.model.fused_norms): Liger's "
                      "fused RMSNorm for every norm that computes what it computes, and its fused SiLU x up in every MLP")
@@ -670,7 +682,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     (tmp / "config.json").write_text(json.dumps(config))
     cfg = train_config(args, variant, tmp / "config.json", tmp / "out")
     cfg.runtime.compile = True if "compile" in levers else variant.compile
-    cfg.runtime.reshard_after_forward = "no_reshard" not in levers
+    cfg.runtime.reshard_after_forward = False if "no_reshard" in levers else True if "reshard" in levers else None
     cfg.runtime.fused_norms = "fused_norms" in levers
     cfg.training.gradient_accumulation_steps = micro
     cfg.runtime.blocks_per_forward = variant.blocks_per_forward

@@ -55,6 +55,7 @@ class StepLayout:
     blocks_per_forward: int
     compile: bool
     line: str
+    reshard_after_forward: bool = True
 
 
 @dataclass(slots=True)
@@ -146,13 +147,13 @@ def make_optimizer(
 
 
 def resolve_step_layout(cfg: TrainConfig, info: DistInfo) -> StepLayout:
-    """Activation checkpointing, blocks per forward and compile for this run; the user's flags win.
+    """Activation checkpointing, blocks per forward, resharding and compile for this run; the user's flags win.
 
     auto on a GPU: the fastest layout whose memory estimate fits the card (kernelguard.train.model.memory.
     choose_layout; rank 0 decides for every rank) and compile on. auto on CPU: checkpointing on, all of a step's
-    blocks in one forward, no compile (CPU runs are tests: there is no GPU memory to budget, compiling costs more
-    than it saves there, and the suite keeps covering the checkpointed path). None of the three changes the
-    math."""
+    blocks in one forward, weights freed after each forward, no compile (CPU runs are tests: there is no GPU
+    memory to budget, compiling costs more than it saves there, and the suite keeps covering the checkpointed
+    path). None of the four changes the math."""
     rt = cfg.runtime
     gpu = info.device.type == "cuda"
     compile_on = gpu if rt.compile is None else bool(rt.compile)
@@ -164,16 +165,19 @@ def resolve_step_layout(cfg: TrainConfig, info: DistInfo) -> StepLayout:
         *(["--activation-checkpointing" if rt.activation_checkpointing else "--no-activation-checkpointing"]
           if rt.activation_checkpointing is not None else []),
         *([f"--blocks-per-forward {rt.blocks_per_forward}"] if rt.blocks_per_forward else []),
+        *(["--reshard-after-forward" if rt.reshard_after_forward else "--no-reshard-after-forward"]
+          if rt.reshard_after_forward is not None else []),
     ]
     from .memory import Layout, choose_layout
 
-    if len(given) == 2 or not gpu:
+    if len(given) == 3 or not gpu:
         ac = True if rt.activation_checkpointing is None else bool(rt.activation_checkpointing)
-        auto = [] if len(given) == 2 else [f"auto: a {info.device.type} run has no GPU memory to budget"]
+        auto = [] if len(given) == 3 else [f"auto: a {info.device.type} run has no GPU memory to budget"]
         why = "; ".join([*given, *auto, f"compile: {compile_why}"])
         # Off the GPU all of a step's blocks share one row: the fewest forwards, nothing to budget.
         blocks = rt.blocks_per_forward or cfg.training.gradient_accumulation_steps
-        return _layout(Layout(ac, blocks), compile_on, why, cfg)
+        reshard = True if rt.reshard_after_forward is None else bool(rt.reshard_after_forward)
+        return _layout(Layout(ac, blocks, reshard), compile_on, why, cfg)
     props = torch.cuda.get_device_properties(info.device)
     try:
         choice = on_main(
@@ -184,7 +188,8 @@ def resolve_step_layout(cfg: TrainConfig, info: DistInfo) -> StepLayout:
         )
     except Exception as e:  # noqa: BLE001 - the estimate only advises: never fail a run that would train
         ac = True if rt.activation_checkpointing is None else bool(rt.activation_checkpointing)
-        return _layout(Layout(ac, rt.blocks_per_forward or 1), compile_on,
+        reshard = True if rt.reshard_after_forward is None else bool(rt.reshard_after_forward)
+        return _layout(Layout(ac, rt.blocks_per_forward or 1, reshard), compile_on,
                        f"auto: the memory estimate failed: {e}; compile: {compile_why}", cfg)
     if not choice.fits:  # before any weight is read: an out-of-memory traceback at the first step says less
         raise does_not_fit(choice, block_size=int(cfg.packing.max_length), world_size=info.world_size)
@@ -195,7 +200,8 @@ def resolve_step_layout(cfg: TrainConfig, info: DistInfo) -> StepLayout:
 def does_not_fit(choice: Any, *, block_size: int, world_size: int) -> ConfigError:
     """The error a GPU run raises, before loading anything, when no layout fits its card (a
     :class:`~kernelguard.train.model.memory.LayoutChoice` with ``fits`` false): the figures, where the peak
-    falls, and what would fit. The user's own layout flags still win: with both given, nothing is estimated."""
+    falls, and what would fit. The user's own layout flags still win: with all three given, nothing is
+    estimated."""
     from .memory import GIB, HEADROOM
 
     est, ranks, layout = choice.estimate, choice.ranks_that_fit, choice.layout
@@ -206,12 +212,11 @@ def does_not_fit(choice: Any, *, block_size: int, world_size: int) -> ConfigErro
         launch = f"--nproc-per-node {ranks}" if ranks <= 8 else f"--nnodes {-(-ranks // 8)} --nproc-per-node 8"
         ways = f"{ranks} GPUs in all would fit it (docs/multi-node.md); " + ways
         fix = f"kernelguard train {launch} ..."
-    ac = "--activation-checkpointing" if layout.activation_checkpointing else "--no-activation-checkpointing"
     return ConfigError(
         f"the training step does not fit this GPU: its least-memory layout ({layout.describe(block_size)}) is "
         f"estimated at {est.peak_bytes / GIB:.2f} GiB per rank over {world_size} rank(s), reached in {where}; "
         f"the budget is {choice.budget} ({HEADROOM * (est.gpu_bytes or 0) / GIB:.2f} GiB). Nothing was loaded. "
-        f"{ways}. To try this layout anyway, give it: {ac} --blocks-per-forward {layout.blocks_per_forward}.",
+        f"{ways}. To try this layout anyway, give it: {layout.flags()}.",
         fix=fix,
     )
 
@@ -219,7 +224,8 @@ def does_not_fit(choice: Any, *, block_size: int, world_size: int) -> ConfigErro
 def _layout(layout: Any, compile_on: bool, why: str, cfg: TrainConfig) -> StepLayout:
     text = layout.describe(int(cfg.packing.max_length))
     line = f"step: {text}, compile {'on' if compile_on else 'off'} ({why})"
-    return StepLayout(layout.activation_checkpointing, layout.blocks_per_forward, compile_on, line)
+    return StepLayout(layout.activation_checkpointing, layout.blocks_per_forward, compile_on, line,
+                      layout.reshard_after_forward)
 
 
 def prepare_training(
@@ -263,7 +269,7 @@ def prepare_training(
         model,
         mesh=mesh,
         mp_policy=mixed_precision(cfg.runtime.param_dtype),
-        reshard_after_forward=cfg.runtime.reshard_after_forward,
+        reshard_after_forward=layout.reshard_after_forward,
     )
     t0 = time.perf_counter()
     how = load_weights(

@@ -9,7 +9,8 @@ What `kernelguard train` holds per rank (FSDP2, ``MixedPrecisionPolicy(param_dty
 - **optimizer state**: AdamW ``exp_avg`` + ``exp_avg_sq`` in fp32, ``8 N / world``;
 - **unsharded compute copies** (``param_dtype``): the root module (embeddings, final norm, LM head) stays
   gathered for the whole step (``reshard_after_forward=False``), plus up to two decoder layers in flight
-  (the one running and the one FSDP2 prefetches);
+  (the one running and the one FSDP2 prefetches) when each layer is freed after its forward
+  (``--reshard-after-forward``); kept gathered, every layer from its forward to its backward: the whole model;
 - **activations**: what autograd saves for the backward, *measured* by running the model's own forward on
   the meta device (no memory, no GPU) under ``torch.autograd.graph.saved_tensors_hooks`` with one packed
   block of ``block_size`` tokens, the fast kernels stood in for by what they save
@@ -26,8 +27,8 @@ What `kernelguard train` holds per rank (FSDP2, ``MixedPrecisionPolicy(param_dty
   output shard is allocated. For the root (embeddings + LM head: a third of the memory at Qwen3.5-27B's
   widths on few layers) that happens after the whole backward, with every other group's gradients alive.
 
-``--activation-checkpointing auto`` and ``--blocks-per-forward auto`` (the defaults) take the fastest layout
-whose peak fits the card (:func:`choose_layout`; kernelguard.train.model.build logs it, or refuses the run).
+``--activation-checkpointing``, ``--blocks-per-forward`` and ``--reshard-after-forward`` left to auto (the
+defaults) take the fastest layout whose peak fits the card (:func:`choose_layout`; kernelguard.train.model.build logs it, or refuses the run).
 
 The peak is the largest of three moments: the loss's forward (all saved activations + the loss buffers); the
 backward, where each layer's saved tensors are freed as its gradients appear, so the larger of all saved and
@@ -98,6 +99,9 @@ class MemoryEstimate:
     notes: tuple[str, ...] = field(default=())
     blocks_per_forward: int = 1  # packed blocks in each forward's row (block_size counts all their tokens)
     compiled_loss: bool = False  # the chunked loss's softmax-gradient pass compiled (the run compiles)
+    reshard_after_forward: bool = True  # each layer's gathered weights freed after its forward
+    # No GPU visible: whether auto's choice on each of COMMON_GPUS fits it (the choice may differ per card).
+    card_fits: tuple[tuple[str, bool], ...] = ()
 
     @property
     def fits(self) -> bool | None:
@@ -110,7 +114,7 @@ class MemoryEstimate:
         data = asdict(self)
         data["notes"] = list(self.notes)
         data["fits"] = self.fits
-        data["fits_common_gpus"] = {name: self.fits_on(size) for name, size in COMMON_GPUS}
+        data["fits_common_gpus"] = dict(self.card_fits) or {name: self.fits_on(size) for name, size in COMMON_GPUS}
         return data
 
     def render(self) -> str:
@@ -119,7 +123,9 @@ class MemoryEstimate:
             ("parameters (fp32 shards)", self.parameter_bytes),
             ("gradients (fp32 shards)", self.gradient_bytes),
             ("optimizer state (AdamW, fp32 shards)", self.optimizer_bytes),
-            (f"unsharded {self.param_dtype} copies (root + 2 layers)", self.unsharded_bytes),
+            (f"unsharded {self.param_dtype} copies ("
+             f"{'root + 2 layers' if self.reshard_after_forward else 'whole model'})",
+             self.unsharded_bytes),
             ("activations", self.activation_bytes),
             (f"loss ({self.loss}{', compiled' if self.compiled_loss and self.loss == 'chunked' else ''})",
              self.loss_bytes),
@@ -146,9 +152,8 @@ class MemoryEstimate:
         if self.gpu_bytes is not None:
             word = "fits" if self.fits else "does NOT fit"
             return f"{word} on {self.gpu_source} ({_gib(self.gpu_bytes)}, keeping {1 - HEADROOM:.0%} free)"
-        parts = [
-            f"{'fits' if self.fits_on(size) else 'does NOT fit'} on {name}" for name, size in COMMON_GPUS
-        ]
+        fits = dict(self.card_fits) or {name: self.fits_on(size) for name, size in COMMON_GPUS}
+        parts = [f"{'fits' if ok else 'does NOT fit'} on {name}" for name, ok in fits.items()]
         return "; ".join(parts) + f" (no GPU visible; keeping {1 - HEADROOM:.0%} free)"
 
 
@@ -183,7 +188,8 @@ def estimate(
             return shown.estimate
         cards = ", ".join(f"{name}: {_picked(choice, _block(cfg))}" for name, choice in choices)
         note = f"auto decides on the job's GPU ({cards}); shown: {COMMON_GPUS[-1][0]}"
-        return replace(shown.estimate, notes=(*shown.estimate.notes, note))
+        fits = tuple((name, choice.fits) for name, choice in choices)
+        return replace(shown.estimate, notes=(*shown.estimate.notes, note), card_fits=fits)
     choice = _choose(cfg, estimate_for, gpu, source)
     if len(candidate_layouts(cfg)) == 1:
         return choice.estimate
@@ -200,17 +206,26 @@ def _picked(choice: LayoutChoice, block_size: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """How one optimizer step's blocks meet the model: recomputed or saved activations, and how many of the
-    step's blocks go through the model in one forward (one packed row)."""
+    """How one optimizer step's blocks meet the model: recomputed or saved activations, how many of the step's
+    blocks go through the model in one forward (one packed row), and whether each decoder layer's gathered
+    weights are freed after its forward (and gathered and cast again for its backward) or kept."""
 
     activation_checkpointing: bool
     blocks_per_forward: int
+    reshard_after_forward: bool = True
 
     def describe(self, block_size: int) -> str:
         ac = "on" if self.activation_checkpointing else "off"
         n = self.blocks_per_forward
         blocks = f"{n} block{'s' if n != 1 else ''} ({n * block_size:,} tokens)"
-        return f"activation checkpointing {ac}, {blocks} per forward"
+        kept = "" if self.reshard_after_forward else ", weights kept gathered"
+        return f"activation checkpointing {ac}, {blocks} per forward{kept}"
+
+    def flags(self) -> str:
+        """The command-line flags that give exactly this layout (no estimate is made then)."""
+        ac = "--activation-checkpointing" if self.activation_checkpointing else "--no-activation-checkpointing"
+        rs = "--reshard-after-forward" if self.reshard_after_forward else "--no-reshard-after-forward"
+        return f"{ac} --blocks-per-forward {self.blocks_per_forward} {rs}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,14 +243,15 @@ class LayoutChoice:
 def candidate_layouts(cfg: Any) -> list[Layout]:
     """The layouts auto may pick for ``cfg``, fastest first; a setting given by the user is the only value
     tried for it. No checkpointing beats fewer blocks per forward (measured on the proxy: off 1.2-1.3x, two
-    blocks per forward 1.18x, bench/RESULTS.md), so checkpointing is turned on only when no block count fits
-    without it."""
+    blocks per forward 1.18x, bench/RESULTS.md), which beats keeping the weights gathered (a few per cent), so
+    checkpointing is turned on only when no block count fits without it, and the weights are freed after
+    each forward before a block count is given up."""
     accum = int(cfg.training.gradient_accumulation_steps)
-    given_ac = cfg.runtime.activation_checkpointing
-    given_blocks = cfg.runtime.blocks_per_forward
-    acs = [False, True] if given_ac is None else [bool(given_ac)]
-    counts = [given_blocks] if given_blocks else [n for n in range(accum, 0, -1) if accum % n == 0]
-    return [Layout(ac, n) for ac in acs for n in counts]
+    rt = cfg.runtime
+    acs = [False, True] if rt.activation_checkpointing is None else [bool(rt.activation_checkpointing)]
+    counts = [rt.blocks_per_forward] if rt.blocks_per_forward else [n for n in range(accum, 0, -1) if accum % n == 0]
+    reshards = [False, True] if rt.reshard_after_forward is None else [bool(rt.reshard_after_forward)]
+    return [Layout(ac, n, r) for ac in acs for n in counts for r in reshards]
 
 
 def choose_layout(
@@ -269,7 +285,7 @@ def _choose(
             reason += f"; {candidates[0].describe(_block(cfg))} would need {_gib(estimates[0].peak_bytes)}"
         return LayoutChoice(layout, reason, est)
     least = min(estimates, key=lambda e: e.peak_bytes)
-    layout = Layout(least.activation_checkpointing, least.blocks_per_forward)
+    layout = Layout(least.activation_checkpointing, least.blocks_per_forward, least.reshard_after_forward)
     ranks = min_world_size(lambda n: estimate_for(layout, n), gpu)
     more = f"{ranks} GPUs in all would fit it" if ranks else "no number of GPUs would fit it"
     reason = (
@@ -319,6 +335,7 @@ def _estimator(
             gpu_bytes=gpu,
             gpu_source=source,
             compiled_loss=cfg.runtime.compile is not False,  # auto compiles GPU runs, the ones estimated
+            reshard_after_forward=layout.reshard_after_forward,
         )
 
     return estimate_for, gpu, source
@@ -360,12 +377,14 @@ def combine(
     gpu_bytes: int | None = None,
     gpu_source: str = "no GPU",
     compiled_loss: bool = False,
+    reshard_after_forward: bool = True,
 ) -> MemoryEstimate:
     """The per-rank figures and peak from a probe (see the module docstring for each term)."""
     n, cb = probe.num_params, probe.compute_bytes
     per_rank = math.ceil(n / world_size)
     params, grads, optim = 4 * per_rank, 4 * per_rank, 8 * per_rank
-    unsharded = cb * (probe.root_params + 2 * probe.max_layer_params)
+    in_flight = probe.root_params + 2 * probe.max_layer_params
+    unsharded = cb * (in_flight if reshard_after_forward else max(in_flight, n))
     static = params + optim + unsharded
     kept, transient = loss_bytes(probe, loss, compiled=compiled_loss)
     if activation_checkpointing:
@@ -409,6 +428,7 @@ def combine(
         gpu_source=gpu_source,
         notes=tuple(notes),
         compiled_loss=compiled_loss,
+        reshard_after_forward=reshard_after_forward,
     )
 
 

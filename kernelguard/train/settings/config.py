@@ -292,8 +292,12 @@ class RuntimeSection:
         "chunked: cross-entropy from the final hidden states in 4,096-token chunks, never materialising the fp32 "
         "tokens x vocab logits; logits: the model's full logits",
     )
-    reshard_after_forward: bool = setting(
-        True, "FSDP2: free gathered weights after each forward (less memory, one more all-gather)"
+    # None: auto (build.resolve_step_layout): the memory estimate decides with the layout (memory.choose_layout).
+    reshard_after_forward: bool | None = setting(
+        None,
+        "FSDP2: free each decoder layer's gathered weights after its forward and gather them again for its "
+        "backward (less memory, one more all-gather and cast per layer). auto (default): kept gathered when the "
+        "memory estimate fits the GPU with them, else freed; freed on CPU runs. The flag alone means on (freed)",
     )
     peak_tflops: float | None = setting(None, "accelerator peak for MFU (default: known GPUs)", metavar="T")
 

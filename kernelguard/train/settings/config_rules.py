@@ -63,8 +63,8 @@ COLUMN_ROLES = ("system", "user", "assistant")
 _COLUMNS_EXAMPLE = "user=question,assistant=answer"
 INIT_CHOICES = ("pretrained", "random")  # where a run's weights come from (kernelguard.train.startup.preflight)
 REPORT_TO_CHOICES = ("none", "tensorboard", "wandb", "trackio")
-# --activation-checkpointing / --compile VALUE -> RuntimeSection.activation_checkpointing / compile (None: auto)
-AUTO_SWITCHES = ("activation_checkpointing", "compile")
+# --activation-checkpointing / --compile / --reshard-after-forward VALUE -> the RuntimeSection field (None: auto)
+AUTO_SWITCHES = ("activation_checkpointing", "compile", "reshard_after_forward")
 CHECKPOINTING_VALUES: dict[str, bool | None] = {
     "auto": None,
     "on": True,
@@ -375,6 +375,8 @@ _SPELLINGS: dict[str, Callable[[Any], Any]] = {
         checkpointing_value(v, source="activation_checkpointing") if isinstance(v, str) else v
     ),
     "compile": lambda v: checkpointing_value(v, source="compile", flag="--compile") if isinstance(v, str) else v,
+    "reshard_after_forward": lambda v: checkpointing_value(v, source="reshard_after_forward",
+                                                           flag="--reshard-after-forward") if isinstance(v, str) else v,
     "blocks_per_forward": lambda v: blocks_per_forward_value(v, source="blocks_per_forward")
     if isinstance(v, str) else v,
     "max_shard_size": lambda v: str(v) if _is_int(v) else v,  # a byte count, as from_pretrained takes it

@@ -27,6 +27,7 @@ from kernelguard.errors import DataError
 from kernelguard.packed_batch import IGNORE_INDEX
 
 from ..common.ranks import DistInfo, sync_replicated_grads
+from .grad_norm import clip_divisor, clip_gradients, clip_gradients_, gradient_norm
 from .loss import linear_cross_entropy
 from .packing import forward_rows, shard_blocks
 
@@ -247,54 +248,35 @@ def forward_backward(
     return loss_sum, count
 
 
-def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
-    """Total gradient norm over all ranks' shards (and the parameters kept whole on every rank,
-    :func:`kernelguard.train.model.parallel.apply_fsdp`); clip to ``max_norm`` when it is > 0."""
-    return float(clip_gradients_(model, max_norm))
-
-
-def clip_gradients_(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
-    """:func:`clip_gradients` without reading the norm on the host: a tensor on the gradients' device."""
-    from torch.distributed.tensor import DTensor
-
-    params = [p for p in model.parameters() if p.grad is not None]
-    # foreach kernels take DTensors or plain tensors, not a mix: one norm (and one clip) per kind.
-    kinds = [[p for p in params if isinstance(p.grad, DTensor) == sharded] for sharded in (True, False)]
-    kinds = [k for k in kinds if k]
-    norms = []
-    for kind in kinds:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in kind], norm_type=2.0, foreach=True)
-        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-    if not norms:
-        return torch.zeros(())
-    total = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
-    if max_norm > 0:
-        for kind in kinds:
-            torch.nn.utils.clip_grads_with_norm_(kind, max_norm, total, foreach=True)
-    return total
-
-
 def optimizer_step(state: TrainState, micro: list[dict[str, Any]]) -> StepResult:
     """One optimizer step over this rank's micro-batches (its packed blocks, merged into rows of
     ``state.blocks_per_forward``): forward/backward, clip, AdamW, LR schedule.
 
     A fused AdamW is told on the device whether the step is finite (``found_inf``, the mechanism
-    ``torch.amp.GradScaler`` uses) and skips a non-finite update itself, so the host reads nothing until the
+    ``torch.amp.GradScaler`` uses) and skips a non-finite update itself, and clips by dividing each gradient
+    inside its own kernel (``grad_scale``, kernelguard.train.step.grad_norm), so the host reads nothing until the
     whole step is queued: the one synchronisation is at the end, for the figures the step returns."""
     rows = forward_rows(micro, state.blocks_per_forward)
     loss_sum, count = forward_backward(state.model, rows, info=state.info, head=state.head)
-    grad_norm = clip_gradients_(state.model, state.grad_clip)
+    fused = bool(state.optimizer.defaults.get("fused"))
+    if fused:
+        grad_norm = gradient_norm(state.model)
+        if state.grad_clip > 0:
+            state.optimizer.grad_scale = clip_divisor(grad_norm, state.grad_clip)
+    else:
+        grad_norm = clip_gradients_(state.model, state.grad_clip)
     lr = float(state.optimizer.param_groups[0]["lr"])
     # Both values are already global; the flag is still agreed on explicitly so that every rank skips the
     # update and stops together even if one rank's reduction saw something the others did not.
     bad = (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm.to(loss_sum.device))).float()
     dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    if state.optimizer.defaults.get("fused"):
+    if fused:
         state.optimizer.found_inf = bad  # a NaN update would poison every weight and AdamW moment: skipped
         try:
             state.optimizer.step()
         finally:
             del state.optimizer.found_inf
+            state.optimizer.__dict__.pop("grad_scale", None)
         finite = not bool(bad)
     else:
         finite = not bool(bad)
