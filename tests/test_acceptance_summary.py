@@ -97,9 +97,8 @@ def _whole_run(results: Path) -> list[dict[str, object]]:
     results.mkdir()
     for name, wall in (("cold", 47.6), ("warm", 24.6)):
         (results / f"check_{name}.json").write_text(json.dumps({"rc": 0, "wall_s": wall, "shared_gpu": name == "warm"}))
-    verdicts = {"fallback": "slow_path", "product_default": "healthy", "stock_best": "healthy",
-                "product_round5": "healthy"}
-    speed = {"fallback": 8500.0, "product_default": 50000.0, "stock_best": 20000.0, "product_round5": 58000.0}
+    verdicts = {"fallback": "slow_path", "product_default": "healthy", "stock_best": "healthy"}
+    speed = {"fallback": 8500.0, "product_default": 50000.0, "stock_best": 20000.0}
     for variant, verdict in verdicts.items():
         (results / f"bench_{variant}.json").write_text(json.dumps(
             {"tokens_per_s": {variant: speed[variant]}, "detector": {variant: {"verdict": verdict}}, "errors": {}}))
@@ -169,8 +168,7 @@ def _group_left_nothing(results: Path) -> None:
         (_skip_fallback, "437", "diagnosis", "fallback=not run (WRONG)"),
         (_cut_a_group, "437", "gpu_tests", "(CUT by the time limit, during tests/test_packing_exactness.py::test_gpu)"),
         (_group_left_nothing, "437", "gpu_tests", "(MISSING: exact)"),
-        (lambda r: (r / "bench_product_round5.json").unlink(), "437", "diagnosis",
-         "product_round5=not run (WRONG)"),
+        (lambda r: (r / "bench_stock_best.json").unlink(), "437", "diagnosis", "stock_best=not run (WRONG)"),
         (lambda r: (r / "extra_train_diagnosis" / "train_diagnosis.json").unlink(), "437", "train_no_alarm",
          "kernelguard train: not run"),
         (lambda r: None, "493", "wall", "acceptance RED in 493 s (target 480 s: OVER)"),

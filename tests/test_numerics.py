@@ -502,7 +502,8 @@ def test_train_throughput_tiny_cpu_times_the_product_step(variant: str, tmp_path
             "blocks_per_forward_applied": 1,
             "compile_applied": False,
             "step_layout": "step: activation checkpointing on, 1 block (256 tokens) per forward, compile off "
-            "(--activation-checkpointing; --blocks-per-forward 1; compile: --no-compile)",
+            "(--activation-checkpointing; --blocks-per-forward 1; auto: a cpu run has no GPU memory to budget; "
+            "compile: --no-compile)",
             "reshard_after_forward": True,
             "widths": "tiny",
         }

@@ -22,8 +22,7 @@ from typing import Any
 
 __all__ = ["EXPECTED_VERDICTS", "gpu_tests", "main", "parts", "tests_from_progress", "tests_from_xml"]
 
-EXPECTED_VERDICTS = {"fallback": {"slow_path"}, "product_default": {"healthy"}, "stock_best": {"healthy"},
-                     "product_round5": {"healthy"}}
+EXPECTED_VERDICTS = {"fallback": {"slow_path"}, "product_default": {"healthy"}, "stock_best": {"healthy"}}
 OUTCOMES = ("passed", "failure", "error", "skipped")
 TIMED_OUT = (124, 137)  # `timeout` stopped the part (137: it had to be killed)
 

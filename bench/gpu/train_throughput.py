@@ -765,7 +765,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
                 "param_dtype": cfg.runtime.param_dtype,
                 "layout": variant.layout,
                 "levers": levers,
-                "reshard_after_forward": cfg.runtime.reshard_after_forward,
+                "reshard_after_forward": built.layout.reshard_after_forward if built.layout else None,
                 "micro_batches_per_step": micro,
                 "blocks_per_forward_applied": state.blocks_per_forward,
                 "compile_applied": built.compiled is not None,

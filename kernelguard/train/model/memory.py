@@ -383,7 +383,7 @@ def combine(
     n, cb = probe.num_params, probe.compute_bytes
     per_rank = math.ceil(n / world_size)
     params, grads, optim = 4 * per_rank, 4 * per_rank, 8 * per_rank
-    in_flight = probe.root_params + 2 * probe.max_layer_params
+    in_flight = probe.root_params + 2 * probe.max_layer_params  # kept gathered: every layer, until its backward
     unsharded = cb * (in_flight if reshard_after_forward else max(in_flight, n))
     static = params + optim + unsharded
     kept, transient = loss_bytes(probe, loss, compiled=compiled_loss)
@@ -402,10 +402,8 @@ def combine(
     in_backward = static + kept + saved_and_grads + (activations - saved_fwd)
     in_backward += reduce_bytes(probe.max_layer_params, cb, world_size)
     at_root = params + optim + root_reduction_bytes(probe, grads, world_size, grad_accum)
-    where, peak = max(
-        [(f"the {LOSS_FORWARD}", at_loss), (f"the {BACKWARD}", in_backward), (f"the {ROOT_REDUCE}", at_root)],
-        key=lambda kv: kv[1],
-    )
+    moments = [(f"the {LOSS_FORWARD}", at_loss), (f"the {BACKWARD}", in_backward), (f"the {ROOT_REDUCE}", at_root)]
+    where, peak = max(moments, key=lambda kv: kv[1])
     notes = [*probe.notes, f"the peak is reached in {where}"]
     return MemoryEstimate(
         world_size=world_size,

@@ -295,9 +295,8 @@ class RuntimeSection:
     # None: auto (build.resolve_step_layout): the memory estimate decides with the layout (memory.choose_layout).
     reshard_after_forward: bool | None = setting(
         None,
-        "FSDP2: free each decoder layer's gathered weights after its forward and gather them again for its "
-        "backward (less memory, one more all-gather and cast per layer). auto (default): kept gathered when the "
-        "memory estimate fits the GPU with them, else freed; freed on CPU runs. The flag alone means on (freed)",
+        "FSDP2: free each layer's gathered weights after its forward, gather them again for its backward (less "
+        "memory, more work). auto (default): kept when the estimate fits the GPU, else freed (CPU: freed). Alone: on",
     )
     peak_tflops: float | None = setting(None, "accelerator peak for MFU (default: known GPUs)", metavar="T")
 
