@@ -13,7 +13,8 @@ What is compared, per decoder layer and example: the largest per-token relative 
 leak from: its difference is the rounding of this model, dtype and kernels, measured the same way. A later
 example differs too much when it exceeds both ``RATIO`` times the first example's difference at that layer and
 the dtype's floor (:data:`FLOORS`). Its cost is one extra forward of the row and of each probed example, once per
-stack (bench/RESULTS.md, "What does the first-row probe cost?").
+stack (bench/RESULTS.md, "What does the first-row probe cost?"). A mixture-of-experts router that breaks a near
+tie the other way alone is given the packed run's choice for that token (:mod:`kernelguard.probe_routing`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from kernelguard.errors import PackedWithoutBoundariesError
 from kernelguard.packed_batch import BOUNDARY_KEYWORDS
+from kernelguard.probe_routing import Route, record_hooks, replay_hooks
 from kernelguard.segments import RowSegments
 
 __all__ = ["FLOORS", "PROBED_EXAMPLES", "RATIO", "FirstRowProbe", "LayerDifference", "probing"]
@@ -56,6 +58,7 @@ class LayerDifference:
     example: tuple[int, int]
     tolerance: float
     kind: str = "decoder"  # the layer's own word for what it mixes with ("full attention", "linear attention")
+    rerouted: int = 0  # tokens whose expert choice alone was a near tie, replayed from the packed run
 
     @property
     def differs(self) -> bool:
@@ -105,24 +108,28 @@ class FirstRowProbe:
         self._quiet(True)
         _RUNNING.append(self)
         restore = _without_dropout(self.stack)
+        offsets = [0]
+        for a, b in spans:
+            offsets.append(offsets[-1] + b - a)
+        routes: list[Route] = []
+        replayed: dict[str, int] = {}
         try:
             with torch.no_grad():  # the packed row's outputs are kept on the probed examples' tokens only
-                packed = _outputs(self.stack, layers, kwargs, spans)
-                alone = [_outputs(self.stack, layers, _alone(kwargs, a, b)) for a, b in spans]
+                packed = _outputs(self.stack, layers, kwargs, spans, routing=record_hooks(layers, routes, spans))
+                floor = FLOORS.get(str(packed[0][1].dtype).removeprefix("torch."), FLOORS["float32"]) if packed else 0.0
+                alone = [_outputs(self.stack, layers, _alone(kwargs, a, b),
+                                  routing=replay_hooks(layers, routes, start=offsets[i], floor=floor, replayed=replayed))
+                         for i, (a, b) in enumerate(spans)]
         finally:
             restore()
             _RUNNING.remove(self)
             self._quiet(False)
-        floor = FLOORS.get(str(packed[0][1].dtype).removeprefix("torch."), FLOORS["float32"]) if packed else 0.0
         out = []
-        offsets = [0]
-        for a, b in spans:
-            offsets.append(offsets[-1] + b - a)
         for index, (name, kept) in enumerate(packed):
             diffs = [_relative(kept[0, offsets[i]:offsets[i + 1]], alone[i][index][1][0]) for i in range(len(spans))]
             worst = max(range(1, len(spans)), key=lambda i: diffs[i])
             out.append(LayerDifference(name, diffs[0], diffs[worst], spans[worst], max(floor, RATIO * diffs[0]),
-                                       kinds.get(name, "decoder")))
+                                       kinds.get(name, "decoder"), replayed.get(name, 0)))
         return out
 
 
@@ -151,11 +158,12 @@ def _alone(kwargs: dict[str, Any], a: int, b: int) -> dict[str, Any]:
 
 
 def _outputs(stack: Any, layers: list[tuple[str, Any]], kwargs: dict[str, Any],
-             spans: list[tuple[int, int]] | None = None) -> list[tuple[str, Any]]:
+             spans: list[tuple[int, int]] | None = None, routing: list[Any] = ()) -> list[tuple[str, Any]]:
     """Every decoder layer's output hidden states for one call of the stack (only the tokens of ``spans``, one
-    after the other, when given: at 27B widths a whole row's outputs of every layer would take gigabytes)."""
+    after the other, when given: at 27B widths a whole row's outputs of every layer would take gigabytes).
+    ``routing``: the routers' hooks for this call (kernelguard.probe_routing), removed with the others."""
     seen: list[tuple[str, Any]] = []
-    handles = [module.register_forward_hook(_keep(name, seen, spans)) for name, module in layers]
+    handles = [*routing, *(module.register_forward_hook(_keep(name, seen, spans)) for name, module in layers)]
     try:
         stack(**kwargs)
     finally:
