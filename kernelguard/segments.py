@@ -23,6 +23,7 @@ __all__ = [
     "examples_per_row",
     "position_starts",
     "read_segments",
+    "readable_mask",
     "signals_disagree_on_device",
 ]
 
@@ -136,9 +137,20 @@ def _at(starts: tuple[int, ...], most: int = 6) -> str:
     return f" (starting at {shown})"
 
 
+def readable_mask(attention_mask: Any) -> Any:
+    """The mask a call's boundaries are read from: the tensor itself, or from a dict of masks by layer type
+    (what generate() hands a hybrid model with a static cache: ``{"full_attention": 4-D, "linear_attention":
+    2-D}``) its 2-D padding mask, else its 4-D one; None when it holds no tensor."""
+    if not isinstance(attention_mask, dict):
+        return attention_mask
+    tensors = [m for m in attention_mask.values() if hasattr(m, "dim")]
+    return next((m for m in tensors if m.dim() == 2), next((m for m in tensors if m.dim() == 4), None))
+
+
 def read_segments(position_ids: Any, kwargs: dict[str, Any], attention_mask: Any) -> RowSegments:
     """The starts of every signal one call carries (a few device reads). ``attention_mask`` may be a 2D padding
-    mask, or anything else transformers accepts (a 4D mask, a dict of masks): only a 2D tensor is read."""
+    mask, or anything else transformers accepts (a 4D mask, a dict of masks: :func:`readable_mask`)."""
+    attention_mask = readable_mask(attention_mask)
     rows, length = _shape(position_ids, kwargs)
     found: dict[str, Any] = {"rows": rows, "length": length}
     if position_ids is not None and hasattr(position_ids, "dim"):
@@ -190,6 +202,7 @@ def signals_disagree_on_device(position_ids: Any, kwargs: dict[str, Any], attent
     reads, this is what keeps watching: a stale ``cu_seq_lens``, an all-zero ``seq_idx``."""
     import torch
 
+    attention_mask = readable_mask(attention_mask)
     markers = []
     length = None
     if position_ids is not None and hasattr(position_ids, "dim"):

@@ -624,3 +624,23 @@ def test_signals_are_watched_between_the_reads_and_the_first_bad_call_is_named(
             model(**good)  # call RECHECK_EVERY: the read
     assert info.value.details["kind"] == "disagree"
     assert f"boundary signals disagreed at its call {FIRST_CALLS + 1} (compared on the device at every call, read back at call {RECHECK_EVERY}" in info.value.message
+
+
+def test_generate_with_a_static_cache_on_left_padded_rows_passes(fake_providers: Any, tiny: Any) -> None:
+    """generate() with a static cache hands a hybrid model its masks as a dict by layer type ({"full_attention":
+    4-D, "linear_attention": 2-D}) and left-padded rows' positions as [0, 0, 0, 0, 1, 2, 3]: a padded batch, read
+    from the dict's 2-D mask (issue 51: refused as "a packed row of 4 examples" when the dict was not read). The
+    same dict around an all-ones mask on a row whose positions restart is still a packed row, and refused."""
+    model = tiny.tiny_model("qwen3_5", use_cache=True)
+    guard(model, mode="inference", allow=["attention"])
+    ids = torch.randint(3, 250, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False,
+                         cache_implementation="static", pad_token_id=0)
+    assert out.shape == (2, 10)
+    packed = _flatten()
+    ones = torch.ones_like(packed["input_ids"])
+    with pytest.raises(PackedWithoutBoundariesError, match="got a packed row of 3 examples"):
+        model.model(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False,
+                    attention_mask={"linear_attention": ones, "full_attention": None})
