@@ -175,7 +175,20 @@ def read_segments(position_ids: Any, kwargs: dict[str, Any], attention_mask: Any
             found["examples_unmasked"] = _examples_unmasked(position_ids, attention_mask)
     if attention_mask is not None and hasattr(attention_mask, "dim") and attention_mask.dim() == 4:
         found["by_mask"] = block_mask_starts(attention_mask)
+        if found["by_mask"] is None and "by_positions" in found:  # a mask of its own structure: a tree, ...
+            found["by_positions"] = _restarts_at_zero(position_ids, found["by_positions"])
     return RowSegments(**found)
+
+
+def _restarts_at_zero(position_ids: Any, starts: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """Under a 4-D mask that is not block-diagonal, the starts where the positions begin again at 0: a packed
+    example's. A shared-prefix tree's branches repeat a depth (``[0, 1, 2, 3, 3, 3]``) and are not examples."""
+    positions = position_ids[0] if position_ids.dim() == 3 else position_ids
+    positions = positions.unsqueeze(0) if positions.dim() == 1 else positions
+    out = []
+    for row, row_starts in zip(positions.tolist(), starts):
+        out.append(tuple(s for s in row_starts if s == 0 or row[s] == 0))
+    return tuple(out)
 
 
 def _examples_unmasked(position_ids: Any, mask: Any) -> int:

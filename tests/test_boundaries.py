@@ -644,3 +644,19 @@ def test_generate_with_a_static_cache_on_left_padded_rows_passes(fake_providers:
     with pytest.raises(PackedWithoutBoundariesError, match="got a packed row of 3 examples"):
         model.model(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False,
                     attention_mask={"linear_attention": ones, "full_attention": None})
+
+
+def test_a_shared_prefix_tree_mask_is_not_read_as_a_packed_row(fake_providers: Any, tiny: Any) -> None:
+    """transformers' custom 4-D mask test: three continuations of one prefix in one row, each attending to the
+    prefix and itself, positions [0, 1, 2, 3, 3, 3] (issue 51: refused as "a packed row of 3 examples" with a
+    boundary fix that does not fit it). Under a mask that is not block-diagonal, only positions that begin again
+    at 0 start an example: the same mask over two real examples is still a packed row."""
+    model = _model(tiny)
+    guard(model, mode="inference", allow=["attention"])
+    tree = torch.tensor([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0],
+                         [1, 1, 1, 0, 1, 0], [1, 1, 1, 0, 0, 1]], dtype=torch.bool)[None, None]
+    ids = torch.tensor([[10, 11, 12, 13, 14, 15]])
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=tree, position_ids=torch.tensor([[0, 1, 2, 3, 3, 3]]), use_cache=False)
+        with pytest.raises(PackedWithoutBoundariesError, match="got a packed row of 2 examples"):
+            model(input_ids=ids, attention_mask=tree, position_ids=torch.tensor([[0, 1, 2, 3, 0, 1]]), use_cache=False)
