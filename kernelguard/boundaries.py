@@ -96,10 +96,12 @@ class ModelCallWatch:
     ``PreTrainedModel.__call__`` is wrapped; each model's GDN facts are read at its first call. ``disarm()``
     restores the original where the wrapper is still ours."""
 
-    def __init__(self, policy: AllowPolicy, *, syntax: str = PYTHON, allow_fix: str | None = None) -> None:
+    def __init__(self, policy: AllowPolicy, *, syntax: str = PYTHON, allow_fix: str | None = None,
+                 probe: bool = False) -> None:
         from transformers import PreTrainedModel
 
         self.policy = policy
+        self.probe = probe  # the first-row probe on each model's first packed row (the plugin's option)
         self.key = f"models-{next(_WATCH_IDS)}"
         self.depth = 0  # model calls in progress (one thread: a forward of another thread is its own)
         self._options = {"syntax": syntax, "allow_fix": allow_fix}
@@ -135,6 +137,8 @@ class ModelCallWatch:
             return None
         facts = gdn_boundaries(((path or type(model).__name__, m) for path, m in model.named_modules()), self.policy)
         check = BoundaryCheck(model, facts, self.policy, **self._options) if facts.layers else None
+        if check is not None and self.probe:
+            check.probe = FirstRowProbe(model, "", quiet=_silencer(check))
         self._checks[model] = check
         return check
 

@@ -191,13 +191,19 @@ def _relative(packed: Any, alone: Any) -> float:
 
 
 def _decoder_layers(stack: Any, path: str) -> list[tuple[str, Any]]:
-    """The numbered layers the stack runs (its ModuleList of decoder layers), by their path in the model."""
+    """The numbered layers the stack runs (its ModuleList of decoder layers), by their path in the model: a child
+    of the stack, else the first one below it (a whole causal LM probed from its outermost call: the plugin)."""
     import torch
 
-    for name, child in stack.named_children():
-        if isinstance(child, torch.nn.ModuleList) and len(child) and all(k.isdigit() for k, _ in child.named_children()):
-            prefix = f"{path}.{name}" if path else name
-            return [(f"{prefix}.{i}", layer) for i, layer in enumerate(child)]
+    def numbered(module: Any) -> bool:
+        return isinstance(module, torch.nn.ModuleList) and len(module) > 0 and \
+            all(k.isdigit() for k, _ in module.named_children())
+
+    found = [(n, c) for n, c in stack.named_children() if numbered(c)] or \
+        [(n, m) for n, m in stack.named_modules() if n and numbered(m)][:1]
+    for name, child in found[:1]:
+        prefix = f"{path}.{name}" if path else name
+        return [(f"{prefix}.{i}", layer) for i, layer in enumerate(child)]
     return []
 
 

@@ -61,6 +61,7 @@ class Settings:
     policy: Any  # kernelguard.policy.AllowPolicy (imported lazily: the plugin loads in every pytest run)
     transformers: bool  # transformers is importable: without it there is no reference path to fall back to
     skip_ok: bool = False  # ini kernelguard_skip_ok: a test that skips after a fallback is reported skipped
+    probe: bool = False  # --kernelguard-probe / ini kernelguard_probe: the first-row probe on each model
     # Parsed @pytest.mark.kernelguard(allow=...) lists: per session, so no process-wide cache outlives it.
     marker_policies: dict[tuple[str, ...], Any] = field(default_factory=dict, compare=False)
 
@@ -88,10 +89,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="fail any test during which a kernel fell back to a torch reference path")
     group.addoption("--kernelguard-allow", action="append", default=[], metavar="ITEM",
                     help="accept this fallback (kernel name, known-issue ID, 'attention', '*'); repeatable")
+    group.addoption("--kernelguard-probe", action="store_true", default=None,
+                    help="also run each model's first packed row example by example (kernelguard's first-row "
+                         "probe): one extra no-grad forward of the row and of up to three examples per model")
     parser.addini("kernelguard", type="bool", default=False,
                   help="enable kernelguard for every test (same as --kernelguard)")
     parser.addini("kernelguard_allow", type="linelist", default=[],
                   help="fallbacks kernelguard accepts, one per line (kernel name, known-issue ID, 'attention')")
+    parser.addini("kernelguard_probe", type="bool", default=False,
+                  help="run the first-row probe on each model's first packed row (same as --kernelguard-probe)")
     parser.addini("kernelguard_skip_ok", type="bool", default=False,
                   help="a test that skips itself after a fallback is reported skipped instead of failed")
 
@@ -116,8 +122,10 @@ def pytest_configure(config: pytest.Config) -> None:
     enabled = bool(flag) if flag is not None else bool(config.getini("kernelguard"))
     policy = _parse(config.getini("kernelguard_allow"), "ini option kernelguard_allow").merge(
         _parse(config.getoption("kernelguard_allow", default=[]), "--kernelguard-allow"))
+    probe = config.getoption("kernelguard_probe", default=None)
     config.stash[settings_key] = Settings(enabled, policy, importlib.util.find_spec("transformers") is not None,
-                                          bool(config.getini("kernelguard_skip_ok")))
+                                          bool(config.getini("kernelguard_skip_ok")),
+                                          probe=bool(probe) if probe is not None else bool(config.getini("kernelguard_probe")))
 
 
 def _marker_policy(settings: Settings, values: tuple[str, ...]) -> Any:
@@ -175,21 +183,22 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
     index = REGISTRY.open_window()
     tripwires = arm_tripwires(allow=policy, on_fallback="record")
-    item.stash[_state_key] = _TestState(tripwires, _watch_boundaries(policy), index, skip_ok)
+    probe = item.config.stash[settings_key].probe
+    item.stash[_state_key] = _TestState(tripwires, _watch_boundaries(policy, probe=probe), index, skip_ok)
 
 
 _BOUNDARIES_ALLOW = ("accept it explicitly with @pytest.mark.kernelguard(allow=['packed-without-boundaries']) or "
                      "--kernelguard-allow packed-without-boundaries")
 
 
-def _watch_boundaries(policy: Any) -> Any:
+def _watch_boundaries(policy: Any, *, probe: bool = False) -> Any:
     """Packed rows without GDN boundaries raise in the test (kernelguard.boundaries), for every transformers
     model it calls; not before transformers is imported (the plugin never imports it for a test that does not)."""
     if "transformers.modeling_utils" not in sys.modules:
         return None
     from kernelguard.boundaries import ModelCallWatch
 
-    return ModelCallWatch(policy, allow_fix=_BOUNDARIES_ALLOW)
+    return ModelCallWatch(policy, allow_fix=_BOUNDARIES_ALLOW, probe=probe)
 
 
 def _new_failures(state: _TestState) -> list[Any]:

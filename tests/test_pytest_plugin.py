@@ -493,3 +493,39 @@ def test_packed_row_without_boundaries_fails_the_test_with_the_fix_in_pytest_ter
     from transformers import PreTrainedModel
 
     assert "__call__" not in PreTrainedModel.__dict__  # disarmed after each test
+
+
+PROBED_ROW_TEST = """
+import torch
+import tiny_models
+from transformers import DataCollatorWithFlattening
+
+def test_bounded_row():
+    features = [{"input_ids": [3, 4, 5, 6, 7]}, {"input_ids": [8, 9, 10]}, {"input_ids": [11, 12, 13, 14]}]
+    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(features)
+    with torch.no_grad():
+        tiny_models.tiny_model("qwen3_5")(**{k: v for k, v in batch.items() if k != "labels"})
+"""
+
+
+def test_the_probe_option_fails_a_test_whose_kernel_ignores_its_boundaries(
+    inner: pytest.Pytester, fake_providers: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--kernelguard-probe (ini kernelguard_probe): a GDN kernel that takes cu_seqlens but does not honour it
+    passes every static check; the probe runs the model's first packed row example by example and fails the test
+    naming the layer. Without the option the same test passes (the control)."""
+    import tiny_models
+
+    import fla.ops.gated_delta_rule as fake
+
+    tiny_models.tiny_model("qwen3_5")  # the modeling module imported with the stand-ins, before the inner runs
+    varlen = fake._varlen
+    monkeypatch.setattr(fake, "_varlen", lambda *a, **k: varlen(*a, **{**k, "cu_seqlens": None}))
+    inner.makepyfile(PROBED_ROW_TEST)
+    inner.runpytest("--kernelguard", "--kernelguard-allow", "attention").assert_outcomes(passed=1)
+    result = inner.runpytest("--kernelguard", "--kernelguard-allow", "attention", "--kernelguard-probe")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*PackedWithoutBoundariesError: kernelguard: the first packed row, run example by "
+                                 "example, differs from the packed run from model.layers.1 (linear attention) on*"])
+    inner.makeini("[pytest]\nkernelguard_probe = true\n")
+    inner.runpytest("--kernelguard", "--kernelguard-allow", "attention").assert_outcomes(failed=1)
