@@ -124,3 +124,15 @@ def cpu_varlen() -> Iterator[None]:
         yield
     finally:
         attention.set_varlen_impl(saved)
+
+
+@pytest.fixture
+def gloo_one_rank() -> Iterator[None]:
+    """A one-rank gloo process group in this process (FSDP2 and collectives on CPU), destroyed after the test."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -121,17 +121,6 @@ def test_retention_leaves_later_checkpoints_of_a_resumed_run_alone(tmp_path: Pat
     assert [s for s, _ in ckpt.complete_checkpoints(tmp_path)] == [3, 6]
 
 
-@pytest.fixture
-def one_rank() -> Any:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def _model_and_optimizer(seed: int) -> tuple[Any, Any]:
     import torch
 
@@ -144,7 +133,7 @@ def _model_and_optimizer(seed: int) -> tuple[Any, Any]:
 
 
 def test_real_save_is_sealed_loads_back_and_old_unverified_damage_is_a_checkpoint_error(
-    tmp_path: Path, one_rank: None
+    tmp_path: Path, gloo_one_rank: None
 ) -> None:
     import torch
 
@@ -194,7 +183,7 @@ def test_retention_that_cannot_delete_warns_and_keeps_training(
 
 @pytest.mark.parametrize("has_generation_config", [True, False])
 def test_export_keeps_the_source_folders_generation_config(
-    tmp_path: Path, one_rank: Any, has_generation_config: bool
+    tmp_path: Path, gloo_one_rank: Any, has_generation_config: bool
 ) -> None:
     import tiny_models
     import torch

@@ -25,18 +25,7 @@ def test_only_gradients_that_tile_a_buffer_end_to_end_are_normed_as_one() -> Non
     assert {id(x) for x in rest} == {id(x) for x in (d, e, f, g, t, alone)}
 
 
-@pytest.fixture
-def one_rank() -> Any:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-def test_fsdp2_gradients_are_normed_per_buffer_and_match_torch(one_rank: Any, fake_providers: Any, tiny: Any) -> None:
+def test_fsdp2_gradients_are_normed_per_buffer_and_match_torch(gloo_one_rank: Any, fake_providers: Any, tiny: Any) -> None:
     """The product's model under FSDP2: its sharded gradients are views of one reduce-scatter output per group,
     so the norm is taken over a few buffers, and it is torch's norm of every gradient."""
     from torch.distributed.device_mesh import init_device_mesh
