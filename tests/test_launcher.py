@@ -59,6 +59,18 @@ def test_under_plain_torchrun_its_failure_table_carries_kernelguards_line(assets
 
 
 @pytest.mark.slow
+def test_under_plain_torchrun_a_rank_stopped_by_its_agent_names_itself_in_the_table(assets: dict[str, Path]) -> None:
+    """Rank 1 fails on the data while rank 0 is still starting (held there by the fault, as a loaded machine
+    does by chance); the agent SIGTERMs rank 0, whose own row in torchrun's table then says what stopped it."""
+    r = h.run_train(_args(assets, assets["root"] / "stalled", "bad"), nproc=2, fault="rank-0-stalls-at-start")
+    assert r.returncode == 1, r.stderr
+    table, root = r.stderr.split("Root Cause (first observed failure):", 1)
+    assert f"traceback : kernelguard train: error: {assets['bad']}, {DATA_ERROR}" in root, r.stderr
+    stopped = "traceback : kernelguard train: stopped by SIGTERM before training started; nothing was saved."
+    assert stopped in table.split("Failures:", 1)[1] and "To enable traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.slow
 def test_data_error_in_the_ranks_exits_2_printed_once(assets: dict[str, Path]) -> None:
     out = assets["root"] / "bad"
     r = h.run_train([*_args(assets, out, "bad"), "--nproc-per-node", "2"], nproc=0)

@@ -75,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     def stop(signum: int, frame: Any) -> None:
         # Leave from the handler itself: an exception raised here could land inside an import (accelerate's,
         # torch's) and come out as that import's ImportError and a traceback instead of this line.
+        line = "kernelguard train: stopped by SIGTERM before training started; nothing was saved."
+        tell_torchrun(line)
         if not launched:
-            print_rank0("kernelguard train: stopped by SIGTERM before training started; nothing was saved.")
+            print_rank0(line)
         _leave(EXIT_PREEMPTED)
 
     from kernelguard.interrupts import startup_interrupts
@@ -85,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     try:  # everything inside: a signal can arrive during any import
         # Ctrl-C, for the same reason as SIGTERM (kernelguard.interrupts); one line per job, from rank 0
         with startup_interrupts(None if launched or not is_rank0() else _INTERRUPTED_LINE):
+            # Before the handler exists: an import inside a signal handler can meet a half-imported module. Under
+            # plain torchrun, a rank its agent stops (another failed first) then names itself in torchrun's table.
+            from .launch import write_torchelastic_error as tell_torchrun
+
             try:
                 previous = signal.signal(signal.SIGTERM, stop)
             except ValueError:  # not the main thread (an embedding caller): its own handlers stand
@@ -99,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             print_rank0(_INTERRUPTED_LINE)
         _leave(EXIT_INTERRUPTED)
     except Preempted as e:
+        tell_torchrun(str(e))
         if not launched:
             print_rank0(str(e))
         _leave(exit_code_for(e))

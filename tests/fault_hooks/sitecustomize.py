@@ -21,6 +21,9 @@ ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
   at the moment a launched rank 0 imports kernelguard's train module, before any of its own code runs.
 - ``signal-as-the-cli-imports:SIG``: SIGINT or SIGTERM to this process as the command line's modules begin to
   import (``kernelguard.report``), before any command's own handler exists.
+- ``rank-0-stalls-at-start``: rank 0 of a torchrun launch stops at its first import once kernelguard's SIGTERM
+  handler is in place (before its inputs are read) and waits there until the agent stops it: the other rank fails
+  first, for sure.
 - ``steady-steps``: not a fault but a fixed clock: the step profiler's clock ticks 0.1 s per read, so every step
   takes the same time and the profiled windows' schedule (three steady steps first) does not depend on the load
   of the machine running the test (tests/test_profiling.py).
@@ -149,6 +152,15 @@ class _SignalAsTheCliImports:
             os.kill(os.getpid(), self.sig)
 
 
+class _Rank0StallsAtStart:
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        handler = signal.getsignal(signal.SIGTERM)
+        if os.environ.get("RANK") == "0" and getattr(handler, "__qualname__", "") == "main.<locals>.stop":
+            sys.meta_path.remove(self)
+            while True:  # the agent's SIGTERM ends it, through kernelguard's handler
+                signal.pause()
+
+
 def _enospc_file(name: str) -> None:
     import builtins
     import errno
@@ -191,6 +203,8 @@ elif _FAULT.startswith("signal-as-the-cli-imports:"):
     sys.meta_path.insert(0, _SignalAsTheCliImports(_FAULT.split(":", 1)[1]))
 elif _FAULT == "ctrl-c-as-a-rank-imports-kernelguard":
     sys.meta_path.insert(0, _CtrlCAsARankImportsKernelguard())
+elif _FAULT == "rank-0-stalls-at-start":
+    sys.meta_path.insert(0, _Rank0StallsAtStart())
 elif _FAULT == "export":
     _export_disk_full()
 elif _FAULT == "export-slow":
