@@ -13,7 +13,7 @@
 #   3. alone:  the timed variants one after another (bench/gpu/train_throughput.py, one fresh process each, a
 #              short timed run and one profiled window): product_default and stock_best (their ratio is
 #              quoted). Their kernel records land in profiles/ (the CPU tests' fixtures). The default against
-#              earlier defaults is perf_round6.sh's question, not the acceptance's.
+#              earlier defaults is step_speed.sh's question, not the acceptance's.
 # Phase 2 runs before phase 3 so the timed variants find the Triton cache warm; phase 2 ends (every process
 # waited for, the GPU's compute processes listed) before phase 3 starts.
 #

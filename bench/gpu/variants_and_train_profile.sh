@@ -9,11 +9,11 @@
 #   2. `kernelguard train` itself on the 1.16 B proxy for 15 steps (detector at steps 5, 10, 15; one
 #      Chrome/Perfetto trace), when the time left allows: the detector's figures as a user sees them.
 #
-# JSON and logs go to $OUT (default /tmp/kg-out): perf_round3_throughput.json, perf_round3_train/metrics.jsonl,
-# perf_round3_summary.json, run.log.
+# JSON and logs go to $OUT (default /tmp/kg-out): variants_throughput.json, variants_train/metrics.jsonl,
+# variants_summary.json, run.log.
 #
-#   bench/gpu/perf_round3.sh            # on the GPU machine, from the repository root, wheels in .whl/
-#   PYTHONPATH=$PWD/tests/fake_providers bench/gpu/perf_round3.sh --tiny   # CPU logic check, ~1-2 minutes
+#   bench/gpu/variants_and_train_profile.sh            # on the GPU machine, from the repository root, wheels in .whl/
+#   PYTHONPATH=$PWD/tests/fake_providers bench/gpu/variants_and_train_profile.sh --tiny   # CPU logic check, ~1-2 minutes
 set -u
 TINY=0; [ "${1:-}" = "--tiny" ] && TINY=1
 OUT=${OUT:-/tmp/kg-out}; mkdir -p "$OUT"
@@ -38,7 +38,7 @@ else
   export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/kg-triton}; mkdir -p "$TRITON_CACHE_DIR"
   BENCH=(--steps 12 --warmup 4 --no-memory-estimate)
   # stock_best's cold Triton compile + autotune of its own call shapes took more than 170 s on the H200
-  # (bench/RESULTS.md 1a0).
+  # (bench/RESULTS.md 1.5).
   CHILD_TIMEOUT=${CHILD_TIMEOUT:-240}; TRAIN_ARGS=(--max-length 8192 --allow fla-640-refusal); FIXTURE=(--examples 400)
   TRAIN_STEPS=15; PROFILE_EVERY=5; TRAIN_NEED=120
 fi
@@ -48,18 +48,18 @@ export TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=error PYTHONUNBUFFERE
 
 step "throughput + detector: fallback, stock_best, product_default, product_noac+compile"
 timeout $(( $(left) > 60 ? $(left) - 30 : 30 )) "$PY" bench/gpu/train_throughput.py --all --child-timeout $CHILD_TIMEOUT \
-  --variants fallback,stock_best,product_default,product_noac+compile "${BENCH[@]}" --out "$OUT/perf_round3_throughput.json"
+  --variants fallback,stock_best,product_default,product_noac+compile "${BENCH[@]}" --out "$OUT/variants_throughput.json"
 echo "throughput: rc=$?"
 
 TRAIN_RC=skipped
 if [ "$(left)" -gt "$TRAIN_NEED" ]; then
   step "kernelguard train, $TRAIN_STEPS steps, detector every $PROFILE_EVERY steps"
-  FIX=/tmp/kg-perf3-fixture; rm -rf "$FIX" "$OUT/perf_round3_train"
+  FIX=/tmp/kg-perf3-fixture; rm -rf "$FIX" "$OUT/variants_train"
   "$PY" bench/lib/make_train_fixture.py "$FIX" "${FIXTURE[@]}"
   timeout $(( $(left) - 10 )) "$PY" -m kernelguard.train --model "$FIX/model/config.json" --tokenizer "$FIX/tokenizer" \
-    --data "$FIX/chat.jsonl" --output-dir "$OUT/perf_round3_train" --max-steps $TRAIN_STEPS --no-progress --no-plot \
-    --no-export --profile-step $PROFILE_EVERY --profile-every $PROFILE_EVERY --profile-trace "$OUT/perf_round3_trace" \
-    "${TRAIN_ARGS[@]}" 2> >(tee "$OUT/perf_round3_train.stderr" >&2)
+    --data "$FIX/chat.jsonl" --output-dir "$OUT/variants_train" --max-steps $TRAIN_STEPS --no-progress --no-plot \
+    --no-export --profile-step $PROFILE_EVERY --profile-every $PROFILE_EVERY --profile-trace "$OUT/variants_trace" \
+    "${TRAIN_ARGS[@]}" 2> >(tee "$OUT/variants_train.stderr" >&2)
   TRAIN_RC=$?
   echo "kernelguard train: rc=$TRAIN_RC"
 else
@@ -73,7 +73,7 @@ from pathlib import Path
 
 out, train_rc = Path(sys.argv[1]), sys.argv[2]
 summary = {"train_rc": train_rc}
-bench = out / "perf_round3_throughput.json"
+bench = out / "variants_throughput.json"
 if bench.exists():
     data = json.loads(bench.read_text())
     for key in ("tokens_per_s", "speedup_vs_stock_best", "mfu_vs_measured_matmul", "step_stats", "detector", "errors"):
@@ -82,7 +82,7 @@ if bench.exists():
     summary["detector_verdict_ok"] = (
         det.get("fallback", {}).get("verdict") == "slow_path" and det.get("product_default", {}).get("verdict") == "healthy"
     )
-metrics = out / "perf_round3_train" / "metrics.jsonl"
+metrics = out / "variants_train" / "metrics.jsonl"
 if metrics.exists():
     recs = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
     keys = ("step", "step_time_s", "tokens_per_s", "mfu", "gpu_busy_pct", "kernels_per_step", "cpu_s_per_step",
@@ -93,10 +93,10 @@ if metrics.exists():
         sys.path.insert(0, "bench/lib")
         from step_stats import steady_stats
         summary["train_unprofiled_step_stats"] = steady_stats(times, warmup=0, min_steady=8).to_dict()
-err = out / "perf_round3_train.stderr"
+err = out / "variants_train.stderr"
 if err.exists():
     summary["train_detector_lines"] = [l for l in err.read_text().splitlines() if "profile" in l or "slow path" in l or "small-kernel" in l or "GPU idle" in l]
-(out / "perf_round3_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+(out / "variants_summary.json").write_text(json.dumps(summary, indent=2, default=str))
 print(json.dumps({k: summary.get(k) for k in ("tokens_per_s", "speedup_vs_stock_best", "detector", "detector_verdict_ok", "train_detector_lines", "errors")}, indent=1, default=str))
 PY
 step "done"

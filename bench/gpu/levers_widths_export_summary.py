@@ -1,10 +1,10 @@
-"""Helper of bench/gpu/perf_round4.sh: one summary JSON and the Markdown tables for bench/RESULTS.md.
+"""Helper of bench/gpu/levers_widths_export.sh: one summary JSON and the Markdown tables for bench/RESULTS.md.
 
-    python bench/gpu/perf_round4_summary.py OUT
+    python bench/gpu/levers_widths_export_summary.py OUT
 
-Reads OUT/perf_round4_{proxy,levers,real}.json (bench/gpu/train_throughput.py --all), OUT/export/
+Reads OUT/levers_widths_export_{proxy,levers,real}.json (bench/gpu/train_throughput.py --all), OUT/export/
 (bench/gpu/sharded_load_timing.sh: sharded_load_timing.json) and OUT/check_times.txt; writes
-OUT/perf_round4_summary.json and OUT/perf_round4_tables.md. Every throughput figure is a median over steady
+OUT/levers_widths_export_summary.json and OUT/levers_widths_export_tables.md. Every throughput figure is a median over steady
 steps (bench/lib/step_stats.py: warm-up dropped, > 3x median = outlier, listed and excluded).
 """
 
@@ -29,7 +29,7 @@ def variant_rows(out: Path) -> list[dict[str, Any]]:
     """One row per (run, variant): tokens/s from the median step, step stats, MFU, memory, class split."""
     rows = []
     for run in RUNS:
-        data = _load(out / f"perf_round4_{run}.json") or {}
+        data = _load(out / f"levers_widths_export_{run}.json") or {}
         for spec, r in (data.get("variants") or {}).items():
             stats = r.get("step_stats") or {}
             median = stats.get("median_s")
@@ -114,9 +114,9 @@ def main(out: Path) -> int:
     except OSError:
         check = []
     summary = {"variants": rows, "export": export, "check": check}
-    (out / "perf_round4_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    (out / "levers_widths_export_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     text = tables(rows, export, check)
-    (out / "perf_round4_tables.md").write_text(text)
+    (out / "levers_widths_export_tables.md").write_text(text)
     print(text)
     return 0
 

@@ -18,19 +18,19 @@
 #           cold (empty Triton cache), warm, and warm with KERNELGUARD_IMPORT_PROBE=spawn (the probe as it ran
 #           before round 4 on a GPU node: a fresh interpreter importing torch again).
 # Everything at once does not fit one call: run two (each < 9 minutes on one H200):
-#   PARTS="proxy levers" bash bench/gpu/perf_round4.sh
-#   PARTS="real export check" bash bench/gpu/perf_round4.sh
-#   PYTHONPATH=$PWD/tests/fake_providers bash bench/gpu/perf_round4.sh --tiny     # CPU logic check (~10 min)
+#   PARTS="proxy levers" bash bench/gpu/levers_widths_export.sh
+#   PARTS="real export check" bash bench/gpu/levers_widths_export.sh
+#   PYTHONPATH=$PWD/tests/fake_providers bash bench/gpu/levers_widths_export.sh --tiny     # CPU logic check (~10 min)
 #
 # Wheels in .whl/ (carried): fla-core + flash-linear-attention 0.6.0, causal_conv1d 1.7.0, kernelguard's own
 # wheel (`pip wheel --no-deps -w .whl .`, for the console script; this checkout's code comes first on
 # PYTHONPATH), liger_kernel (optional: `pip download --no-deps liger-kernel -d .whl`).
-# Output under $OUT (default /tmp/kg-out): perf_round4.log, perf_round4_{proxy,levers,real}.json,
-# export/ (sharded_load_timing's files), check_*.out, perf_round4_summary.json and perf_round4_tables.md.
+# Output under $OUT (default /tmp/kg-out): levers_widths_export.log, levers_widths_export_{proxy,levers,real}.json,
+# export/ (sharded_load_timing's files), check_*.out, levers_widths_export_summary.json and levers_widths_export_tables.md.
 set -u
 TINY=0; [ "${1:-}" = "--tiny" ] && TINY=1
 OUT=${OUT:-/tmp/kg-out}; mkdir -p "$OUT"
-exec > >(tee -a "$OUT/perf_round4.log") 2>&1
+exec > >(tee -a "$OUT/levers_widths_export.log") 2>&1
 BUDGET=${BUDGET_S:-530}
 PARTS=" ${PARTS:-proxy levers real export check} "
 START=$(date +%s)
@@ -66,14 +66,14 @@ fi
 LIGER=0; "$PY" -c "import liger_kernel" 2>/dev/null && [ $TINY = 0 ] && LIGER=1
 echo "liger_kernel importable on a GPU: $LIGER; parts:$PARTS; budget $BUDGET s"
 
-# throughput NAME VARIANTS [extra args]: one bench/gpu/train_throughput.py --all run into perf_round4_NAME.json
+# throughput NAME VARIANTS [extra args]: one bench/gpu/train_throughput.py --all run into levers_widths_export_NAME.json
 throughput() {
   local name=$1 variants=$2; shift 2
   local n; n=$(echo "$variants" | tr ',' '\n' | wc -l)
   fits "$name" $((NEED_VARIANT * n / 2 + 30)) || return
   step "$name: $variants"
   timeout $(( $(left) - 10 )) "$PY" bench/gpu/train_throughput.py --all --child-timeout "$CHILD_TIMEOUT" \
-    --variants "$variants" "${BENCH[@]}" "$@" --out "$OUT/perf_round4_$name.json"
+    --variants "$variants" "${BENCH[@]}" "$@" --out "$OUT/levers_widths_export_$name.json"
   echo "$name: rc=$?"
 }
 
@@ -88,7 +88,7 @@ fi
 if want real && fits real $NEED_REAL; then
   step "real widths: product_default, ${REAL[*]}"
   timeout $(( $(left) - 10 )) "$PY" bench/gpu/train_throughput.py --all --child-timeout $(( $(left) - 20 )) \
-    --variants product_default "${BENCH[@]}" "${REAL[@]}" --out "$OUT/perf_round4_real.json"
+    --variants product_default "${BENCH[@]}" "${REAL[@]}" --out "$OUT/levers_widths_export_real.json"
   echo "real: rc=$?"
 fi
 
@@ -121,5 +121,5 @@ if want check && fits check $NEED_CHECK; then
 fi
 
 step "summary"
-"$PY" bench/gpu/perf_round4_summary.py "$OUT"
+"$PY" bench/gpu/levers_widths_export_summary.py "$OUT"
 step "done"

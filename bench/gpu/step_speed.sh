@@ -7,13 +7,13 @@
 #   product_round5   the default before round 6: one block per step, checkpointing auto, no compile
 # Each JSON is written as soon as its variant ends (train_throughput --all rewrites the combined file).
 #
-#   bash bench/gpu/perf_round6.sh                                               # GPU; wheels in .whl/ (carried)
-#   PYTHONPATH=$PWD/tests/fake_providers bash bench/gpu/perf_round6.sh --tiny   # CPU logic check
+#   bash bench/gpu/step_speed.sh                                               # GPU; wheels in .whl/ (carried)
+#   PYTHONPATH=$PWD/tests/fake_providers bash bench/gpu/step_speed.sh --tiny   # CPU logic check
 # Wheels in .whl/: fla-core + flash-linear-attention 0.6.0, causal_conv1d 1.7.0 (../shared/device-wheels).
-# Output under $OUT (default /tmp/kg-out): perf_round6.json (combined, per variant), perf_round6.log.
+# Output under $OUT (default /tmp/kg-out): step_speed.json (combined, per variant), step_speed.log.
 set -u
 OUT=${OUT:-/tmp/kg-out}; mkdir -p "$OUT"
-exec > >(tee -a "$OUT/perf_round6.log") 2>&1
+exec > >(tee -a "$OUT/step_speed.log") 2>&1
 PY=${PYTHON:-python3}
 VARIANTS=${VARIANTS:-product_default,stock_best,product_round5}
 export TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=error PYTHONUNBUFFERED=1
@@ -30,9 +30,9 @@ else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   BENCH=(--steps ${STEPS:-10} --warmup 3 --profile-steps 1 --no-memory-estimate --no-detector)
 fi
-"$PY" bench/gpu/train_throughput.py --all --variants "$VARIANTS" --out "$OUT/perf_round6.json" \
+"$PY" bench/gpu/train_throughput.py --all --variants "$VARIANTS" --out "$OUT/step_speed.json" \
   --child-timeout "${CHILD_TIMEOUT:-240}" "${BENCH[@]}"
-"$PY" - "$OUT/perf_round6.json" <<'PY'
+"$PY" - "$OUT/step_speed.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 for name, r in d["variants"].items():
