@@ -9,11 +9,10 @@ Public API (``import kernelguard`` stays cheap and never imports torch):
 
 from __future__ import annotations
 
-import sys
-import types
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from kernelguard.errors import (
     ConfigError,
     DataError,
     KernelFallbackError,
@@ -41,17 +40,26 @@ __all__ = [
 ]
 
 # The public functions load on first use (``import kernelguard`` stays cheap: the pytest plugin imports this package
-# in every pytest session). ``check`` and ``guard`` are also submodule names, and importing a submodule binds it on
-# its package, replacing the function of the same name; the package's module class refuses exactly that binding,
-# so ``kernelguard.check`` is the function however often and in whatever order things are imported or called.
-_LAZY = {"check": "api", "require": "api", "guard": "guard", "inspect": "guard"}
+# in every pytest session), each through its room's face.
+_LAZY = {"check": "stack", "require": "stack", "guard": "runtime", "inspect": "runtime"}
 
 
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return  # the import system binding a submodule: kernelguard.<name> stays the public function
-        super().__setattr__(name, value)
+def lazy_face(package: str, offers: dict[str, str]) -> Callable[[str], Any]:
+    """The ``__getattr__`` of a room's face: ``offers`` maps each name the room offers to the module of the room
+    that defines it (``"module:"``: that module itself), imported on first use, so importing a face costs
+    nothing. Nothing is cached here: the next lookup sees whatever the defining module holds then (a test's
+    monkeypatch included). A name of a submodule is never offered: importing it would bind the module there."""
+
+    def __getattr__(name: str) -> Any:
+        where = offers.get(name)
+        if where is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        from importlib import import_module
+
+        module = import_module(f"{package}.{where.removesuffix(':')}")
+        return module if where.endswith(":") else getattr(module, name)
+
+    return __getattr__
 
 
 def __dir__() -> list[str]:
@@ -64,13 +72,11 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'kernelguard' has no attribute {name!r}")
     from importlib import import_module
 
-    function = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    function = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
     globals()[name] = function  # cached: later lookups never come here
     return function
 
 
-sys.modules[__name__].__class__ = _Package
-
 if TYPE_CHECKING:
-    from .api import check, require
-    from .guard import guard, inspect
+    from kernelguard.runtime import guard, inspect
+    from kernelguard.stack import check, require

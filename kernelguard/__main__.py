@@ -1,5 +1,5 @@
 import sys
 
-from .entry import main
+from kernelguard.cli import entry
 
-sys.exit(main())
+sys.exit(entry.main())

@@ -1,7 +1,7 @@
 """Builders shared by the `kernelguard check` tests (resolver, installed provider, CLI).
 
 Made-up facts (``make_env``, ``make_pkg``, ``make_ext``), a synthetic CUDA ELF writer (fatbin layout as in
-``kernelguard/providers/fatbin.py``; same bytes as tests/test_fatbin.py builds), and fake installed
+``kernelguard/resolution/providers/fatbin.py``; same bytes as tests/test_fatbin.py builds), and fake installed
 distributions written into a temporary site dir (``*.dist-info`` with METADATA and RECORD).
 """
 
@@ -19,12 +19,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kernelguard.env import Environment, Fact, Gpu
-from kernelguard.providers.installed import ExtensionFacts, PackageFacts
+from kernelguard.resolution.env import Environment, Fact, Gpu
+from kernelguard.resolution.providers.installed import ExtensionFacts, PackageFacts
 
 # ------------------------------------------------------------------------------------------- made-up facts
 
-# kernelguard.install's command for make_env()'s defaults (torch 2.13.0+cu128, cxx11 ABI, Python 3.11.7, x86_64).
+# kernelguard.resolution.install's command for make_env()'s defaults (torch 2.13.0+cu128, cxx11 ABI, Python 3.11.7, x86_64).
 _CONV_WHEEL = ("https://github.com/Dao-AILab/causal-conv1d/releases/download/v1.7.0/"
                "causal_conv1d-1.7.0+cu12torch2.13cxx11abiTRUE-cp311-cp311-linux_x86_64.whl")
 _CONV_NOTE = (f"  (It first tries the prebuilt wheel {_CONV_WHEEL}, then compiles against the installed torch "

@@ -116,7 +116,7 @@ def tiny() -> object:
 @pytest.fixture
 def cpu_varlen() -> Iterator[None]:
     """torch's varlen_attn is CUDA-only: run kernelguard_varlen on the exact per-segment SDPA reference."""
-    from kernelguard import attention
+    from kernelguard.runtime import attention
 
     saved = attention.varlen_impl()
     attention.set_varlen_impl(attention.reference_varlen_attn)

@@ -1,124 +1,133 @@
-"""The layering of ARCHITECTURE.md, enforced: no kernelguard module imports one from a layer above it.
+"""The house ARCHITECTURE.md describes, enforced on kernelguard's own code: the rooms in their order, each room
+entered only through its face, no circle of imports of any length, every dynamic import seen, ``train/``'s
+stages in their order, small modules. Each rule is also run on a copy with a violation planted, which it must
+name: a rule that cannot fail guards nothing.
 
 Every import counts, including the ones inside functions (they are how optional heavy work is deferred, not a
-way around the layering). A new module must be placed in ``LAYERS`` before it can be imported by anything.
+way around the order).
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
 from pathlib import Path
+
+import architecture_rules as rules
+import pytest
 
 import kernelguard
 
 PACKAGE = Path(kernelguard.__file__).parent
-
 ARCHITECTURE = PACKAGE.parent / "ARCHITECTURE.md"
+ROOMS = rules.rooms_from_doc(ARCHITECTURE)
 
 
-def _layers_from_doc() -> list[tuple[str, set[str]]]:
-    """ARCHITECTURE.md's layer block, lowest first: a line starting with a layer name opens it, an indented
-    line continues it."""
-    text = ARCHITECTURE.read_text(encoding="utf-8")
-    block = text.split("<!-- layers -->", 1)[1].split("<!-- /layers -->", 1)[0].strip().strip("`").strip()
-    layers: list[tuple[str, set[str]]] = []
-    for line in block.splitlines():
-        if not line.strip():
-            continue
-        words = line.split()
-        if line[0].isspace():
-            layers[-1][1].update(words)
-        else:
-            layers.append((words[0], set(words[1:])))
-    return layers[::-1]
+def test_the_top_level_is_the_rooms_in_their_order_and_the_face() -> None:
+    assert ROOMS == ["errors", "resolution", "stack", "runtime", "diagnosis", "train", "integrations", "cli"]
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name not in ("__pycache__", "py.typed"))
+    assert entries == sorted([*ROOMS, "__init__.py", "__main__.py"]) and len(entries) <= 10
 
 
-LAYERS = _layers_from_doc()
+def test_no_room_imports_a_room_above_it() -> None:
+    assert rules.upward_imports(PACKAGE, ROOMS) == []
 
 
-def _layer_of(module: str) -> int | None:
-    if module.startswith("train.") or module == "train":
-        module = "train"
-    for index, (_, members) in enumerate(LAYERS):
-        if module in members:
-            return index
-    return None
+def test_code_outside_a_room_imports_only_its_face() -> None:
+    assert rules.imports_past_a_face(PACKAGE, ROOMS) == []
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE).with_suffix("").parts
-    if parts[-1] == "__init__" and len(parts) > 1:
-        parts = parts[:-1]
-    return ".".join(parts)
+def test_no_modules_import_each_other_through_a_circle_of_any_length() -> None:
+    assert rules.circles(rules.edges(PACKAGE)) == []
 
 
-def _imports(path: Path, name: str) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    package_parts = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".")
+def test_every_dynamic_import_is_seen() -> None:
+    assert rules.unexplained_dynamic_imports(PACKAGE) == []
+    stale = [m for m in rules.DYNAMIC_IMPORTS if m not in rules.modules(PACKAGE)]
+    assert stale == []
+
+
+def test_every_face_says_what_it_is_and_offers_what_its_modules_define() -> None:
+    wrong = []
+    for room in ROOMS:
+        init = PACKAGE / room / "__init__.py"
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        if not ast.get_docstring(tree):
+            wrong.append(f"{room}/__init__.py has no docstring")
+        table, offered = rules.offers(PACKAGE, room)
+        for name, where in table.items():
+            module = f"{room}.{where.removesuffix(':')}"
+            if rules.is_module(PACKAGE, f"{room}.{name}"):
+                wrong.append(f"{room} offers {name}, also the name of its module (importing it would replace it)")
+            if where.endswith(":"):
+                if not rules.is_module(PACKAGE, module):
+                    wrong.append(f"{room} offers the module {module}, which does not exist")
+            elif name not in _defined(module):
+                wrong.append(f"{room} offers {name} from {module}, which does not define it")
+            if name not in offered:
+                wrong.append(f"{room} offers {name} but leaves it out of __all__")
+    assert wrong == []
+
+
+def _defined(module: str) -> set[str]:
+    path = PACKAGE.joinpath(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
     found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package_parts[: len(package_parts) - (node.level - 1)]
-                target = ".".join([*base, *(node.module.split(".") if node.module else [])])
-            elif node.module and node.module.startswith("kernelguard"):
-                target = node.module.removeprefix("kernelguard").lstrip(".")
-            else:
-                continue
-            # `from pkg import name`: name is a submodule or an attribute of pkg; count the submodule when it is
-            # one, so `from . import references` inside numerics/ is an import of numerics.references.
-            for alias in node.names:
-                sub = f"{target}.{alias.name}" if target else alias.name
-                found.add(sub if (PACKAGE / Path(*sub.split("."))).with_suffix(".py").exists()
-                          or (PACKAGE / Path(*sub.split("."))).is_dir() else target or sub)
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith("kernelguard."):
-                    found.add(alias.name.removeprefix("kernelguard."))
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                found.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.update((a.asname or a.name).split(".")[0] for a in node.names)
     return found
 
 
-def _top(module: str) -> str:
-    for candidate in (module, module.rsplit(".", 1)[0]):
-        if _layer_of(candidate) is not None:
-            return candidate
-    return module
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    """The package and its ARCHITECTURE.md, copied: the files are only read, never imported."""
+    shutil.copytree(PACKAGE, tmp_path / "kernelguard", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ARCHITECTURE, tmp_path / "ARCHITECTURE.md")
+    return tmp_path / "kernelguard"
 
 
-def test_every_module_has_a_layer() -> None:
-    unplaced = sorted(
-        name for path in PACKAGE.rglob("*.py")
-        if (name := _module_name(path)) and _layer_of(name) is None and not name.startswith("train")
-    )
-    assert unplaced == [], f"place these modules in a layer of tests/test_architecture.py: {unplaced}"
+def _plant(path: Path, code: str) -> None:
+    path.write_text(path.read_text(encoding="utf-8") + "\n\n" + code + "\n", encoding="utf-8")
 
 
-def test_no_module_imports_from_a_layer_above_it() -> None:
-    violations = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        name = _module_name(path)
-        own = _layer_of(name)
-        if own is None:
-            continue
-        for imported in sorted(_imports(path, name)):
-            layer = _layer_of(_top(imported))
-            if layer is not None and layer > own:
-                violations.append(f"{name} ({LAYERS[own][0]}) imports {imported} ({LAYERS[layer][0]})")
-    assert violations == []
+def test_a_planted_upward_import_is_named(copy: Path) -> None:
+    _plant(copy / "resolution" / "catalog.py", "def planted():\n    from kernelguard.runtime import REGISTRY\n")
+    assert rules.upward_imports(copy, ROOMS) == [
+        "resolution.catalog (resolution) imports runtime.registry (runtime)"]
 
 
-def test_the_layer_table_names_only_modules_that_exist() -> None:
-    modules = {_module_name(path) for path in PACKAGE.rglob("*.py")}
-    stale = sorted(m for _, members in LAYERS for m in members if m not in modules and m != "train")
-    assert [name for name, _ in LAYERS] == ["data", "probes", "decisions", "compose", "runtime", "entry"]
-    assert stale == [], f"ARCHITECTURE.md places modules that do not exist: {stale}"
+def test_a_planted_circle_of_three_modules_is_named(copy: Path) -> None:
+    for this, nxt in (("one", "two"), ("two", "three"), ("three", "one")):
+        (copy / "stack" / f"planted_{this}.py").write_text(f"from .planted_{nxt} import X\nX = 1\n")
+    assert rules.circles(rules.edges(copy)) == [
+        ["stack.planted_one", "stack.planted_three", "stack.planted_two"]]
+    assert rules.circles(rules.edges(PACKAGE)) == []  # the control: the same rule on the real code
 
 
-def test_no_two_modules_import_each_other() -> None:
-    names = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
-    graph = {name: {i for i in _imports(path, name) if i in names} for name, path in names.items()}
-    circles = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps if a != b and a in graph[b]})
-    assert circles == []
+def test_planted_importlib_imports_are_seen(copy: Path) -> None:
+    _plant(copy / "resolution" / "catalog.py",
+           "def planted(name):\n    import importlib\n    importlib.import_module(name)\n"
+           "    return importlib.import_module('kernelguard.runtime.registry')\n")
+    assert rules.unexplained_dynamic_imports(copy) == [
+        "resolution.catalog: import_module / __import__ of a name computed at run time"]
+    assert rules.upward_imports(copy, ROOMS) == [
+        "resolution.catalog (resolution) imports runtime.registry (runtime)"]
+
+
+def test_a_planted_import_past_a_face_is_named(copy: Path) -> None:
+    _plant(copy / "runtime" / "gate.py", "def planted():\n    from kernelguard.resolution.catalog import MODES\n")
+    _plant(copy / "runtime" / "registry.py", "def planted():\n    from kernelguard.stack import not_offered\n")
+    assert rules.imports_past_a_face(copy, ROOMS) == [
+        "runtime.gate imports kernelguard.resolution.catalog: past the face of resolution/",
+        "runtime.registry imports ['not_offered'] from stack/, whose face does not offer it",
+    ]
 
 
 def test_modules_and_functions_stay_small() -> None:
@@ -176,10 +185,10 @@ def test_every_train_folder_is_a_stage_and_every_stage_a_folder() -> None:
 
 def test_no_train_stage_imports_a_stage_above_it() -> None:
     upward = []
-    for path in sorted((PACKAGE / "train").rglob("*.py")):
-        name = _module_name(path)
+    graph = rules.edges(PACKAGE)
+    for name in sorted(graph):
         own = _stage_of(name)
-        for imported in sorted(_imports(path, name)):
+        for imported in sorted(graph[name]):
             stage = _stage_of(imported)
             if stage is not None and own is not None and stage > own:
                 upward.append(f"{name} ({STAGES[own]}) imports {imported} ({STAGES[stage]})")

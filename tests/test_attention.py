@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernelguard import attention
+from kernelguard.runtime import attention
 
 
 def _qkv(total: int, heads: int = 4, kv_heads: int = 2, dim: int = 8, seed: int = 0) -> tuple[Any, Any, Any]:
@@ -99,8 +99,8 @@ def test_flash_kernel_gets_the_autocast_dtype_and_fp32_outside_autocast_is_a_cle
     """Trainer's bf16=True keeps fp32 weights under autocast; the flash varlen kernel takes fp16/bf16 only."""
     import torch
 
-    from kernelguard import attention
-    from kernelguard.registry import REGISTRY, VarlenBinding
+    from kernelguard.runtime import attention
+    from kernelguard.runtime.registry import REGISTRY, VarlenBinding
 
     seen: list[torch.dtype] = []
 

@@ -1,4 +1,4 @@
-"""Packed rows without example boundaries (kernelguard.boundaries): refused at the forward, per call, compiled too.
+"""Packed rows without example boundaries (kernelguard.runtime.boundaries): refused at the forward, per call, compiled too.
 
 The fake fla and causal-conv1d honour ``cu_seqlens`` / ``seq_idx``, so a row that carries them runs each example
 on its own, and one that does not is exactly the silent leak the check refuses.
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from kernelguard.errors import ConfigError, PackedWithoutBoundariesError
-from kernelguard.guard import guard, inspect
-from kernelguard.policy import AllowPolicy
-from kernelguard.registry import REGISTRY
-from kernelguard.segments import examples_per_row
+from kernelguard.runtime.model_guard import guard, inspect
+from kernelguard.resolution.policy import AllowPolicy
+from kernelguard.runtime.registry import REGISTRY
+from kernelguard.runtime.segments import examples_per_row
 
 FIRST = "model.layers.0.linear_attn"
 LEAK = "recurrent and conv state would carry from each example into the next. The results are wrong, not only slow, and nothing else raises."
@@ -235,7 +235,7 @@ def test_a_layer_that_does_not_pass_the_boundary_is_named(fake_providers: Any, t
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """An older modeling file whose GDN call has no ``cu_seqlens=``: the batch carries it, the kernel never
     gets it (read from the modeling source, as ``check --hub`` reads it)."""
-    from kernelguard import transformers_calls as calls
+    from kernelguard.resolution import transformers_calls as calls
 
     real = calls.call_shape
 
@@ -600,7 +600,7 @@ def test_signals_are_watched_between_the_reads_and_the_first_bad_call_is_named(
     """The host reads the signals on the first calls and every RECHECK_EVERY-th; a collator that goes wrong
     later (call 9: a stale cu_seq_lens, an all-zero seq_idx) passed until the next read, then unseen. The device
     now compares them at every call, without a host read, and the next read refuses naming the call."""
-    from kernelguard.boundary_check import FIRST_CALLS, RECHECK_EVERY
+    from kernelguard.runtime.boundary_check import FIRST_CALLS, RECHECK_EVERY
 
     model, _ = _guarded(tiny, num_hidden_layers=1, layer_types=["linear_attention"])  # 64 calls: the smallest
     good = _bounded()

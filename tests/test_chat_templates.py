@@ -21,7 +21,7 @@ from kernelguard.train.inputs.data import (
     set_chat_template,
     template_choice,
 )
-from kernelguard.packed_batch import IGNORE_INDEX
+from kernelguard.resolution.packed_batch import IGNORE_INDEX
 
 TOOLS = [
     {

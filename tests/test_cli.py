@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 from check_helpers import write_distribution
 
-from kernelguard import discovery
-from kernelguard.install import DISTRIBUTION
-from kernelguard.known_issues import KNOWN_ISSUES
-from kernelguard.report import fix_lines
+from kernelguard.resolution import discovery
+from kernelguard.resolution.install import DISTRIBUTION
+from kernelguard.resolution.known_issues import KNOWN_ISSUES
+from kernelguard.stack.report import fix_lines
 
 FAKE_PROVIDERS = Path(__file__).resolve().parent / "fake_providers"
 ALLOW_ALL = ("--allow", "chunk_gated_delta_rule", "--allow", "causal_conv1d_fn", "--allow", "attention")
@@ -88,7 +88,7 @@ def candidate(data: dict[str, Any], name: str, kind: str) -> dict[str, Any]:
 
 
 def _fla_fix() -> tuple[str, str | None]:
-    """kernelguard.install's advice for fla on this machine's torch (CI: a CPU build, which gets a caveat): the
+    """kernelguard.resolution.install's advice for fla on this machine's torch (CI: a CPU build, which gets a caveat): the
     command and the note JSON gives beside it."""
     torch_version = metadata.version("torch")
     note = None if "+cpu" not in torch_version else (
@@ -525,7 +525,7 @@ def test_top_level_help_lists_every_exit_code(capsys: pytest.CaptureFixture[str]
 
 def test_issues_json_has_every_known_issue_and_allow_item(capsys: pytest.CaptureFixture[str]) -> None:
     from kernelguard.cli import main
-    from kernelguard.policy import POLICY_ITEMS
+    from kernelguard.resolution.policy import POLICY_ITEMS
 
     assert main(["issues", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -14,7 +14,7 @@ import train_helpers as h
 
 from kernelguard.errors import ConfigError, DataError
 from kernelguard.train.inputs.data import load_examples, set_chat_template
-from kernelguard.packed_batch import IGNORE_INDEX
+from kernelguard.resolution.packed_batch import IGNORE_INDEX
 
 USER, ANSWER = {"role": "user", "content": "ab"}, {"role": "assistant", "content": "cd"}
 

@@ -1,7 +1,7 @@
 """Every config and code snippet in README.md and docs/*.md parses, and the config snippets are accepted by the
 reader that will consume them: TOML with tomllib, YAML with yaml.safe_load, JSON with json.loads, INI with
 configparser (a section header required: a header-less fragment cannot be pasted anywhere as is), Python with
-ast.parse. `[tool.kernelguard]` goes through kernelguard.check.load_pyproject_defaults, pytest settings
+ast.parse. `[tool.kernelguard]` goes through kernelguard.stack.compose.load_pyproject_defaults, pytest settings
 (`[pytest]`, `[tool.pytest.ini_options]`) through a real pytest run with the plugin, `kernelguard train` config
 files through its own --config reader. Also: .ci/run runs exactly the README's test command."""
 
@@ -118,7 +118,7 @@ def test_the_validated_kinds_are_all_present() -> None:
 
 @pytest.mark.parametrize("snippet", KERNELGUARD_TOML, ids=lambda s: s.id)
 def test_tool_kernelguard_snippet_is_read_by_check(snippet: Snippet, tmp_path: Path) -> None:
-    from kernelguard.check import load_pyproject_defaults
+    from kernelguard.stack.compose import load_pyproject_defaults
 
     (tmp_path / "pyproject.toml").write_text(snippet.text)
     defaults = load_pyproject_defaults(tmp_path)
@@ -142,7 +142,7 @@ def test_pytest_snippet_configures_the_plugin(snippet: Snippet, tmp_path: Path) 
     (tmp_path / "test_probe.py").write_text("def test_probe():\n    pass\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "pytest", "--co", "-q", "-s", "-p", "no:cacheprovider", "-p", "no:randomly",
-           "-p", "kernelguard.pytest_plugin"]  # fmt: skip
+           "-p", "kernelguard.integrations.pytest_plugin"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     if "Plugin already registered" in proc.stderr + proc.stdout:  # the entry point loaded it already
         cmd = cmd[:-2]

@@ -37,7 +37,7 @@ def _gdn_inputs(total: int, h: int = 2, hv: int = 4, k: int = 16, v: int = 8) ->
 def _reference(name: str):  # type: ignore[no-untyped-def]
     from transformers.models.qwen3_5 import modeling_qwen3_5
 
-    from kernelguard.transformers_compat import unpack_closure
+    from kernelguard.resolution.transformers_compat import unpack_closure
 
     # The torch function itself: with an in-window kernels the attribute is a kernels Func module.
     obj = getattr(modeling_qwen3_5, name)

@@ -1,4 +1,4 @@
-"""kernelguard.providers.fatbin (+ capability rules): reading GPU targets out of CUDA extensions without a GPU.
+"""kernelguard.resolution.providers.fatbin (+ capability rules): reading GPU targets out of CUDA extensions without a GPU.
 
 CI has no nvcc, so most tests build synthetic ELF files holding hand-made fatbin containers (layout documented in
 the module). One test compiles a real extension when nvcc is on PATH; one reads the causal-conv1d wheel from the
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from kernelguard.errors import ConfigError
-from kernelguard.providers.fatbin import CudaTargets, read_cuda_targets
+from kernelguard.resolution.providers.fatbin import CudaTargets, read_cuda_targets
 
 FATBIN_MAGIC = 0xBA55ED50
 WRAPPER_MAGIC = 0x466243B1

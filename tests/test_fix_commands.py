@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from kernelguard.install import (
+from kernelguard.resolution.install import (
     DISTRIBUTION,
     KERNELS_RELEASES,
     PACKAGES,
@@ -35,7 +35,7 @@ from kernelguard.install import (
     pin_command,
     upgrade_command,
 )
-from kernelguard.known_issues import by_id
+from kernelguard.resolution.known_issues import by_id
 
 pytestmark = pytest.mark.slow
 
@@ -211,6 +211,6 @@ def test_known_kernels_releases_match_the_index(tmp_path: Path) -> None:
         resolves = dry_run([requirement], [], tmp_path) == ""
         assert resolves == believed, (
             f"{requirement}: kernelguard believes it {'holds' if believed else 'holds no'} release, pip "
-            f"{'resolves' if resolves else 'does not resolve'} it; update kernelguard.install.KERNELS_RELEASES "
+            f"{'resolves' if resolves else 'does not resolve'} it; update kernelguard.resolution.install.KERNELS_RELEASES "
             f"(the index lists {', '.join(sorted(listed, key=Version)[-8:])})"
         )

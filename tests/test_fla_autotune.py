@@ -1,4 +1,4 @@
-"""kernelguard.fla_autotune: recording fla's autotune choices and pinning them in a later process, with a
+"""kernelguard.resolution.fla_autotune: recording fla's autotune choices and pinning them in a later process, with a
 stand-in Triton (the real one needs a GPU). Triton's ``Autotuner.run`` benchmarks only on a ``cache`` miss,
 so a pinned key must land in exactly that dict, under exactly the key Triton builds."""
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from kernelguard import fla_autotune
-from kernelguard.fla_autotune import Stack
+from kernelguard.resolution import fla_autotune
+from kernelguard.resolution.fla_autotune import Stack
 
 STACK = Stack("9.0", "3.6.0", "0.6.0")
 KEY = (16, 32, 128, 128, 64, True, "torch.bfloat16")

@@ -1,4 +1,4 @@
-"""fla's GDN backend (kernelguard.fla_backend): fla 0.6.0's dispatch rules, its registry when fla is imported,
+"""fla's GDN backend (kernelguard.resolution.fla_backend): fla 0.6.0's dispatch rules, its registry when fla is imported,
 and the known-issue rows that match on the backend (fla #640 lives only in the Triton backward)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any, ClassVar
 import pytest
 from check_helpers import find, make_env, make_pkg
 
-from kernelguard import catalog, discovery, fla_backend
-from kernelguard.capability import ComputeCapability
-from kernelguard.decisions import REJECTED, SELECTED
-from kernelguard.facts import Facts, FlaBackend
-from kernelguard.fla_backend import Candidate, GdnShape, decide
-from kernelguard.resolver import Target, resolve
+from kernelguard.resolution import catalog, discovery, fla_backend
+from kernelguard.resolution.capability import ComputeCapability
+from kernelguard.resolution.decisions import REJECTED, SELECTED
+from kernelguard.resolution.facts import Facts, FlaBackend
+from kernelguard.resolution.fla_backend import Candidate, GdnShape, decide
+from kernelguard.resolution.resolver import Target, resolve
 
 QWEN35 = GdnShape(key_dim=128, value_dim=128, num_k_heads=16, num_v_heads=32)
 ON, OFF = Candidate(True, None), Candidate(False, None, "flash_qla is not importable")
@@ -193,7 +193,7 @@ def test_the_guard_names_fla_s_backend_on_a_gpu(monkeypatch: pytest.MonkeyPatch)
 
     import torch
 
-    guard_module = importlib.import_module("kernelguard.guard")  # kernelguard.guard is the public function
+    guard_module = importlib.import_module("kernelguard.runtime.model_guard")
 
     site = types.SimpleNamespace(fast=True, implementation="fla.ops.gated_delta_rule.chunk_gated_delta_rule 0.6.0",
                                  kernel="chunk_gated_delta_rule")

@@ -18,13 +18,13 @@ import pytest
 from check_helpers import find, make_env, write_distribution
 from test_resolver import BASE, CHUNK, H200, TRAIN, qwen
 
-from kernelguard.check import CheckOptions, CheckResult
-from kernelguard.decisions import ACCEPTED, REJECTED, SELECTED
-from kernelguard.env_report import from_result, render_env
-from kernelguard.facts import FlaBackend
-from kernelguard.known_issues import by_id
-from kernelguard.resolver import Target, resolve
-from kernelguard.stack_lock import build_lock, compare
+from kernelguard.stack.compose import CheckOptions, CheckResult
+from kernelguard.resolution.decisions import ACCEPTED, REJECTED, SELECTED
+from kernelguard.cli.env_report import from_result, render_env
+from kernelguard.resolution.facts import FlaBackend
+from kernelguard.resolution.known_issues import by_id
+from kernelguard.resolution.resolver import Target, resolve
+from kernelguard.stack.stack_lock import build_lock, compare
 
 ROW = "flash-qla-wrong-grads"
 REPO = Path(__file__).resolve().parents[1]
@@ -95,7 +95,7 @@ def test_lock_records_flash_qla_and_a_node_with_another_release_differs() -> Non
 def test_the_probe_reads_the_installed_flash_qla(tmp_path: Path, version: str) -> None:
     site = tmp_path / "site"
     write_distribution(site, "flash-qla", version, {"flash_qla/__init__.py": f"__version__ = {version!r}\n"})
-    code = ("import json; from kernelguard.env import probe; "
+    code = ("import json; from kernelguard.resolution.env import probe; "
             "print(json.dumps(probe(read_gpus=False).version_of('flash-qla')))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=120)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard.packed_batch import IGNORE_INDEX
+from kernelguard.resolution.packed_batch import IGNORE_INDEX
 from kernelguard.train.step.packing import build_batch, build_packed_block, forward_rows, merge_packed_blocks
 from kernelguard.train.step.step import token_loss_sum
 

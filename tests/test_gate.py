@@ -1,4 +1,4 @@
-"""kernelguard.gate, the training gate of `kernelguard train` and KernelGuardCallback: the stack check runs on CUDA
+"""kernelguard.runtime.gate, the training gate of `kernelguard train` and KernelGuardCallback: the stack check runs on CUDA
 only, and the trainer's refusal joins the stack check's trace and the guard's table into one GuardRefused.
 CPU here: a device of type "cuda" is passed to take the stack check's path."""
 
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard import gate
+from kernelguard.runtime import gate
 from kernelguard.errors import GuardRefused
-from kernelguard.policy import AllowPolicy
-from kernelguard.report import render
+from kernelguard.resolution.policy import AllowPolicy
+from kernelguard.stack.report import render
 
 CUDA = torch.device("cuda")
 

@@ -16,21 +16,21 @@ import pytest
 import torch
 from check_helpers import COMMANDS
 
-from kernelguard import registry
-from kernelguard import transformers_compat as compat
+from kernelguard.runtime import registry
+from kernelguard.resolution import transformers_compat as compat
 from kernelguard.errors import ConfigError, KernelFallbackError, UnsupportedTransformersError
-from kernelguard.guard import (
+from kernelguard.runtime.model_guard import (
     CallSite,
     GuardReport,
     arm_tripwires,
     clear_fallback_events,
     fallback_events,
 )
-from kernelguard.guard import guard as _guard
-from kernelguard.import_hook import IMPORT_WATCHER
-from kernelguard.layer_guard import classify_closure
-from kernelguard.policy import AllowPolicy
-from kernelguard.registry import REGISTRY
+from kernelguard.runtime.model_guard import guard as _guard
+from kernelguard.runtime.import_hook import IMPORT_WATCHER
+from kernelguard.runtime.layer_guard import classify_closure
+from kernelguard.resolution.policy import AllowPolicy
+from kernelguard.runtime.registry import REGISTRY
 
 # These tests enter fallbacks on purpose; the pytest plugin must not fail them.
 pytestmark = pytest.mark.kernelguard(False)
@@ -650,7 +650,7 @@ def test_allowed_slow_paths_are_logged_by_rank_0_only(
 
 # Memoised pure functions of files shipped inside kernelguard: no process fact, nothing for reset() to forget.
 _PURE_MEMOS = {"kernelguard.train.chat_templates.read", "kernelguard.train.chat_templates._known_fingerprints",
-               "kernelguard.tripwires._compiled_error_type",  # a class built from torch's own: no process fact
+               "kernelguard.runtime.tripwires._compiled_error_type",  # a class built from torch's own: no process fact
                "kernelguard.train.settings.config_rules.field_kinds"}  # a dataclass's field types: code, not process state
 
 
@@ -668,7 +668,8 @@ def _kernelguard_memos() -> dict[str, Any]:
 def test_reset_returns_every_piece_of_process_state_to_its_initial_value(
     fresh_transformers_models: None, tiny: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from kernelguard import attention, discovery, transformers_calls
+    from kernelguard.runtime import attention
+    from kernelguard.resolution import discovery, transformers_calls
 
     model = tiny.tiny_model("qwen3_5")
     module = sys.modules[MODELING["qwen3_5"]]
@@ -686,8 +687,8 @@ def test_reset_returns_every_piece_of_process_state_to_its_initial_value(
     assert REGISTRY.armed_sites() and IMPORT_WATCHER in sys.meta_path and fallback_events()
     assert REGISTRY.logged_once and registry.layer_path(layer) == "model.layers.0.linear_attn"
     assert not REGISTRY.scan.empty and attention.varlen_impl() is attention.reference_varlen_attn
-    assert {"kernelguard.discovery._families", "kernelguard.transformers_compat._probe_decorator",
-            "kernelguard.transformers_compat._forward_names"} <= set(memos)
+    assert {"kernelguard.resolution.discovery._families", "kernelguard.resolution.transformers_compat._probe_decorator",
+            "kernelguard.resolution.transformers_compat._forward_names"} <= set(memos)
     assert all(fn.cache_info().currsize for fn in memos.values()), {n: f.cache_info() for n, f in memos.items()}
 
     registry.reset()

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from kernelguard.errors import KernelFallbackError
-from kernelguard.guard import arm_tripwires, clear_fallback_events, fallback_events, guard
-from kernelguard.registry import REGISTRY
+from kernelguard.runtime.model_guard import arm_tripwires, clear_fallback_events, fallback_events, guard
+from kernelguard.runtime.registry import REGISTRY
 
 pytestmark = pytest.mark.kernelguard(False)  # these tests enter fallbacks on purpose
 

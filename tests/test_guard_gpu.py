@@ -106,8 +106,8 @@ def _plugin_args() -> list[str]:
     PYTHONPATH (the GPU machine) there is no distribution metadata, so name the module."""
     from importlib.metadata import entry_points
 
-    installed = any(ep.value == "kernelguard.pytest_plugin" for ep in entry_points(group="pytest11"))
-    return [] if installed else ["-p", "kernelguard.pytest_plugin"]
+    installed = any(ep.value == "kernelguard.integrations.pytest_plugin" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "kernelguard.integrations.pytest_plugin"]
 
 
 def _run_plugin(tmp_path: Path, hide_fla: bool) -> subprocess.CompletedProcess[str]:

@@ -17,9 +17,9 @@ import torch
 from packaging.version import Version
 
 from kernelguard.errors import KernelFallbackError
-from kernelguard.guard import clear_fallback_events, fallback_events
-from kernelguard.guard import guard as _guard
-from kernelguard.registry import REGISTRY
+from kernelguard.runtime.model_guard import clear_fallback_events, fallback_events
+from kernelguard.runtime.model_guard import guard as _guard
+from kernelguard.runtime.registry import REGISTRY
 
 pytestmark = pytest.mark.kernelguard(False)  # these tests enter fallbacks on purpose
 GDN_LAYERS = ["model.layers.0.linear_attn", "model.layers.1.linear_attn", "model.layers.2.linear_attn"]

@@ -20,12 +20,12 @@ from packaging.version import Version
 from test_cli import ALLOW_ALL, kg, kg_json
 from test_resolver import BASE, CHUNK, H200, TRAIN
 
-from kernelguard import discovery
-from kernelguard.decisions import REJECTED, SKIPPED
-from kernelguard.facts import HubLoad
-from kernelguard.hub_load import probe_hub_load, resolve_use_hub
-from kernelguard.install import install_command
-from kernelguard.resolver import resolve
+from kernelguard.resolution import discovery
+from kernelguard.resolution.decisions import REJECTED, SKIPPED
+from kernelguard.resolution.facts import HubLoad
+from kernelguard.resolution.hub_load import probe_hub_load, resolve_use_hub
+from kernelguard.resolution.install import install_command
+from kernelguard.resolution.resolver import resolve
 
 REPO = Path(__file__).resolve().parents[1]  # this checkout, not an installed kernelguard
 TRANSFORMERS = metadata.version("transformers")
@@ -131,7 +131,7 @@ def test_kernels_fix_when_transformers_requires_kernels_itself() -> None:
 
 
 def test_the_kernels_version_row_fixes_keep_the_users_transformers_first() -> None:
-    from kernelguard.known_issues import by_id
+    from kernelguard.resolution.known_issues import by_id
 
     row = by_id("kernels-version")
     assert row is not None and row.fix.startswith("pip install 'kernels>=MIN,<MAX'")

@@ -1,5 +1,5 @@
 """`check --hub`: the installed kernels accepts the layer of the variant a Hub mapping resolves to (kernels' own
-loading and validation, asked offline on CPU: :mod:`kernelguard.providers.kernels_verdict`), and its forward takes
+loading and validation, asked offline on CPU: :mod:`kernelguard.resolution.providers.kernels_verdict`), and its forward takes
 transformers' call (bound by Python). Local fake Hub kernel repositories (LOCAL_KERNELS, offline) whose layers are
 real torch layers: kernels imports them, as kernelize() would. The classes of layer kernels itself refuses or
 accepts (has_backward, kernels-minver, __init__, inherited forward, alias) are in tests/test_hub_provider.py, which
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelguard import discovery
-from kernelguard.providers.hub_layers import check_hub_layer
-from kernelguard.transformers_calls import CallShape, Parameter, call_shape, reference_parameters
+from kernelguard.resolution import discovery
+from kernelguard.resolution.providers.hub_layers import check_hub_layer
+from kernelguard.resolution.transformers_calls import CallShape, Parameter, call_shape, reference_parameters
 
 pytest.importorskip("kernels", reason="the Hub tests need the hub extra: pip install -e '.[dev]'")
 pytest.importorskip("torch")
@@ -197,8 +197,8 @@ def test_a_call_inside_a_helper_the_forward_calls_is_found(tmp_path: Path) -> No
 def test_check_hub_names_the_failed_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from kernels import __version__ as kernels_version
 
-    from kernelguard.check import CheckOptions, run_check
-    from kernelguard.report import render
+    from kernelguard.stack.compose import CheckOptions, run_check
+    from kernelguard.stack.report import render
 
     fla = _variant(tmp_path / "fla", GOOD_GDN.replace("class chunk_gated_delta_rule", "class Other"))
     conv = _variant(tmp_path / "conv", GOOD_CONV)

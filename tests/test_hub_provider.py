@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from kernelguard.providers import hub, kernels_release
-from kernelguard.providers.hub import HubKernelProbe, HubTarget, probe_hub_kernel
+from kernelguard.resolution.providers import hub, kernels_release
+from kernelguard.resolution.providers.hub import HubKernelProbe, HubTarget, probe_hub_kernel
 
 REPO = "kernels-community/demo"
 CPU_213 = HubTarget(torch_version="2.13.0+cpu", cxx11_abi=True, cpu="x86_64", os="linux")
@@ -558,8 +558,8 @@ _GDN_FORWARD = """
 
 
 def _judge(tmp_path: Path, layers: str, *, training: bool = True, extra: dict[str, object] | None = None) -> Any:
-    from kernelguard.providers.hub_layers import check_hub_layer
-    from kernelguard.transformers_calls import CallShape, Parameter
+    from kernelguard.resolution.providers.hub_layers import check_hub_layer
+    from kernelguard.resolution.transformers_calls import CallShape, Parameter
 
     _add_variant(tmp_path / "fla" / "build", _VARIANT, extra=extra)
     folder = tmp_path / "fla" / "build" / _VARIANT

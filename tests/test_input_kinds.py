@@ -1,4 +1,4 @@
-"""Inputs of a format kernelguard does not read are named, not misread (kernelguard.file_kinds): a GGUF file to
+"""Inputs of a format kernelguard does not read are named, not misread (kernelguard.resolution.file_kinds): a GGUF file to
 `check --model` and `train --model`, a datasets save_to_disk folder and a JSON object file to --data, a model
 type transformers does not know, a dangling symbolic link."""
 

@@ -19,7 +19,7 @@ import tomllib
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from kernelguard.install import BUILD_TOOLS, DISTRIBUTION, PACKAGES
+from kernelguard.resolution.install import BUILD_TOOLS, DISTRIBUTION, PACKAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 from check_helpers import INSTALL, cuda_so, fatbin, isolated_provider_modules, make_env, write_distribution
 
-from kernelguard import catalog, discovery
-from kernelguard.catalog import PACKAGES
+from kernelguard.resolution import catalog, discovery
+from kernelguard.resolution.catalog import PACKAGES
 from kernelguard.errors import ConfigError
-from kernelguard.providers import installed
-from kernelguard.providers.installed import ExtensionFacts, PackageFacts, probe_package
-from kernelguard.resolver import REJECTED, SELECTED, Facts, Target, resolve
+from kernelguard.resolution.providers import installed
+from kernelguard.resolution.providers.installed import ExtensionFacts, PackageFacts, probe_package
+from kernelguard.resolution.resolver import REJECTED, SELECTED, Facts, Target, resolve
 
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # ".cpython-311-x86_64-linux-gnu.so"
 EXT = f"causal_conv1d_cuda{SUFFIX}"
@@ -476,7 +476,7 @@ def test_check_probes_compiled_packages_before_anything_initialises_cuda(monkeyp
     # after that spawns a fresh interpreter that imports torch again (seconds) instead of forking.
     import importlib
 
-    check, env = importlib.import_module("kernelguard.check"), importlib.import_module("kernelguard.env")
+    check, env = importlib.import_module("kernelguard.stack.compose"), importlib.import_module("kernelguard.resolution.env")
     events: list[str] = []
     real_probe, real_with_gpus = env.probe, env.with_gpus
 

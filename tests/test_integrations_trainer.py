@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard.decisions import REFERENCE
+from kernelguard.resolution.decisions import REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError
 from kernelguard.integrations.transformers import KernelGuardCallback, Packing, detect_packing, packing_note
 
@@ -150,7 +150,7 @@ def test_verbose_callback_prints_the_per_layer_table(
 def test_allow_list_trains_on_the_reference_path_and_disarms_after(
     fresh_transformers_models: None, tiny: Any, tmp_path: Path
 ) -> None:
-    from kernelguard.guard import clear_fallback_events, fallback_events
+    from kernelguard.runtime.model_guard import clear_fallback_events, fallback_events
 
     model = tiny.tiny_model("qwen3_5").train()
     module = __import__(type(model).__module__, fromlist=["_"])
@@ -293,7 +293,7 @@ def test_stack_check_resolves_the_models_own_config(
 ) -> None:
     """On CUDA the callback runs `kernelguard check` from the trained model's config (its real key head dim),
     packed or not as the run is. CPU here: pretend the model is on CUDA to take that path."""
-    from kernelguard import gate
+    from kernelguard.runtime import gate
     from kernelguard.errors import ResolutionError
     from kernelguard.integrations import transformers as integration
 
@@ -382,7 +382,7 @@ def test_the_callback_refuses_a_node_that_differs_from_its_lock(tmp_path: Path, 
     import json
     from types import SimpleNamespace
 
-    from kernelguard import stack_lock
+    from kernelguard.stack import stack_lock
     from kernelguard.errors import LockMismatch
 
     lock = tmp_path / "kernelguard.lock"

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard import transformers_compat as compat
+from kernelguard.resolution import transformers_compat as compat
 from kernelguard.errors import KernelFallbackError
-from kernelguard.guard import arm_tripwires, guard
-from kernelguard.registry import REGISTRY
+from kernelguard.runtime.model_guard import arm_tripwires, guard
+from kernelguard.runtime.registry import REGISTRY
 
 kernels = pytest.importorskip("kernels", reason="the Hub tests need the hub extra: pip install -e '.[dev]'")
 pytestmark = pytest.mark.kernelguard(False)  # the control enters the torch references on purpose

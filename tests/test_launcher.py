@@ -50,7 +50,7 @@ def test_under_plain_torchrun_its_failure_table_carries_kernelguards_line(assets
     """torchrun's own ChildFailedError traceback comes from torchrun's process and cannot be stopped from a
     rank; what a rank can do is fill torchelastic's error file, so the table torchrun prints names the cause
     and its fix instead of "To enable traceback see ...". kernelguard train --nproc-per-node prints none."""
-    r = h.run_train(_args(assets, assets["root"] / "plain", "bad"), nproc=2)
+    r = h.run_train(_args(assets, assets["root"] / "plain", "bad"), nproc=2, fault="ranks-meet-at-start")
     assert r.returncode == 1, r.stderr  # torchrun's own exit code for a failed child
     root = r.stderr.split("Root Cause (first observed failure):", 1)[1]
     line = f"kernelguard train: error: {assets['bad']}, {DATA_ERROR}"
@@ -62,7 +62,8 @@ def test_under_plain_torchrun_its_failure_table_carries_kernelguards_line(assets
 def test_under_plain_torchrun_a_rank_stopped_by_its_agent_names_itself_in_the_table(assets: dict[str, Path]) -> None:
     """Rank 1 fails on the data while rank 0 is still starting (held there by the fault, as a loaded machine
     does by chance); the agent SIGTERMs rank 0, whose own row in torchrun's table then says what stopped it."""
-    r = h.run_train(_args(assets, assets["root"] / "stalled", "bad"), nproc=2, fault="rank-0-stalls-at-start")
+    r = h.run_train(_args(assets, assets["root"] / "stalled", "bad"), nproc=2,
+                    fault="ranks-meet-at-start-then-rank-0-stalls")
     assert r.returncode == 1, r.stderr
     table, root = r.stderr.split("Root Cause (first observed failure):", 1)
     assert f"traceback : kernelguard train: error: {assets['bad']}, {DATA_ERROR}" in root, r.stderr

@@ -76,7 +76,7 @@ def test_ctrl_c_while_the_launcher_imports_torch_stops_it(assets: dict[str, Path
 def test_ctrl_c_while_a_rank_imports_kernelguard_is_one_line(assets: dict[str, Path], tmp_path: Path) -> None:
     """A rank that Ctrl-C reaches before its own handler exists (still importing kernelguard) printed a
     KeyboardInterrupt traceback under the launcher's line. The launcher starts its ranks with SIGINT held, and
-    each rank takes it once its handler is in place (kernelguard.interrupts)."""
+    each rank takes it once its handler is in place (kernelguard.errors.interrupts)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error",
                KERNELGUARD_FAULT="ctrl-c-as-a-rank-imports-kernelguard",
                PYTHONPATH=os.pathsep.join([str(h.REPO / "tests" / "fault_hooks"), str(h.REPO), str(h.FAKE_PROVIDERS)]))
@@ -100,7 +100,7 @@ def test_a_signal_while_the_command_line_imports_is_one_line(
     assets: dict[str, Path], tmp_path: Path, command: list[str], sig: str, code: int, line: str
 ) -> None:
     """The `kernelguard` program installs its start-up handlers before the command line's modules import
-    (kernelguard.entry): a signal there was a KeyboardInterrupt traceback (SIGTERM: a death without a word)."""
+    (kernelguard.cli.entry): a signal there was a KeyboardInterrupt traceback (SIGTERM: a death without a word)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TRANSFORMERS_VERBOSITY="error",
                KERNELGUARD_FAULT=f"signal-as-the-cli-imports:{sig}",
                PYTHONPATH=os.pathsep.join([str(h.REPO / "tests" / "fault_hooks"), str(h.REPO), str(h.FAKE_PROVIDERS)]))

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernelguard.packed_batch import IGNORE_INDEX
+from kernelguard.resolution.packed_batch import IGNORE_INDEX
 from kernelguard.train.step.loss import linear_cross_entropy
 
 

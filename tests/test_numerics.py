@@ -1,4 +1,4 @@
-"""kernelguard.numerics: kernel numerics vs the fp32 torch reference, exercised on CPU with correct and broken
+"""kernelguard.stack.numerics: kernel numerics vs the fp32 torch reference, exercised on CPU with correct and broken
 stand-in providers; the real-kernel run is a `gpu` test. Also runs bench/gpu/train_throughput.py in its tiny CPU
 mode (fake providers) to keep the benchmark's logic and JSON schema honest."""
 
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard import numerics
-from kernelguard.fla_refusal import _FLA_REFUSAL_FLAG
-from kernelguard.numerics import GdnShape, references, run_numerics, shapes_for_model
+from kernelguard.stack import numerics
+from kernelguard.resolution.fla_refusal import FLA_REFUSAL_FLAG
+from kernelguard.stack.numerics import GdnShape, references, run_numerics, shapes_for_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -377,7 +377,7 @@ def test_fla_refusal_flag_name_matches_fla_source() -> None:
         pytest.skip("no fla_core wheel in .whl/")
     with zipfile.ZipFile(wheels[-1]) as zf:
         source = zf.read("fla/ops/common/chunk_o.py").decode()
-    assert f"not {_FLA_REFUSAL_FLAG}" in source
+    assert f"not {FLA_REFUSAL_FLAG}" in source
 
 
 # ------------------------------------------------------------------------------------------- GPU
@@ -393,8 +393,8 @@ def fla_refusal_lifted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
         for n in ("IS_NVIDIA_HOPPER", "TRITON_ABOVE_3_4_0", "TRITON_ABOVE_3_7_1")
     ]
     for name, module in list(sys.modules.items()):
-        if name.split(".")[0] == "fla" and getattr(module, _FLA_REFUSAL_FLAG, None) is False:
-            monkeypatch.setattr(module, _FLA_REFUSAL_FLAG, True)
+        if name.split(".")[0] == "fla" and getattr(module, FLA_REFUSAL_FLAG, None) is False:
+            monkeypatch.setattr(module, FLA_REFUSAL_FLAG, True)
     return flags
 
 
@@ -425,7 +425,7 @@ def test_fla_at_key_dim_64_on_the_640_stack_is_measured_and_a_wrong_dk_is_caught
     # One config per autotuned kernel: no search (a cold one took minutes for this shape set).
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as real
 
-    from kernelguard.fla_autotune import fla_autotuners
+    from kernelguard.resolution.fla_autotune import fla_autotuners
 
     for _, tuner in fla_autotuners():
         monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
@@ -510,7 +510,7 @@ def test_train_throughput_tiny_cpu_times_the_product_step(variant: str, tmp_path
 
 
 def test_slow_run_note_explains_fla_autotuning_only_when_it_applies() -> None:
-    from kernelguard.numerics import CHUNK, CONV, slow_run_note
+    from kernelguard.stack.numerics import CHUNK, CONV, slow_run_note
 
     assert slow_run_note(12.0, [CHUNK, CONV]) is None  # fast: nothing to explain
     assert slow_run_note(300.0, [CONV]) is None  # no fla kernel: autotuning is not the reason

@@ -20,7 +20,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from kernelguard.errors import ConfigError
-from kernelguard.install import (
+from kernelguard.resolution.install import (
     DISTRIBUTION,
     FLA_SAFE_TRITON,
     KERNELS_RELEASES,
@@ -83,7 +83,7 @@ def test_the_distribution_is_ours_and_self_referencing_extras_name_existing_extr
     project = _pyproject()["project"]
     # The index's `kernelguard` is another project: ours is DISTRIBUTION, the name every printed fix uses.
     assert project["name"] == DISTRIBUTION != "kernelguard"
-    assert project["scripts"] == {"kernelguard": "kernelguard.entry:main"}  # start-up signal handlers first
+    assert project["scripts"] == {"kernelguard": "kernelguard.cli.entry:main"}  # start-up signal handlers first
     extras = project["optional-dependencies"]
     selves = [
         (name, requirement)
@@ -267,9 +267,9 @@ def test_check_without_kernels_reports_what_turns_hub_kernels_on(tmp_path: Path)
         assert "not installed" in candidate["reason"]
         # The fix is the one install_command builds for this transformers' kernels window: a kernels release
         # inside it, or (no release inside, as for 5.23+) the pair of releases that does turn Hub kernels on.
-        from kernelguard import discovery
-        from kernelguard.decisions import split_fix
-        from kernelguard.install import install_command
+        from kernelguard.resolution import discovery
+        from kernelguard.resolution.decisions import split_fix
+        from kernelguard.resolution.install import install_command
 
         window = discovery.kernels_version_window(discovery.transformers_source())
         expected = install_command("kernels", torch_version=None, cuda_version=None, kernels_window=window)

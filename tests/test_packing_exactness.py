@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernelguard.packed_batch import BOUNDARY_KEYWORDS, IGNORE_INDEX
+from kernelguard.resolution.packed_batch import BOUNDARY_KEYWORDS, IGNORE_INDEX
 from kernelguard.train.settings.packing_modes import LEAKY, NAIVE, PACKED
 from kernelguard.train.step.packing import build_batch
 
@@ -163,11 +163,11 @@ def test_trained_packed_equals_alone_and_controls_leak_cpu(fake_providers: Any) 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_trained_packed_equals_alone_and_controls_leak_gpu() -> None:
     """The real fla and causal-conv1d, bf16, guarded: a torch reference entered anywhere raises."""
-    from kernelguard.fla_refusal import lift_for_accepted_issues
-    from kernelguard.guard import guard
+    from kernelguard.resolution.fla_refusal import lift_for_accepted_issues
+    from kernelguard.runtime.model_guard import guard
 
     accepted = ["fla-640-refusal", "fla-640-wrong-grads"]  # key head dim 128: correct (bench/RESULTS.md)
-    from kernelguard.fla_autotune import pin_for_this_gpu
+    from kernelguard.resolution.fla_autotune import pin_for_this_gpu
 
     lift_for_accepted_issues(accepted)
     print(pin_for_this_gpu())

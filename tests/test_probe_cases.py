@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard import equivalence
-from kernelguard.registry import REGISTRY
-from kernelguard.segments import read_segments
+from kernelguard.runtime import equivalence
+from kernelguard.runtime.registry import REGISTRY
+from kernelguard.runtime.segments import read_segments
 
 LENGTHS = (7, 9, 6)
 

@@ -1,4 +1,4 @@
-"""The first-row probe (kernelguard.equivalence) on CUDA with the REAL fla and causal-conv1d (the H200 run).
+"""The first-row probe (kernelguard.runtime.equivalence) on CUDA with the REAL fla and causal-conv1d (the H200 run).
 
 In one fresh interpreter (``import fla`` takes most of a minute on first use), in bf16 (what training runs): a
 correct packed row (positions, cu_seq_lens, seq_idx) through ``guard(packed=True)`` must pass the probe (no false
@@ -7,7 +7,7 @@ directly (the static checks would refuse it first), must differ. The per-layer f
 ``$KG_PROBE_OUT`` (bench/RESULTS.md quotes them). Forward only, under no_grad: fla 0.6.0's Hopper refusal is a
 backward one.
 
-bf16 only: its GDN kernels are pinned (kernelguard.fla_autotune) on Qwen3.5's geometry, fp32's are not, and
+bf16 only: its GDN kernels are pinned (kernelguard.resolution.fla_autotune) on Qwen3.5's geometry, fp32's are not, and
 fp32's cold autotune outran the test's bound on an H100. A withheld boundary is not near bf16's tolerance: on
 an H200 (bench/results/2026-12-03-h200-s9/probe_gpu.json) it was 0.39-0.87 against 0.03-0.18 in bf16, the same
 as in fp32.
@@ -51,8 +51,8 @@ SCRIPT = textwrap.dedent(
     import torch
     import kernelguard
     from kernelguard import equivalence
-    from kernelguard.registry import REGISTRY
-    from kernelguard.segments import read_segments
+    from kernelguard.runtime.registry import REGISTRY
+    from kernelguard.runtime.segments import read_segments
     from tiny_models import tiny_model
 
     lengths = [300, 140, 200, 60, 56]
@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent(
         return [dict(layer=d.layer, first_example=d.reference, worst_later=d.worst, tolerance=d.tolerance,
                      differs=d.differs) for d in measured]
 
-    from kernelguard.fla_autotune import pin_for_this_gpu
+    from kernelguard.resolution.fla_autotune import pin_for_this_gpu
     print(pin_for_this_gpu(), file=sys.stderr)  # Qwen3.5's GDN geometry: bf16 compiles one config per kernel
     out = {{}}
     for name, dtype in (("bf16", torch.bfloat16),):

@@ -1,4 +1,4 @@
-"""kernelguard.probe_routing through the first-row probe: a mixture-of-experts router that breaks a near tie one way
+"""kernelguard.runtime.probe_routing through the first-row probe: a mixture-of-experts router that breaks a near tie one way
 in the packed row and the other way alone is replayed, not refused (issue 51: a correct bf16 Qwen3.5-MoE row was
 refused), while a leak, or a choice whose logits moved, is still seen. CPU, the fake fla / causal-conv1d.
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard import equivalence
-from kernelguard.registry import REGISTRY
-from kernelguard.segments import read_segments
+from kernelguard.runtime import equivalence
+from kernelguard.runtime.registry import REGISTRY
+from kernelguard.runtime.segments import read_segments
 
 LENGTHS = (7, 9, 6)
 TOKEN = 10  # in the second example (tokens 7-15)

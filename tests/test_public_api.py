@@ -12,9 +12,9 @@ import pytest
 
 import kernelguard
 from kernelguard.errors import ResolutionError
-from kernelguard.policy import AllowPolicy
-from kernelguard.report import render
-from kernelguard.terms import allow_hint, in_terms, option_hint
+from kernelguard.resolution.policy import AllowPolicy
+from kernelguard.stack.report import render
+from kernelguard.resolution.terms import allow_hint, in_terms, option_hint
 
 ORDERS = {
     "require-then-check": ["require", "check", "require", "check"],
@@ -27,7 +27,7 @@ ORDERS = {
 def test_public_functions_stay_callable_in_any_order(order: str) -> None:
     # A fresh interpreter: the bug this guards against depends on which import happens first.
     steps = "\n".join(
-        "import kernelguard.api, kernelguard.check, kernelguard.guard, kernelguard.cli" if step == "import"
+        "import kernelguard.stack.api, kernelguard.stack.compose, kernelguard.runtime.model_guard, kernelguard.cli" if step == "import"
         else f"r = kernelguard.{step}('qwen3_5', mode='training', packed=False, arch='9.0', allow=['chunk_gated_delta_rule', "
         f"'causal_conv1d_fn', 'attention'])\nassert r.ok, r"
         for step in ORDERS[order]

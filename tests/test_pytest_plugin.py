@@ -178,7 +178,7 @@ def test_report_header_shows_resolved_providers(inner: pytest.Pytester) -> None:
 
 def test_plugin_import_is_cheap() -> None:
     code = (
-        "import sys, kernelguard.pytest_plugin, kernelguard.guard\n"
+        "import sys, kernelguard.integrations.pytest_plugin, kernelguard.runtime.model_guard\n"
         "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
@@ -189,7 +189,7 @@ def test_plugin_import_is_cheap() -> None:
 SCAN_COUNTING_TEST = """
 import pytest
 from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: F401
-from kernelguard.registry import REGISTRY
+from kernelguard.runtime.registry import REGISTRY
 
 SCANS = []
 
@@ -236,7 +236,7 @@ class PlainTest(unittest.TestCase):
 
 
 def test_scan_cache_scans_each_module_once_across_50_tests(inner: pytest.Pytester) -> None:
-    from kernelguard.registry import REGISTRY
+    from kernelguard.runtime.registry import REGISTRY
 
     REGISTRY.reset()  # a cold cache, as in a fresh pytest process
     inner.makepyfile(SCAN_COUNTING_TEST)
@@ -291,7 +291,7 @@ def test_fix_is_in_pytest_terms_and_says_cpu_cannot_run_the_kernels(inner: pytes
 
 
 def test_fix_on_a_cuda_machine_installs_first() -> None:
-    from kernelguard.pytest_plugin import fix_in_pytest_terms
+    from kernelguard.integrations.pytest_plugin import fix_in_pytest_terms
 
     fix = fix_in_pytest_terms(["chunk_gated_delta_rule"], ["pip install flash-linear-attention"], cuda=True)
     assert fix.splitlines() == [
@@ -445,7 +445,7 @@ def test_xdist_workers_send_the_one_line_summary_and_the_whole_explanation(
 def test_docs_quote_the_skip_after_fallback_message_as_the_plugin_prints_it() -> None:
     from pathlib import Path
 
-    from kernelguard.pytest_plugin import _contract_line
+    from kernelguard.integrations.pytest_plugin import _contract_line
 
     docs = (Path(__file__).resolve().parents[1] / "docs" / "pytest.md").read_text()
     for line in _contract_line(skipped=True).splitlines():

@@ -56,7 +56,7 @@ def test_converter_writes_rows_kernelguard_train_reads(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------- layouts ---
 def test_padded_batch_predicts_the_packed_blocks_tokens() -> None:
     from kernelguard.train.step.packing import build_batch, build_packed_block
-    from kernelguard.packed_batch import BOUNDARY_KEYWORDS
+    from kernelguard.resolution.packed_batch import BOUNDARY_KEYWORDS
     from kernelguard.train.step.step import label_count
 
     examples = [([5, 6, 7], [-100, 6, 7]), ([8, 9], [8, 9]), ([1, 2, 3, 4], [1, 2, 3, 4])]
@@ -81,7 +81,7 @@ def test_held_out_loss_is_measured_with_boundaries_for_the_controls() -> None:
 
 def test_naive_layout_has_no_boundaries_and_positions_run_on() -> None:
     from kernelguard.train.step.packing import build_batch, build_packed_block
-    from kernelguard.packed_batch import BOUNDARY_KEYWORDS
+    from kernelguard.resolution.packed_batch import BOUNDARY_KEYWORDS
 
     examples = [([5, 6, 7], [-100, 6, 7]), ([8, 9], [8, 9])]
     naive = build_batch(examples, 8, 0, packing="naive")
@@ -92,7 +92,7 @@ def test_naive_layout_has_no_boundaries_and_positions_run_on() -> None:
 
 def test_the_controls_are_refused_without_their_allow_item() -> None:
     from kernelguard.errors import ConfigError
-    from kernelguard.policy import AllowPolicy
+    from kernelguard.resolution.policy import AllowPolicy
     from kernelguard.train.settings.packing_modes import check_control_allowed
 
     with pytest.raises(ConfigError) as info:

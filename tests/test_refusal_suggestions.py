@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import train_helpers as h
 
-from kernelguard.terms import usage_suggestion
+from kernelguard.resolution.terms import usage_suggestion
 
 
 @pytest.fixture

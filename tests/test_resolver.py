@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from check_helpers import EXT_SO, INSTALL, UNDEFINED_SYMBOL, find, make_env, make_ext, make_pkg
 
-from kernelguard import catalog, discovery
-from kernelguard.catalog import HubRepo, ModelSpec
+from kernelguard.resolution import catalog, discovery
+from kernelguard.resolution.catalog import HubRepo, ModelSpec
 from kernelguard.errors import ConfigError
-from kernelguard.providers.hub import HubKernelProbe, VariantVerdict
-from kernelguard.resolver import (
+from kernelguard.resolution.providers.hub import HubKernelProbe, VariantVerdict
+from kernelguard.resolution.resolver import (
     ACCEPTED,
     FALLBACK,
     REJECTED,
@@ -329,7 +329,7 @@ def test_fla_640_fix_next_to_a_torch_that_pins_an_older_triton_is_a_newer_torch(
 
 
 def test_allowing_a_fla_640_row_is_what_lifts_the_refusal() -> None:
-    from kernelguard.known_issues import KNOWN_ISSUES
+    from kernelguard.resolution.known_issues import KNOWN_ISSUES
 
     lifting = sorted(row.id for row in KNOWN_ISSUES if row.lifts_fla_refusal)
     assert lifting == ["fla-640-refusal", "fla-640-wrong-grads"]

@@ -1,4 +1,4 @@
-"""The boundary watch between host reads (kernelguard.segments.signals_disagree_on_device) on a GPU: it must
+"""The boundary watch between host reads (kernelguard.runtime.segments.signals_disagree_on_device) on a GPU: it must
 never make the host wait for the device (that would cost every guarded step a sync). Skipped without CUDA."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernelguard.segments import signals_disagree_on_device
+from kernelguard.runtime.segments import signals_disagree_on_device
 
 pytestmark = [
     pytest.mark.gpu,

@@ -258,7 +258,7 @@ def test_guard_packed_must_be_a_bool(tiny: Any) -> None:
 
 
 def test_check_requires_no_gdn_kernels_when_every_layer_is_full_attention() -> None:
-    from kernelguard.catalog import has_linear_layers
+    from kernelguard.resolution.catalog import has_linear_layers
 
     assert not has_linear_layers({"model_type": "qwen3_5_text", "layer_types": ["full_attention"] * 2})
     assert has_linear_layers({"model_type": "qwen3_5_text", "layer_types": ["linear_attention", "full_attention"]})
@@ -280,7 +280,7 @@ def test_ctrl_c_in_check_is_one_line_and_exit_130(monkeypatch: Any, capsys: Any)
 def test_a_marker_keyword_typo_is_a_usage_error() -> None:
     from types import SimpleNamespace
 
-    from kernelguard import pytest_plugin
+    from kernelguard.integrations import pytest_plugin
 
     settings = SimpleNamespace(enabled=True, policy=None)
     marker = pytest.mark.kernelguard(alow=["attention"]).mark
@@ -294,7 +294,7 @@ def test_a_marker_keyword_typo_is_a_usage_error() -> None:
 def test_a_marker_allow_value_typo_is_a_usage_error_without_kernelguards_traceback() -> None:
     from types import SimpleNamespace
 
-    from kernelguard import pytest_plugin
+    from kernelguard.integrations import pytest_plugin
 
     settings = SimpleNamespace(marker_policies={})
     with pytest.raises(pytest.fail.Exception) as info:

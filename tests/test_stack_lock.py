@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 from check_helpers import cuda_so, make_env, make_ext, make_pkg
 
-from kernelguard import catalog, discovery, stack_lock
-from kernelguard.check import CheckOptions, CheckResult
+from kernelguard.resolution import catalog, discovery
+from kernelguard.stack import stack_lock
+from kernelguard.stack.compose import CheckOptions, CheckResult
 from kernelguard.errors import ConfigError, LockMismatch
-from kernelguard.facts import Facts, FlaBackend, HubKernelProbe
-from kernelguard.policy import AllowPolicy
-from kernelguard.resolver import Target, resolve
+from kernelguard.resolution.facts import Facts, FlaBackend, HubKernelProbe
+from kernelguard.resolution.policy import AllowPolicy
+from kernelguard.resolution.resolver import Target, resolve
 
 WINDOW = ("0.18.2", "0.19.0")
 CONV = "pip install setuptools wheel ninja packaging && pip install --no-build-isolation --no-cache-dir " \
@@ -218,7 +219,7 @@ def test_every_difference_is_one_line_and_the_error_pickles(tmp_path: Path, monk
 def test_a_file_that_is_not_a_lock_is_a_usage_error(tmp_path: Path) -> None:
     path = tmp_path / "kernelguard.lock"
     path.write_text(json.dumps({"kernelguard_lock": 99}))
-    here = stack_lock._kernelguard_version()
+    here = stack_lock.kernelguard_version()
     with pytest.raises(ConfigError, match=rf"has lock schema 99; this kernelguard \({here}\) reads schema 1\.") as info:
         stack_lock.read_lock(path)
     assert info.value.fix == "pip install --upgrade kernelguard"  # newer, writer unknown: never rewrite the lock
@@ -250,7 +251,7 @@ def test_a_bad_kernelguard_lock_names_the_variable_not_an_argument(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import kernelguard
-    from kernelguard.gate import check_lock
+    from kernelguard.runtime.gate import check_lock
 
     monkeypatch.setenv("KERNELGUARD_LOCK", str(tmp_path / "missing.lock"))
     for call in (kernelguard.require, lambda: check_lock(None)):

@@ -24,7 +24,7 @@ from kernelguard.diagnosis.verdict import (
     diagnose,
     layer_span,
 )
-from kernelguard.tripwires import REFERENCE_RANGE, arm_tripwires
+from kernelguard.runtime.tripwires import REFERENCE_RANGE, arm_tripwires
 
 PROFILES = Path(__file__).parent / "data" / "profiles"
 

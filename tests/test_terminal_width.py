@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kernelguard.report import terminal_width, wrap_message
+from kernelguard.stack.report import terminal_width, wrap_message
 
 COMMAND_LINE = re.compile(r"^\s*(fix:|Fix:|or:)\s")
 

@@ -36,7 +36,7 @@ def fresh_dynamo() -> Iterator[None]:
 def _blocks(vocab: int) -> list[dict[str, Any]]:
     import torch
 
-    from kernelguard.packed_batch import IGNORE_INDEX
+    from kernelguard.resolution.packed_batch import IGNORE_INDEX
     from kernelguard.train.step.packing import build_packed_block
 
     g = torch.Generator().manual_seed(1)
@@ -48,7 +48,7 @@ def _blocks(vocab: int) -> list[dict[str, Any]]:
 
 
 def _loss_and_grads(model: Any, blocks: list[dict[str, Any]]) -> tuple[list[float], list[Any]]:
-    from kernelguard.packed_batch import MODEL_INPUT_KEYWORDS
+    from kernelguard.resolution.packed_batch import MODEL_INPUT_KEYWORDS
 
     losses = []
     for b in blocks:
@@ -128,7 +128,7 @@ def test_without_the_opaque_wrappers_dynamo_would_trace_the_kernels(
     fake_providers: Any, tiny: Any, fresh_dynamo: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control for the test above: the causal conv left out of the opaque call sites is traced."""
-    from kernelguard.packed_batch import MODEL_INPUT_KEYWORDS
+    from kernelguard.resolution.packed_batch import MODEL_INPUT_KEYWORDS
     from kernelguard.train.model import compile as regional
 
     found = regional._kernel_call_sites

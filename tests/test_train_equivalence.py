@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from kernelguard.train.step.packing import build_packed_block
-from kernelguard.packed_batch import IGNORE_INDEX, MODEL_INPUT_KEYWORDS
+from kernelguard.resolution.packed_batch import IGNORE_INDEX, MODEL_INPUT_KEYWORDS
 
 LENGTHS = (7, 13, 5, 11)
 BLOCK = 40
@@ -98,7 +98,7 @@ def test_dropping_boundary_kwargs_is_detected_as_leakage(packed_case: Any) -> No
 def test_registered_varlen_attention_is_exact_in_the_model(
     fake_providers: Any, tiny: Any, cpu_varlen: None
 ) -> None:
-    from kernelguard.attention import VARLEN_NAME, register_varlen_attention
+    from kernelguard.runtime.attention import VARLEN_NAME, register_varlen_attention
 
     assert register_varlen_attention(device_type="cuda") == VARLEN_NAME  # torch 2.13 has varlen_attn
     assert register_varlen_attention(device_type="cpu") == "sdpa"
@@ -113,8 +113,8 @@ def test_registered_varlen_attention_is_exact_in_the_model(
 
 
 def test_guard_accepts_varlen_for_packed_training(fake_providers: Any, tiny: Any, cpu_varlen: None) -> None:
-    from kernelguard.attention import VARLEN_NAME, register_varlen_attention
-    from kernelguard.guard import guard
+    from kernelguard.runtime.attention import VARLEN_NAME, register_varlen_attention
+    from kernelguard.runtime.model_guard import guard
 
     register_varlen_attention(device_type="cuda")
     model = tiny.tiny_model("qwen3_5", attn_implementation=VARLEN_NAME)

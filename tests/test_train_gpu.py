@@ -29,7 +29,7 @@ def _per_segment_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 
 
 def test_varlen_attention_matches_per_segment_sdpa() -> None:
-    from kernelguard.attention import VARLEN_NAME, register_varlen_attention, varlen_attention_forward
+    from kernelguard.runtime.attention import VARLEN_NAME, register_varlen_attention, varlen_attention_forward
 
     name = register_varlen_attention(device_type="cuda")
     if name != VARLEN_NAME:

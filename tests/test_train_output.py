@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import train_helpers as h
 
-from kernelguard.paste import command_lines, is_command
-from kernelguard.report import fit_line
+from kernelguard.resolution.paste import command_lines, is_command
+from kernelguard.stack.report import fit_line
 
 ALLOWED = (
     "kernelguard train: allowed slow paths (--allow): causal_conv1d_fn, chunk_gated_delta_rule run their torch "

@@ -154,7 +154,7 @@ def test_accepted_fla_640_rows_lift_the_refusal_and_others_do_not(monkeypatch: p
     import sys
     import types
 
-    from kernelguard.gate import lift_accepted_fla_refusal
+    from kernelguard.runtime.gate import lift_accepted_fla_refusal
 
     # An fla laid out like 0.6.0: the flag imported by value into the consumer module.
     names = ("fla", "fla.ops", "fla.ops.common", "fla.ops.common.chunk_o", "fla.utils")
@@ -177,7 +177,7 @@ def test_lifting_with_an_fla_that_has_no_refusal_is_a_no_op(monkeypatch: pytest.
     import sys
     import types
 
-    from kernelguard.gate import lift_accepted_fla_refusal
+    from kernelguard.runtime.gate import lift_accepted_fla_refusal
 
     monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))  # a package without fla.ops.common
     for name in [n for n in sys.modules if n.startswith("fla.")]:
@@ -205,7 +205,7 @@ def _blocks(vocab: int, n: int, block: int = 48) -> tuple[list[Any], list[list[i
     import torch
 
     from kernelguard.train.step.packing import build_packed_block
-    from kernelguard.packed_batch import IGNORE_INDEX
+    from kernelguard.resolution.packed_batch import IGNORE_INDEX
 
     g = torch.Generator().manual_seed(1)
     examples = []
@@ -220,7 +220,7 @@ def _hand_loss(model: Any, batches: list[dict[str, Any]]) -> tuple[float, int]:
     import torch
     import torch.nn.functional as F
 
-    from kernelguard.packed_batch import IGNORE_INDEX, MODEL_INPUT_KEYWORDS
+    from kernelguard.resolution.packed_batch import IGNORE_INDEX, MODEL_INPUT_KEYWORDS
 
     total, count = 0.0, 0
     with torch.no_grad():

@@ -613,7 +613,7 @@ def round5_cases(work: Path, base: list[str]) -> list[dict[str, Any]]:
          "pip install --force-reinstall --no-deps 'kernelguard==9.9.9'", {"fakes": False}),
         ("a missing relative model path in pyproject.toml", ["-m", "kernelguard", "check"], "refuse",
          f"in [tool.kernelguard] of {r5 / 'proj' / 'pyproject.toml'}", {"fakes": False, "cwd": r5 / "proj" / "sub"}),
-        # 3: a signal while the command line itself starts (before kernelguard.entry, it was a traceback or a
+        # 3: a signal while the command line itself starts (before kernelguard.cli.entry, it was a traceback or a
         # death without a word; the full picture at many delays: bench/cpu/startup_signals.py)
         ("Ctrl-C 0.2 s into check", ["-m", "kernelguard", "check", "--model", "qwen3_5"], "signal",
          "kernelguard: interrupted.", {"signal": ("SIGINT", 0.2, 130), "fakes": False}),

@@ -102,7 +102,7 @@ def _forward_micro(blocks: int, per_block: int = 10) -> dict[str, float]:
     import tiny_models
     import torch
 
-    from kernelguard.tripwires import arm_tripwires
+    from kernelguard.runtime.tripwires import arm_tripwires
 
     model = tiny_models.tiny_model("qwen3_5")
     ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))

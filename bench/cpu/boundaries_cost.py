@@ -1,4 +1,4 @@
-"""Cost per call of the packed-row boundary check (kernelguard.boundaries), on CPU or CUDA (no timing asserts).
+"""Cost per call of the packed-row boundary check (kernelguard.runtime.boundaries), on CPU or CUDA (no timing asserts).
 
     python bench/cpu/boundaries_cost.py [--tiny] [--device cpu|cuda] [--out FILE]
 
@@ -77,9 +77,9 @@ def main() -> None:
     import torch
     import tiny_models
 
-    from kernelguard.boundaries import watch_boundaries
-    from kernelguard.guard import inspect
-    from kernelguard.policy import AllowPolicy
+    from kernelguard.runtime.boundaries import watch_boundaries
+    from kernelguard.runtime.model_guard import inspect
+    from kernelguard.resolution.policy import AllowPolicy
 
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     size = {"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]} if args.tiny else SIZE

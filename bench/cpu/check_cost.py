@@ -113,7 +113,7 @@ def test_interpreter_startup(benchmark: Any, tmp_path: Path) -> None:
 def test_run_check_in_process(benchmark: Any) -> None:
     import torch  # noqa: F401 - the state of a training script that calls kernelguard.require()
 
-    from kernelguard.check import CheckOptions, run_check
+    from kernelguard.stack.compose import CheckOptions, run_check
 
     result = benchmark.pedantic(run_check, args=(CheckOptions(),), rounds=20, iterations=1, warmup_rounds=2)
     assert result.resolution.verdicts  # it resolved something (not a timing assert)
@@ -121,7 +121,7 @@ def test_run_check_in_process(benchmark: Any) -> None:
 
 
 def _clear_catalog_caches() -> None:
-    from kernelguard import discovery as catalog
+    from kernelguard.resolution import discovery as catalog
 
     for cached in (
         catalog._families,
@@ -136,7 +136,7 @@ def test_run_check_in_process_cold(benchmark: Any) -> None:
     """As above, but transformers' modeling sources are scanned again each round (a job's first call)."""
     import torch  # noqa: F401
 
-    from kernelguard.check import CheckOptions, run_check
+    from kernelguard.stack.compose import CheckOptions, run_check
 
     benchmark.pedantic(
         run_check, args=(CheckOptions(),), setup=_clear_catalog_caches, rounds=10, iterations=1

@@ -24,7 +24,7 @@ sys.path.insert(0, str(TESTS))
 
 import tiny_models
 
-from kernelguard.guard import Tripwires, guard
+from kernelguard.runtime.model_guard import Tripwires, guard
 
 pytestmark = pytest.mark.kernelguard(False)
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 TIMED = """
 import time, torch
-from kernelguard.catalog import PACKAGES
-from kernelguard.providers.installed import probe_package
+from kernelguard.resolution.catalog import PACKAGES
+from kernelguard.resolution.providers.installed import probe_package
 start = time.perf_counter()
 found = probe_package(PACKAGES["causal_conv1d"], "causal_conv1d", "causal_conv1d_fn")
 print((time.perf_counter() - start) * 1000)

@@ -93,7 +93,7 @@ def test_suite_per_test_cost(benchmark: Any, suite: pytest.Pytester, loaded_modu
 
 def test_first_scan(benchmark: Any, loaded_modules: int) -> None:
     """The one-off cost: scanning every loaded modeling module for kernel globals (new kernelguard only)."""
-    tripwires = pytest.importorskip("kernelguard.tripwires")
+    tripwires = pytest.importorskip("kernelguard.runtime.tripwires")
     registry = tripwires.REGISTRY
 
     def scan_all() -> None:
@@ -106,7 +106,7 @@ def test_first_scan(benchmark: Any, loaded_modules: int) -> None:
 
 def test_arm_disarm_cycle(benchmark: Any, loaded_modules: int) -> None:
     """What the plugin adds per test once the scan is cached: arm on every loaded module, disarm."""
-    tripwires = pytest.importorskip("kernelguard.tripwires")
+    tripwires = pytest.importorskip("kernelguard.runtime.tripwires")
     tripwires.REGISTRY.scan.loaded()
 
     def cycle() -> None:

@@ -1,5 +1,5 @@
 """What `pytest --kernelguard-probe` adds to a test: the first packed row of each model instance run again
-example by example (kernelguard.equivalence), on CPU with the fake fla / causal-conv1d (tests/fake_providers).
+example by example (kernelguard.runtime.equivalence), on CPU with the fake fla / causal-conv1d (tests/fake_providers).
 
     PYTHONPATH=.:tests:tests/fake_providers python bench/cpu/plugin_probe_cost.py [--repeats 7]
 
@@ -24,9 +24,9 @@ def main() -> None:
     import tiny_models
     from transformers import DataCollatorWithFlattening
 
-    from kernelguard.boundaries import ModelCallWatch
-    from kernelguard.policy import AllowPolicy
-    from kernelguard.registry import REGISTRY
+    from kernelguard.runtime.boundaries import ModelCallWatch
+    from kernelguard.resolution.policy import AllowPolicy
+    from kernelguard.runtime.registry import REGISTRY
 
     features = [{"input_ids": [3, 4, 5, 6, 7]}, {"input_ids": [8, 9, 10]}, {"input_ids": [11, 12, 13, 14]}]
     batch = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(features)

@@ -6,7 +6,7 @@
 
 Runs ``kernelguard.cli.main(["check", ..., "--run", "--json"])`` in-process (what the console script does), so
 the autotune caches fla filled are still here afterwards: ``--record`` merges them into a pins file for
-``kernelguard/fla_autotune_pins.json`` (see kernelguard.fla_autotune). ``--no-pins`` ignores shipped pins (the
+``kernelguard/fla_autotune_pins.json`` (see kernelguard.resolution.fla_autotune). ``--no-pins`` ignores shipped pins (the
 autotuning baseline). Writes {"wall_s", "process_s", "rc", "check": <the check JSON>, "pins_recorded": n}.
 Measure cold vs warm by pointing TRITON_CACHE_DIR at an empty or a filled directory.
 """
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("check_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     check_args = [a for a in args.check_args if a != "--"]
-    from kernelguard import fla_autotune
+    from kernelguard.resolution import fla_autotune
 
     if args.no_pins:
         fla_autotune.pin_for_this_gpu = lambda *a, **k: "fla autotune pins: disabled (--no-pins)"  # type: ignore[assignment]
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def record(path: Path) -> int:
-    from kernelguard import fla_autotune
+    from kernelguard.resolution import fla_autotune
 
     stack = fla_autotune.current_stack()
     if stack is None:

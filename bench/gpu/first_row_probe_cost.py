@@ -1,4 +1,4 @@
-"""What the first-row probe (kernelguard.equivalence) costs, and what it measures, on this machine.
+"""What the first-row probe (kernelguard.runtime.equivalence) costs, and what it measures, on this machine.
 
 One packed row of real-length examples (lognormal lengths, median ~1,100 tokens, as bench/gpu/train_throughput.py)
 through a Qwen3.5-shaped model: the guarded model's first forward with the probe and without it (each on a fresh
@@ -84,11 +84,11 @@ def main() -> None:
         sys.path.insert(0, str(ROOT / "tests" / "fake_providers"))
     import torch
 
-    from kernelguard.guard import guard
-    from kernelguard.registry import REGISTRY
+    from kernelguard.runtime.model_guard import guard
+    from kernelguard.runtime.registry import REGISTRY
 
     if args.device == "cuda":  # key head dim 128: fla's Hopper backward is correct there (bench/RESULTS.md)
-        from kernelguard.fla_refusal import lift_for_accepted_issues
+        from kernelguard.resolution.fla_refusal import lift_for_accepted_issues
 
         lift_for_accepted_issues(["fla-640-refusal", "fla-640-wrong-grads"])
     model = _model(args)

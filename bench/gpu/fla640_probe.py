@@ -15,7 +15,7 @@ transformers' fp32 torch reference for:
 * the input recipe of fla's own test in the issue (``torch.rand`` q/k/v, l2-normalised outside the kernel,
   ``logsigmoid(rand) / 10`` decay, an fp32 initial state, B2 T1500 - not a multiple of the 64-token chunk).
 
-Every case goes through ``kernelguard.numerics``'s comparator and threshold (relative L2 error vs the fp32
+Every case goes through ``kernelguard.stack.numerics``'s comparator and threshold (relative L2 error vs the fp32
 reference, 2%), so a failure here is exactly what ``kernelguard check --run`` would report. One JSON line per
 case is appended to ``--out`` as soon as it is measured (a device time limit keeps the finished ones).
 
@@ -67,7 +67,7 @@ def issue_recipe_case(name: str, kd: int, vd: int, dtype_name: str, tol: float) 
     import torch.nn.functional as F
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    from kernelguard import numerics
+    from kernelguard.stack import numerics
 
     refs, _ = numerics.torch_references()
     ref = refs[numerics.CHUNK]
@@ -122,8 +122,8 @@ def issue_recipe_case(name: str, kd: int, vd: int, dtype_name: str, tol: float) 
 
 def kernelguard_case(kd: int, vd: int) -> list[Any]:
     """The same check `kernelguard check --run` does (randn inputs, varlen and padded rows)."""
-    from kernelguard import numerics
-    from kernelguard.numerics import GdnShape
+    from kernelguard.stack import numerics
+    from kernelguard.stack.numerics import GdnShape
 
     shapes = [
         GdnShape(num_k_heads=HEADS, num_v_heads=HEADS, key_dim=kd, value_dim=vd, batch=BATCH, seq_len=SEQ),
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from kernelguard import numerics
+    from kernelguard.stack import numerics
 
     if not torch.cuda.is_available():
         print("fla640_probe: needs a CUDA GPU", file=sys.stderr)

@@ -4,7 +4,7 @@
 Steps, each isolated so one failure never hides the others:
   1. refusal      chunk_gated_delta_rule with fla as shipped (no lifting): captures fla's own refusal
                   message on Hopper + Triton 3.4-3.7.0 (or shows it passes elsewhere).
-  2. lift         sets TRITON_ABOVE_3_7_1=True in fla's modules for this process (kernelguard.numerics).
+  2. lift         sets TRITON_ABOVE_3_7_1=True in fla's modules for this process (kernelguard.stack.numerics).
   3. k64          chunk_gated_delta_rule at key head dim 64 (BK = 64): expect dk/dg FAIL on the bad stack.
   4. k128         chunk_gated_delta_rule at key head dim 128: Qwen3.5's geometry (16 key / 32 value heads) +
                   a 4-head case: expect PASS (~0.5% rel error).
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from transformers.models.qwen3_5 import Qwen3_5TextConfig
 
-        from kernelguard import numerics
-        from kernelguard.numerics import GdnShape, run_numerics, shapes_for_model
+        from kernelguard.stack import numerics
+        from kernelguard.stack.numerics import GdnShape, run_numerics, shapes_for_model
 
         results["environment"] = environment()
         results["tolerance"] = {

@@ -5,7 +5,7 @@
 fla autotunes each kernel the first time a process sees its key (heads, head dims, varlen flag): a search
 compiles every candidate config, minutes on a bare machine. ``kernelguard check --run`` and
 bench/gpu/train_throughput.py fill fla's autotune caches from kernelguard/fla_autotune_pins.json (the choices
-an autotuning run made on the same arch, Triton and fla: kernelguard.fla_autotune); ``kernelguard train`` does
+an autotuning run made on the same arch, Triton and fla: kernelguard.resolution.fla_autotune); ``kernelguard train`` does
 not, so bench/gpu/train_diagnosis.sh spent most of a minute of acceptance.sh's call searching the proxy's
 shapes. Here the same pins go in before the run: the run, its windows and its verdicts are otherwise the
 product's own (a key without a pin still autotunes, and a window with a search inside is postponed as usual).
@@ -31,7 +31,7 @@ def apply_pins() -> str:
         import fla.ops.gated_delta_rule  # noqa: F401 - loads the chunk kernels the pins name
     except Exception as exc:  # noqa: BLE001 - no fla: the run says what it does without it
         return f"fla autotune pins: not applied (fla not importable: {type(exc).__name__}: {exc})"
-    from kernelguard.fla_autotune import pin_for_this_gpu
+    from kernelguard.resolution.fla_autotune import pin_for_this_gpu
 
     return pin_for_this_gpu()
 

@@ -39,7 +39,7 @@ from step_stats import steady_rate, steady_stats
 
 from kernelguard.train.step.loss import linear_cross_entropy
 from kernelguard.train.step.packing import build_packed_block, pack_best_fit_decreasing
-from kernelguard.packed_batch import IGNORE_INDEX, MODEL_INPUT_KEYWORDS
+from kernelguard.resolution.packed_batch import IGNORE_INDEX, MODEL_INPUT_KEYWORDS
 
 USER, ASSISTANT, END = 10, 11, 12  # marker tokens
 WORDS_FROM = 1000  # the alphabet of "words" starts here
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     config = proxy_config(args)
     lifted = []
     if args.device == "cuda":
-        from kernelguard.fla_refusal import lift_fla_hopper_refusal
+        from kernelguard.resolution.fla_refusal import lift_fla_hopper_refusal
 
         try:
             lifted = lift_fla_hopper_refusal()  # key head dim 128: outside fla #640's tile-64 bug (bench/RESULTS.md)
@@ -220,11 +220,11 @@ def main(argv: list[str] | None = None) -> int:
             lifted = []
     pins = ""
     if args.device == "cuda":
-        from kernelguard.fla_autotune import pin_for_this_gpu
+        from kernelguard.resolution.fla_autotune import pin_for_this_gpu
 
         pins = pin_for_this_gpu()  # the recorded fla autotune choices: no minutes of autotuning per variant
         print(pins, flush=True)
-    from kernelguard.attention import register_varlen_attention
+    from kernelguard.runtime.attention import register_varlen_attention
 
     attention = register_varlen_attention(device_type=args.device)
     train = make_dataset(args.examples, args.seed, args.block, args.median, args.alphabet)

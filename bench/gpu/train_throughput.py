@@ -361,8 +361,8 @@ def which_implementations() -> dict[str, str]:
     """Which callable transformers' decorated GDN/conv functions will call (closure ``implementation``)."""
     import importlib
 
-    from kernelguard.numerics import kernel_sources
-    from kernelguard.transformers_compat import hub_wrapper
+    from kernelguard.stack.numerics import kernel_sources
+    from kernelguard.resolution.transformers_compat import hub_wrapper
 
     out = {}
     for kernel in ("chunk_gated_delta_rule", "causal_conv1d_fn"):
@@ -541,9 +541,9 @@ def detector_figures(
 
     from kernelguard.diagnosis.profiler import StepProfiler
     from kernelguard.diagnosis.verdict import attribute_kernels
-    from kernelguard.geometry import layer_types
+    from kernelguard.resolution.geometry import layer_types
     from kernelguard.train.output.metrics import peak_flops, step_flops
-    from kernelguard.tripwires import arm_tripwires
+    from kernelguard.runtime.tripwires import arm_tripwires
 
     said: list[str] = []
     kept: list[Any] = []
@@ -596,7 +596,7 @@ def lift_refusal(key_dim: int, device: Any) -> tuple[bool, str]:
         raise SystemExit(
             f"fla refuses its gated backward here and key head dim {key_dim} < 128 is where that is justified"
         )
-    from kernelguard.fla_refusal import lift_fla_hopper_refusal
+    from kernelguard.resolution.fla_refusal import lift_fla_hopper_refusal
 
     changed = lift_fla_hopper_refusal()
     return (
@@ -693,7 +693,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     )
     result["notes"].append(note)
     if "fla" not in variant.hide and device.type == "cuda":
-        from kernelguard.fla_autotune import pin_for_this_gpu
+        from kernelguard.resolution.fla_autotune import pin_for_this_gpu
 
         result["notes"].append(pin_for_this_gpu())  # only shortens the warm-up: pins are autotune's own choices
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

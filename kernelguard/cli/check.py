@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import EXIT_FAIL, EXIT_OK
-from ..interrupts import end_startup_interrupts
+from kernelguard.errors import EXIT_FAIL, EXIT_OK
+from kernelguard.errors import end_startup_interrupts
 from .common import command_parser, non_empty_path, print_out, run_command
 
 __all__ = ["HELP", "add_check_arguments", "check_options", "main", "parser"]
@@ -61,8 +61,8 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_options(args: argparse.Namespace) -> object:
-    """The :class:`kernelguard.check.CheckOptions` of the flags, the rest from ``[tool.kernelguard]``."""
-    from ..check import CheckOptions, load_pyproject_defaults
+    """The :class:`kernelguard.stack.compose.CheckOptions` of the flags, the rest from ``[tool.kernelguard]``."""
+    from kernelguard.stack import CheckOptions, load_pyproject_defaults
 
     defaults = load_pyproject_defaults()
     return CheckOptions(
@@ -83,11 +83,11 @@ def main(argv: list[str]) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..check import run_check
-    from ..report import render, to_json
+    from kernelguard.stack import run_check
+    from kernelguard.stack import render, to_json
 
     if args.lock:
-        from ..stack_lock import verify_lock
+        from kernelguard.stack import verify_lock
 
         # A flag repeating the lock's own value is accepted; one that contradicts it is refused (stack_lock).
         given = {"model": args.model, "mode": args.mode, "arch": args.arch, "packed": args.packed, "hub": args.hub}
@@ -96,7 +96,7 @@ def _check(args: argparse.Namespace) -> int:
         result = run_check(check_options(args))  # type: ignore[arg-type]
     print_out(to_json(result) if args.json else render(result))
     if result.ok and args.write_lock:
-        from ..stack_lock import write_lock
+        from kernelguard.stack import write_lock
 
         end_startup_interrupts()  # a file is written next: Ctrl-C unwinds through its clean-up
         print(f"kernelguard: lock written to {write_lock(result, args.write_lock)}", file=sys.stderr)

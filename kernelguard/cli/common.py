@@ -8,9 +8,9 @@ import os
 import sys
 from collections.abc import Callable
 
-from ..errors import EXIT_USAGE, ConfigError, KernelGuardError, exit_code_for
-from ..interrupts import startup_interrupts
-from ..report import help_formatter, wrap_message
+from kernelguard.errors import EXIT_USAGE, ConfigError, KernelGuardError, exit_code_for
+from kernelguard.errors import startup_interrupts
+from kernelguard.stack import help_formatter, wrap_message
 
 __all__ = ["INTERRUPTED", "Parser", "command_parser", "non_empty_path", "print_out", "run_command"]
 
@@ -20,7 +20,7 @@ INTERRUPTED = "kernelguard: interrupted."
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # argparse's default exit code is already 2; keep it, with our one-line hint.
-        from ..terms import usage_suggestion
+        from kernelguard.resolution import usage_suggestion
 
         self.print_usage(sys.stderr)
         said = usage_suggestion(message, self._option_string_actions)[0]
@@ -73,7 +73,7 @@ def run_command(body: Callable[[], int], command: tuple[str, list[str]] | None =
 def _with_replacement(error: KernelGuardError, name: str, argv: list[str]) -> KernelGuardError:
     import shlex
 
-    from ..paste import with_value_replaced
+    from kernelguard.resolution import with_value_replaced
 
     old, new = error.details.get("replace", (None, None))
     fixed = with_value_replaced(argv, old, new, error.details.get("flag")) if old is not None else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import EXIT_OK
+from kernelguard.errors import EXIT_OK
 from .common import command_parser, print_out, run_command
 
 __all__ = ["HELP", "main", "parser"]
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
 
 
 def _env(args: argparse.Namespace) -> int:
-    from ..env_report import collect, render_env
+    from .env_report import collect, render_env
 
     report = collect(model=args.model or "qwen3_5", archs=tuple(args.arch or ()))
     if args.json:

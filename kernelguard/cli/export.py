@@ -8,8 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import EXIT_OK, KernelGuardError, exit_code_for
-from ..interrupts import end_startup_interrupts, startup_interrupts
+from kernelguard.errors import EXIT_OK, KernelGuardError, exit_code_for
+from kernelguard.errors import end_startup_interrupts, startup_interrupts
 from .common import command_parser, non_empty_path
 
 __all__ = ["HELP", "main", "parser"]
@@ -27,7 +27,7 @@ _path.__name__ = "path"  # argparse names the type in its "invalid ... value" me
 
 def parser() -> argparse.ArgumentParser:
     """This command's parser (tests walk every command's to hold shared flags to one grammar)."""
-    from ..train.settings.config_rules import DEFAULT_MAX_SHARD_SIZE
+    from kernelguard.train import DEFAULT_MAX_SHARD_SIZE
 
     return _parser(DEFAULT_MAX_SHARD_SIZE)
 
@@ -52,19 +52,19 @@ def _parser(default_shard_size: str) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``kernelguard export CHECKPOINT_DIR [--output DIR] [--max-shard-size SIZE] [--overwrite]
     [--accept-changed-tokenizer]``."""
-    from ..report import wrap_message
+    from kernelguard.stack import wrap_message
 
     argv = list(sys.argv[2:] if argv is None else argv)
     with startup_interrupts(_INTERRUPTED):
-        from ..train.output.checkpoint_layout import not_a_checkpoint
-        from ..train.settings.config_rules import DEFAULT_MAX_SHARD_SIZE
+        from kernelguard.train import not_a_checkpoint
+        from kernelguard.train import DEFAULT_MAX_SHARD_SIZE
 
         args = _parser(DEFAULT_MAX_SHARD_SIZE).parse_args(argv)
         # A step that is not there is refused before torch loads (seconds), with a step that is.
         if (refusal := not_a_checkpoint(args.checkpoint.expanduser())) is not None:
             print(wrap_message(f"kernelguard export: error: {_with_command(refusal, argv)}"), file=sys.stderr)
             return exit_code_for(refusal)
-        from ..train.output.export_checks import check_destination
+        from kernelguard.train import check_destination
 
         checkpoint = args.checkpoint.expanduser()
         try:  # an output that is taken is refused before torch loads too
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             print(wrap_message(f"kernelguard export: error: {e}"), file=sys.stderr)
             return exit_code_for(e)
         _say(f"loading torch and transformers to export {args.checkpoint}")
-        from ..train.output.export import export_checkpoint  # imports torch
+        from kernelguard.train import export_checkpoint  # imports torch
 
         end_startup_interrupts()  # the export takes locks and writes next: Ctrl-C unwinds through their clean-up
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import EXIT_OK
+from kernelguard.errors import EXIT_OK
 from .common import command_parser, print_out, run_command
 
 __all__ = ["HELP", "main", "parser"]
@@ -29,14 +29,14 @@ def main(argv: list[str]) -> int:
 
 
 def _issues(as_json: bool = False) -> int:
-    from ..known_issues import KNOWN_ISSUES
-    from ..policy import POLICY_ITEMS
-    from ..report import fix_lines, terminal_width, wrap_text
+    from kernelguard.resolution import KNOWN_ISSUES
+    from kernelguard.resolution import POLICY_ITEMS
+    from kernelguard.stack import fix_lines, terminal_width, wrap_text
 
     if as_json:
         import json
 
-        from ..decisions import split_fix
+        from kernelguard.resolution import split_fix
 
         fields = ("id", "title", "effect", "evidence", "source", "kernels", "provider", "archs", "modes", "triton",
                   "provider_version", "kernels_version", "fla_backends", "detector")

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from ..errors import EXIT_INTERRUPTED
+from kernelguard.errors import EXIT_INTERRUPTED
 
 __all__ = ["HELP", "main", "parser"]
 
@@ -17,7 +17,7 @@ HELP = "packed FSDP2 fine-tuning that starts only once the guard passes (kernelg
 def parser() -> argparse.ArgumentParser:
     """`kernelguard train`'s parser, derived from its settings (tests walk every command's to hold shared flags
     to one grammar)."""
-    from ..train.settings.config_cli import build_parser
+    from kernelguard.train import build_parser
 
     return build_parser()
 
@@ -26,8 +26,8 @@ def main(argv: list[str], *, program: bool = False) -> int:
     """``program``: the console script (or ``python -m kernelguard``), which may leave without the
     interpreter's teardown once a process group existed; an in-process caller gets the code back."""
     try:  # Ctrl-C while the trainer's modules import: its own one line, as from inside it
-        from ..train.__main__ import exit_program
-        from ..train.__main__ import main as train_main
+        from kernelguard.train import exit_program
+        from kernelguard.train import main as train_main
     except KeyboardInterrupt:  # leave at once: the teardown after a half-done import can fail again
         print("kernelguard train: interrupted before training started; nothing was written.", file=sys.stderr,
               flush=True)

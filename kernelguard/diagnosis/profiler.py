@@ -172,7 +172,7 @@ class StepProfiler:
     def _search_count(self) -> int:
         if self.searches is not None:
             return self.searches()
-        from ..fla_autotune import fla_autotuners
+        from kernelguard.resolution import fla_autotuners
 
         return sum(len(getattr(tuner, "cache", ())) for _, tuner in fla_autotuners())
 
@@ -277,8 +277,8 @@ class StepProfiler:
 
 def _allowed_fallback_fixes() -> str | None:
     """The install commands the guard gave for the fallbacks this process was allowed to take."""
-    from kernelguard.decisions import split_fix
-    from kernelguard.tripwires import fallback_events
+    from kernelguard.resolution import split_fix
+    from kernelguard.runtime import fallback_events
 
     # The commands only: the verdict is one line, and the guard's own message carries the notes.
     fixes = sorted({split_fix(e.fix)[0] or e.fix for e in fallback_events() if e.allowed and e.fix})

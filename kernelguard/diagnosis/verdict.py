@@ -8,7 +8,7 @@ attribute GPU kernel time instead:
 * **by what launched it** (:func:`attribute_kernels`): a kernel launched from inside one of transformers' torch
   reference functions (``torch_chunk_gated_delta_rule``, ``torch_causal_conv1d_fn``, ...) is slow-path work.
   The tripwire on each reference opens a profiler range named ``kernelguard.reference:<function>@<layer>``
-  while a profiler records (:data:`kernelguard.tripwires.REFERENCE_RANGE`); a kernel counts for it when its
+  while a profiler records (:data:`kernelguard.runtime.tripwires.REFERENCE_RANGE`); a kernel counts for it when its
   launching op is inside that range (forward, and the forward recomputed by activation checkpointing) or
   inside the backward node created by an op inside it (autograd's sequence number links the two);
 * **by class** (:func:`kernelguard.diagnosis.kernel_classes.classify_kernel`): GEMM, fused GDN / conv / attention,
@@ -46,7 +46,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kernelguard.tripwires import REFERENCE_RANGE
+from kernelguard.runtime import REFERENCE_RANGE
 
 from .events import WRAPPERS, Event, busy_and_gap_us
 from .kernel_classes import FUSED_CLASSES, KERNEL_CLASSES, classify_kernel

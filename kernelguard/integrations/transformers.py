@@ -30,11 +30,11 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from kernelguard import gate
-from kernelguard.attention import VARLEN_NAME, register_varlen_attention
+from kernelguard.runtime import gate
+from kernelguard.runtime import VARLEN_NAME, register_varlen_attention
 from kernelguard.errors import ConfigError, KernelFallbackError, KernelGuardError
-from kernelguard.policy import PACKED_WITHOUT_BOUNDARIES, AllowPolicy
-from kernelguard.terms import PYTHON, allow_hint
+from kernelguard.resolution import PACKED_WITHOUT_BOUNDARIES, AllowPolicy
+from kernelguard.resolution import PYTHON, allow_hint
 
 __all__ = [
     "VARLEN_NAME",
@@ -138,7 +138,7 @@ def _check_reference(model: Any, model_ref: str | None, folder: Path) -> str | N
         return None
     path = folder / "config.json"
     config.to_json_file(str(path), use_diff=False)
-    from kernelguard import discovery
+    from kernelguard.resolution import discovery
 
     try:
         discovery.resolve_model(str(path))
@@ -149,13 +149,13 @@ def _check_reference(model: Any, model_ref: str | None, folder: Path) -> str | N
 
 def check_stack(model: Any, *, allow: tuple[str, ...], packed: bool, model_ref: str | None = None) -> Any:
     """The environment half of the gate (known-bad stacks on this GPU, e.g. fla #640 on Hopper):
-    :func:`kernelguard.gate.check_stack` on the model's own config (or ``model_ref``), CUDA only. Returns the
+    :func:`kernelguard.runtime.gate.check_stack` on the model's own config (or ``model_ref``), CUDA only. Returns the
     CheckResult or None; raises ``ResolutionError`` with the full ``kernelguard check`` trace, as
     ``kernelguard.require`` does."""
     device = gate.model_device(model)
     if device.type != "cuda":
         return None
-    from kernelguard.api import resolution_error
+    from kernelguard.stack import resolution_error
 
     with tempfile.TemporaryDirectory(prefix="kernelguard-") as folder:
         ref = _check_reference(model, model_ref, Path(folder))
@@ -175,7 +175,7 @@ PADDED = "padding_free=False, no flattening collator"
 
 def guard_model(model: Any, *, allow: tuple[str, ...], packed: bool, verbose: bool = False,
                 first_row_probe: bool = True) -> Any:
-    """:func:`kernelguard.gate.guard_model`, strict; on refusal the error carries the guard's summary (the
+    """:func:`kernelguard.runtime.gate.guard_model`, strict; on refusal the error carries the guard's summary (the
     per-layer table with ``verbose``) and fixes that name this callback's ``allow=`` and padded batches."""
     try:
         return gate.guard_model(model, allow=allow, packed=packed, strict=True, first_row_probe=first_row_probe)
@@ -189,8 +189,8 @@ def _callback_refusal(
     """The guard's refusal restated for a Trainer user: before step 1, the report ending in why / fix, fixes
     naming this callback (an allow only where one can help: no allow keeps packed rows apart on a GDN
     torch reference, so padded batches are offered instead)."""
-    from kernelguard.guard import inspect
-    from kernelguard.report import fix_text
+    from kernelguard.runtime import inspect
+    from kernelguard.stack import fix_text
 
     try:  # the same sites, judged again without arming or raising, for the summary and the fixes
         report = inspect(model, mode="training", packed=packed, allow=allow)
@@ -208,7 +208,7 @@ def _callback_refusal(
 def _check_packed_sequences(report: Any, packing: Packing, *, allowed: bool = False) -> None:
     """A flattened row must carry its example boundaries (``cu_seq_lens_q`` / ``seq_idx``) for GDN layers.
     Known from the collator before step 1; a collator this cannot read is checked at each forward by the guard
-    (kernelguard.boundaries). ``allowed``: the allow item ``packed-without-boundaries`` was given."""
+    (kernelguard.runtime.boundaries). ``allowed``: the allow item ``packed-without-boundaries`` was given."""
     # GDN torch references on packed rows are refused by the guard itself (allowed or not).
     if not packing.packed or allowed:
         return
@@ -319,7 +319,7 @@ def providers_summary(report: Any, packing: Packing, check: Any = None) -> dict[
 def _verdict(check: Any) -> str:
     if check is None:
         return "not run (the stack check needs the model on a CUDA device)"
-    from kernelguard.report import verdict_line
+    from kernelguard.stack import verdict_line
 
     return verdict_line(check).removeprefix("verdict: ")
 
@@ -330,9 +330,9 @@ def _step_profiler(settings: tuple[int | None, int, Any], model: Any, state: Any
     first, every, trace = settings
     if not getattr(state, "is_world_process_zero", True):
         return None
-    from kernelguard.diagnosis.profiler import DEFAULT_FIRST_STEP, StepProfiler
-    from kernelguard.geometry import layer_types
-    from kernelguard.train.output.metrics import peak_flops
+    from kernelguard.diagnosis import DEFAULT_FIRST_STEP, StepProfiler
+    from kernelguard.resolution import layer_types
+    from kernelguard.train import peak_flops
 
     device = next((p.device for p in model.parameters()), None)
     if first is None:
@@ -360,7 +360,7 @@ class KernelGuardCallback(TrainerCallback):  # type: ignore[misc]
     default: from step 10 on a GPU, off on a CPU-only run; 0 turns it off); rank 0's figures and verdict go to
     ``log_history`` under ``"kernelguard_profile"``. ``first_row_probe`` (default True): the first packed batch's
     first examples also run alone, once, and a decoder layer whose outputs differ stops training
-    (:mod:`kernelguard.equivalence`).
+    (:mod:`kernelguard.runtime.equivalence`).
     """
 
     def __init__(

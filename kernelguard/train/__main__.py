@@ -52,7 +52,7 @@ def _fail(
     error: BaseException | None = None,
 ) -> int:
     """Report an error once: through the launcher's record file in a launched rank, else on rank 0."""
-    from kernelguard.report import wrap_message
+    from kernelguard.stack import wrap_message
 
     from .launch import write_rank_error, write_torchelastic_error
 
@@ -81,11 +81,11 @@ def main(argv: list[str] | None = None) -> int:
             print_rank0(line)
         _leave(EXIT_PREEMPTED)
 
-    from kernelguard.interrupts import startup_interrupts
+    from kernelguard.errors import startup_interrupts
 
     previous = None
     try:  # everything inside: a signal can arrive during any import
-        # Ctrl-C, for the same reason as SIGTERM (kernelguard.interrupts); one line per job, from rank 0
+        # Ctrl-C, for the same reason as SIGTERM (kernelguard.errors.interrupts); one line per job, from rank 0
         with startup_interrupts(None if launched or not is_rank0() else _INTERRUPTED_LINE):
             # Before the handler exists: an import inside a signal handler can meet a half-imported module. Under
             # plain torchrun, a rank its agent stops (another failed first) then names itself in torchrun's table.
@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                 previous = signal.signal(signal.SIGTERM, stop)
             except ValueError:  # not the main thread (an embedding caller): its own handlers stand
                 previous = None
-            if launched:  # the launcher started this rank with Ctrl-C held (kernelguard.interrupts)
-                from kernelguard.interrupts import release_held_interrupts
+            if launched:  # the launcher started this rank with Ctrl-C held (kernelguard.errors.interrupts)
+                from kernelguard.errors import release_held_interrupts
 
                 release_held_interrupts()
             return _main(argv)
@@ -175,7 +175,7 @@ def _with_corrected_command(error: Exception, argv: list[str]) -> Exception:
     ``--data`` file) gets, as its fix, this whole command with that value replaced: a line that pastes."""
     import shlex
 
-    from kernelguard.paste import with_value_replaced
+    from kernelguard.resolution import with_value_replaced
 
     details = getattr(error, "details", {})
     old, new = details.get("replace", (None, None))
@@ -245,7 +245,7 @@ def _early_checks(cfg: Any, *, launching: bool) -> None:
 def _train(cfg: Any) -> int:
     import torch.distributed as dist
 
-    from kernelguard.interrupts import end_startup_interrupts
+    from kernelguard.errors import end_startup_interrupts
 
     from .common.logs import setup_logging
     from .common.ranks import on_main
@@ -373,7 +373,7 @@ def _stage_printer() -> Any:
 
 def _describe(hf_config: Any) -> str:
     """``qwen3_5_moe_text, 60 layers, hidden 4096, vocab 248,320, 512 experts``: what is being sized."""
-    from kernelguard.geometry import text_config
+    from kernelguard.resolution import text_config
 
     text = text_config(hf_config)
     parts = [str(getattr(text, "model_type", "?"))]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, ConfigError
-from kernelguard.interrupts import children_start_with_interrupts_held, end_startup_interrupts
+from kernelguard.errors import children_start_with_interrupts_held, end_startup_interrupts
 
 from . import failures
 from .common.atomic_file import write_text_atomically
@@ -186,7 +186,7 @@ def _report_signal(sigval: signal.Signals, folder: Path, output: Path | None) ->
 
 @contextlib.contextmanager
 def _ranks_start_with_interrupts_held() -> Iterator[None]:
-    """Each rank starts with Ctrl-C held until its handler is in place (kernelguard.interrupts): one that
+    """Each rank starts with Ctrl-C held until its handler is in place (kernelguard.errors.interrupts): one that
     reached a rank still importing kernelguard ended it in a KeyboardInterrupt traceback under the launcher's
     line. torchelastic starts every rank through ``SubprocessHandler._popen``; where a torch lacks it, ranks
     start as before."""

@@ -54,8 +54,8 @@ def stopped_lines(output: Any, how: str) -> list[str]:
 
 def _fitted(command: str) -> str:
     """The command for a person's terminal, broken with ` \\` so it still pastes; whole in a log."""
-    from kernelguard.paste import command_lines
-    from kernelguard.report import read_by_a_person, terminal_width
+    from kernelguard.resolution import command_lines
+    from kernelguard.stack import read_by_a_person, terminal_width
 
     return "\n".join(command_lines(command, terminal_width())) if read_by_a_person() else command
 

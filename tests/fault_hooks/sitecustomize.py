@@ -20,10 +20,12 @@ ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
 - ``ctrl-c-as-a-rank-imports-kernelguard``: Ctrl-C (SIGINT to the whole process group, as a terminal sends it)
   at the moment a launched rank 0 imports kernelguard's train module, before any of its own code runs.
 - ``signal-as-the-cli-imports:SIG``: SIGINT or SIGTERM to this process as the command line's modules begin to
-  import (``kernelguard.report``), before any command's own handler exists.
-- ``rank-0-stalls-at-start``: rank 0 of a torchrun launch stops at its first import once kernelguard's SIGTERM
-  handler is in place (before its inputs are read) and waits there until the agent stops it: the other rank fails
-  first, for sure.
+  import (``kernelguard.stack.report``), before any command's own handler exists.
+- ``ranks-meet-at-start``: each rank of a torchrun launch, at its first import once kernelguard's SIGTERM
+  handler is in place (before its inputs are read), waits there until every rank got that far: a rank the agent
+  stops later always has its handler (the first ~0.1 s of an interpreter, before any kernelguard code, is not
+  what the tests are about). ``ranks-meet-at-start-then-rank-0-stalls``: rank 0 then waits until the agent stops
+  it, so the other rank fails first, for sure.
 - ``steady-steps``: not a fault but a fixed clock: the step profiler's clock ticks 0.1 s per read, so every step
   takes the same time and the profiled windows' schedule (three steady steps first) does not depend on the load
   of the machine running the test (tests/test_profiling.py).
@@ -34,6 +36,7 @@ from __future__ import annotations
 import os
 import signal  # here, not in find_spec: an import there would call find_spec again
 import sys
+import time
 
 _FAULT = os.environ.get("KERNELGUARD_FAULT", "")
 
@@ -147,18 +150,28 @@ class _SignalAsTheCliImports:
         self.sig = getattr(signal, sig)
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
-        if name == "kernelguard.report" and "LOCAL_RANK" not in os.environ:
+        if name == "kernelguard.stack.report" and "LOCAL_RANK" not in os.environ:
             sys.meta_path.remove(self)
             os.kill(os.getpid(), self.sig)
 
 
-class _Rank0StallsAtStart:
+class _RanksMeetAtStart:
+    def __init__(self, rank_0_stalls: bool) -> None:
+        self.rank_0_stalls = rank_0_stalls
+
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
-        handler = signal.getsignal(signal.SIGTERM)
-        if os.environ.get("RANK") == "0" and getattr(handler, "__qualname__", "") == "main.<locals>.stop":
-            sys.meta_path.remove(self)
-            while True:  # the agent's SIGTERM ends it, through kernelguard's handler
-                signal.pause()
+        if getattr(signal.getsignal(signal.SIGTERM), "__qualname__", "") != "main.<locals>.stop":
+            return
+        sys.meta_path.remove(self)
+        folder = os.path.join("/tmp", f"kernelguard-fault-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}")
+        os.makedirs(folder, exist_ok=True)
+        rank = os.environ.get("RANK", "0")
+        open(os.path.join(folder, rank), "w").close()  # noqa: SIM115
+        deadline = time.monotonic() + 120
+        while len(os.listdir(folder)) < int(os.environ.get("WORLD_SIZE", "1")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        while self.rank_0_stalls and rank == "0":  # the agent's SIGTERM ends it, through kernelguard's handler
+            signal.pause()
 
 
 def _enospc_file(name: str) -> None:
@@ -203,8 +216,8 @@ elif _FAULT.startswith("signal-as-the-cli-imports:"):
     sys.meta_path.insert(0, _SignalAsTheCliImports(_FAULT.split(":", 1)[1]))
 elif _FAULT == "ctrl-c-as-a-rank-imports-kernelguard":
     sys.meta_path.insert(0, _CtrlCAsARankImportsKernelguard())
-elif _FAULT == "rank-0-stalls-at-start":
-    sys.meta_path.insert(0, _Rank0StallsAtStart())
+elif _FAULT.startswith("ranks-meet-at-start"):
+    sys.meta_path.insert(0, _RanksMeetAtStart(_FAULT.endswith("then-rank-0-stalls")))
 elif _FAULT == "export":
     _export_disk_full()
 elif _FAULT == "export-slow":

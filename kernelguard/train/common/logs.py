@@ -50,7 +50,7 @@ class _Fitted(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        from kernelguard.report import fit_line, read_by_a_person, terminal_width
+        from kernelguard.stack import fit_line, read_by_a_person, terminal_width
 
         if not read_by_a_person():
             return text

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError, DataError
-from kernelguard.packed_batch import IGNORE_INDEX
+from kernelguard.resolution import IGNORE_INDEX
 
 from .. import chat_templates
 from ..chat_templates import TemplateChoice

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kernelguard.errors import ConfigError, DataError
-from kernelguard.packed_batch import IGNORE_INDEX
+from kernelguard.resolution import IGNORE_INDEX
 
 from .. import chat_templates
 from ..chat_templates import GENERATION, NO_TEMPLATE, TemplateChoice

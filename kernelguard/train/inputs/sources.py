@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
-from kernelguard.file_kinds import dangling_link, saved_dataset
-from kernelguard.install import extra_command
+from kernelguard.resolution import dangling_link, saved_dataset
+from kernelguard.resolution import extra_command
 
 from .rows import Row, data_error
 

@@ -77,7 +77,7 @@ class BuiltModel:
 def choose_attention(choice: str, device: torch.device, *, padded: bool = False) -> str:
     """``auto``: torch's varlen attention when this device has it, else sdpa; ``varlen`` insists on it.
     Padded batches (``--packing none``) carry an attention mask, which the varlen path does not take: sdpa."""
-    from kernelguard.attention import VARLEN_NAME, register_varlen_attention
+    from kernelguard.runtime import VARLEN_NAME, register_varlen_attention
 
     name = register_varlen_attention(device_type=device.type)
     if padded and choice in ("auto", "varlen"):
@@ -247,7 +247,7 @@ def prepare_training(
     layout = built.layout = resolve_step_layout(cfg, info)
     _log(info, layout.line)
     if info.device.type == "cuda":  # fla's autotune choices recorded for this stack: no minutes of search at start
-        from kernelguard.fla_autotune import pin_for_this_gpu
+        from kernelguard.resolution import pin_for_this_gpu
 
         _log(info, pin_for_this_gpu())
     if layout.compile:

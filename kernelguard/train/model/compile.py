@@ -7,7 +7,7 @@ trace a checkpoint region with a graph break in it, so a compiled checkpoint wra
 
 Opaque (``torch.compiler.disable``): every hub-wrapped kernel a layer calls through a module-level name of its
 modeling file (fla's ``chunk_gated_delta_rule``, causal-conv1d's ``causal_conv1d_fn``, ... as found by
-:mod:`kernelguard.discovery`, so no model list) and the registered attention function. They are Triton / CUDA
+:mod:`kernelguard.resolution.discovery`, so no model list) and the registered attention function. They are Triton / CUDA
 extension calls with their own autotuning and varlen arguments: dynamo gains nothing inside them, and tracing
 their Python (or kernelguard's tripwire, which reads the caller's frames) breaks or slows the compile. What is
 compiled is everything around them: projections, norms, gates, the MLP, their fusion. Measured on one H200
@@ -74,7 +74,7 @@ def _modeling_modules(model: Any) -> list[ModuleType]:
 def _kernel_call_sites(module: ModuleType) -> list[str]:
     """The module-level names through which the module's layers call hub-wrapped kernels (discovery reads
     the ``use_kernel_func_from_hub_with_fallback`` decorators of its source)."""
-    from kernelguard.transformers_compat import call_sites
+    from kernelguard.resolution import call_sites
 
     return [req.call_site for req in call_sites(module) if callable(vars(module).get(req.call_site))]
 

@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from kernelguard.catalog import is_decode_only
+from kernelguard.resolution import is_decode_only
 from kernelguard.errors import ConfigError
-from kernelguard.geometry import text_config
+from kernelguard.resolution import text_config
 
 __all__ = ["DTYPE_BYTES", "PROBE_ATTENTION", "ActivationProbe", "build_probe_model", "measure_activations"]
 
@@ -266,7 +266,7 @@ def _register_probe_attention() -> None:
 @contextmanager
 def _kernel_stand_ins(model: Any) -> Iterator[list[str]]:
     """Point the modeling module's kernel call sites (from the catalog) at the stand-ins, then restore them."""
-    from kernelguard.transformers_compat import call_sites
+    from kernelguard.resolution import call_sites
 
     module = sys.modules[type(model).__module__]
     notes: list[str] = []

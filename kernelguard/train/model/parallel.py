@@ -79,7 +79,7 @@ def model_source(model: str) -> tuple[Any, Path | None]:
     """(config, weights directory or None for random init) for a model directory or a config.json."""
     from transformers import AutoConfig
 
-    from kernelguard.file_kinds import dangling_link, file_kind
+    from kernelguard.resolution import dangling_link, file_kind
 
     path = Path(model)
     if path.is_file():

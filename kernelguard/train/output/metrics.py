@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
-from kernelguard.geometry import GdnDims, attention_dims, field, gdn_dims, layer_types, text_config
+from kernelguard.resolution import GdnDims, attention_dims, field, gdn_dims, layer_types, text_config
 
 from ..common.logs import logger
 from ..settings.config_rules import check_trackers
@@ -304,7 +304,7 @@ def plot_run_metrics(output: Path) -> str | None:
     """``OUTPUT/metrics.png`` from ``OUTPUT/metrics.jsonl``; the line to log when it could not be drawn. The model
     is exported by then: the plot is a convenience, so a failure (no matplotlib, a full disk) is said, not
     raised."""
-    from kernelguard.install import extra_command
+    from kernelguard.resolution import extra_command
 
     from ..common.write_errors import describe, disk_free
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kernelguard.diagnosis.profiler import DEFAULT_FIRST_STEP, StepProfiler
+from kernelguard.diagnosis import DEFAULT_FIRST_STEP, StepProfiler
 
 __all__: list[str] = [
     "first_profiled_step",
@@ -49,7 +49,7 @@ def step_profiler(
     """`kernelguard train`'s profiler for this rank (``cfg``: its TrainConfig, ``info``: its DistInfo): rank 0
     only. Without --profile-step: from step 10 on a GPU, never on a CPU-only run (no GPU to judge; asking for a
     trace asks for profiling)."""
-    from kernelguard.geometry import layer_types
+    from kernelguard.resolution import layer_types
 
     first = first_profiled_step(cfg, gpu=getattr(info.device, "type", None) == "cuda")
     return StepProfiler(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
-from kernelguard.install import extra_command
+from kernelguard.resolution import extra_command
 
 from .. import chat_templates
 from ..common.atomic_file import write_text_atomically
@@ -185,7 +185,7 @@ class PackingSection:
     first_row_probe: bool = setting(
         True,
         "run the first packed block's first examples alone too (no grad, once) and refuse when a decoder layer's "
-        "outputs differ from theirs: the packing checked by construction (kernelguard.equivalence)",
+        "outputs differ from theirs: the packing checked by construction (kernelguard.runtime.equivalence)",
     )
 
     def __post_init__(self) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
-from kernelguard.report import fit_lines, fit_usage, terminal_width
+from kernelguard.stack import fit_lines, fit_usage, terminal_width
 
 from .config import CONFIG_FILENAME, SECTIONS, TrainConfig, setting
 from .config_file import file_defaults, load_config_file
@@ -115,7 +115,7 @@ class _ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         # With one nearest name, the caller (train.__main__) puts the whole command line, corrected, as the fix.
-        from kernelguard.terms import usage_suggestion
+        from kernelguard.resolution import usage_suggestion
 
         said, replace, flag = usage_suggestion(message, self._option_string_actions)
         details = {"replace": replace, "flag": flag} if replace else {}

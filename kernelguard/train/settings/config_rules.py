@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
-from kernelguard.install import extra_command
+from kernelguard.resolution import extra_command
 
 from .packing_modes import PACKING_MODES
 

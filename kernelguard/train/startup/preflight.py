@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import CheckpointError, ConfigError
-from kernelguard.geometry import estimated_params
+from kernelguard.resolution import estimated_params
 
 from ..inputs.identity import (
     RUN_FILE,
@@ -333,8 +333,8 @@ def _safetensors_params(path: Path) -> int | None:
 
 def _over_segment_limit(counts: list[int], config: Any) -> tuple[int, int, list[tuple[int, int]]] | None:
     """(limit, value heads, over-limit blocks as (index, segments)) when a block passes fla < 0.6.0's limit."""
-    from kernelguard.geometry import gdn_dims
-    from kernelguard.known_issues import FLA_1077_GRID_LIMIT
+    from kernelguard.resolution import gdn_dims
+    from kernelguard.resolution import FLA_1077_GRID_LIMIT
 
     dims = gdn_dims(config)
     if dims is None or not counts:
@@ -356,9 +356,9 @@ def check_packed_segments(counts: list[int], *, config: Any, fla_version: str | 
     a block with more than 65,535 // HV segments fails at its first step. Refused here, before step 1."""
     from packaging.version import InvalidVersion, Version
 
-    from kernelguard.env import distribution_version
+    from kernelguard.resolution import distribution_version
     from kernelguard.errors import GuardRefused
-    from kernelguard.known_issues import by_id
+    from kernelguard.resolution import by_id
 
     issue = by_id("fla-1077-too-many-segments")
     version = fla_version or distribution_version("fla-core") or distribution_version("flash-linear-attention")
@@ -390,13 +390,13 @@ def check_image_lock(lock: str | None, policy: Any) -> None:
     the image's lock is refused (exit 3) with one line per difference; so is one where the lock's check fails.
     The run's --allow items are compared with the lock's: the guard will run with them."""
     from kernelguard.errors import GuardRefused, LockMismatch
-    from kernelguard.gate import check_lock
+    from kernelguard.runtime import check_lock
 
     try:
         result = check_lock(lock, allow=policy)  # the run's own --allow: it must be the lock's
     except LockMismatch as e:
         raise GuardRefused(str(e)) from e
     if result is not None and not result.ok:
-        from kernelguard.report import render
+        from kernelguard.stack import render
 
         raise GuardRefused(render(result))

@@ -109,7 +109,7 @@ MAX_LAYERS = 1024
 
 def check_model_size(config: Any, *, model: str) -> None:
     """Refuse a layer count no model has (num_hidden_layers above :data:`MAX_LAYERS`) before building it."""
-    from kernelguard.geometry import text_config
+    from kernelguard.resolution import text_config
 
     layers = getattr(text_config(config), "num_hidden_layers", None)
     if isinstance(layers, int) and layers > MAX_LAYERS:
@@ -149,7 +149,7 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
 
 def no_tokenizer_error(cfg: Any, tokenizer: Path) -> ConfigError:
     """The refusal for a --tokenizer (or tokenizer-less --model) that is no local folder; nothing is downloaded."""
-    from kernelguard.file_kinds import dangling_link
+    from kernelguard.resolution import dangling_link
 
     broken = dangling_link(tokenizer)
     what = "is a file" if tokenizer.is_file() else (f"is a symbolic link to {broken.split(' to ', 1)[1]}"
@@ -188,7 +188,7 @@ def check_flags(cfg: Any) -> None:
     """Flags that need something the settings alone do not say: Liger for --fused-norms, an eval set for
     --eval-every; --allow items that exist (a typo is refused here, with the nearest name, not after torch is
     imported). (A profiled step within --max-steps: check_profile_window, after check_paths.)"""
-    from kernelguard.policy import AllowPolicy
+    from kernelguard.resolution import AllowPolicy
 
     AllowPolicy.parse(cfg.runtime.allow, source="--allow")
     if cfg.runtime.fused_norms:

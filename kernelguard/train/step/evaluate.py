@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kernelguard.packed_batch import IGNORE_INDEX
+from kernelguard.resolution import IGNORE_INDEX
 
 from ..settings.packing_modes import PACKED
 from .packing import build_batch, pack_best_fit_decreasing

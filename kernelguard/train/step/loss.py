@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernelguard.packed_batch import IGNORE_INDEX
+from kernelguard.resolution import IGNORE_INDEX
 
-from ...errors import ConfigError
+from kernelguard.errors import ConfigError
 
 DEFAULT_CHUNK_TOKENS = 4096
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from kernelguard.packed_batch import BOUNDARY_KEYWORDS, IGNORE_INDEX
+from kernelguard.resolution import BOUNDARY_KEYWORDS, IGNORE_INDEX
 
 from ..settings.packing_modes import NAIVE, NO_BOUNDARIES, NO_PACKING, PACKED, PACKING_MODES
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from kernelguard.errors import DataError
-from kernelguard.packed_batch import IGNORE_INDEX
+from kernelguard.resolution import IGNORE_INDEX
 
 from ..common.ranks import DistInfo, sync_replicated_grads
 from .grad_norm import clip_divisor, clip_gradients, clip_gradients_, gradient_norm

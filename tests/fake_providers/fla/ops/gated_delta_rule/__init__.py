@@ -35,7 +35,7 @@ def _resolve_reference(name: str) -> Callable[..., Any]:
     # The undecorated torch function, never transformers' (or kernelguard's) wrapper. With an in-window
     # `kernels` (transformers 5.17 + kernels 0.16) the module attribute is a kernels Func module that
     # dispatches back to *this* fake: read the torch function out of the decorator's closure instead.
-    from kernelguard.transformers_compat import unpack_closure
+    from kernelguard.resolution.transformers_compat import unpack_closure
 
     obj = getattr(modeling_qwen3_5, name)
     for candidate in (obj, inspect.unwrap(obj)):  # also behind a wrapper of our own (compile's opaque)

@@ -1,0 +1,114 @@
+"""How a transformers layer calls a kernel, read from its modeling file with :mod:`ast` (never imported).
+
+The companion of :mod:`kernelguard.resolution.transformers_compat` (which reads what the decorator bound): what a replacement
+for the kernel must accept (``check --hub``), and whether the layer hands the kernel its example boundaries
+(:mod:`kernelguard.runtime.boundaries`).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CallShape", "Parameter", "call_shape", "clear_caches", "reference_parameters"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallShape:
+    """How a layer's forward calls a kernel: what a replacement (a Hub layer's forward) must accept."""
+
+    function: str  # the module-level name called, e.g. "torch_chunk_gated_delta_rule"
+    positional: int  # positional arguments passed
+    keywords: tuple[str, ...]  # keyword arguments passed by name
+    popped: tuple[str, ...] = ()  # batch keywords the call takes out of **kwargs for its own keywords
+    spreads: bool = False  # the call passes the layer's **kwargs on (the batch's packed-sequence keywords)
+
+    def describe(self) -> str:
+        parts = [f"{self.positional} positional"] + [f"{k}=" for k in self.keywords]
+        return f"{self.function}({', '.join(parts + (['**kwargs'] if self.spreads else []))})"
+
+
+@functools.lru_cache(maxsize=64)
+def call_shape(source: str, call_site: str) -> CallShape | None:
+    """The first call of ``call_site`` inside a ``forward`` of the modeling file ``source``, else inside a
+    module-level function a ``forward`` calls (transformers 5.25 calls ``causal_conv1d_fn`` from
+    ``causal_conv1d_forward``, a kernels Func whose function is its module's forward), read with ast (the module
+    is not imported); None when there is none."""
+    try:
+        tree = ast.parse(Path(source).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    callers = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "forward"]
+    seen: set[str] = set()
+    while callers:  # breadth first: a forward's own call wins over one in a helper it calls
+        called: list[ast.FunctionDef] = []
+        for function in callers:
+            for node in ast.walk(function):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+                    continue
+                if node.func.id == call_site:
+                    return _shape_of(node, call_site)
+                if node.func.id in helpers and node.func.id not in seen:
+                    seen.add(node.func.id)
+                    called.append(helpers[node.func.id])
+        callers = called
+    return None
+
+
+def _shape_of(node: ast.Call, name: str) -> CallShape:
+    popped = tuple(
+        str(kw.value.args[0].value) for kw in node.keywords
+        if kw.arg is not None and isinstance(kw.value, ast.Call) and isinstance(kw.value.func, ast.Attribute)
+        and kw.value.func.attr == "pop" and kw.value.args and isinstance(kw.value.args[0], ast.Constant)
+    )
+    return CallShape(
+        function=name,
+        positional=sum(1 for a in node.args if not isinstance(a, ast.Starred)),
+        keywords=tuple(kw.arg for kw in node.keywords if kw.arg is not None),
+        popped=popped,
+        spreads=any(kw.arg is None for kw in node.keywords),
+    )
+
+
+
+
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    """One parameter of a module-level function, as :class:`inspect.Parameter` would describe it."""
+
+    name: str
+    kind: str  # an inspect.Parameter kind's name: POSITIONAL_ONLY, POSITIONAL_OR_KEYWORD, VAR_POSITIONAL, ...
+    has_default: bool
+
+
+@functools.lru_cache(maxsize=64)
+def reference_parameters(source: str, function: str) -> tuple[Parameter, ...] | None:
+    """The parameters of the module-level ``def function`` in the modeling file ``source`` (the torch reference a
+    Hub layer replaces: kernels compares the layer's ``forward`` with it), read with ast; None when absent."""
+    try:
+        tree = ast.parse(Path(source).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    found = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function), None)
+    if found is None:
+        return None
+    args = found.args
+    positional = [*args.posonlyargs, *args.args]
+    first_default = len(positional) - len(args.defaults)
+    params = [Parameter(a.arg, "POSITIONAL_ONLY" if a in args.posonlyargs else "POSITIONAL_OR_KEYWORD",
+                        i >= first_default) for i, a in enumerate(positional)]
+    if args.vararg is not None:
+        params.append(Parameter(args.vararg.arg, "VAR_POSITIONAL", False))
+    params += [Parameter(a.arg, "KEYWORD_ONLY", d is not None) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    if args.kwarg is not None:
+        params.append(Parameter(args.kwarg.arg, "VAR_KEYWORD", False))
+    return tuple(params)
+
+
+def clear_caches() -> None:
+    """Forget the parsed call shapes (kernelguard.runtime.registry.reset() calls this)."""
+    call_shape.cache_clear()
+    reference_parameters.cache_clear()

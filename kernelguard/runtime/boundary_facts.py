@@ -1,0 +1,126 @@
+"""What a model's layers can be given to keep a packed row's examples apart: read once, when the guard arms.
+
+Per GDN kernel, the boundary keyword transformers feeds it (``cu_seq_lens_q`` -> ``cu_seqlens`` for the
+gated-delta kernels, ``seq_idx`` for the conv) and whether the implementation transformers bound takes it; the
+attention layers and their implementation; the decoder stacks where a batch's keywords reach those layers.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kernelguard.resolution import transformers_calls
+from kernelguard.resolution import transformers_compat as compat
+from kernelguard.resolution import is_decode_only
+from kernelguard.runtime.layer_guard import is_attention_layer
+from kernelguard.resolution import AllowPolicy
+
+__all__ = ["BOUNDARY_PARAMS", "GdnBoundaries", "decoder_stacks", "gdn_boundaries"]
+
+# Kernel -> (the kernel's boundary parameter, the batch keyword transformers feeds it from).
+BOUNDARY_PARAMS: dict[str, tuple[str, str]] = {
+    "chunk_gated_delta_rule": ("cu_seqlens", "cu_seq_lens_q"),
+    "fused_recurrent_gated_delta_rule": ("cu_seqlens", "cu_seq_lens_q"),
+    "chunk_kda": ("cu_seqlens", "cu_seq_lens_q"),
+    "fused_recurrent_kda": ("cu_seqlens", "cu_seq_lens_q"),
+    "causal_conv1d_fn": ("seq_idx", "seq_idx"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GdnBoundaries:
+    """What the GDN layers of one model can be given: per batch keyword, whether every kernel fed from it
+    accepts it, and why not. ``layers`` are the GDN layer paths, first one first; ``attention`` the attention
+    layer paths and ``attention_impl`` their implementation (``config._attn_implementation``)."""
+
+    layers: tuple[str, ...]
+    # batch keyword ("cu_seq_lens_q" / "seq_idx") -> (kernel parameter, None when accepted, else the reason)
+    feeds: dict[str, tuple[str, str | None]]
+    attention: tuple[str, ...] = ()
+    attention_impl: str | None = None
+
+
+def _accepts(closure: compat.FallbackClosure, param: str, policy: AllowPolicy) -> str | None:
+    """None when the implementation transformers calls takes ``param``; else why it does not. A torch reference
+    the policy refuses counts as taking it: its tripwire refuses the call first, with the install fix."""
+    hub = compat.hub_func(closure)
+    if hub is None and closure.is_torch_reference:
+        if not policy.allows_site(closure.kernel, compat.import_failure(closure).issues):
+            return None
+        return f"`{closure.kernel}` runs its torch reference, which ignores `{param}`"
+    impl = hub.forward if hub is not None else closure.implementation
+    try:
+        params = inspect.signature(impl).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: it gets what the layer passes
+        return None
+    if param in params:
+        return None
+    # transformers' wrapper passes only the parameters named in the signature; a Hub layer gets every keyword.
+    if hub is not None and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    where = hub or f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}"
+    return f"`{closure.kernel}` -> {where} has no `{param}` parameter"
+
+
+def _layer_passes(site: compat.GlobalSite, param: str) -> str | None:
+    """None when the layer's call of the kernel hands it ``param`` (by name, or through ``**kwargs`` when the
+    batch keyword has the same name); else why not. Read from the modeling source; unreadable: assumed passed."""
+    source = getattr(sys.modules.get(site.module), "__file__", None)
+    shape = transformers_calls.call_shape(source, site.name) if source else None
+    if shape is None or param in shape.keywords:
+        return None
+    keyword = BOUNDARY_PARAMS[site.closure.kernel][1]
+    if shape.spreads and keyword == param:
+        return None
+    return f"transformers' layer does not pass `{param}` to `{site.closure.kernel}`"
+
+
+def gdn_boundaries(layers: Iterable[tuple[str, Any]], policy: AllowPolicy, *, mode: str = "training") -> GdnBoundaries:
+    """The boundary facts of the GDN and attention layers among ``layers`` ((path, module) pairs), under
+    ``policy``."""
+    paths: list[str] = []
+    attention: list[str] = []
+    impl: str | None = None
+    feeds: dict[str, tuple[str, str | None]] = {}
+    for path, module in layers:
+        if is_attention_layer(module):
+            attention.append(path)
+            config = getattr(module, "config", None)
+            impl = impl or str(getattr(config, "_attn_implementation", None) or "eager")
+        sites = [s for s in compat.layer_global_sites(module) if s.closure.kernel in BOUNDARY_PARAMS]
+        sites = [s for s in sites if mode == "inference" or not is_decode_only(s.closure.kernel)]
+        if not sites:
+            continue
+        paths.append(path)
+        for site in sites:
+            param, keyword = BOUNDARY_PARAMS[site.closure.kernel]
+            why = _layer_passes(site, param) or _accepts(site.closure, param, policy)
+            if keyword not in feeds or (why is not None and feeds[keyword][1] is None):
+                feeds[keyword] = (param, why)
+    return GdnBoundaries(tuple(paths), feeds, tuple(attention), impl)
+
+
+_LAYER_INDEX = re.compile(r"\.\d+(?:\.|$)")
+
+
+def decoder_stacks(model: Any, paths: Iterable[str]) -> list[tuple[str, Any]]:
+    """The modules whose numbered ``layers`` hold ``paths`` (``model.layers.3.linear_attn`` -> ``model``): where a
+    batch's position ids, mask and boundary keywords reach every GDN and attention layer, whichever entry point
+    was called. ``model`` itself when a path has no numbered layer (a bare layer was guarded)."""
+    found: dict[str, Any] = {}
+    for path in paths:
+        match = _LAYER_INDEX.search(path)
+        if match is None:
+            return [("", model)]
+        holder = path[: match.start()].rsplit(".", 1)[0] if "." in path[: match.start()] else ""
+        if holder not in found:
+            try:
+                found[holder] = model.get_submodule(holder) if holder else model
+            except AttributeError:  # a path named after the root's class: the root holds the layers
+                found[holder] = model
+    return list(found.items()) or [("", model)]
