@@ -44,20 +44,19 @@ __all__ = [
 _LAZY = {"check": "stack", "require": "stack", "guard": "runtime", "inspect": "runtime"}
 
 
-def lazy_face(package: str, offers: dict[str, str]) -> Callable[[str], Any]:
-    """The ``__getattr__`` of a room's face: ``offers`` maps each name the room offers to the module of the room
-    that defines it (``"module:"``: that module itself), imported on first use, so importing a face costs
-    nothing. Nothing is cached here: the next lookup sees whatever the defining module holds then (a test's
-    monkeypatch included). A name of a submodule is never offered: importing it would bind the module there."""
+def lazy_face(package: str, offers: dict[str, tuple[str, ...]]) -> Callable[[str], Any]:
+    """The ``__getattr__`` of a room's face: ``offers`` maps each module of the room to the names it offers, each
+    imported on first use, so importing a face costs nothing. Nothing is cached here: the next lookup sees
+    whatever the defining module holds then (a test's monkeypatch included). A name of a submodule is never
+    offered: importing that submodule would bind it on the package in the name's place."""
+    where = {name: module for module, names in offers.items() for name in names}
 
     def __getattr__(name: str) -> Any:
-        where = offers.get(name)
-        if where is None:
+        if name not in where:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         from importlib import import_module
 
-        module = import_module(f"{package}.{where.removesuffix(':')}")
-        return module if where.endswith(":") else getattr(module, name)
+        return getattr(import_module(f"{package}.{where[name]}"), name)
 
     return __getattr__
 

@@ -88,7 +88,8 @@ def imports(package: Path, name: str, path: Path) -> Iterator[Import]:
 
 
 def offers(package: Path, face: str) -> tuple[dict[str, str], list[str]]:
-    """A face's ``_OFFERS`` (name -> module of its room, "module:" for a module offered itself) and ``__all__``."""
+    """A face's offers as name -> the module of its room that defines it (its ``_OFFERS``, module -> names; the
+    package's own ``_LAZY``, name -> room) and its ``__all__``."""
     path = package.joinpath(*face.split(".")) / "__init__.py" if face else package / "__init__.py"
     table: dict[str, str] = {}
     names: list[str] = []
@@ -98,7 +99,9 @@ def offers(package: Path, face: str) -> tuple[dict[str, str], list[str]]:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
-                if isinstance(target, ast.Name) and target.id in ("_OFFERS", "_LAZY") and node.value is not None:
+                if isinstance(target, ast.Name) and target.id == "_OFFERS" and node.value is not None:
+                    table = {n: module for module, names in ast.literal_eval(node.value).items() for n in names}
+                elif isinstance(target, ast.Name) and target.id == "_LAZY" and node.value is not None:
                     table = ast.literal_eval(node.value)
                 elif isinstance(target, ast.Name) and target.id == "__all__" and node.value is not None:
                     names = list(ast.literal_eval(node.value))
@@ -113,11 +116,8 @@ def defining_module(package: Path, face: str, name: str) -> str | None:
     table, _ = offers(package, face)
     if name not in table:
         return None
-    value = table[name]
-    inner = value.removesuffix(":")
-    full = f"{face}.{inner}" if face else inner
-    # the root's table names faces, whose own offers say where the name lives
-    if not value.endswith(":") and is_module(package, full) and (package.joinpath(*full.split(".")) / "__init__.py").is_file():
+    full = f"{face}.{table[name]}" if face else table[name]
+    if (package.joinpath(*full.split(".")) / "__init__.py").is_file():  # the package's _LAZY names a room's face
         return defining_module(package, full, name) or full
     return full
 

@@ -20,8 +20,6 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from kernelguard.train.model.build import BuiltModel, make_optimizer
-from kernelguard.train.settings.config import OptimizerSection
-from kernelguard.train.output.export import export_run
 from kernelguard.train.model.parallel import (
     apply_fsdp,
     build_meta_model,
@@ -30,8 +28,10 @@ from kernelguard.train.model.parallel import (
     mixed_precision,
     model_source,
 )
-from kernelguard.train.step.step import clip_gradients, forward_backward
 from kernelguard.train.model.weights import load_weights, plan_weights
+from kernelguard.train.output.export import export_run
+from kernelguard.train.settings.config import OptimizerSection
+from kernelguard.train.step.step import clip_gradients, forward_backward
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -56,17 +56,23 @@ def test_every_face_says_what_it_is_and_offers_what_its_modules_define() -> None
             wrong.append(f"{room}/__init__.py has no docstring")
         table, offered = rules.offers(PACKAGE, room)
         for name, where in table.items():
-            module = f"{room}.{where.removesuffix(':')}"
+            module = f"{room}.{where}"
             if rules.is_module(PACKAGE, f"{room}.{name}"):
                 wrong.append(f"{room} offers {name}, also the name of its module (importing it would replace it)")
-            if where.endswith(":"):
-                if not rules.is_module(PACKAGE, module):
-                    wrong.append(f"{room} offers the module {module}, which does not exist")
-            elif name not in _defined(module):
+            if name not in _defined(module):
                 wrong.append(f"{room} offers {name} from {module}, which does not define it")
             if name not in offered:
                 wrong.append(f"{room} offers {name} but leaves it out of __all__")
+        if table and _typed(tree) != {(f".{where}", name) for name, where in table.items()}:
+            wrong.append(f"{room}/__init__.py: the names under TYPE_CHECKING are not exactly its offers")
     assert wrong == []
+
+
+def _typed(tree: ast.Module) -> set[tuple[str, str]]:
+    """(module, name) of each import under a face's ``if TYPE_CHECKING:``, what type checkers read."""
+    blocks = [n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING"]
+    return {("." * i.level + (i.module or ""), a.name) for b in blocks for i in b.body
+            if isinstance(i, ast.ImportFrom) for a in i.names}
 
 
 def _defined(module: str) -> set[str]:
@@ -193,3 +199,18 @@ def test_no_train_stage_imports_a_stage_above_it() -> None:
             if stage is not None and own is not None and stage > own:
                 upward.append(f"{name} ({STAGES[own]}) imports {imported} ({STAGES[stage]})")
     assert upward == [], "a train/ stage imports only from its own stage or a lower one (ARCHITECTURE.md)"
+
+
+def test_the_packed_rows_keywords_are_spelled_only_in_their_home() -> None:
+    """``resolution/packed_batch.py`` spells the boundary keywords once; everything else uses its names, so a
+    keyword transformers renames is one edit, and no reader can check a name the builder never writes."""
+    from kernelguard.resolution import BOUNDARY_KEYWORDS
+
+    home = PACKAGE / "resolution" / "packed_batch.py"
+    spelled = sorted(
+        f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}"
+        for path in PACKAGE.rglob("*.py") if path != home
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and node.value in BOUNDARY_KEYWORDS
+    )
+    assert spelled == []

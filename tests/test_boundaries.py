@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from kernelguard.errors import ConfigError, PackedWithoutBoundariesError
-from kernelguard.runtime.model_guard import guard, inspect
 from kernelguard.resolution.policy import AllowPolicy
+from kernelguard.runtime.model_guard import guard, inspect
 from kernelguard.runtime.registry import REGISTRY
 from kernelguard.runtime.segments import examples_per_row
 

@@ -13,6 +13,7 @@ import qwen_vocab
 import train_helpers as h
 
 from kernelguard.errors import ConfigError, DataError
+from kernelguard.resolution.packed_batch import IGNORE_INDEX
 from kernelguard.train import chat_templates
 from kernelguard.train.inputs.data import (
     chat_template_name,
@@ -21,7 +22,6 @@ from kernelguard.train.inputs.data import (
     set_chat_template,
     template_choice,
 )
-from kernelguard.resolution.packed_batch import IGNORE_INDEX
 
 TOOLS = [
     {

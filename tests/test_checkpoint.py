@@ -11,6 +11,7 @@ import pytest
 
 from kernelguard.errors import CheckpointError, ConfigError
 from kernelguard.train.output import checkpoint as ckpt
+
 SHARD = "__0_0.distcp"
 
 
@@ -193,9 +194,9 @@ def test_export_keeps_the_source_folders_generation_config(
     generation = {"eos_token_id": [3, 7], "temperature": 0.6, "do_sample": True}
     if has_generation_config:
         (source / "generation_config.json").write_text(json.dumps(generation))
+    from kernelguard.train.common.ranks import DistInfo
     from kernelguard.train.model.build import BuiltModel
     from kernelguard.train.output.export import export_run
-    from kernelguard.train.common.ranks import DistInfo
 
     model = tiny_models.tiny_model("qwen3_5")
     built = BuiltModel(model, model.config, None, "sdpa")

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from check_helpers import make_env, make_ext, make_pkg
 
-from kernelguard.resolution import catalog, discovery
-from kernelguard.stack.compose import CheckOptions, CheckResult
 from kernelguard.cli.env_report import from_result, render_env
+from kernelguard.resolution import catalog, discovery
 from kernelguard.resolution.facts import Facts, FlaBackend
 from kernelguard.resolution.resolver import Target, resolve
+from kernelguard.stack.compose import CheckOptions, CheckResult
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "lock.md"
 MARKED = re.compile(r"(<!-- env-output -->\n)(.*?)(\n<!-- /env-output -->)", re.DOTALL)

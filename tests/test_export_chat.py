@@ -14,7 +14,11 @@ import pytest
 import train_helpers as h
 
 from kernelguard.train import chat_templates
-from kernelguard.train.output.inference_files import fill_special_token_ids, generation_config, inference_template
+from kernelguard.train.output.inference_files import (
+    fill_special_token_ids,
+    generation_config,
+    inference_template,
+)
 
 IM_END, PAD = h.SPECIALS.index("<|im_end|>"), h.SPECIALS.index("<|endoftext|>")
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import train_helpers as h
 
+from kernelguard.cli.export import main
 from kernelguard.train.output import checkpoint as ckpt
 from kernelguard.train.output.export import check_destination, many_shards_warning
-from kernelguard.cli.export import main
 
 FAULT_HOOKS = h.TESTS_DIR / "fault_hooks"
 
@@ -226,8 +226,8 @@ def test_a_run_that_would_export_many_small_files_is_told_at_its_start() -> None
     import tiny_models
     import torch
 
-    from kernelguard.train.output.export import export_shards_warning
     from kernelguard.train.model.parallel import build_meta_model
+    from kernelguard.train.output.export import export_shards_warning
 
     config = tiny_models.tiny_config("qwen3_5", num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2)
     built = types.SimpleNamespace(config=config, model=build_meta_model(config, attn_implementation="sdpa"),

@@ -18,12 +18,12 @@ import pytest
 from check_helpers import find, make_env, write_distribution
 from test_resolver import BASE, CHUNK, H200, TRAIN, qwen
 
-from kernelguard.stack.compose import CheckOptions, CheckResult
-from kernelguard.resolution.decisions import ACCEPTED, REJECTED, SELECTED
 from kernelguard.cli.env_report import from_result, render_env
+from kernelguard.resolution.decisions import ACCEPTED, REJECTED, SELECTED
 from kernelguard.resolution.facts import FlaBackend
 from kernelguard.resolution.known_issues import by_id
 from kernelguard.resolution.resolver import Target, resolve
+from kernelguard.stack.compose import CheckOptions, CheckResult
 from kernelguard.stack.stack_lock import build_lock, compare
 
 ROW = "flash-qla-wrong-grads"

@@ -15,8 +15,8 @@ import torch
 import train_helpers as h
 from safetensors import safe_open
 
-from kernelguard.train.output.export import tensor_dtype
 from kernelguard.train.model.parallel import FP32_PARAM_NAMES
+from kernelguard.train.output.export import tensor_dtype
 
 
 def test_export_dtype_keeps_the_decay_parameters_fp32() -> None:

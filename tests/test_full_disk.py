@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 import train_helpers as h
+
 from kernelguard.errors import CheckpointError, exit_code_for
 from kernelguard.train.common.atomic_file import write_text_atomically
 from kernelguard.train.common.run_folder_lock import LOCK_FILE, acquire

@@ -15,6 +15,8 @@ from torch import nn
 
 from kernelguard.errors import ConfigError
 from kernelguard.train.model import fused_norms
+
+
 def _types(model: nn.Module) -> dict[str, Any]:
     decided: dict[str, Any] = {}
     for module in model.modules():

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard.runtime import gate
 from kernelguard.errors import GuardRefused
 from kernelguard.resolution.policy import AllowPolicy
+from kernelguard.runtime import gate
 from kernelguard.stack.report import render
 
 CUDA = torch.device("cuda")

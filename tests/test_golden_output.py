@@ -19,11 +19,11 @@ import pytest
 from check_helpers import UNDEFINED_SYMBOL, make_env, make_ext, make_pkg
 
 from kernelguard.resolution import catalog, discovery
-from kernelguard.stack import report
-from kernelguard.stack.compose import CheckOptions, CheckResult
 from kernelguard.resolution.facts import Facts
 from kernelguard.resolution.policy import AllowPolicy
 from kernelguard.resolution.resolver import Target, resolve
+from kernelguard.stack import report
+from kernelguard.stack.compose import CheckOptions, CheckResult
 
 GOLDEN = Path(__file__).parent / "golden"
 WINDOW = ("0.18.2", "0.19.0")

@@ -16,9 +16,12 @@ import pytest
 import torch
 from check_helpers import COMMANDS
 
-from kernelguard.runtime import registry
-from kernelguard.resolution import transformers_compat as compat
 from kernelguard.errors import ConfigError, KernelFallbackError, UnsupportedTransformersError
+from kernelguard.resolution import transformers_compat as compat
+from kernelguard.resolution.policy import AllowPolicy
+from kernelguard.runtime import registry
+from kernelguard.runtime.import_hook import IMPORT_WATCHER
+from kernelguard.runtime.layer_guard import classify_closure
 from kernelguard.runtime.model_guard import (
     CallSite,
     GuardReport,
@@ -27,9 +30,6 @@ from kernelguard.runtime.model_guard import (
     fallback_events,
 )
 from kernelguard.runtime.model_guard import guard as _guard
-from kernelguard.runtime.import_hook import IMPORT_WATCHER
-from kernelguard.runtime.layer_guard import classify_closure
-from kernelguard.resolution.policy import AllowPolicy
 from kernelguard.runtime.registry import REGISTRY
 
 # These tests enter fallbacks on purpose; the pytest plugin must not fail them.
@@ -668,8 +668,8 @@ def _kernelguard_memos() -> dict[str, Any]:
 def test_reset_returns_every_piece_of_process_state_to_its_initial_value(
     fresh_transformers_models: None, tiny: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from kernelguard.runtime import attention
     from kernelguard.resolution import discovery, transformers_calls
+    from kernelguard.runtime import attention
 
     model = tiny.tiny_model("qwen3_5")
     module = sys.modules[MODELING["qwen3_5"]]

@@ -12,8 +12,8 @@ import pytest
 
 from kernelguard.cli import main as cli
 from kernelguard.errors import ConfigError, DataError
-from kernelguard.train.model.parallel import model_source
 from kernelguard.train.inputs.sources import iter_rows, resolve_files
+from kernelguard.train.model.parallel import model_source
 
 
 def test_a_gguf_file_is_named_by_check_and_train(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

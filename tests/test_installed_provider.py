@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from check_helpers import INSTALL, cuda_so, fatbin, isolated_provider_modules, make_env, write_distribution
 
+from kernelguard.errors import ConfigError
 from kernelguard.resolution import catalog, discovery
 from kernelguard.resolution.catalog import PACKAGES
-from kernelguard.errors import ConfigError
 from kernelguard.resolution.providers import installed
 from kernelguard.resolution.providers.installed import ExtensionFacts, PackageFacts, probe_package
 from kernelguard.resolution.resolver import REJECTED, SELECTED, Facts, Target, resolve

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard.resolution.decisions import REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError
 from kernelguard.integrations.transformers import KernelGuardCallback, Packing, detect_packing, packing_note
+from kernelguard.resolution.decisions import REFERENCE
 
 GDN_KERNELS = ("chunk_gated_delta_rule", "causal_conv1d_fn")
 
@@ -293,9 +293,9 @@ def test_stack_check_resolves_the_models_own_config(
 ) -> None:
     """On CUDA the callback runs `kernelguard check` from the trained model's config (its real key head dim),
     packed or not as the run is. CPU here: pretend the model is on CUDA to take that path."""
-    from kernelguard.runtime import gate
     from kernelguard.errors import ResolutionError
     from kernelguard.integrations import transformers as integration
+    from kernelguard.runtime import gate
 
     monkeypatch.setattr(gate, "model_device", lambda model: torch.device("cuda"))
     model = tiny.tiny_model("qwen3_5")
@@ -382,8 +382,8 @@ def test_the_callback_refuses_a_node_that_differs_from_its_lock(tmp_path: Path, 
     import json
     from types import SimpleNamespace
 
-    from kernelguard.stack import stack_lock
     from kernelguard.errors import LockMismatch
+    from kernelguard.stack import stack_lock
 
     lock = tmp_path / "kernelguard.lock"
     lock.write_text(json.dumps({"kernelguard_lock": 1, "target_archs": [], "allow": [], "kernels": {},

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard.resolution import transformers_compat as compat
 from kernelguard.errors import KernelFallbackError
+from kernelguard.resolution import transformers_compat as compat
 from kernelguard.runtime.model_guard import arm_tripwires, guard
 from kernelguard.runtime.registry import REGISTRY
 

@@ -17,6 +17,8 @@ import pytest
 import train_helpers as h
 
 from kernelguard.train import failures
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard.stack import numerics
 from kernelguard.resolution.fla_refusal import FLA_REFUSAL_FLAG
+from kernelguard.stack import numerics
 from kernelguard.stack.numerics import GdnShape, references, run_numerics, shapes_for_model
 
 ROOT = Path(__file__).resolve().parents[1]

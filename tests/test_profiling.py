@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import torch
 
-from kernelguard.errors import ConfigError
-from kernelguard.train.settings.config_cli import parse_args
-from kernelguard.train.common.ranks import DistInfo
-from kernelguard.diagnosis.profiler import DEFAULT_FIRST_STEP, StepProfiler
 from kernelguard.diagnosis.events import Event, busy_and_gap_us
-from kernelguard.train.output.profiling import step_profiler
+from kernelguard.diagnosis.profiler import DEFAULT_FIRST_STEP, StepProfiler
 from kernelguard.diagnosis.window import summarize_events
+from kernelguard.errors import ConfigError
+from kernelguard.train.common.ranks import DistInfo
+from kernelguard.train.output.profiling import step_profiler
+from kernelguard.train.settings.config_cli import parse_args
 
 
 def test_busy_time_is_the_union_of_kernel_intervals() -> None:

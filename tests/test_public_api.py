@@ -13,8 +13,8 @@ import pytest
 import kernelguard
 from kernelguard.errors import ResolutionError
 from kernelguard.resolution.policy import AllowPolicy
-from kernelguard.stack.report import render
 from kernelguard.resolution.terms import allow_hint, in_terms, option_hint
+from kernelguard.stack.report import render
 
 ORDERS = {
     "require-then-check": ["require", "check", "require", "check"],

@@ -514,9 +514,8 @@ def test_the_probe_option_fails_a_test_whose_kernel_ignores_its_boundaries(
     """--kernelguard-probe (ini kernelguard_probe): a GDN kernel that takes cu_seqlens but does not honour it
     passes every static check; the probe runs the model's first packed row example by example and fails the test
     naming the layer. Without the option the same test passes (the control)."""
-    import tiny_models
-
     import fla.ops.gated_delta_rule as fake
+    import tiny_models
 
     tiny_models.tiny_model("qwen3_5")  # the modeling module imported with the stand-ins, before the inner runs
     varlen = fake._varlen

@@ -55,8 +55,8 @@ def test_converter_writes_rows_kernelguard_train_reads(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------------------------- layouts ---
 def test_padded_batch_predicts_the_packed_blocks_tokens() -> None:
-    from kernelguard.train.step.packing import build_batch, build_packed_block
     from kernelguard.resolution.packed_batch import BOUNDARY_KEYWORDS
+    from kernelguard.train.step.packing import build_batch, build_packed_block
     from kernelguard.train.step.step import label_count
 
     examples = [([5, 6, 7], [-100, 6, 7]), ([8, 9], [8, 9]), ([1, 2, 3, 4], [1, 2, 3, 4])]
@@ -74,14 +74,14 @@ def test_padded_batch_predicts_the_packed_blocks_tokens() -> None:
 
 
 def test_held_out_loss_is_measured_with_boundaries_for_the_controls() -> None:
-    from kernelguard.train.settings.packing_modes import LEAKY, NAIVE, PACKED, NO_PACKING, eval_layout
+    from kernelguard.train.settings.packing_modes import LEAKY, NAIVE, NO_PACKING, PACKED, eval_layout
 
     assert [eval_layout(m) for m in (PACKED, NO_PACKING, LEAKY, NAIVE)] == [PACKED, NO_PACKING, PACKED, PACKED]
 
 
 def test_naive_layout_has_no_boundaries_and_positions_run_on() -> None:
-    from kernelguard.train.step.packing import build_batch, build_packed_block
     from kernelguard.resolution.packed_batch import BOUNDARY_KEYWORDS
+    from kernelguard.train.step.packing import build_batch, build_packed_block
 
     examples = [([5, 6, 7], [-100, 6, 7]), ([8, 9], [8, 9])]
     naive = build_batch(examples, 8, 0, packing="naive")
@@ -116,8 +116,8 @@ def test_first_k_labels_keep_the_first_scored_tokens_of_an_example() -> None:
 
 
 def test_the_data_line_of_a_padded_run_says_padded_batches() -> None:
-    from kernelguard.train.step.packing import packing_stats
     from kernelguard.train.settings.packing_modes import NO_PACKING
+    from kernelguard.train.step.packing import packing_stats
 
     stats = packing_stats([[0, 1], [2]], [3, 4, 5], 8)
     assert stats.render().startswith("packed 3 examples (12 tokens) into 2 blocks of 8: fill 75.00%")

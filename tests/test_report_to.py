@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from kernelguard.errors import ConfigError
-from kernelguard.train.settings.config import TrainConfig, config_dict
 from kernelguard.train.output.metrics import MetricsLog, open_metrics, plot_metrics
+from kernelguard.train.settings.config import TrainConfig, config_dict
 
 
 def _open(cfg: TrainConfig) -> MetricsLog:

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from check_helpers import EXT_SO, INSTALL, UNDEFINED_SYMBOL, find, make_env, make_ext, make_pkg
 
+from kernelguard.errors import ConfigError
 from kernelguard.resolution import catalog, discovery
 from kernelguard.resolution.catalog import HubRepo, ModelSpec
-from kernelguard.errors import ConfigError
 from kernelguard.resolution.providers.hub import HubKernelProbe, VariantVerdict
 from kernelguard.resolution.resolver import (
     ACCEPTED,

@@ -14,9 +14,9 @@ import pytest
 import train_helpers as h
 
 from kernelguard.errors import CheckpointError, ConfigError
+from kernelguard.train.inputs.identity import RUN_FILE, differences, read_identity, write_identity
 from kernelguard.train.output import checkpoint as ckpt
 from kernelguard.train.settings.config import TrainConfig
-from kernelguard.train.inputs.identity import RUN_FILE, differences, read_identity, write_identity
 from kernelguard.train.startup.preflight import StartPlan, claim_output, preflight
 
 

@@ -150,9 +150,9 @@ def one_rank_group() -> Any:
 
 def test_the_divergence_error_names_the_step_the_value_and_the_fix(tmp_path: Path) -> None:
     from kernelguard.errors import EXIT_DIVERGED
+    from kernelguard.train.output.checkpoint import diverged
     from kernelguard.train.settings.config_cli import parse_args
     from kernelguard.train.step.step import StepResult
-    from kernelguard.train.output.checkpoint import diverged
 
     cfg = parse_args(["--model", "m", "--data", "d.jsonl", "--output-dir", str(tmp_path), "--learning-rate", "1e6"])
     error = diverged(cfg, 3, StepResult(float("nan"), 10, float("inf"), 1e6, finite=False))
@@ -199,8 +199,8 @@ def test_gzip_data_is_read_when_named_gz_and_named_when_it_is_not(tmp_path: Path
 
 
 def test_eval_data_that_is_the_training_data_is_refused(tmp_path: Path) -> None:
-    from kernelguard.train.settings.config_cli import parse_args
     from kernelguard.train.inputs.data import ExampleStore, check_eval_overlap
+    from kernelguard.train.settings.config_cli import parse_args
     from kernelguard.train.startup.preflight import check_inputs
 
     data = _rows(tmp_path / "d.jsonl")
@@ -235,9 +235,9 @@ def test_a_flag_overriding_a_config_file_value_says_so(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------------------------------- resume ---
 def test_resume_with_max_steps_at_or_below_the_checkpoint_is_refused(tmp_path: Path, monkeypatch: Any) -> None:
+    from kernelguard.train.loop import check_resume_plan
     from kernelguard.train.output import checkpoint as ckpt
     from kernelguard.train.settings.config_cli import parse_args
-    from kernelguard.train.loop import check_resume_plan
     from kernelguard.train.startup.preflight import StartPlan
     from kernelguard.train.step.step import Plan
 

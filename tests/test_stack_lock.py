@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from check_helpers import cuda_so, make_env, make_ext, make_pkg
 
-from kernelguard.resolution import catalog, discovery
-from kernelguard.stack import stack_lock
-from kernelguard.stack.compose import CheckOptions, CheckResult
 from kernelguard.errors import ConfigError, LockMismatch
+from kernelguard.resolution import catalog, discovery
 from kernelguard.resolution.facts import Facts, FlaBackend, HubKernelProbe
 from kernelguard.resolution.policy import AllowPolicy
 from kernelguard.resolution.resolver import Target, resolve
+from kernelguard.stack import stack_lock
+from kernelguard.stack.compose import CheckOptions, CheckResult
 
 WINDOW = ("0.18.2", "0.19.0")
 CONV = "pip install setuptools wheel ninja packaging && pip install --no-build-isolation --no-cache-dir " \

@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 import torch
 
+from kernelguard.diagnosis.events import Event
 from kernelguard.diagnosis.kernel_classes import KERNEL_CLASSES, classify_kernel
 from kernelguard.diagnosis.profiler import StepProfiler, events_from_profiler
-from kernelguard.diagnosis.events import Event
-from kernelguard.diagnosis.window import summarize_events
 from kernelguard.diagnosis.verdict import (
     SLOW_PATH_PCT,
     KernelRecord,
@@ -24,6 +23,7 @@ from kernelguard.diagnosis.verdict import (
     diagnose,
     layer_span,
 )
+from kernelguard.diagnosis.window import summarize_events
 from kernelguard.runtime.tripwires import REFERENCE_RANGE, arm_tripwires
 
 PROFILES = Path(__file__).parent / "data" / "profiles"

@@ -15,7 +15,13 @@ import pytest
 
 from kernelguard.errors import ConfigError
 from kernelguard.train.__main__ import main
-from kernelguard.train.settings.config import CONFIG_FILENAME, INVOCATION_FIELDS, TrainConfig, config_dict, save_config
+from kernelguard.train.settings.config import (
+    CONFIG_FILENAME,
+    INVOCATION_FIELDS,
+    TrainConfig,
+    config_dict,
+    save_config,
+)
 from kernelguard.train.settings.config_cli import DEPRECATED_FLAGS, build_parser, parse_command
 
 YAML = """\

@@ -12,9 +12,9 @@ import pytest
 import train_helpers as h
 
 from kernelguard.errors import ConfigError, DataError
+from kernelguard.resolution.packed_batch import IGNORE_INDEX
 from kernelguard.train.inputs import encode as encode_module
 from kernelguard.train.inputs.data import in_eval_split, load_examples
-from kernelguard.resolution.packed_batch import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernelguard.train.step.packing import build_packed_block
 from kernelguard.resolution.packed_batch import IGNORE_INDEX, MODEL_INPUT_KEYWORDS
+from kernelguard.train.step.packing import build_packed_block
 
 LENGTHS = (7, 13, 5, 11)
 BLOCK = 40

@@ -7,8 +7,14 @@ import random
 import pytest
 import torch
 
-from kernelguard.train.step.packing import build_packed_block, pack_best_fit_decreasing, pack_sequential_greedy, packing_stats, shard_blocks
 from kernelguard.resolution.packed_batch import IGNORE_INDEX
+from kernelguard.train.step.packing import (
+    build_packed_block,
+    pack_best_fit_decreasing,
+    pack_sequential_greedy,
+    packing_stats,
+    shard_blocks,
+)
 
 
 def _example(start: int, n: int, *, loss_from: int = 0) -> tuple[list[int], list[int]]:

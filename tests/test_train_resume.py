@@ -53,10 +53,10 @@ def test_eval_loss_equals_a_hand_computed_loss_on_the_eval_blocks(
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
 
+    from kernelguard.resolution.packed_batch import IGNORE_INDEX
     from kernelguard.train.inputs.data import load_examples, load_tokenizer
     from kernelguard.train.step.evaluate import pack_eval_blocks
     from kernelguard.train.step.packing import build_packed_block
-    from kernelguard.resolution.packed_batch import IGNORE_INDEX
 
     evals = [r for r in _records(full_run) if "eval_loss" in r]
     assert [r["step"] for r in evals] == [EVAL_EVERY, STEPS]

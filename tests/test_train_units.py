@@ -11,9 +11,9 @@ import pytest
 
 from kernelguard.errors import ConfigError
 from kernelguard.train.output import checkpoint as ckpt
+from kernelguard.train.output.metrics import forward_flops_per_token, peak_flops, step_flops
 from kernelguard.train.settings.config import TrainConfig
 from kernelguard.train.settings.config_cli import parse_args
-from kernelguard.train.output.metrics import forward_flops_per_token, peak_flops, step_flops
 from kernelguard.train.step.step import lr_lambda
 
 
@@ -204,8 +204,8 @@ def one_rank() -> Any:
 def _blocks(vocab: int, n: int, block: int = 48) -> tuple[list[Any], list[list[int]], list[dict[str, Any]]]:
     import torch
 
-    from kernelguard.train.step.packing import build_packed_block
     from kernelguard.resolution.packed_batch import IGNORE_INDEX
+    from kernelguard.train.step.packing import build_packed_block
 
     g = torch.Generator().manual_seed(1)
     examples = []

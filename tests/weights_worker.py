@@ -17,7 +17,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 
 from kernelguard.train.model.build import BuiltModel
-from kernelguard.train.output.export import export_run
 from kernelguard.train.model.parallel import (
     apply_fsdp,
     build_meta_model,
@@ -26,6 +25,7 @@ from kernelguard.train.model.parallel import (
     model_source,
 )
 from kernelguard.train.model.weights import load_weights, plan_weights
+from kernelguard.train.output.export import export_run
 
 
 def main(source: Path, out: Path, max_shard_size: str) -> None:

@@ -74,12 +74,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.device == "cpu" or args.tiny:
         sys.path.insert(0, str(TESTS / "fake_providers"))
-    import torch
     import tiny_models
+    import torch
 
+    from kernelguard.resolution.policy import AllowPolicy
     from kernelguard.runtime.boundaries import watch_boundaries
     from kernelguard.runtime.model_guard import inspect
-    from kernelguard.resolution.policy import AllowPolicy
 
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     size = {"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]} if args.tiny else SIZE

@@ -20,12 +20,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    import torch
     import tiny_models
+    import torch
     from transformers import DataCollatorWithFlattening
 
-    from kernelguard.runtime.boundaries import ModelCallWatch
     from kernelguard.resolution.policy import AllowPolicy
+    from kernelguard.runtime.boundaries import ModelCallWatch
     from kernelguard.runtime.registry import REGISTRY
 
     features = [{"input_ids": [3, 4, 5, 6, 7]}, {"input_ids": [8, 9, 10]}, {"input_ids": [11, 12, 13, 14]}]

@@ -35,11 +35,11 @@ def main() -> int:
     import torch
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
+    from kernelguard.resolution.packed_batch import MODEL_INPUT_KEYWORDS
     from kernelguard.runtime.attention import register_varlen_attention
     from kernelguard.runtime.model_guard import guard
     from kernelguard.stack.numerics import lift_fla_hopper_refusal
     from kernelguard.train.step.packing import build_packed_block
-    from kernelguard.resolution.packed_batch import MODEL_INPUT_KEYWORDS
 
     lifted = lift_fla_hopper_refusal()
     attn = register_varlen_attention(device_type="cuda")

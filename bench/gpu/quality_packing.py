@@ -37,9 +37,9 @@ import torch
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "lib"))
 from step_stats import steady_rate, steady_stats
 
+from kernelguard.resolution.packed_batch import IGNORE_INDEX, MODEL_INPUT_KEYWORDS
 from kernelguard.train.step.loss import linear_cross_entropy
 from kernelguard.train.step.packing import build_packed_block, pack_best_fit_decreasing
-from kernelguard.resolution.packed_batch import IGNORE_INDEX, MODEL_INPUT_KEYWORDS
 
 USER, ASSISTANT, END = 10, 11, 12  # marker tokens
 WORDS_FROM = 1000  # the alphabet of "words" starts here

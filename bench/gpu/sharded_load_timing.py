@@ -80,8 +80,8 @@ def train(argv: list[str]) -> int:
     of ~5.6 B parameters are ~67 GB: more than the machine's disk, and not what is timed); ``--rank0`` first:
     the load forced onto the rank-0 path."""
     from kernelguard.train import loop
-    from kernelguard.train.model import build
     from kernelguard.train.__main__ import main
+    from kernelguard.train.model import build
 
     loop.save = lambda *args, **kwargs: loop.log(args[1], "checkpoint skipped by the bench")
     # No checkpoint is written, so preflight's room-for-a-checkpoint check (12 bytes per parameter: 62 GiB at

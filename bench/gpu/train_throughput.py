@@ -361,8 +361,8 @@ def which_implementations() -> dict[str, str]:
     """Which callable transformers' decorated GDN/conv functions will call (closure ``implementation``)."""
     import importlib
 
-    from kernelguard.stack.numerics import kernel_sources
     from kernelguard.resolution.transformers_compat import hub_wrapper
+    from kernelguard.stack.numerics import kernel_sources
 
     out = {}
     for kernel in ("chunk_gated_delta_rule", "causal_conv1d_fn"):
@@ -542,8 +542,8 @@ def detector_figures(
     from kernelguard.diagnosis.profiler import StepProfiler
     from kernelguard.diagnosis.verdict import attribute_kernels
     from kernelguard.resolution.geometry import layer_types
-    from kernelguard.train.output.metrics import peak_flops, step_flops
     from kernelguard.runtime.tripwires import arm_tripwires
+    from kernelguard.train.output.metrics import peak_flops, step_flops
 
     said: list[str] = []
     kept: list[Any] = []

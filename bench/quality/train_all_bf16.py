@@ -8,8 +8,8 @@ from __future__ import annotations
 import functools
 import sys
 
-from kernelguard.train.model import build, parallel
 from kernelguard.train.__main__ import main
+from kernelguard.train.model import build, parallel
 
 build.apply_fsdp = functools.partial(parallel.apply_fsdp, keep_fp32=())
 

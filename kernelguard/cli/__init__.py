@@ -11,11 +11,9 @@ from kernelguard import lazy_face
 
 __all__ = ["COMMANDS", "entry", "main"]
 
-# What this room offers the rest of kernelguard: each name and the module of this room that defines it
-# ("module:" offers that module itself), loaded on first use.
+# Each module of this room and the names it offers the rest of kernelguard, loaded on first use.
 _OFFERS = {
-    "COMMANDS": "commands",
-    "main": "commands",
+    "commands": ("COMMANDS", "main"),
 }
 
 __getattr__ = lazy_face(__name__, _OFFERS)

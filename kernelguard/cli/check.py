@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kernelguard.errors import EXIT_FAIL, EXIT_OK
-from kernelguard.errors import end_startup_interrupts
+from kernelguard.errors import EXIT_FAIL, EXIT_OK, end_startup_interrupts
+
 from .common import command_parser, non_empty_path, print_out, run_command
 
 __all__ = ["HELP", "add_check_arguments", "check_options", "main", "parser"]
@@ -83,8 +83,7 @@ def main(argv: list[str]) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from kernelguard.stack import run_check
-    from kernelguard.stack import render, to_json
+    from kernelguard.stack import render, run_check, to_json
 
     if args.lock:
         from kernelguard.stack import verify_lock

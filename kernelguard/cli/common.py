@@ -8,8 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from kernelguard.errors import EXIT_USAGE, ConfigError, KernelGuardError, exit_code_for
-from kernelguard.errors import startup_interrupts
+from kernelguard.errors import EXIT_USAGE, ConfigError, KernelGuardError, exit_code_for, startup_interrupts
 from kernelguard.stack import help_formatter, wrap_message
 
 __all__ = ["INTERRUPTED", "Parser", "command_parser", "non_empty_path", "print_out", "run_command"]

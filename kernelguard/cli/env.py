@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kernelguard.errors import EXIT_OK
+
 from .common import command_parser, print_out, run_command
 
 __all__ = ["HELP", "main", "parser"]

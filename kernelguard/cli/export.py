@@ -8,8 +8,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from kernelguard.errors import EXIT_OK, KernelGuardError, exit_code_for
-from kernelguard.errors import end_startup_interrupts, startup_interrupts
+from kernelguard.errors import (
+    EXIT_OK,
+    KernelGuardError,
+    end_startup_interrupts,
+    exit_code_for,
+    startup_interrupts,
+)
+
 from .common import command_parser, non_empty_path
 
 __all__ = ["HELP", "main", "parser"]
@@ -56,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[2:] if argv is None else argv)
     with startup_interrupts(_INTERRUPTED):
-        from kernelguard.train import not_a_checkpoint
-        from kernelguard.train import DEFAULT_MAX_SHARD_SIZE
+        from kernelguard.train import DEFAULT_MAX_SHARD_SIZE, not_a_checkpoint
 
         args = _parser(DEFAULT_MAX_SHARD_SIZE).parse_args(argv)
         # A step that is not there is refused before torch loads (seconds), with a step that is.

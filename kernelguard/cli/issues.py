@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kernelguard.errors import EXIT_OK
+
 from .common import command_parser, print_out, run_command
 
 __all__ = ["HELP", "main", "parser"]
@@ -29,8 +30,7 @@ def main(argv: list[str]) -> int:
 
 
 def _issues(as_json: bool = False) -> int:
-    from kernelguard.resolution import KNOWN_ISSUES
-    from kernelguard.resolution import POLICY_ITEMS
+    from kernelguard.resolution import KNOWN_ISSUES, POLICY_ITEMS
     from kernelguard.stack import fix_lines, terminal_width, wrap_text
 
     if as_json:

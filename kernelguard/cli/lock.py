@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kernelguard.errors import EXIT_FAIL, EXIT_OK
-from kernelguard.errors import end_startup_interrupts
+from kernelguard.errors import EXIT_FAIL, EXIT_OK, end_startup_interrupts
+
 from .check import add_check_arguments, check_options
 from .common import command_parser, non_empty_path, print_out, run_command
 
@@ -42,10 +42,8 @@ def main(argv: list[str]) -> int:
 def _lock(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kernelguard.stack import run_check
     from kernelguard.errors import ConfigError
-    from kernelguard.stack import render
-    from kernelguard.stack import write_lock
+    from kernelguard.stack import render, run_check, write_lock
 
     if Path(args.output).is_dir():  # refused before the check runs, not as IsADirectoryError after it
         raise ConfigError(f"--output {args.output} is a directory; the lock is written to a file.",

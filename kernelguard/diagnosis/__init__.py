@@ -12,11 +12,9 @@ __all__ = [
     "StepProfiler",
 ]
 
-# What this room offers the rest of kernelguard: each name and the module of this room that defines it
-# ("module:" offers that module itself), loaded on first use.
+# Each module of this room and the names it offers the rest of kernelguard, loaded on first use.
 _OFFERS = {
-    "DEFAULT_FIRST_STEP": "profiler",
-    "StepProfiler": "profiler",
+    "profiler": ("DEFAULT_FIRST_STEP", "StepProfiler"),
 }
 
 __getattr__ = lazy_face(__name__, _OFFERS)

@@ -131,9 +131,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _marker_policy(settings: Settings, values: tuple[str, ...]) -> Any:
     policy = settings.marker_policies.get(values)
     if policy is None:
-        from kernelguard.resolution import AllowPolicy
-
         from kernelguard.errors import ConfigError
+        from kernelguard.resolution import AllowPolicy
 
         try:
             policy = AllowPolicy.parse(values, source="@pytest.mark.kernelguard(allow=...)")
@@ -178,8 +177,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     enabled, policy, skip_ok = _item_settings(item)
     if not enabled:
         return
-    from kernelguard.runtime import REGISTRY
-    from kernelguard.runtime import arm_tripwires
+    from kernelguard.runtime import REGISTRY, arm_tripwires
 
     index = REGISTRY.open_window()
     tripwires = arm_tripwires(allow=policy, on_fallback="record")

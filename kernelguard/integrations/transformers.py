@@ -30,11 +30,16 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from kernelguard.runtime import gate
-from kernelguard.runtime import VARLEN_NAME, register_varlen_attention
 from kernelguard.errors import ConfigError, KernelFallbackError, KernelGuardError
-from kernelguard.resolution import PACKED_WITHOUT_BOUNDARIES, AllowPolicy
-from kernelguard.resolution import PYTHON, allow_hint
+from kernelguard.resolution import (
+    CU_SEQ_LENS_Q,
+    PACKED_WITHOUT_BOUNDARIES,
+    PYTHON,
+    SEQ_IDX,
+    AllowPolicy,
+    allow_hint,
+)
+from kernelguard.runtime import VARLEN_NAME, gate, register_varlen_attention
 
 __all__ = [
     "VARLEN_NAME",
@@ -113,7 +118,7 @@ def _collator_boundaries(collator: Any) -> bool | None:
         out = collator([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}])
     except Exception:  # noqa: BLE001 - an unknown collator: say "unknown", never fail the run on a probe
         return None
-    return isinstance(out, Mapping) and "cu_seq_lens_q" in out and "seq_idx" in out
+    return isinstance(out, Mapping) and CU_SEQ_LENS_Q in out and SEQ_IDX in out
 
 
 def _collator_of(train_dataloader: Any) -> Any:

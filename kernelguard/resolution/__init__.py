@@ -13,6 +13,7 @@ __all__ = [
     "AllowPolicy",
     "ATTENTION",
     "attention_dims",
+    "boundary_arguments",
     "BOUNDARY_KEYWORDS",
     "by_id",
     "call_shape",
@@ -22,6 +23,8 @@ __all__ = [
     "CLI",
     "command_lines",
     "ComputeCapability",
+    "CU_SEQ_LENS_K",
+    "CU_SEQ_LENS_Q",
     "dangling_link",
     "Decision",
     "discovery",
@@ -59,6 +62,8 @@ __all__ = [
     "lift_fla_hopper_refusal",
     "lift_for_accepted_issues",
     "load_pins",
+    "MAX_LENGTH_K",
+    "MAX_LENGTH_Q",
     "MODES",
     "option_hint",
     "PACKAGE",
@@ -84,6 +89,7 @@ __all__ = [
     "saved_dataset",
     "search_note",
     "SELECTED",
+    "SEQ_IDX",
     "SKIPPED",
     "split_fix",
     "Target",
@@ -98,129 +104,108 @@ __all__ = [
     "with_value_replaced",
 ]
 
-# What this room offers the rest of kernelguard: each name and the module of this room that defines it
-# ("module:" offers that module itself), loaded on first use.
+# Each module of this room and the names it offers the rest of kernelguard, loaded on first use.
 _OFFERS = {
-    "ACCEPTED": "decisions",
-    "allow_hint": "terms",
-    "ALLOWED": "decisions",
-    "AllowPolicy": "policy",
-    "ATTENTION": "policy",
-    "attention_dims": "geometry",
-    "BOUNDARY_KEYWORDS": "packed_batch",
-    "by_id": "known_issues",
-    "call_shape": "transformers_calls",
-    "call_sites": "transformers_compat",
-    "check_hub_layer": "providers.hub_layers",
-    "CLI": "terms",
-    "command_lines": "paste",
-    "ComputeCapability": "capability",
-    "dangling_link": "file_kinds",
-    "Decision": "decisions",
-    "DISTRIBUTION": "install",
-    "distribution_version": "env",
-    "Environment": "env",
-    "estimated_params": "geometry",
-    "extra_command": "install",
-    "Facts": "facts",
-    "FALLBACK": "decisions",
-    "family_of_model_type": "transformers_compat",
-    "field": "geometry",
-    "file_kind": "file_kinds",
-    "fix_alternatives": "decisions",
-    "FLA_1077_GRID_LIMIT": "known_issues",
-    "fla_autotuners": "fla_autotune",
-    "fla_backend_command": "install",
-    "FLA_REFUSAL_FLAG": "fla_refusal",
-    "gdn_dims": "geometry",
-    "GdnDims": "geometry",
-    "HUB": "decisions",
-    "hub_wrapper": "transformers_compat",
-    "HubLoad": "facts",
-    "HubTarget": "facts",
-    "IGNORE_INDEX": "packed_batch",
-    "in_terms": "terms",
-    "is_command": "paste",
-    "is_decode_only": "catalog",
-    "kernels_version_window": "discovery",
-    "KNOWN_ISSUES": "known_issues",
-    "layer_types": "geometry",
-    "lift_fla_hopper_refusal": "fla_refusal",
-    "lift_for_accepted_issues": "fla_refusal",
-    "load_pins": "fla_autotune",
-    "MODES": "catalog",
-    "option_hint": "terms",
-    "PACKAGE": "decisions",
-    "PackageFacts": "providers.installed",
-    "PACKAGES": "catalog",
-    "PACKED_REFERENCE": "catalog",
-    "PACKED_WITHOUT_BOUNDARIES": "policy",
-    "parse_all": "capability",
-    "pin_command": "install",
-    "pin_for_this_gpu": "fla_autotune",
-    "POLICY_ITEMS": "policy",
-    "probe": "env",
-    "probe_hub_kernel": "providers.hub",
-    "probe_hub_load": "hub_load",
-    "probe_package": "providers.installed",
-    "PYTHON": "terms",
-    "REFERENCE": "decisions",
-    "reference_parameters": "transformers_calls",
-    "REJECTED": "decisions",
-    "Resolution": "resolver",
-    "resolve": "resolver",
-    "resolve_use_hub": "hub_load",
-    "saved_dataset": "file_kinds",
-    "search_note": "fla_autotune",
-    "SELECTED": "decisions",
-    "SKIPPED": "decisions",
-    "split_fix": "decisions",
-    "Target": "resolver",
-    "text_config": "geometry",
-    "transformers_source": "discovery",
-    "usage_suggestion": "terms",
-    "variant_folder": "providers.hub_layers",
-    "VARLEN_ATTENTION": "catalog",
-    "with_gpus": "env",
-    "with_value_replaced": "paste",
+    "capability": ("ComputeCapability", "parse_all"),
+    "catalog": ("is_decode_only", "MODES", "PACKAGES", "PACKED_REFERENCE", "VARLEN_ATTENTION"),
+    "decisions": (
+        "ACCEPTED",
+        "ALLOWED",
+        "Decision",
+        "FALLBACK",
+        "fix_alternatives",
+        "HUB",
+        "PACKAGE",
+        "REFERENCE",
+        "REJECTED",
+        "SELECTED",
+        "SKIPPED",
+        "split_fix",
+    ),
+    "discovery": ("kernels_version_window", "transformers_source"),
+    "env": ("distribution_version", "Environment", "probe", "with_gpus"),
+    "facts": ("Facts", "HubLoad", "HubTarget"),
+    "file_kinds": ("dangling_link", "file_kind", "saved_dataset"),
+    "fla_autotune": ("fla_autotuners", "load_pins", "pin_for_this_gpu", "search_note"),
+    "fla_refusal": ("FLA_REFUSAL_FLAG", "lift_fla_hopper_refusal", "lift_for_accepted_issues"),
+    "geometry": (
+        "attention_dims",
+        "estimated_params",
+        "field",
+        "gdn_dims",
+        "GdnDims",
+        "layer_types",
+        "text_config",
+    ),
+    "hub_load": ("probe_hub_load", "resolve_use_hub"),
+    "install": ("DISTRIBUTION", "extra_command", "fla_backend_command", "pin_command"),
+    "known_issues": ("by_id", "FLA_1077_GRID_LIMIT", "KNOWN_ISSUES"),
+    "packed_batch": (
+        "BOUNDARY_KEYWORDS",
+        "boundary_arguments",
+        "CU_SEQ_LENS_K",
+        "CU_SEQ_LENS_Q",
+        "IGNORE_INDEX",
+        "MAX_LENGTH_K",
+        "MAX_LENGTH_Q",
+        "SEQ_IDX",
+    ),
+    "paste": ("command_lines", "is_command", "with_value_replaced"),
+    "policy": ("AllowPolicy", "ATTENTION", "PACKED_WITHOUT_BOUNDARIES", "POLICY_ITEMS"),
+    "providers.hub": ("probe_hub_kernel",),
+    "providers.hub_layers": ("check_hub_layer", "variant_folder"),
+    "providers.installed": ("PackageFacts", "probe_package"),
+    "resolver": ("Resolution", "resolve", "Target"),
+    "terms": ("allow_hint", "CLI", "in_terms", "option_hint", "PYTHON", "usage_suggestion"),
+    "transformers_calls": ("call_shape", "reference_parameters"),
+    "transformers_compat": ("call_sites", "family_of_model_type", "hub_wrapper"),
 }
 
 __getattr__ = lazy_face(__name__, _OFFERS)
 
 if TYPE_CHECKING:
     from .capability import ComputeCapability, parse_all
-    from .catalog import is_decode_only, MODES, PACKAGES, PACKED_REFERENCE, VARLEN_ATTENTION
+    from .catalog import MODES, PACKAGES, PACKED_REFERENCE, VARLEN_ATTENTION, is_decode_only
     from .decisions import (
         ACCEPTED,
         ALLOWED,
-        Decision,
         FALLBACK,
-        fix_alternatives,
         HUB,
         PACKAGE,
         REFERENCE,
         REJECTED,
         SELECTED,
         SKIPPED,
+        Decision,
+        fix_alternatives,
         split_fix,
     )
     from .discovery import kernels_version_window, transformers_source
-    from .env import distribution_version, Environment, probe, with_gpus
+    from .env import Environment, distribution_version, probe, with_gpus
     from .facts import Facts, HubLoad, HubTarget
     from .file_kinds import dangling_link, file_kind, saved_dataset
     from .fla_autotune import fla_autotuners, load_pins, pin_for_this_gpu, search_note
     from .fla_refusal import FLA_REFUSAL_FLAG, lift_fla_hopper_refusal, lift_for_accepted_issues
-    from .geometry import attention_dims, estimated_params, field, gdn_dims, GdnDims, layer_types, text_config
+    from .geometry import GdnDims, attention_dims, estimated_params, field, gdn_dims, layer_types, text_config
     from .hub_load import probe_hub_load, resolve_use_hub
     from .install import DISTRIBUTION, extra_command, fla_backend_command, pin_command
-    from .known_issues import by_id, FLA_1077_GRID_LIMIT, KNOWN_ISSUES
-    from .packed_batch import BOUNDARY_KEYWORDS, IGNORE_INDEX
+    from .known_issues import FLA_1077_GRID_LIMIT, KNOWN_ISSUES, by_id
+    from .packed_batch import (
+        BOUNDARY_KEYWORDS,
+        CU_SEQ_LENS_K,
+        CU_SEQ_LENS_Q,
+        IGNORE_INDEX,
+        MAX_LENGTH_K,
+        MAX_LENGTH_Q,
+        SEQ_IDX,
+        boundary_arguments,
+    )
     from .paste import command_lines, is_command, with_value_replaced
-    from .policy import AllowPolicy, ATTENTION, PACKED_WITHOUT_BOUNDARIES, POLICY_ITEMS
+    from .policy import ATTENTION, PACKED_WITHOUT_BOUNDARIES, POLICY_ITEMS, AllowPolicy
     from .providers.hub import probe_hub_kernel
     from .providers.hub_layers import check_hub_layer, variant_folder
     from .providers.installed import PackageFacts, probe_package
-    from .resolver import Resolution, resolve, Target
-    from .terms import allow_hint, CLI, in_terms, option_hint, PYTHON, usage_suggestion
+    from .resolver import Resolution, Target, resolve
+    from .terms import CLI, PYTHON, allow_hint, in_terms, option_hint, usage_suggestion
     from .transformers_calls import call_shape, reference_parameters
     from .transformers_compat import call_sites, family_of_model_type, hub_wrapper

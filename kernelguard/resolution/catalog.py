@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from kernelguard.errors import ConfigError
+
 from .geometry import key_head_dim, layer_types
 
 __all__ = [

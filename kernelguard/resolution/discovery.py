@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .catalog import PACKAGES, Family, HubRepo, KernelRequirement, ModelSpec
 from kernelguard.errors import ConfigError
+
+from .catalog import PACKAGES, Family, HubRepo, KernelRequirement, ModelSpec
 
 __all__ = [
     "TransformersSource",

@@ -11,12 +11,40 @@ checks that a kernel accepts them: this module is their one spelling.
 
 from __future__ import annotations
 
-__all__ = ["BOUNDARY_KEYWORDS", "IGNORE_INDEX", "MODEL_INPUT_KEYWORDS"]
+from typing import Any
+
+__all__ = [
+    "BOUNDARY_KEYWORDS",
+    "CU_SEQ_LENS_K",
+    "CU_SEQ_LENS_Q",
+    "IGNORE_INDEX",
+    "MAX_LENGTH_K",
+    "MAX_LENGTH_Q",
+    "MODEL_INPUT_KEYWORDS",
+    "SEQ_IDX",
+    "boundary_arguments",
+]
 
 # Labels the loss skips (transformers' and torch's cross-entropy default).
 IGNORE_INDEX = -100
 
-BOUNDARY_KEYWORDS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+CU_SEQ_LENS_Q, CU_SEQ_LENS_K = "cu_seq_lens_q", "cu_seq_lens_k"
+MAX_LENGTH_Q, MAX_LENGTH_K = "max_length_q", "max_length_k"
+SEQ_IDX = "seq_idx"
+BOUNDARY_KEYWORDS = (CU_SEQ_LENS_Q, CU_SEQ_LENS_K, MAX_LENGTH_Q, MAX_LENGTH_K, SEQ_IDX)
 
 # What kernelguard train hands the model from a packed block (the loss takes the labels itself).
 MODEL_INPUT_KEYWORDS = ("input_ids", "position_ids", *BOUNDARY_KEYWORDS)
+
+
+def boundary_arguments(cu_seq_lens: Any, seq_idx: Any, longest: int) -> dict[str, Any]:
+    """The boundary keywords of one packed row, as every builder lays them out: ``cu_seq_lens`` (int32, each
+    example's start and the row's end) for the queries and a copy for the keys (one tensor each: a kernel may
+    keep either), the longest example for both, and ``seq_idx`` (int32 ``[1, T]``, each token's example)."""
+    return {
+        CU_SEQ_LENS_Q: cu_seq_lens,
+        CU_SEQ_LENS_K: cu_seq_lens.clone(),
+        MAX_LENGTH_Q: longest,
+        MAX_LENGTH_K: longest,
+        SEQ_IDX: seq_idx,
+    }

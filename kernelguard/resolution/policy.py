@@ -22,8 +22,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .catalog import VARLEN_ATTENTION
 from kernelguard.errors import ConfigError
+
+from .catalog import VARLEN_ATTENTION
 from .known_issues import KNOWN_ISSUES, by_id
 from .terms import nearest
 

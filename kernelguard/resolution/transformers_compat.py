@@ -28,9 +28,9 @@ from pathlib import Path
 from types import FunctionType, ModuleType
 from typing import Any
 
+from kernelguard.errors import UnsupportedTransformersError
 from kernelguard.resolution import kernels_funcs
 from kernelguard.resolution.catalog import PACKAGES, KernelRequirement
-from kernelguard.errors import UnsupportedTransformersError
 from kernelguard.resolution.hub_load import kernels_hub_status, transformers_package_devices
 from kernelguard.resolution.known_issues import KNOWN_ISSUES, KnownIssue
 

@@ -23,30 +23,22 @@ __all__ = [
     "VARLEN_NAME",
 ]
 
-# What this room offers the rest of kernelguard: each name and the module of this room that defines it
-# ("module:" offers that module itself), loaded on first use.
+# Each module of this room and the names it offers the rest of kernelguard, loaded on first use.
 _OFFERS = {
-    "allowed_line": "gate",
-    "arm_tripwires": "tripwires",
-    "check_lock": "gate",
-    "check_stack": "gate",
-    "fallback_events": "tripwires",
-    "guard": "model_guard",
-    "inspect": "model_guard",
-    "ModelCallWatch": "boundaries",
-    "REFERENCE_RANGE": "tripwires",
-    "register_varlen_attention": "attention",
-    "REGISTRY": "registry",
-    "run_gate": "gate",
-    "VARLEN_NAME": "attention",
+    "attention": ("register_varlen_attention", "VARLEN_NAME"),
+    "boundaries": ("ModelCallWatch",),
+    "gate": ("allowed_line", "check_lock", "check_stack", "run_gate"),
+    "model_guard": ("guard", "inspect"),
+    "registry": ("REGISTRY",),
+    "tripwires": ("arm_tripwires", "fallback_events", "REFERENCE_RANGE"),
 }
 
 __getattr__ = lazy_face(__name__, _OFFERS)
 
 if TYPE_CHECKING:
-    from .attention import register_varlen_attention, VARLEN_NAME
+    from .attention import VARLEN_NAME, register_varlen_attention
     from .boundaries import ModelCallWatch
     from .gate import allowed_line, check_lock, check_stack, run_gate
     from .model_guard import guard, inspect
     from .registry import REGISTRY
-    from .tripwires import arm_tripwires, fallback_events, REFERENCE_RANGE
+    from .tripwires import REFERENCE_RANGE, arm_tripwires, fallback_events

@@ -19,6 +19,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
+from kernelguard.resolution import CU_SEQ_LENS_K, CU_SEQ_LENS_Q, MAX_LENGTH_K, MAX_LENGTH_Q
 from kernelguard.runtime.registry import REGISTRY, VarlenBinding
 
 __all__ = [
@@ -117,13 +118,13 @@ def _segments(query: Any, key: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, i
     import torch
 
     bsz, q_len, k_len = query.shape[0], query.shape[2], key.shape[2]
-    cu_q: Any = kwargs.get("cu_seq_lens_q")
-    cu_k: Any = kwargs.get("cu_seq_lens_k", cu_q)
+    cu_q: Any = kwargs.get(CU_SEQ_LENS_Q)
+    cu_k: Any = kwargs.get(CU_SEQ_LENS_K, cu_q)
     if cu_q is not None:
         if bsz != 1:
             raise ValueError(f"packed varlen attention needs batch size 1, got {bsz}")
-        max_q = int(kwargs.get("max_length_q") or q_len)
-        return cu_q, cu_k, max_q, int(kwargs.get("max_length_k") or max_q)
+        max_q = int(kwargs.get(MAX_LENGTH_Q) or q_len)
+        return cu_q, cu_k, max_q, int(kwargs.get(MAX_LENGTH_K) or max_q)
     derived = boundaries_from_position_ids(kwargs.get("position_ids")) if q_len == k_len else None
     if derived is not None:  # a flattened row without cu_seq_lens_*: never attend across its examples
         return derived[0], derived[0], derived[1], derived[1]

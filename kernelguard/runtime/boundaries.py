@@ -36,12 +36,11 @@ import itertools
 import weakref
 from typing import Any
 
+from kernelguard.resolution import PYTHON, AllowPolicy
 from kernelguard.runtime.boundary_check import BoundaryCheck
 from kernelguard.runtime.boundary_facts import GdnBoundaries, decoder_stacks, gdn_boundaries
 from kernelguard.runtime.equivalence import FirstRowProbe, probing
-from kernelguard.resolution import AllowPolicy
 from kernelguard.runtime.registry import REGISTRY
-from kernelguard.resolution import PYTHON
 
 __all__ = ["BoundaryWatch", "ModelCallWatch", "watch_boundaries"]
 

@@ -8,12 +8,23 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from kernelguard.runtime.boundary_facts import GdnBoundaries
 from kernelguard.errors import ConfigError, PackedWithoutBoundariesError
-from kernelguard.resolution import PACKED_WITHOUT_BOUNDARIES, AllowPolicy
+from kernelguard.resolution import (
+    CU_SEQ_LENS_K,
+    CU_SEQ_LENS_Q,
+    PACKED_WITHOUT_BOUNDARIES,
+    PYTHON,
+    AllowPolicy,
+    allow_hint,
+)
+from kernelguard.runtime.boundary_facts import GdnBoundaries
 from kernelguard.runtime.registry import REGISTRY, log_once
-from kernelguard.runtime.segments import RowSegments, examples_per_row, read_segments, signals_disagree_on_device
-from kernelguard.resolution import PYTHON, allow_hint
+from kernelguard.runtime.segments import (
+    RowSegments,
+    examples_per_row,
+    read_segments,
+    signals_disagree_on_device,
+)
 
 __all__ = ["FIRST_CALLS", "FIX", "RECHECK_EVERY", "BoundaryCheck", "attention_blind_reason"]
 
@@ -179,9 +190,9 @@ class BoundaryCheck:
         """Inside a graph: count the examples of a row that lacks a boundary (the op runs on every call)."""
         if not missing:
             return
-        cu_seq_lens = kwargs.get("cu_seq_lens_q")
+        cu_seq_lens = kwargs.get(CU_SEQ_LENS_Q)
         if cu_seq_lens is not None:  # its length is a shape: no device read
-            self.judge(int(cu_seq_lens.shape[-1]) - 1, "cu_seq_lens_q", missing)
+            self.judge(int(cu_seq_lens.shape[-1]) - 1, CU_SEQ_LENS_Q, missing)
         elif positions is not None and hasattr(positions, "dim") and mask is None:
             self._op(positions, self.key, _SEP_ROW.join(f"{p}{_SEP_FIELD}{why}" for p, why in missing))
 
@@ -250,7 +261,7 @@ def _check_boundary_types(kwargs: dict[str, Any]) -> None:
     ``default_data_collator`` makes of a per-row list)."""
     import torch
 
-    for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
+    for key in (CU_SEQ_LENS_Q, CU_SEQ_LENS_K):
         value = kwargs.get(key)
         if value is None:
             continue

@@ -14,21 +14,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kernelguard.resolution import transformers_calls
+from kernelguard.resolution import CU_SEQ_LENS_Q, SEQ_IDX, AllowPolicy, is_decode_only, transformers_calls
 from kernelguard.resolution import transformers_compat as compat
-from kernelguard.resolution import is_decode_only
 from kernelguard.runtime.layer_guard import is_attention_layer
-from kernelguard.resolution import AllowPolicy
 
 __all__ = ["BOUNDARY_PARAMS", "GdnBoundaries", "decoder_stacks", "gdn_boundaries"]
 
 # Kernel -> (the kernel's boundary parameter, the batch keyword transformers feeds it from).
+# causal_conv1d_fn's own parameter has the batch keyword's name.
 BOUNDARY_PARAMS: dict[str, tuple[str, str]] = {
-    "chunk_gated_delta_rule": ("cu_seqlens", "cu_seq_lens_q"),
-    "fused_recurrent_gated_delta_rule": ("cu_seqlens", "cu_seq_lens_q"),
-    "chunk_kda": ("cu_seqlens", "cu_seq_lens_q"),
-    "fused_recurrent_kda": ("cu_seqlens", "cu_seq_lens_q"),
-    "causal_conv1d_fn": ("seq_idx", "seq_idx"),
+    "chunk_gated_delta_rule": ("cu_seqlens", CU_SEQ_LENS_Q),
+    "fused_recurrent_gated_delta_rule": ("cu_seqlens", CU_SEQ_LENS_Q),
+    "chunk_kda": ("cu_seqlens", CU_SEQ_LENS_Q),
+    "fused_recurrent_kda": ("cu_seqlens", CU_SEQ_LENS_Q),
+    "causal_conv1d_fn": (SEQ_IDX, SEQ_IDX),
 }
 
 

@@ -25,8 +25,8 @@ from kernelguard.resolution import AllowPolicy
 if TYPE_CHECKING:
     import torch
 
-    from kernelguard.stack import CheckResult
     from kernelguard.runtime.model_guard import GuardReport
+    from kernelguard.stack import CheckResult
 
 __all__ = [
     "accepted_issues",
@@ -286,8 +286,7 @@ def _guard_refusals(report: GuardReport) -> list[_Refusal]:
 
 
 def _stack_refusals(stack: CheckResult | None) -> list[_Refusal]:
-    from kernelguard.resolution import VARLEN_ATTENTION
-    from kernelguard.resolution import FALLBACK, REJECTED
+    from kernelguard.resolution import FALLBACK, REJECTED, VARLEN_ATTENTION
 
     if stack is None or stack.ok:
         return []

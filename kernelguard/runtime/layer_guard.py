@@ -13,11 +13,21 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from kernelguard.resolution import (
+    ALLOWED,
+    FALLBACK,
+    HUB,
+    PACKAGE,
+    PACKED_REFERENCE,
+    REFERENCE,
+    REJECTED,
+    SELECTED,
+    AllowPolicy,
+    Decision,
+    is_decode_only,
+)
 from kernelguard.resolution import transformers_compat as compat
 from kernelguard.runtime.attention import VARLEN_NAME
-from kernelguard.resolution import PACKED_REFERENCE, is_decode_only
-from kernelguard.resolution import ALLOWED, FALLBACK, HUB, PACKAGE, REFERENCE, REJECTED, SELECTED, Decision
-from kernelguard.resolution import AllowPolicy
 
 __all__ = [
     "VARLEN_ATTENTION_IMPLEMENTATIONS",

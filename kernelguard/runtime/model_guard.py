@@ -33,15 +33,14 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
-from kernelguard.runtime import registry
-from kernelguard.resolution import transformers_compat as compat
-from kernelguard.runtime.boundaries import watch_boundaries
-from kernelguard.resolution import MODES
-from kernelguard.resolution import REFERENCE
 from kernelguard.errors import ConfigError, KernelFallbackError
+from kernelguard.resolution import MODES, PYTHON, REFERENCE, AllowPolicy, allow_hint, option_hint
+from kernelguard.resolution import transformers_compat as compat
+from kernelguard.runtime import registry
+from kernelguard.runtime.boundaries import watch_boundaries
 from kernelguard.runtime.layer_guard import VARLEN_ATTENTION_IMPLEMENTATIONS, CallSite, collect_call_sites
-from kernelguard.resolution import AllowPolicy
 from kernelguard.runtime.registry import FallbackEvent, clear_fallback_events, fallback_events
+from kernelguard.runtime.tripwires import Tripwires, arm_tripwires
 from kernelguard.stack import (
     fix_text,
     layer_summary,
@@ -50,8 +49,6 @@ from kernelguard.stack import (
     terminal_width,
     why_fix_block,
 )
-from kernelguard.resolution import PYTHON, allow_hint, option_hint
-from kernelguard.runtime.tripwires import Tripwires, arm_tripwires
 
 __all__ = [
     "VARLEN_ATTENTION_IMPLEMENTATIONS",
@@ -303,9 +300,7 @@ def _fla_backend(model: Any, report: GuardReport, mode: str) -> Any:
     """fla's own choice of GDN backend on this GPU, when an fla kernel serves a site (kernelguard.resolution.fla_backend)."""
     if report.device == "cpu" or not any(e.fast and e.implementation.startswith("fla") for e in report.kernel_sites):
         return None
-    from kernelguard.resolution import fla_backend, geometry
-    from kernelguard.resolution import ComputeCapability
-    from kernelguard.resolution import distribution_version
+    from kernelguard.resolution import ComputeCapability, distribution_version, fla_backend, geometry
 
     torch = sys.modules["torch"]
     dims = geometry.gdn_dims(getattr(model, "config", None) or {})

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
+from kernelguard.errors import KernelFallbackError
 from kernelguard.resolution import discovery, transformers_calls
 from kernelguard.resolution import transformers_compat as compat
-from kernelguard.errors import KernelFallbackError
 
 __all__ = [
     "REGISTRY",

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kernelguard.resolution import CU_SEQ_LENS_K, CU_SEQ_LENS_Q, SEQ_IDX
+
 __all__ = [
     "RowSegments",
     "block_mask_starts",
@@ -89,7 +91,7 @@ class RowSegments:
     @property
     def source(self) -> str:
         """The signal the example count is quoted from in a message."""
-        for name, starts in (("cu_seq_lens_q", self.by_cu_seq_lens), ("seq_idx", self.by_seq_idx)):
+        for name, starts in ((CU_SEQ_LENS_Q, self.by_cu_seq_lens), (SEQ_IDX, self.by_seq_idx)):
             if starts is not None and len(starts) == self.examples:
                 return name
         return "position_ids"
@@ -100,9 +102,9 @@ class RowSegments:
         if self.by_positions is not None:
             out["position_ids"] = self.by_positions[0]
         if self.by_cu_seq_lens is not None:
-            out["cu_seq_lens_q"] = self.by_cu_seq_lens
+            out[CU_SEQ_LENS_Q] = self.by_cu_seq_lens
         if self.by_seq_idx is not None:
-            out["seq_idx"] = self.by_seq_idx
+            out[SEQ_IDX] = self.by_seq_idx
         if self.by_mask is not None:
             out["attention_mask"] = self.by_mask
         return out
@@ -155,16 +157,16 @@ def read_segments(position_ids: Any, kwargs: dict[str, Any], attention_mask: Any
     found: dict[str, Any] = {"rows": rows, "length": length}
     if position_ids is not None and hasattr(position_ids, "dim"):
         found["by_positions"] = tuple(tuple(r) for r in position_starts(position_ids))
-    cu = kwargs.get("cu_seq_lens_q")
+    cu = kwargs.get(CU_SEQ_LENS_Q)
     if cu is not None and hasattr(cu, "tolist"):
         values = [int(v) for v in cu.reshape(-1).tolist()]
         while len(values) > 2 and values[-1] == values[-2]:  # padded to a static shape: repeats describe nothing
             values.pop()
         found["by_cu_seq_lens"], found["cu_end"] = tuple(values[:-1]), (values[-1] if values else 0)
-        cu_k = kwargs.get("cu_seq_lens_k")
+        cu_k = kwargs.get(CU_SEQ_LENS_K)
         found["cu_k_differs"] = cu_k is not None and cu_k is not cu and (
             tuple(cu_k.shape) != tuple(cu.shape) or bool((cu_k.to(cu.device) != cu).any()))
-    seq_idx = kwargs.get("seq_idx")
+    seq_idx = kwargs.get(SEQ_IDX)
     if seq_idx is not None and hasattr(seq_idx, "dim"):
         row = seq_idx.reshape(-1) if seq_idx.dim() == 1 else seq_idx[0]
         changes = (row[1:] != row[:-1]).nonzero().flatten() + 1 if row.numel() > 1 else row.new_empty(0)
@@ -226,14 +228,14 @@ def signals_disagree_on_device(position_ids: Any, kwargs: dict[str, Any], attent
         row = positions[0]
         length = row.shape[0]
         markers.append(torch.cat([row.new_ones(1, dtype=torch.bool), row[1:] != row[:-1] + 1]))
-    seq_idx = kwargs.get("seq_idx")
+    seq_idx = kwargs.get(SEQ_IDX)
     if seq_idx is not None and hasattr(seq_idx, "dim") and (seq_idx.dim() == 1 or seq_idx.shape[0] == 1):
         row = seq_idx.reshape(-1)
         if length is not None and row.shape[0] != length:
             return None
         length = row.shape[0]
         markers.append(torch.cat([row.new_ones(1, dtype=torch.bool), row[1:] != row[:-1]]))
-    cu = kwargs.get("cu_seq_lens_q")
+    cu = kwargs.get(CU_SEQ_LENS_Q)
     ends_wrong = None
     if cu is not None and hasattr(cu, "dim") and cu.dim() == 1 and length is not None and markers:
         device = markers[0].device
@@ -274,7 +276,7 @@ def block_mask_starts(mask: Any) -> tuple[int, ...] | None:
 
 def _shape(position_ids: Any, kwargs: dict[str, Any]) -> tuple[int, int]:
     """(rows, tokens per row) of the call, from whichever tensor tells it."""
-    for tensor in (position_ids, kwargs.get("input_ids"), kwargs.get("seq_idx"), kwargs.get("inputs_embeds")):
+    for tensor in (position_ids, kwargs.get("input_ids"), kwargs.get(SEQ_IDX), kwargs.get("inputs_embeds")):
         if tensor is None or not hasattr(tensor, "dim"):
             continue
         if tensor is position_ids and tensor.dim() == 3:

@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from types import FrameType, ModuleType, TracebackType
 from typing import Any
 
-from kernelguard.runtime import import_hook
-from kernelguard.resolution import kernels_funcs
-from kernelguard.resolution import transformers_compat as compat
 from kernelguard.errors import ConfigError, KernelFallbackError
-from kernelguard.resolution import AllowPolicy
+from kernelguard.resolution import AllowPolicy, kernels_funcs
+from kernelguard.resolution import transformers_compat as compat
+from kernelguard.runtime import import_hook
 from kernelguard.runtime.registry import (
     REGISTRY,
     FallbackEvent,

@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from .compose import CheckOptions, CheckResult, run_check
 from kernelguard.errors import ConfigError, ResolutionError
-from kernelguard.resolution import AllowPolicy
-from kernelguard.resolution import PYTHON
+from kernelguard.resolution import PYTHON, AllowPolicy
+
+from .compose import CheckOptions, CheckResult, run_check
 
 __all__ = ["check", "require", "resolution_error"]
 
@@ -136,9 +136,7 @@ def _load_fixes(result: CheckResult, syntax: str) -> list[str]:
 def _fixes(failing: list[str], *, packed_training: bool, syntax: str) -> list[str]:
     """Install first; then only the allow items that can help: in packed training a GDN torch reference cannot
     keep the examples apart, so no allow makes it acceptable, and padded batches are the other way out."""
-    from kernelguard.resolution import VARLEN_ATTENTION
-    from kernelguard.resolution import ATTENTION
-    from kernelguard.resolution import allow_hint, option_hint
+    from kernelguard.resolution import ATTENTION, VARLEN_ATTENTION, allow_hint, option_hint
 
     fixes = ["install the provider named in the fix line under each rejected provider below"]
     if not failing:  # a served kernel whose numerics disagree: nothing to allow

@@ -8,15 +8,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelguard.resolution import catalog, discovery
-from kernelguard.resolution import ComputeCapability, parse_all
-from kernelguard.resolution import Environment, probe, with_gpus
 from kernelguard.errors import ConfigError
-from kernelguard.resolution import Facts, HubLoad
-from kernelguard.resolution import probe_hub_load, resolve_use_hub
-from kernelguard.resolution import AllowPolicy
-from kernelguard.resolution import PackageFacts, probe_package
-from kernelguard.resolution import Resolution, Target, resolve
+from kernelguard.resolution import (
+    AllowPolicy,
+    ComputeCapability,
+    Environment,
+    Facts,
+    HubLoad,
+    PackageFacts,
+    Resolution,
+    Target,
+    catalog,
+    discovery,
+    parse_all,
+    probe,
+    probe_hub_load,
+    probe_package,
+    resolve,
+    resolve_use_hub,
+    with_gpus,
+)
 
 __all__ = ["CONFIG_KEYS", "CheckOptions", "CheckResult", "load_pyproject_defaults", "run_check"]
 
@@ -209,8 +220,7 @@ def _probe_hub(requirements: catalog.Requirements, target: Target, env: Environm
 def _check_hub_layers(requirements: catalog.Requirements, probes: dict[str, Any]) -> dict[str, Any]:
     """For each mapped op whose repository resolved to a variant: the installed kernels accepts its layer for
     the check's mode, and the layer takes transformers' call (see :mod:`kernelguard.resolution.providers.hub_layers`)."""
-    from kernelguard.resolution import check_hub_layer, variant_folder
-    from kernelguard.resolution import call_shape, reference_parameters
+    from kernelguard.resolution import call_shape, check_hub_layer, reference_parameters, variant_folder
 
     checks: dict[str, Any] = {}
     for req in requirements.kernels:

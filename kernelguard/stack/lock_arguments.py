@@ -8,9 +8,8 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from kernelguard.resolution import ComputeCapability
 from kernelguard.errors import ConfigError
-from kernelguard.resolution import CLI, PYTHON
+from kernelguard.resolution import CLI, PYTHON, ComputeCapability
 
 __all__: list[str] = [
     "rebuild_command",

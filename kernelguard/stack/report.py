@@ -33,16 +33,18 @@ from typing import TYPE_CHECKING, Any
 from kernelguard.resolution import (
     ACCEPTED,
     ALLOWED,
+    CLI,
     FALLBACK,
     REJECTED,
     SELECTED,
     SKIPPED,
     Decision,
+    command_lines,
     fix_alternatives,
+    in_terms,
+    is_command,
     split_fix,
 )
-from kernelguard.resolution import command_lines, is_command
-from kernelguard.resolution import CLI, in_terms
 
 if TYPE_CHECKING:  # report formats what check produced; it must not depend on check at run time
     from .compose import CheckResult

@@ -20,12 +20,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from kernelguard.resolution import ComputeCapability
-from .compose import CheckOptions, CheckResult, run_check
 from kernelguard.errors import ConfigError, LockMismatch
-from kernelguard.resolution import fla_backend_command, pin_command
+from kernelguard.resolution import CLI, ComputeCapability, allow_hint, fla_backend_command, pin_command
+
+from .compose import CheckOptions, CheckResult, run_check
 from .lock_arguments import rebuild_command, refuse_contradictions
-from kernelguard.resolution import CLI, allow_hint
 
 __all__ = [
     "Difference",

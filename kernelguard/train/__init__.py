@@ -22,17 +22,15 @@ __all__ = [
     "peak_flops",
 ]
 
-# What this room offers the rest of kernelguard: each name and the module of this room that defines it
-# ("module:" offers that module itself), loaded on first use.
+# Each module of this room and the names it offers the rest of kernelguard, loaded on first use.
 _OFFERS = {
-    "build_parser": "settings.config_cli",
-    "check_destination": "output.export_checks",
-    "DEFAULT_MAX_SHARD_SIZE": "settings.config_rules",
-    "exit_program": "__main__",
-    "export_checkpoint": "output.export",
-    "main": "__main__",
-    "not_a_checkpoint": "output.checkpoint_layout",
-    "peak_flops": "output.metrics",
+    "__main__": ("exit_program", "main"),
+    "output.checkpoint_layout": ("not_a_checkpoint",),
+    "output.export": ("export_checkpoint",),
+    "output.export_checks": ("check_destination",),
+    "output.metrics": ("peak_flops",),
+    "settings.config_cli": ("build_parser",),
+    "settings.config_rules": ("DEFAULT_MAX_SHARD_SIZE",),
 }
 
 __getattr__ = lazy_face(__name__, _OFFERS)

@@ -27,8 +27,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kernelguard.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, ConfigError
-from kernelguard.errors import children_start_with_interrupts_held, end_startup_interrupts
+from kernelguard.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    ConfigError,
+    children_start_with_interrupts_held,
+    end_startup_interrupts,
+)
 
 from . import failures
 from .common.atomic_file import write_text_atomically

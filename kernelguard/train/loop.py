@@ -17,8 +17,8 @@ from typing import Any, NoReturn
 import torch
 
 from kernelguard.errors import CheckpointError, Preempted
-from kernelguard.runtime import allowed_line, check_stack, run_gate
 from kernelguard.resolution import AllowPolicy
+from kernelguard.runtime import allowed_line, check_stack, run_gate
 
 from .common.command_line import command_with, resume_command
 from .common.logs import log

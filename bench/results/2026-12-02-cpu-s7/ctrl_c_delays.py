@@ -1,7 +1,14 @@
 """Ctrl-C (SIGINT to the process group) N seconds into `kernelguard train --nproc-per-node 2`, for each N given;
 prints the exit code and last line, and where the interrupt was raised when the run went on anyway (exit 0).
 Run from the repository root: python bench/results/2026-12-02-cpu-s7/ctrl_c_delays.py 0.3 0.65 1.0"""
-import glob, json, os, signal, subprocess, sys, tempfile, time
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from ..catalog import PackageSpec
 from kernelguard.errors import ConfigError
+
+from ..catalog import PackageSpec
 from ..facts import ExtensionFacts, PackageFacts
 
 __all__ = ["CRASH_PREFIX", "IMPORT_PROBE_TIMEOUT_S", "probe_package"]

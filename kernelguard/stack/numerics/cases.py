@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kernelguard.resolution import SEQ_IDX
+
 from .references import CHUNK, CONV, CONV_UPDATE, FLA_KERNELS, RECURRENT
 from .results import NumericsCase, compare, error_case
 from .shapes import GdnShape
@@ -239,7 +241,7 @@ def _check_conv(
         seq_idx = torch.tensor([ids], dtype=torch.int32, device=device)
         bounds = segment_bounds(segments)
     try:
-        extra = {} if seq_idx is None else {"seq_idx": seq_idx}
+        extra = {} if seq_idx is None else {SEQ_IDX: seq_idx}  # causal_conv1d_fn's parameter, the batch's name
         y = fn(kx.transpose(1, 2), kw_, None, activation="silu", **extra)
         kdx, kdw = _grads(y, dy, [kx, kw_])
     except Exception as exc:  # noqa: BLE001

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernelguard.resolution import geometry
-from kernelguard.resolution import family_of_model_type, hub_wrapper
+from kernelguard.resolution import family_of_model_type, geometry, hub_wrapper
 
 __all__ = [
     "CHUNK",

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
-from kernelguard.resolution import dangling_link, saved_dataset
-from kernelguard.resolution import extra_command
+from kernelguard.resolution import dangling_link, extra_command, saved_dataset
 
 from .rows import Row, data_error
 

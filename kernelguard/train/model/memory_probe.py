@@ -16,9 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from kernelguard.resolution import is_decode_only
 from kernelguard.errors import ConfigError
-from kernelguard.resolution import text_config
+from kernelguard.resolution import boundary_arguments, is_decode_only, text_config
 
 __all__ = ["DTYPE_BYTES", "PROBE_ATTENTION", "ActivationProbe", "build_probe_model", "measure_activations"]
 
@@ -182,11 +181,8 @@ def _packed_inputs(tokens: int) -> dict[str, Any]:
     return {
         "input_ids": torch.zeros(1, tokens, dtype=torch.long, device=meta),
         "position_ids": torch.zeros(1, tokens, dtype=torch.long, device=meta),
-        "cu_seq_lens_q": torch.tensor(cuts, dtype=torch.int32, device=meta),
-        "cu_seq_lens_k": torch.tensor(cuts, dtype=torch.int32, device=meta),
-        "max_length_q": tokens // 3 + 1,
-        "max_length_k": tokens // 3 + 1,
-        "seq_idx": torch.zeros(1, tokens, dtype=torch.int32, device=meta),
+        **boundary_arguments(torch.tensor(cuts, dtype=torch.int32, device=meta),
+                             torch.zeros(1, tokens, dtype=torch.int32, device=meta), tokens // 3 + 1),
     }
 
 

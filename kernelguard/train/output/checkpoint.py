@@ -350,9 +350,7 @@ def diverged(cfg: Any, step: int, result: StepResult) -> TrainingDiverged:
         f"{name} is {value}" for name, value in (("loss", result.loss), ("gradient norm", result.grad_norm))
         if not math.isfinite(value)
     )
-    from ..output import checkpoint as ckpt
-
-    saved = ckpt.complete_checkpoints(cfg.checkpoint.output_dir)
+    saved = complete_checkpoints(cfg.checkpoint.output_dir)
     kept = f"the last good checkpoint is {saved[-1][1]}" if saved else "no checkpoint was saved before it"
     opt = cfg.optimizer
     return TrainingDiverged(

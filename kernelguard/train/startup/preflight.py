@@ -333,8 +333,7 @@ def _safetensors_params(path: Path) -> int | None:
 
 def _over_segment_limit(counts: list[int], config: Any) -> tuple[int, int, list[tuple[int, int]]] | None:
     """(limit, value heads, over-limit blocks as (index, segments)) when a block passes fla < 0.6.0's limit."""
-    from kernelguard.resolution import gdn_dims
-    from kernelguard.resolution import FLA_1077_GRID_LIMIT
+    from kernelguard.resolution import FLA_1077_GRID_LIMIT, gdn_dims
 
     dims = gdn_dims(config)
     if dims is None or not counts:
@@ -356,9 +355,8 @@ def check_packed_segments(counts: list[int], *, config: Any, fla_version: str | 
     a block with more than 65,535 // HV segments fails at its first step. Refused here, before step 1."""
     from packaging.version import InvalidVersion, Version
 
-    from kernelguard.resolution import distribution_version
     from kernelguard.errors import GuardRefused
-    from kernelguard.resolution import by_id
+    from kernelguard.resolution import by_id, distribution_version
 
     issue = by_id("fla-1077-too-many-segments")
     version = fla_version or distribution_version("fla-core") or distribution_version("flash-linear-attention")

@@ -27,9 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernelguard.resolution import IGNORE_INDEX
-
 from kernelguard.errors import ConfigError
+from kernelguard.resolution import IGNORE_INDEX
 
 DEFAULT_CHUNK_TOKENS = 4096
 

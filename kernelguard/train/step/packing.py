@@ -15,7 +15,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from kernelguard.resolution import BOUNDARY_KEYWORDS, IGNORE_INDEX
+from kernelguard.resolution import (
+    BOUNDARY_KEYWORDS,
+    CU_SEQ_LENS_Q,
+    IGNORE_INDEX,
+    MAX_LENGTH_Q,
+    SEQ_IDX,
+    boundary_arguments,
+)
 
 from ..settings.packing_modes import NAIVE, NO_BOUNDARIES, NO_PACKING, PACKED, PACKING_MODES
 
@@ -227,11 +234,7 @@ def build_packed_block(
         "input_ids": torch.tensor([input_ids], dtype=torch.long),
         "labels": torch.tensor([labels], dtype=torch.long),
         "position_ids": torch.tensor([positions], dtype=torch.long),
-        "cu_seq_lens_q": cu_q,
-        "cu_seq_lens_k": cu_q.clone(),
-        "max_length_q": max_len,
-        "max_length_k": max_len,
-        "seq_idx": torch.tensor([seq_idx], dtype=torch.int32),
+        **boundary_arguments(cu_q, torch.tensor([seq_idx], dtype=torch.int32), max_len),
         "num_real_tokens": real,
     }
 
@@ -247,27 +250,20 @@ def merge_packed_blocks(blocks: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     if len(blocks) == 1:
         return blocks[0]
-    if not blocks or any("cu_seq_lens_q" not in b or "seq_idx" not in b for b in blocks):
-        raise ValueError("only packed blocks with their boundaries (cu_seq_lens_q, seq_idx) can share a row")
-    cu, seq_idx, offset, segments = [blocks[0]["cu_seq_lens_q"][:1]], [], 0, 0
+    if not blocks or any(CU_SEQ_LENS_Q not in b or SEQ_IDX not in b for b in blocks):
+        raise ValueError(f"only packed blocks with their boundaries ({CU_SEQ_LENS_Q}, {SEQ_IDX}) can share a row")
+    cu, seq_idx, offset, segments = [blocks[0][CU_SEQ_LENS_Q][:1]], [], 0, 0
     for b in blocks:
-        cu.append(b["cu_seq_lens_q"][1:] + offset)
-        seq_idx.append(b["seq_idx"] + segments)
+        cu.append(b[CU_SEQ_LENS_Q][1:] + offset)
+        seq_idx.append(b[SEQ_IDX] + segments)
         offset += int(b["input_ids"].shape[1])
-        segments += len(b["cu_seq_lens_q"]) - 1
-    cu_q = torch.cat(cu)
-    longest = max(int(b["max_length_q"]) for b in blocks)
+        segments += len(b[CU_SEQ_LENS_Q]) - 1
+    longest = max(int(b[MAX_LENGTH_Q]) for b in blocks)
     merged: dict[str, Any] = {
         key: torch.cat([b[key] for b in blocks], dim=1) for key in ("input_ids", "labels", "position_ids")
     }
-    merged |= {
-        "cu_seq_lens_q": cu_q,
-        "cu_seq_lens_k": cu_q.clone(),
-        "max_length_q": longest,
-        "max_length_k": longest,
-        "seq_idx": torch.cat(seq_idx, dim=1),
-        "num_real_tokens": sum(int(b["num_real_tokens"]) for b in blocks),
-    }
+    merged |= boundary_arguments(torch.cat(cu), torch.cat(seq_idx, dim=1), longest)
+    merged["num_real_tokens"] = sum(int(b["num_real_tokens"]) for b in blocks)
     for key, value in blocks[0].items():
         if key.startswith("_") and isinstance(value, list):
             merged[key] = [x for b in blocks for x in b[key]]
@@ -278,7 +274,7 @@ def forward_rows(micro: Sequence[dict[str, Any]], blocks_per_forward: int) -> li
     """A step's micro-batches as the rows its forwards take: consecutive packed blocks merged
     ``blocks_per_forward`` at a time (:func:`merge_packed_blocks`). Layouts without boundaries (padded
     batches, the leaky/naive controls) keep one forward per block: merging them would change what they are."""
-    if blocks_per_forward <= 1 or not all("cu_seq_lens_q" in b for b in micro):
+    if blocks_per_forward <= 1 or not all(CU_SEQ_LENS_Q in b for b in micro):
         return list(micro)
     return [
         merge_packed_blocks(micro[i : i + blocks_per_forward]) for i in range(0, len(micro), blocks_per_forward)
