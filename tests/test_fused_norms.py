@@ -1,6 +1,6 @@
 """`kernelguard train --fused-norms` (kernelguard.train.model.fused_norms): which modules Liger's fused RMSNorm and
 SiLU-gate kernels may replace, decided by what each computes; and the refusal when liger_kernel is missing.
-The kernels themselves need CUDA (bench/gpu/perf_round4.sh measures them)."""
+The kernels themselves need CUDA (bench/gpu/levers_widths_export.sh measures them)."""
 
 from __future__ import annotations
 

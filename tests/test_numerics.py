@@ -418,7 +418,7 @@ def test_fla_at_key_dim_64_on_the_640_stack_is_measured_and_a_wrong_dk_is_caught
     """On the stack fla #640 is reported for (Hopper, Triton 3.4-3.7.0), with fla's refusal lifted: the numbers
     at key head dim 64 are measured within a minute, and a real fla whose dk is off by 10% (upstream's #640
     errors are larger) fails exactly on dk. On Triton 3.6.0 + fla 0.6.0 the corruption itself does not occur
-    (bench/RESULTS.md 2d, and this test's first half): `fla-640-wrong-grads` stays refused by default because
+    (bench/RESULTS.md 2.4, and this test's first half): `fla-640-wrong-grads` stays refused by default because
     it is reported upstream, not because it was reproduced here."""
     if fla_refusal_lifted != [True, True, False]:
         pytest.skip(f"not the fla issue 640 stack (Hopper, Triton 3.4-3.7.0): {fla_refusal_lifted}")

@@ -94,7 +94,7 @@ def test_one_gpu_packed_bf16_training_with_varlen_and_resume(tmp_path: Path) -> 
             # what a user of this stack would do; no slow-path allowance is given.
             "--allow", "fla-640-wrong-grads",
             # Its subject is varlen attention and resume; three processes each compiling outgrew the
-            # acceptance's shared phase (bench/RESULTS.md 1a0000000). Compile on a GPU is the default that
+            # acceptance's shared phase (bench/RESULTS.md 1.11). Compile on a GPU is the default that
             # bench/gpu/train_diagnosis.sh and the timed variants run.
             "--no-compile", *extra,
         ]  # fmt: skip

@@ -334,7 +334,7 @@ def _reference_decision(kernel: str, target: Target, call_site: str, requirement
     reason = (
         f"{call_site} is transformers' pure-PyTorch reference: correct but slow in training (launch-bound; GPU "
         "utilisation still reads high; measured on one H200: kernelguard train's fast path ran 6.8x this path's "
-        "tokens/s on a 1.16 B Qwen3.5-shaped proxy, bench/RESULTS.md 1a0)"
+        "tokens/s on a 1.16 B Qwen3.5-shaped proxy, bench/RESULTS.md 1.5)"
     )
     if asked and packed_training:
         return Decision(kernel, "torch reference", "reference", FALLBACK, f"{reason}; {PACKED_REFERENCE}.",

@@ -280,7 +280,7 @@ class RuntimeSection:
         "--gradient-accumulation-steps",
         metavar="auto|N",
     )
-    # Off by default: compile fuses what it fuses, and costs more with it (bench/RESULTS.md 1a000000).
+    # Off by default: compile fuses what it fuses, and costs more with it (bench/RESULTS.md 1.10).
     fused_norms: bool = setting(
         False,
         "Liger-Kernel's fused RMSNorm and SiLU-gate kernels for every norm and MLP that computes exactly what "
