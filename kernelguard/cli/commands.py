@@ -14,12 +14,15 @@ from collections.abc import Sequence
 from kernelguard import __version__
 from kernelguard.stack import help_formatter
 
-from . import check, env, export, issues, lock, train
+from . import check, env, export, issues, lock, tokenizer, train
 from .common import Parser
 
 __all__ = ["COMMANDS", "main"]
 
-COMMANDS = {"check": check, "lock": lock, "env": env, "issues": issues, "train": train, "export": export}
+COMMANDS = {
+    "check": check, "lock": lock, "env": env, "issues": issues, "train": train, "export": export,
+    "tokenizer": tokenizer,
+}
 
 
 def _parser() -> Parser:

@@ -18,12 +18,14 @@ __all__ = [
     "exit_program",
     "export_checkpoint",
     "main",
+    "make_tokenizer_folder",
     "not_a_checkpoint",
     "peak_flops",
 ]
 
 # Each module of this room and the names it offers the rest of kernelguard, loaded on first use.
 _OFFERS = {
+    "inputs.tiktoken_folder": ("make_tokenizer_folder",),
     "__main__": ("exit_program", "main"),
     "output.checkpoint_layout": ("not_a_checkpoint",),
     "output.export": ("export_checkpoint",),
@@ -36,6 +38,7 @@ _OFFERS = {
 __getattr__ = lazy_face(__name__, _OFFERS)
 
 if TYPE_CHECKING:
+    from .inputs.tiktoken_folder import make_tokenizer_folder
     from .__main__ import exit_program, main
     from .output.checkpoint_layout import not_a_checkpoint
     from .output.export import export_checkpoint

