@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+# Every test sees a terminal width only where it sets one (monkeypatch.setenv("COLUMNS", ...)): pytest-xdist's
+# workers export COLUMNS=80, which a serial run does not have, and kernelguard fits its messages to it.
+os.environ.pop("COLUMNS", None)
 
 TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:

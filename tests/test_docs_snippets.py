@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 CONFIG_LANGS = {"toml", "yaml", "yml", "json", "ini", "cfg", "python", "py"}
-TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e '.[train,dev]' && .venv/bin/python -m pytest -q"
+TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e '.[train,dev]' && .venv/bin/python -m pytest -q -n auto --maxprocesses 4"
 MAIN_COMMAND_PREFIX = "python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e '.[train,dev]' && .venv/bin/kernelguard check"
 
 
