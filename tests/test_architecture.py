@@ -214,3 +214,19 @@ def test_the_packed_rows_keywords_are_spelled_only_in_their_home() -> None:
         if isinstance(node, ast.Constant) and node.value in BOUNDARY_KEYWORDS
     )
     assert spelled == []
+
+
+def test_the_interruption_lines_are_written_only_in_their_home() -> None:
+    """Each line a command stopped while starting prints lives in ``errors/exit_codes.py``: the console script's
+    first code, the commands and ``kernelguard train`` print the same words for the same signal."""
+    from kernelguard.errors import INTERRUPTED_LINES
+
+    lines = {line for said in INTERRUPTED_LINES.values() for line in said.values()}
+    home = PACKAGE / "errors" / "exit_codes.py"
+    spelled = sorted(
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path in PACKAGE.rglob("*.py") if path != home
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in lines
+    )
+    assert spelled == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kernelguard.errors import EXIT_FAIL, EXIT_OK, end_startup_interrupts
+from kernelguard.errors import EXIT_FAIL, EXIT_OK, end_startup_interrupts, exit_codes_help
 
 from .common import command_parser, non_empty_path, print_out, run_command
 
@@ -25,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Resolve which provider serves each kernel a model family needs, and why every other "
         "candidate was rejected. Works without a GPU (pass --arch). Defaults come from [tool.kernelguard] in "
         "the nearest pyproject.toml.",
-        epilog="exit codes: 0 every required kernel is served; 1 a requirement fails; 2 usage or configuration error",
+        epilog=exit_codes_help("check"),
     )
     add_check_arguments(parser)
     parser.add_argument("--run", action="store_true", help="on a GPU: run each fast kernel fwd+bwd vs the torch reference")

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from kernelguard import __version__
+from kernelguard.errors import exit_codes_help
 from kernelguard.stack import help_formatter
 
 from . import check, env, export, issues, lock, tokenizer, train
@@ -30,8 +31,7 @@ def _parser() -> Parser:
         prog="kernelguard",
         formatter_class=help_formatter(),
         description="Stop hybrid (gated-delta-net) model fine-tuning from silently running slow fallback kernels.",
-        epilog="exit codes: 0 every required kernel is served well; 1 a requirement fails; 2 usage or configuration "
-        "error; 3 kernelguard train refused to start (the guard found a slow fallback)",
+        epilog=exit_codes_help("kernelguard"),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)

@@ -8,12 +8,19 @@ import os
 import sys
 from collections.abc import Callable
 
-from kernelguard.errors import EXIT_USAGE, ConfigError, KernelGuardError, exit_code_for, startup_interrupts
+from kernelguard.errors import (
+    EXIT_USAGE,
+    INTERRUPTED_LINES,
+    ConfigError,
+    KernelGuardError,
+    exit_code_for,
+    startup_interrupts,
+)
 from kernelguard.stack import help_formatter, wrap_message
 
 __all__ = ["INTERRUPTED", "Parser", "command_parser", "non_empty_path", "print_out", "run_command"]
 
-INTERRUPTED = "kernelguard: interrupted."
+INTERRUPTED = INTERRUPTED_LINES[""]["SIGINT"]
 
 
 class Parser(argparse.ArgumentParser):

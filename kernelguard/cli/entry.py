@@ -13,18 +13,15 @@ import os
 import sys
 from types import FrameType
 
-__all__ = ["main"]
+from kernelguard.errors import INTERRUPTED_LINES  # loaded with the package: no signal module, no handler yet
 
-_TRAIN = {
-    signal.SIGINT: "kernelguard train: interrupted before training started; nothing was written.",
-    signal.SIGTERM: "kernelguard train: stopped by SIGTERM before training started; nothing was saved.",
-}
-_EXPORT = {signal.SIGINT: "kernelguard export: interrupted; nothing was written."}  # as kernelguard.cli.export's
-_OTHER = {signal.SIGINT: "kernelguard: interrupted."}  # as kernelguard.cli.common.INTERRUPTED
+__all__ = ["main"]
 
 
 def main() -> int:
-    lines = {"train": _TRAIN, "export": _EXPORT}.get(sys.argv[1] if len(sys.argv) > 1 else "", _OTHER)
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    said = INTERRUPTED_LINES.get(command, INTERRUPTED_LINES[""])
+    lines = {getattr(signal, name): line for name, line in said.items()}
 
     def leave(signum: int, frame: FrameType | None) -> None:
         print(lines[signum], file=sys.stderr, flush=True)

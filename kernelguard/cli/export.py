@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kernelguard.errors import (
     EXIT_OK,
+    INTERRUPTED_LINES,
     KernelGuardError,
     end_startup_interrupts,
     exit_code_for,
@@ -21,7 +22,7 @@ from .common import command_parser, non_empty_path
 __all__ = ["HELP", "main", "parser"]
 
 HELP = "a Hugging Face folder from a kernelguard train checkpoint (kernelguard export --help)"
-_INTERRUPTED = "kernelguard export: interrupted; nothing was written."
+_INTERRUPTED = INTERRUPTED_LINES["export"]["SIGINT"]
 
 
 def _path(text: str) -> Path:

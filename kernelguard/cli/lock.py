@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kernelguard.errors import EXIT_FAIL, EXIT_OK, end_startup_interrupts
+from kernelguard.errors import EXIT_FAIL, EXIT_OK, end_startup_interrupts, exit_codes_help
 
 from .check import add_check_arguments, check_options
 from .common import command_parser, non_empty_path, print_out, run_command
@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the check and, when it passes, write the lock of the stack it verified (schema in "
         "docs/lock.md). Jobs enforce it with `kernelguard check --lock`, `kernelguard train --lock`, "
         "kernelguard.require(lock=...) or KERNELGUARD_LOCK.",
-        epilog="exit codes: 0 written; 1 the check fails (nothing written); 2 usage or configuration error",
+        epilog=exit_codes_help("lock"),
     )
     add_check_arguments(parser)
     parser.add_argument("--output", "-o", default="kernelguard.lock", type=non_empty_path, metavar="FILE",

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from kernelguard.errors import EXIT_INTERRUPTED
+from kernelguard.errors import EXIT_INTERRUPTED, INTERRUPTED_LINES
 
 __all__ = ["HELP", "main", "parser"]
 
@@ -29,7 +29,7 @@ def main(argv: list[str], *, program: bool = False) -> int:
         from kernelguard.train import exit_program
         from kernelguard.train import main as train_main
     except KeyboardInterrupt:  # leave at once: the teardown after a half-done import can fail again
-        print("kernelguard train: interrupted before training started; nothing was written.", file=sys.stderr,
+        print(INTERRUPTED_LINES["train"]["SIGINT"], file=sys.stderr,
               flush=True)
         os._exit(EXIT_INTERRUPTED)
     code = train_main(argv)

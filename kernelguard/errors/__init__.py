@@ -20,9 +20,12 @@ Exit codes of ``kernelguard`` and ``kernelguard train`` (both read them from her
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "EXIT_MEANINGS",
+    "INTERRUPTED_LINES",
+    "exit_codes_help",
     "children_start_with_interrupts_held",
     "end_startup_interrupts",
     "release_held_interrupts",
@@ -55,9 +58,12 @@ from .exit_codes import (
     EXIT_FAIL,
     EXIT_GUARD,
     EXIT_INTERRUPTED,
+    EXIT_MEANINGS,
     EXIT_OK,
     EXIT_PREEMPTED,
     EXIT_USAGE,
+    INTERRUPTED_LINES,
+    exit_codes_help,
 )
 
 
@@ -234,10 +240,31 @@ def exit_code_for(error: BaseException) -> int:
     return next((code for kind, code in EXIT_CODES if isinstance(error, kind)), EXIT_FAIL)
 
 
-# How a command ends when interrupted while it starts (Ctrl-C, SIGTERM): with the exit codes above, offered here.
-from .interrupts import (  # noqa: E402 - it reads the exit codes defined above
-    children_start_with_interrupts_held,
-    end_startup_interrupts,
-    release_held_interrupts,
-    startup_interrupts,
-)
+
+# How a command ends when interrupted while it starts (errors.interrupts), loaded on first use: ``import kernelguard``
+# imports this package before the console script's signal handlers exist (kernelguard.cli.entry).
+_OFFERS = {
+    "interrupts": (
+        "children_start_with_interrupts_held",
+        "end_startup_interrupts",
+        "release_held_interrupts",
+        "startup_interrupts",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _OFFERS["interrupts"]:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import interrupts
+
+    return getattr(interrupts, name)
+
+
+if TYPE_CHECKING:
+    from .interrupts import (
+        children_start_with_interrupts_held,
+        end_startup_interrupts,
+        release_held_interrupts,
+        startup_interrupts,
+    )

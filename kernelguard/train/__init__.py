@@ -38,8 +38,8 @@ _OFFERS = {
 __getattr__ = lazy_face(__name__, _OFFERS)
 
 if TYPE_CHECKING:
-    from .inputs.tiktoken_folder import make_tokenizer_folder
     from .__main__ import exit_program, main
+    from .inputs.tiktoken_folder import make_tokenizer_folder
     from .output.checkpoint_layout import not_a_checkpoint
     from .output.export import export_checkpoint
     from .output.export_checks import check_destination

@@ -21,6 +21,7 @@ from kernelguard.errors import (
     EXIT_OK,
     EXIT_PREEMPTED,
     EXIT_USAGE,
+    INTERRUPTED_LINES,
     ConfigError,
     DataError,
     GuardRefused,
@@ -33,7 +34,7 @@ from .settings.config_cli import LaunchOptions
 
 __all__ = ["is_rank0", "main", "print_rank0"]
 
-_INTERRUPTED_LINE = "kernelguard train: interrupted before training started; nothing was written."
+_INTERRUPTED_LINE = INTERRUPTED_LINES["train"]["SIGINT"]
 
 
 def is_rank0() -> bool:
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     def stop(signum: int, frame: Any) -> None:
         # Leave from the handler itself: an exception raised here could land inside an import (accelerate's,
         # torch's) and come out as that import's ImportError and a traceback instead of this line.
-        line = "kernelguard train: stopped by SIGTERM before training started; nothing was saved."
+        line = INTERRUPTED_LINES["train"]["SIGTERM"]
         tell_torchrun(line)
         if not launched:
             print_rank0(line)

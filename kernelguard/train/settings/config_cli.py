@@ -10,7 +10,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from kernelguard.errors import ConfigError
+from kernelguard.errors import ConfigError, exit_codes_help
 from kernelguard.stack import fit_lines, fit_usage, terminal_width
 
 from .config import CONFIG_FILENAME, SECTIONS, TrainConfig, setting
@@ -286,9 +286,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         description="Packed FSDP2 supervised fine-tuning that starts only once kernelguard's guard passes. "
         "Flags follow Hugging Face's names; --flag_name spellings work too. Every flag can also be set in a "
         "--config file (key = the flag name with underscores); flags on the command line win.",
-        epilog="Exit codes: 0 ok; 2 usage, config or data error; 3 the guard refused (a slow fallback would "
-        "run); 4 training diverged: a NaN/inf loss (the last good checkpoint is kept). With --nproc-per-node, the same codes come back from the ranks. Plain `torchrun` exits 1 "
-        "whenever a rank fails, whatever the rank's code. Renamed flags (old names work for one release): "
+        epilog=exit_codes_help("train", capital=True) + ". With --nproc-per-node, the same codes come back from "
+        "the ranks. Plain `torchrun` exits 1 whenever a rank fails, whatever the rank's code. Renamed flags (old names work for one release): "
         + ", ".join(f"{old} -> {new}" for old, new in DEPRECATED_FLAGS.items())
         + ".",
     )
