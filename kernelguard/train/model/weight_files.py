@@ -34,11 +34,13 @@ __all__ = [
     "ABSURD",
     "BITS",
     "FileFindings",
+    "INDEX_FILE",
     "SHOWN",
     "TensorEntry",
     "WEIGHT_LAYOUTS",
     "listed",
     "read_files",
+    "safetensors_header",
     "weight_format",
     "weights_to_load",
 ]
@@ -116,28 +118,36 @@ def read_files(folder: Path, files: list[str], *, index: dict[str, str] | None) 
     return found
 
 
+def safetensors_header(path: Path, *, strict: bool = False) -> tuple[dict[str, Any], int]:
+    """A safetensors file's header (its first 8 bytes, little-endian, give the length of the JSON after them)
+    and where its tensor data starts; no tensor data is read. ValueError says what is not safetensors about
+    it (too short, a length past the end, not a JSON object); ``strict``: a tensor named twice in the header
+    too (JSON keeps the last silently). OSError as the file system raises it."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise ValueError(f"{len(raw)} bytes, shorter than a safetensors header")
+        (length,) = struct.unpack("<Q", raw)
+        if 8 + length > size:
+            raise ValueError(f"its header claims {length:,} bytes, the file has {size:,}")
+        header = json.loads(f.read(length), object_pairs_hook=_pairs if strict else None)
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    return header, 8 + length
+
+
 def _read_file(path: Path, found: FileFindings) -> dict[str, TensorEntry]:
     """One file's tensors; its problems go to ``found``."""
     try:
+        header, data_start = safetensors_header(path, strict=True)
         size = path.stat().st_size
-        with path.open("rb") as f:
-            raw = f.read(8)
-            if len(raw) < 8:
-                raise ValueError(f"{len(raw)} bytes, shorter than a safetensors header")
-            (length,) = struct.unpack("<Q", raw)
-            if 8 + length > size:
-                raise ValueError(f"its header claims {length:,} bytes, the file has {size:,}")
-            header = json.loads(f.read(length), object_pairs_hook=_pairs)
     except _Duplicate as e:
         found.refuse("named twice in one header (JSON keeps the last silently)", f"{e.args[0]} ({path.name})")
         return {}
     except (OSError, ValueError, UnicodeDecodeError) as e:
         found.refuse("files that are not readable safetensors", f"{path.name}: {e}")
         return {}
-    if not isinstance(header, dict):
-        found.refuse("files that are not readable safetensors", f"{path.name}: the header is not a JSON object")
-        return {}
-    data_start = 8 + length
     entries: dict[str, TensorEntry] = {}
     end = 0
     for key, value in header.items():

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from torch import nn
 
 from kernelguard.errors import CheckpointError
 
-from .weight_files import BITS, FLOATS, TensorEntry, listed, read_files
+from .weight_files import BITS, FLOATS, INDEX_FILE, TensorEntry, listed, read_files, safetensors_header
 
 __all__ = [
     "INDEX_FILE",
@@ -50,7 +49,6 @@ __all__ = [
     "read_layout",
 ]
 
-INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 MULTIMODAL_TEXT_PREFIX = "model.language_model."
 VISION_PREFIX = "model.visual."
@@ -89,16 +87,12 @@ class WeightPlan:
 def read_header(path: Path) -> dict[str, Any]:
     """A safetensors header (8-byte little-endian length, then JSON): no tensor data is read."""
     try:
-        with path.open("rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-    except (OSError, ValueError, struct.error) as e:
+        header, _ = safetensors_header(path)
+    except (OSError, ValueError) as e:
         raise CheckpointError(
             f"{path} is not a readable safetensors file ({e}).",
             fix="re-download or re-save the checkpoint (save_pretrained)",
         ) from e
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path} has no safetensors header.", fix="re-save the checkpoint")
     return header
 
 
@@ -232,9 +226,7 @@ def _same_bytes(layout: SourceLayout, a: str, b: str) -> bool:
         return False
     starts = []
     for e in (ea, eb):
-        with (layout.folder / e.file).open("rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-        starts.append(8 + length + e.offsets[0])
+        starts.append(safetensors_header(layout.folder / e.file)[1] + e.offsets[0])
     remaining = ea.offsets[1] - ea.offsets[0]
     with (layout.folder / ea.file).open("rb") as fa, (layout.folder / eb.file).open("rb") as fb:
         fa.seek(starts[0])

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from ..inputs.identity import (
     write_identity,
 )
 from ..model.parallel import model_source
-from ..model.weight_files import weights_to_load
+from ..model.weight_files import safetensors_header, weights_to_load
 from ..output import checkpoint as ckpt
 from ..output.checkpoint_layout import step_of
 from ..settings.config import TrainConfig, save_config
@@ -306,14 +305,11 @@ def _params_from_weights(folder: Path) -> int | None:
 
 
 def _safetensors_header(path: Path) -> dict[str, Any] | None:
-    """A safetensors header (8-byte length, then JSON): no tensor data is read."""
+    """A safetensors header, None when the file is not one (the weight check says why, later)."""
     try:
-        with path.open("rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-    except (OSError, ValueError, struct.error):
+        return safetensors_header(path)[0]
+    except (OSError, ValueError):
         return None
-    return header if isinstance(header, dict) else None
 
 
 def _safetensors_params(path: Path) -> int | None:
