@@ -230,3 +230,20 @@ def test_the_interruption_lines_are_written_only_in_their_home() -> None:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in lines
     )
     assert spelled == []
+
+
+def test_the_run_folders_file_names_are_spelled_only_in_their_home() -> None:
+    """``train/common/run_folder.py`` names what a run writes; the stages that write, read, refuse to overwrite or
+    export it use those names (a file named in one place and written under another is a resume that misses it)."""
+    from kernelguard.train.common import run_folder
+
+    names = {run_folder.RUN_FILE, run_folder.CONFIG_FILE, run_folder.METRICS_FILE, run_folder.METRICS_PLOT,
+             run_folder.LOCK_FILE, run_folder.FINAL_TMP}
+    home = PACKAGE / "train" / "common" / "run_folder.py"
+    spelled = sorted(
+        f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}"
+        for path in PACKAGE.rglob("*.py") if path != home
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+    )
+    assert spelled == []

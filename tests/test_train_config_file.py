@@ -15,8 +15,8 @@ import pytest
 
 from kernelguard.errors import ConfigError
 from kernelguard.train.__main__ import main
+from kernelguard.train.common.run_folder import CONFIG_FILE
 from kernelguard.train.settings.config import (
-    CONFIG_FILENAME,
     INVOCATION_FIELDS,
     TrainConfig,
     config_dict,
@@ -308,7 +308,7 @@ def test_saved_config_is_a_config_file_that_repeats_the_run(tmp_path: Path) -> N
          "--save-total-limit", "3", "--no-export", "--resume"]
     ).config  # fmt: skip
     written = save_config(cfg, tmp_path)
-    assert written == tmp_path / CONFIG_FILENAME and not list(tmp_path.glob("*.tmp"))
+    assert written == tmp_path / CONFIG_FILE and not list(tmp_path.glob("*.tmp"))
     data = json.loads(written.read_text())
     assert data["learning_rate"] == 0.002 and data["adam_betas"] == [0.8, 0.9]
     assert data["output_dir"] == str(tmp_path / "out") and "lr" not in data and "betas" not in data

@@ -70,11 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         if (refusal := not_a_checkpoint(args.checkpoint.expanduser())) is not None:
             print(wrap_message(f"kernelguard export: error: {_with_command(refusal, argv)}"), file=sys.stderr)
             return exit_code_for(refusal)
-        from kernelguard.train import check_destination
+        from kernelguard.train import FINAL, check_destination
 
         checkpoint = args.checkpoint.expanduser()
         try:  # an output that is taken is refused before torch loads too
-            check_destination(args.output.expanduser() if args.output else checkpoint.parent.parent / "final",
+            check_destination(args.output.expanduser() if args.output else checkpoint.parent.parent / FINAL,
                               overwrite=args.overwrite, checkpoint=checkpoint)
         except KernelGuardError as e:
             print(wrap_message(f"kernelguard export: error: {e}"), file=sys.stderr)
@@ -105,12 +105,14 @@ def _with_command(error: KernelGuardError, argv: list[str]) -> KernelGuardError:
     """The refusal with, as its fix, this command line with the checkpoint it names in place of the one given."""
     import shlex
 
+    from kernelguard.train import FINAL
+
     old, new = error.details.get("replace", (None, None))
     if old is None or not any(Path(a).expanduser() == Path(old) for a in argv):
         return error
     fixed = [new if Path(a).expanduser() == Path(old) else a for a in argv]
     given_output = any(a == "--output" or a.startswith("--output=") for a in fixed) or "--overwrite" in fixed
-    default = Path(new).parent.parent / "final"
+    default = Path(new).parent.parent / FINAL
     if not given_output and default.exists():  # the default output is taken: a fix that pastes needs its own
         fixed += ["--output", str(default.with_name(f"final-{Path(new).name}"))]
     return type(error)(error.message, fix=f"kernelguard export {shlex.join(fixed)}", details=error.details)

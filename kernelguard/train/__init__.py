@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_MAX_SHARD_SIZE",
     "exit_program",
     "export_checkpoint",
+    "FINAL",
     "main",
     "make_tokenizer_folder",
     "not_a_checkpoint",
@@ -25,6 +26,7 @@ __all__ = [
 
 # Each module of this room and the names it offers the rest of kernelguard, loaded on first use.
 _OFFERS = {
+    "common.run_folder": ("FINAL",),
     "inputs.tiktoken_folder": ("make_tokenizer_folder",),
     "__main__": ("exit_program", "main"),
     "output.checkpoint_layout": ("not_a_checkpoint",),
@@ -39,6 +41,7 @@ __getattr__ = lazy_face(__name__, _OFFERS)
 
 if TYPE_CHECKING:
     from .__main__ import exit_program, main
+    from .common.run_folder import FINAL
     from .inputs.tiktoken_folder import make_tokenizer_folder
     from .output.checkpoint_layout import not_a_checkpoint
     from .output.export import export_checkpoint

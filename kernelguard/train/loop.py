@@ -23,6 +23,7 @@ from kernelguard.runtime import allowed_line, check_stack, run_gate
 from .common.command_line import command_with, resume_command
 from .common.logs import log
 from .common.ranks import DistInfo, on_main
+from .common.run_folder import FINAL, METRICS_FILE
 from .inputs.data import (
     chat_template_name,
     check_eval_overlap,
@@ -246,7 +247,7 @@ def check_resume_plan(cfg: TrainConfig, start: StartPlan, plan: Plan) -> dict[st
     if start.resume_from is None:
         return None
     saved = ckpt.read_trainer_state(start.resume_from)
-    export_pending = cfg.checkpoint.export and not (cfg.checkpoint.output_dir / "final").exists()
+    export_pending = cfg.checkpoint.export and not (cfg.checkpoint.output_dir / FINAL).exists()
     if int(saved.get("step", 0)) > plan.stop_step or (int(saved.get("step", 0)) == plan.stop_step
                                                       and not export_pending):
         raise nothing_left_to_train(start.resume_from, int(saved.get("step", 0)), plan.stop_step)
@@ -445,7 +446,7 @@ def finish(cfg: TrainConfig, info: DistInfo, state: TrainState, built: BuiltMode
         files = len(list(final.glob("*.safetensors"))) if info.is_main else 0
         log(info, f"exported {final} in {time.perf_counter() - t0:.1f} s ({files} safetensors file"
                   + ("s)" if files != 1 else ")"))
-    if info.is_main and cfg.metrics.plot and (cfg.checkpoint.output_dir / "metrics.jsonl").exists():
+    if info.is_main and cfg.metrics.plot and (cfg.checkpoint.output_dir / METRICS_FILE).exists():
         if said := plot_run_metrics(cfg.checkpoint.output_dir):
             log(info, said, logging.WARNING if said.startswith("warning") else logging.INFO)
     steps = data.plan.stop_step

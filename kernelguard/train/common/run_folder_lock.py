@@ -30,9 +30,10 @@ from typing import Any
 
 from kernelguard.errors import CheckpointError, ConfigError, KernelGuardError
 
+from ..common.run_folder import LOCK_FILE
+
 __all__ = ["HOLDER_ENV", "LOCK_FILE", "OutputLock", "acquire", "hold_for_run", "holder_of"]
 
-LOCK_FILE = ".kernelguard.lock"
 HOLDER_ENV = "KERNELGUARD_LOCK_HOLDER"  # set by the launcher for its ranks: the pid that holds the lock
 
 

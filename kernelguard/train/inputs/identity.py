@@ -23,6 +23,7 @@ from typing import Any
 from kernelguard.errors import CheckpointError, ConfigError
 
 from ..common.atomic_file import write_text_atomically
+from ..common.run_folder import RUN_FILE
 from ..settings.config import RENAMED, TrainConfig
 
 __all__ = [
@@ -42,7 +43,6 @@ __all__ = [
     "write_identity",
 ]
 
-RUN_FILE = "run.json"
 IDENTITY_VERSION = 2
 
 # Settings that change the examples, their packing and order, or the schedule (see the module docstring).

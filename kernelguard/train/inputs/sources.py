@@ -16,6 +16,7 @@ from typing import Any
 from kernelguard.errors import ConfigError
 from kernelguard.resolution import dangling_link, extra_command, saved_dataset
 
+from ..common.run_folder import CONFIG_FILE, METRICS_FILE, RUN_FILE
 from .rows import Row, data_error
 
 __all__ = [
@@ -42,8 +43,8 @@ SPLIT_NAMES = {
     "test": ("test", "testing", "eval", "evaluation"),
 }
 # Files in a data folder that are never rows: a saved dataset's metadata, a run's own outputs.
-_NOT_DATA = {"dataset_info.json", "state.json", "dataset_dict.json", "metrics.jsonl", "run.json",
-             "train_config.json", "config.json"}
+_NOT_DATA = {"dataset_info.json", "state.json", "dataset_dict.json", METRICS_FILE, RUN_FILE, CONFIG_FILE,
+             "config.json"}
 
 
 def _data_suffix(path: Path) -> str:

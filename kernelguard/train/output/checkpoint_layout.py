@@ -7,13 +7,15 @@ from pathlib import Path
 
 from kernelguard.errors import CheckpointError
 
+from ..common.run_folder import CHECKPOINTS
+
 __all__ = ["MARKER", "checkpoint_root", "complete_checkpoints", "latest_checkpoint", "not_a_checkpoint", "step_of"]
 
 MARKER = "COMPLETE"
 
 
 def checkpoint_root(output: Path) -> Path:
-    return output / "checkpoints"
+    return output / CHECKPOINTS
 
 
 def step_of(path: Path) -> int | None:
@@ -46,8 +48,8 @@ def not_a_checkpoint(checkpoint: Path) -> CheckpointError | None:
         return None
     asked = step_of(checkpoint)
     unsealed = checkpoint.name.startswith("step_") and checkpoint.name.endswith(".tmp")  # a save being written
-    run = checkpoint.parent if checkpoint.name == "checkpoints" else (
-        checkpoint.parent.parent if asked is not None or checkpoint.parent.name == "checkpoints" else
+    run = checkpoint.parent if checkpoint.name == CHECKPOINTS else (
+        checkpoint.parent.parent if asked is not None or checkpoint.parent.name == CHECKPOINTS else
         checkpoint.parent if unsealed else checkpoint)
     done = complete_checkpoints(run)
     what = ("has no COMPLETE marker (a save cut short, or a partial copy)" if checkpoint.is_dir() and asked is not None

@@ -40,6 +40,7 @@ from kernelguard.errors import (
     CheckpointError,
 )
 
+from ..common.run_folder import CONFIG_FILE, FINAL, FINAL_TMP
 from ..common.write_errors import write_failure
 from ..settings.config_rules import DEFAULT_MAX_SHARD_SIZE, parse_size
 from .export_checks import (
@@ -282,7 +283,7 @@ def export_run(output: Path, *, model: Any, built: Any, tokenizer: Any, dtype: t
     renamed; ``source`` is the run's --model (its generation_config.json is kept)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    tmp, final = output / "final.tmp", output / "final"
+    tmp, final = output / FINAL_TMP, output / FINAL
     if info.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -358,7 +359,7 @@ def export_checkpoint(checkpoint: Path, *, output: Path | None = None,
         raise refusal
     run = checkpoint.parent.parent
     saved = _run_config(run)
-    final = Path(output).expanduser() if output is not None else run / "final"
+    final = Path(output).expanduser() if output is not None else run / FINAL
     max_bytes = parse_size(max_shard_size, source="--max-shard-size")
     check_destination(final, overwrite=overwrite, checkpoint=checkpoint)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
@@ -430,9 +431,7 @@ def _export_locked(checkpoint: Path, saved: dict[str, Any], final: Path, *, max_
 
 
 def _run_config(run: Path) -> dict[str, Any]:
-    from ..settings.config import CONFIG_FILENAME
-
-    path = run / CONFIG_FILENAME
+    path = run / CONFIG_FILE
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError) as e:

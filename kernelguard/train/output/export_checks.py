@@ -12,6 +12,8 @@ from typing import Any
 
 from kernelguard.errors import CheckpointError, ConfigError
 
+from ..common.run_folder import CHECKPOINTS
+
 __all__ = [
     "MANY_SHARDS",
     "SMALL_SHARD_BYTES",
@@ -47,7 +49,7 @@ def check_destination(final: Path, *, overwrite: bool, checkpoint: Path | None =
     neither the run folder of ``checkpoint`` nor inside its checkpoints (``--overwrite`` would delete them)."""
     if checkpoint is not None:
         run, here = checkpoint.resolve().parent.parent, final.resolve()
-        if here == run or here in run.parents or here.is_relative_to(run / "checkpoints"):
+        if here == run or here in run.parents or here.is_relative_to(run / CHECKPOINTS):
             raise ConfigError(
                 f"--output {final} would put the export over the run's own folder or its checkpoints "
                 f"({run}); --overwrite would delete them.",

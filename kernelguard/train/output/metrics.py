@@ -31,6 +31,7 @@ from kernelguard.errors import ConfigError
 from kernelguard.resolution import GdnDims, attention_dims, field, gdn_dims, layer_types, text_config
 
 from ..common.logs import logger
+from ..common.run_folder import METRICS_FILE, METRICS_PLOT
 from ..settings.config_rules import check_trackers
 
 __all__ = [
@@ -292,7 +293,7 @@ def open_metrics(
 ) -> MetricsLog:
     """``OUTPUT/metrics.jsonl`` plus the --report-to trackers, each given the run's resolved configuration."""
     return MetricsLog(
-        output_dir / "metrics.jsonl", resume_step=resume_step, report_to=report_to, run_config=run_config
+        output_dir / METRICS_FILE, resume_step=resume_step, report_to=report_to, run_config=run_config
     )
 
 
@@ -309,7 +310,7 @@ def plot_run_metrics(output: Path) -> str | None:
     from ..common.write_errors import describe, disk_free
 
     try:
-        plot_metrics(output / "metrics.jsonl", output / "metrics.png")
+        plot_metrics(output / METRICS_FILE, output / METRICS_PLOT)
     except ImportError:
         return f"matplotlib is not installed: no metrics.png ({extra_command('train')})"
     except OSError as e:

@@ -19,6 +19,7 @@ from kernelguard.resolution import extra_command
 
 from .. import chat_templates
 from ..common.atomic_file import write_text_atomically
+from ..common.run_folder import CONFIG_FILE
 from .config_rules import (
     ATTENTION_CHOICES,
     DATASET_FORMATS,
@@ -36,7 +37,6 @@ from .config_rules import (
 
 __all__ = [
     "ATTENTION_CHOICES",
-    "CONFIG_FILENAME",
     "DATASET_FORMATS",
     "INVOCATION_FIELDS",
     "LOG_LEVELS",
@@ -62,7 +62,6 @@ __all__ = [
     "setting",
 ]
 
-CONFIG_FILENAME = "train_config.json"  # the resolved configuration, written to the output folder at start
 # Per-invocation switches: what to do with an existing output folder, not how the run trains.
 INVOCATION_FIELDS = ("resume", "resume_anyway", "overwrite", "dry_run")
 # Names the settings had before they were named like their flags: still read from config files, saved
@@ -452,9 +451,9 @@ def config_dict(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def save_config(cfg: TrainConfig, path: Path) -> Path:
-    """Write ``config_dict(cfg)`` to ``path`` (a file, or a folder to hold CONFIG_FILENAME) atomically; rank 0."""
+    """Write ``config_dict(cfg)`` to ``path`` (a file, or a folder to hold CONFIG_FILE) atomically; rank 0."""
     path = Path(path)
     if path.is_dir():
-        path = path / CONFIG_FILENAME
+        path = path / CONFIG_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_text_atomically(path, json.dumps(config_dict(cfg), indent=2) + "\n")

@@ -13,7 +13,8 @@ from typing import Any
 from kernelguard.errors import ConfigError, exit_codes_help
 from kernelguard.stack import fit_lines, fit_usage, terminal_width
 
-from .config import CONFIG_FILENAME, SECTIONS, TrainConfig, setting
+from ..common.run_folder import CONFIG_FILE
+from .config import SECTIONS, TrainConfig, setting
 from .config_file import file_defaults, load_config_file
 from .config_rules import (
     AUTO_SWITCHES,
@@ -295,7 +296,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "--config",
         metavar="FILE",
         help="YAML (.yaml/.yml), TOML (.toml) or JSON (.json) file of flag values, e.g. OUTPUT/"
-        + CONFIG_FILENAME,
+        + CONFIG_FILE,
     )
     for title, sections in _GROUPS:
         group = p.add_argument_group(title)

@@ -20,6 +20,7 @@ from typing import Any
 from kernelguard.errors import CheckpointError, ConfigError
 from kernelguard.resolution import estimated_params
 
+from ..common.run_folder import FINAL
 from ..inputs.identity import (
     RUN_FILE,
     differences,
@@ -188,14 +189,14 @@ def check_something_left(cfg: TrainConfig, resume_from: Path | None) -> None:
     if resume_from is None or cfg.training.max_steps is None:
         return
     step = step_of(resume_from) or 0
-    export_pending = cfg.checkpoint.export and not (cfg.checkpoint.output_dir / "final").exists()
+    export_pending = cfg.checkpoint.export and not (cfg.checkpoint.output_dir / FINAL).exists()
     if step > cfg.training.max_steps or (step == cfg.training.max_steps and not export_pending):
         raise nothing_left_to_train(resume_from, step, cfg.training.max_steps)
 
 
 def nothing_left_to_train(checkpoint: Path, step: int, stop: int) -> CheckpointError:
     """--resume of a run that already reached its last step: what to do instead (train further, or use it)."""
-    final = checkpoint.parent.parent / "final"
+    final = checkpoint.parent.parent / FINAL
     use = f"use {final} (the exported model)" if final.exists() else "use the checkpoint as it is"
     return CheckpointError(
         f"--resume: {checkpoint} is at step {step}, and this run stops at step {stop}: there is nothing left "

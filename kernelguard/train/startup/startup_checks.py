@@ -12,9 +12,8 @@ from typing import Any
 
 from kernelguard.errors import CheckpointError, ConfigError
 
-from ..inputs.identity import RUN_FILE
+from ..common.run_folder import RUN_ARTIFACTS
 from ..inputs.tokenizer_folder import check_tokenizer_folder
-from ..settings.config import CONFIG_FILENAME
 
 __all__ = [
     "ENVIRONMENT",
@@ -57,20 +56,6 @@ def check_writable_folder(path: Path, *, flag: str) -> Path:
             f"{existing.stat().st_uid}); pick a folder this user may write.",
         )
     return existing
-
-
-# What a run writes into its output folder; --overwrite removes exactly these.
-RUN_ARTIFACTS = (
-    RUN_FILE,
-    CONFIG_FILENAME,
-    "checkpoints",
-    "final",
-    "final.tmp",
-    "metrics.jsonl",
-    "metrics.png",
-    "tensorboard",
-    "wandb",
-)
 
 
 def run_artifacts(output: Path) -> list[str]:
