@@ -12,7 +12,7 @@ from typing import Any
 
 from kernelguard.errors import CheckpointError, ConfigError
 
-from ..common.run_folder import CHECKPOINTS
+from ..common.run_folder import CHECKPOINTS, CONFIG_FILE
 
 __all__ = [
     "MANY_SHARDS",
@@ -140,7 +140,7 @@ def export_source(checkpoint: Path, saved: dict[str, Any], *, accept_changed_tok
     for what, path in (("model", model), ("tokenizer", tokenizer)):
         if not path.exists():
             raise CheckpointError(
-                f"the run's {what} {path} (named in {checkpoint.parent.parent / 'train_config.json'}) is gone, "
+                f"the run's {what} {path} (named in {checkpoint.parent.parent / CONFIG_FILE}) is gone, "
                 "and this checkpoint was written before checkpoints carried their config and tokenizer.",
                 fix=f"restore {path} at that path, then export again")
     identity = read_trainer_state(checkpoint).get("identity") or {}
