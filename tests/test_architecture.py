@@ -201,19 +201,23 @@ def test_no_train_stage_imports_a_stage_above_it() -> None:
     assert upward == [], "a train/ stage imports only from its own stage or a lower one (ARCHITECTURE.md)"
 
 
+
+def _spelled_outside(home: Path, words: set[str]) -> list[str]:
+    """Every string constant equal to one of ``words`` in a module other than ``home``."""
+    return sorted(
+        f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}"
+        for path in PACKAGE.rglob("*.py") if path != home
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in words
+    )
+
+
 def test_the_packed_rows_keywords_are_spelled_only_in_their_home() -> None:
     """``resolution/packed_batch.py`` spells the boundary keywords once; everything else uses its names, so a
     keyword transformers renames is one edit, and no reader can check a name the builder never writes."""
     from kernelguard.resolution import BOUNDARY_KEYWORDS
 
-    home = PACKAGE / "resolution" / "packed_batch.py"
-    spelled = sorted(
-        f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}"
-        for path in PACKAGE.rglob("*.py") if path != home
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-        if isinstance(node, ast.Constant) and node.value in BOUNDARY_KEYWORDS
-    )
-    assert spelled == []
+    assert _spelled_outside(PACKAGE / "resolution" / "packed_batch.py", set(BOUNDARY_KEYWORDS)) == []
 
 
 def test_the_interruption_lines_are_written_only_in_their_home() -> None:
@@ -222,28 +226,13 @@ def test_the_interruption_lines_are_written_only_in_their_home() -> None:
     from kernelguard.errors import INTERRUPTED_LINES
 
     lines = {line for said in INTERRUPTED_LINES.values() for line in said.values()}
-    home = PACKAGE / "errors" / "exit_codes.py"
-    spelled = sorted(
-        f"{path.relative_to(PACKAGE)}:{node.lineno}"
-        for path in PACKAGE.rglob("*.py") if path != home
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in lines
-    )
-    assert spelled == []
+    assert _spelled_outside(PACKAGE / "errors" / "exit_codes.py", lines) == []
 
 
 def test_the_run_folders_file_names_are_spelled_only_in_their_home() -> None:
     """``train/common/run_folder.py`` names what a run writes; the stages that write, read, refuse to overwrite or
     export it use those names (a file named in one place and written under another is a resume that misses it)."""
-    from kernelguard.train.common import run_folder
+    from kernelguard.train.common import run_folder as f
 
-    names = {run_folder.RUN_FILE, run_folder.CONFIG_FILE, run_folder.METRICS_FILE, run_folder.METRICS_PLOT,
-             run_folder.LOCK_FILE, run_folder.FINAL_TMP}
-    home = PACKAGE / "train" / "common" / "run_folder.py"
-    spelled = sorted(
-        f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}"
-        for path in PACKAGE.rglob("*.py") if path != home
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
-    )
-    assert spelled == []
+    names = {f.RUN_FILE, f.CONFIG_FILE, f.METRICS_FILE, f.METRICS_PLOT, f.LOCK_FILE, f.FINAL_TMP}
+    assert _spelled_outside(PACKAGE / "train" / "common" / "run_folder.py", names) == []
