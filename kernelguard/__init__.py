@@ -39,10 +39,6 @@ __all__ = [
     "require",
 ]
 
-# The public functions load on first use (``import kernelguard`` stays cheap: the pytest plugin imports this package
-# in every pytest session), each through its room's face.
-_LAZY = {"check": "stack", "require": "stack", "guard": "runtime", "inspect": "runtime"}
-
 
 def lazy_face(package: str, offers: dict[str, tuple[str, ...]]) -> Callable[[str], Any]:
     """The ``__getattr__`` of a room's face: ``offers`` maps each module of the room to the names it offers, each
@@ -66,14 +62,11 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'kernelguard' has no attribute {name!r}")
-    from importlib import import_module
+# The public functions load on first use (``import kernelguard`` stays cheap: the pytest plugin imports this package
+# in every pytest session), each through its room's face.
+_OFFERS = {"stack": ("check", "require"), "runtime": ("guard", "inspect")}
 
-    function = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = function  # cached: later lookups never come here
-    return function
+__getattr__ = lazy_face(__name__, _OFFERS)
 
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from pathlib import Path
 # Modules whose import_module / __import__ takes a name computed at run time, and what those names are: none of
 # them can name a kernelguard module, which the test cannot see through. Any other such call is a violation.
 DYNAMIC_IMPORTS = {
-    "": "the public functions, from the rooms' faces (kernelguard._LAZY, read like a face's offers)",
+    "": "lazy_face, and through it the public functions from the rooms' faces (the package's own _OFFERS)",
     "resolution.kernels_funcs": "the modules of kernels' Func copies that transformers' layers call",
     "resolution.providers.installed": "the third-party kernel packages a provider names",
     "resolution.transformers_compat": "the kernel package a transformers decorator's closure names",
@@ -89,7 +89,7 @@ def imports(package: Path, name: str, path: Path) -> Iterator[Import]:
 
 def offers(package: Path, face: str) -> tuple[dict[str, str], list[str]]:
     """A face's offers as name -> the module of its room that defines it (its ``_OFFERS``, module -> names; the
-    package's own ``_LAZY``, name -> room) and its ``__all__``."""
+    package's own names rooms' faces) and its ``__all__``."""
     path = package.joinpath(*face.split(".")) / "__init__.py" if face else package / "__init__.py"
     table: dict[str, str] = {}
     names: list[str] = []
@@ -101,8 +101,6 @@ def offers(package: Path, face: str) -> tuple[dict[str, str], list[str]]:
             for target in targets:
                 if isinstance(target, ast.Name) and target.id == "_OFFERS" and node.value is not None:
                     table = {n: module for module, names in ast.literal_eval(node.value).items() for n in names}
-                elif isinstance(target, ast.Name) and target.id == "_LAZY" and node.value is not None:
-                    table = ast.literal_eval(node.value)
                 elif isinstance(target, ast.Name) and target.id == "__all__" and node.value is not None:
                     names = list(ast.literal_eval(node.value))
     return table, names
@@ -117,7 +115,7 @@ def defining_module(package: Path, face: str, name: str) -> str | None:
     if name not in table:
         return None
     full = f"{face}.{table[name]}" if face else table[name]
-    if (package.joinpath(*full.split(".")) / "__init__.py").is_file():  # the package's _LAZY names a room's face
+    if (package.joinpath(*full.split(".")) / "__init__.py").is_file():  # the package's own offers name rooms' faces
         return defining_module(package, full, name) or full
     return full
 
