@@ -50,7 +50,7 @@ SCRIPT = textwrap.dedent(
     stage("importing")
     import torch
     import kernelguard
-    from kernelguard import equivalence
+    import kernelguard.runtime.equivalence as equivalence
     from kernelguard.runtime.registry import REGISTRY
     from kernelguard.runtime.segments import read_segments
     from tiny_models import tiny_model

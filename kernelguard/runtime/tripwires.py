@@ -360,7 +360,7 @@ class Tripwires:
     """A set of armed tripwires; ``disarm()`` (or leaving the ``with`` block) restores the originals."""
 
     def __init__(self, allow: Iterable[str] | AllowPolicy = (), *, on_fallback: str = "raise",
-                 source: str = "allow= of kernelguard.arm_tripwires()") -> None:
+                 source: str = "allow= of kernelguard.runtime.arm_tripwires()") -> None:
         if on_fallback not in ON_FALLBACK:
             raise ConfigError(f"on_fallback must be one of {ON_FALLBACK}, got {on_fallback!r}")
         self.policy = AllowPolicy.parse(allow, source=source)
@@ -437,7 +437,7 @@ class Tripwires:
 
 def arm_tripwires(
     *, allow: Iterable[str] | AllowPolicy = (), on_fallback: str = "raise",
-    source: str = "allow= of kernelguard.arm_tripwires()",
+    source: str = "allow= of kernelguard.runtime.arm_tripwires()",
 ) -> Tripwires:
     """Model-independent arming: the fallback globals of every loaded transformers modeling module.
 

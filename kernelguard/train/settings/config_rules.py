@@ -58,7 +58,7 @@ LOSS_CHOICES = ("chunked", "logits")  # kernelguard.train.step.loss.linear_cross
 LR_SCHEDULER_TYPES = ("cosine", "linear", "constant", "constant_with_warmup")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # logging's, for --log-level
 DATASET_FORMATS = ("auto", "messages", "prompt-completion", "text", "sharegpt")
-# --columns ROLE=COLUMN,...: the roles a row's columns can be mapped to (kernelguard.train.inputs.columns).
+# --columns ROLE=COLUMN,...: the roles a row's columns can be mapped to (kernelguard.train.inputs.rows).
 COLUMN_ROLES = ("system", "user", "assistant")
 _COLUMNS_EXAMPLE = "user=question,assistant=answer"
 INIT_CHOICES = ("pretrained", "random")  # where a run's weights come from (kernelguard.train.startup.preflight)
