@@ -36,6 +36,7 @@ __all__ = [
     "differences",
     "flag_text",
     "harmless_changes",
+    "judge_resume",
     "read_identity",
     "run_identity",
     "setting_changes",
@@ -221,6 +222,61 @@ def setting_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str,
     """(setting, value then, value now) for each recorded setting that differs."""
     old = _as_now(old, new)
     return [(k, old.get(k), new.get(k)) for k in _SETTINGS if k in new and old.get(k) != new.get(k)]
+
+
+def judge_resume(
+    identity: dict[str, Any], *, saved: dict[str, Any] | None, checkpoint: Path | None, output: Path, anyway: bool
+) -> tuple[list[str], list[str]]:
+    """``--resume`` judged in one place: this run's identity against the one saved with ``checkpoint`` (else the
+    folder's run.json). Refused when a setting of the run's identity changed (unless ``anyway``) or across
+    fp32 (never); returns (warnings, notices): what --resume-anyway continues across, and the harmless changes."""
+    reference, source = saved, checkpoint
+    if reference is None or source is None:
+        source = output / RUN_FILE
+        reference = read_identity(source) if source.is_file() else None
+    if reference is None:
+        return [], []
+    _refuse_dtype_across_fp32(reference, identity, source)
+    diffs = differences(reference, identity)
+    if diffs and not anyway:
+        _refuse_different_run(reference, identity, source, diffs)
+    return ([f"--resume-anyway: {source} differs: {d}" for d in diffs],
+            [f"--resume: {source} was {line}" for line in harmless_changes(reference, identity)])
+
+
+def _refuse_different_run(
+    reference: dict[str, Any], identity: dict[str, Any], source: Path, diffs: list[str]
+) -> None:
+    """One line naming the flag when a single setting changed; else the list of what differs."""
+    changes = setting_changes(reference, identity)
+    if len(diffs) == 1 and len(changes) == 1:  # the common case: one flag changed, said as that flag
+        name, was, now = changes[0]
+        raise CheckpointError(
+            f"--resume: {source} was trained with {flag_text(name, was)}; now {flag_text(name, now)}.",
+            fix=f"resume with {flag_text(name, was)} (the checkpoint is intact); or --resume-anyway to continue "
+            "from it anyway (not an exact continuation); or --overwrite / another --output-dir to start again",
+        )
+    raise CheckpointError(
+        f"--resume: {source} belongs to a different run; what differs:\n  " + "\n  ".join(diffs),
+        fix="resume with the original inputs and settings; or --resume-anyway to continue from it "
+        "anyway (not an exact continuation); or --overwrite / another --output-dir to start again",
+    )
+
+
+def _refuse_dtype_across_fp32(reference: dict[str, Any], identity: dict[str, Any], source: Path) -> None:
+    """bf16/fp16 keep the GDN's fp32 parameters in an optimizer group of their own (model.build.make_optimizer),
+    fp32 does not: a checkpoint's optimizer state cannot be loaded across that, even with --resume-anyway."""
+    was = next((w for n, w, _ in setting_changes(reference, identity) if n == "param_dtype"), None)
+    now = identity.get("param_dtype")
+    if was is None or (was == "fp32") == (now == "fp32"):
+        return
+    raise CheckpointError(
+        f"--resume: {source} was trained with --param-dtype {was}; now --param-dtype {now}: its optimizer state "
+        "has other parameter groups (only a 16-bit dtype keeps the fp32 GDN parameters apart), so not even "
+        "--resume-anyway can continue across this change.",
+        fix=f"resume with --param-dtype {was} (the checkpoint is intact: keep it); or start the --param-dtype "
+        f"{now} run in another --output-dir",
+    )
 
 
 def read_identity(file: Path) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import random
 import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ __all__ = [
     "MANIFEST",
     "MARKER",
     "TRAINER_STATE",
+    "Resumable",
     "checkpoint_root",
     "complete_checkpoints",
     "diverged",
@@ -47,6 +49,7 @@ __all__ = [
     "prune_checkpoints",
     "read_trainer_state",
     "remove_incomplete",
+    "resumable",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
@@ -169,23 +172,59 @@ def _verify_files(folder: Path, entries: dict[str, dict[str, Any]]) -> str | Non
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Resumable:
+    """What ``--resume`` finds in a run folder, read in one call (:func:`resumable`)."""
+
+    path: Path | None  # the newest checkpoint that verifies; None: none saved yet
+    warnings: tuple[str, ...]  # each newer checkpoint skipped, and why
+    identity: dict[str, Any] | None  # the run identity saved with ``path`` (None: none saved there)
+
+
+def resumable(output: Path) -> Resumable:
+    """The checkpoint ``--resume`` continues from, every newer one it skips (and what replaces it), and the run
+    identity saved with it. Raises CheckpointError when checkpoints exist but none verifies."""
+    path, unusable = _newest_verified(output)
+    warnings = [_unusable_line(folder, problem) for folder, problem in unusable]
+    warnings += unsealed_warnings(output, path)
+    if unusable:
+        warnings.append(
+            f"falling back to {path.name}, the newest checkpoint that verifies; the unusable "
+            f"{', '.join(folder.name for folder, _ in unusable)} (all of its files, intact ones too) will be "
+            "replaced when this run saves that step again: copy it away now to keep it"
+        )
+    saved = read_trainer_state(path).get("identity") if path is not None else None
+    return Resumable(path, tuple(warnings), saved if isinstance(saved, dict) else None)
+
+
 def find_resumable(output: Path) -> tuple[Path | None, list[str]]:
     """The newest checkpoint that verifies, and one line per newer one that did not (naming its bad file).
 
     Raises CheckpointError when checkpoints exist but none verifies."""
-    problems: list[str] = []
+    path, unusable = _newest_verified(output)
+    return path, [_unusable_line(folder, problem) for folder, problem in unusable]
+
+
+def _newest_verified(output: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that verifies, and each newer one with why it does not; refused when none does."""
+    unusable: list[tuple[Path, str]] = []
     for _, folder in reversed(complete_checkpoints(output)):
         problem = verify_checkpoint(folder)
         if problem is None:
-            return folder, problems
-        problems.append(f"checkpoint {folder.name} is unusable: {problem}")
-    if problems:
+            return folder, unusable
+        unusable.append((folder, problem))
+    if unusable:
         raise CheckpointError(
-            f"--resume found no valid checkpoint in {checkpoint_root(output)}:\n  " + "\n  ".join(problems),
+            f"--resume found no valid checkpoint in {checkpoint_root(output)}:\n  "
+            + "\n  ".join(_unusable_line(folder, problem) for folder, problem in unusable),
             fix="restore the damaged files, or start again with --overwrite (deletes this run's checkpoints "
             "and metrics)",
         )
     return None, []
+
+
+def _unusable_line(folder: Path, problem: str) -> str:
+    return f"checkpoint {folder.name} is unusable: {problem}"
 
 
 def prune_checkpoints(output: Path, *, keep: int, newest: int) -> list[Path]:

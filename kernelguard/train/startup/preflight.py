@@ -21,16 +21,7 @@ from kernelguard.errors import CheckpointError, ConfigError
 from kernelguard.resolution import estimated_params
 
 from ..common.run_folder import FINAL
-from ..inputs.identity import (
-    RUN_FILE,
-    differences,
-    flag_text,
-    harmless_changes,
-    read_identity,
-    run_identity,
-    setting_changes,
-    write_identity,
-)
+from ..inputs.identity import RUN_FILE, judge_resume, run_identity, write_identity
 from ..model.parallel import model_source
 from ..model.weight_files import safetensors_header, weights_to_load
 from ..output import checkpoint as ckpt
@@ -159,27 +150,12 @@ def check_output(output: Path, *, need_bytes: int) -> None:
 
 def plan_resume(cfg: TrainConfig, identity: dict[str, Any]) -> StartPlan:
     """The newest verified checkpoint, refused when its run identity differs (unless --resume-anyway)."""
-    path, problems = ckpt.find_resumable(cfg.checkpoint.output_dir)
-    warnings = [*problems, *ckpt.unsealed_warnings(cfg.checkpoint.output_dir, path)]
-    if problems and path is not None:
-        done = ckpt.complete_checkpoints(cfg.checkpoint.output_dir)
-        kept = next(s for s, p in done if p == path)
-        newer = [p.name for s, p in done if s > kept]
-        warnings.append(
-            f"falling back to {path.name}, the newest checkpoint that verifies; the unusable "
-            f"{', '.join(newer) or 'newer checkpoint'} (all of its files, intact ones too) will be replaced when "
-            "this run saves that step again: copy it away now to keep it"
-        )
-    reference, source = _reference_identity(cfg.checkpoint.output_dir, path)
-    notices: list[str] = []
-    if reference is not None:
-        _refuse_dtype_across_fp32(reference, identity, source)
-        diffs = differences(reference, identity)
-        if diffs and not cfg.checkpoint.resume_anyway:
-            _refuse_different_run(reference, identity, source, diffs)
-        warnings += [f"--resume-anyway: {source} differs: {d}" for d in diffs]
-        notices += [f"--resume: {source} was {line}" for line in harmless_changes(reference, identity)]
-    return StartPlan(identity, path, tuple(warnings), tuple(notices))
+    found = ckpt.resumable(cfg.checkpoint.output_dir)
+    warnings, notices = judge_resume(
+        identity, saved=found.identity, checkpoint=found.path, output=cfg.checkpoint.output_dir,
+        anyway=cfg.checkpoint.resume_anyway,
+    )
+    return StartPlan(identity, found.path, (*found.warnings, *warnings), tuple(notices))
 
 
 def check_something_left(cfg: TrainConfig, resume_from: Path | None) -> None:
@@ -204,53 +180,6 @@ def nothing_left_to_train(checkpoint: Path, step: int, stop: int) -> CheckpointE
         fix=f"raise --max-steps above {step} to train further (with --schedule-steps to keep the LR schedule), "
         f"or {use}",
     )
-
-
-def _refuse_different_run(
-    reference: dict[str, Any], identity: dict[str, Any], source: Path, diffs: list[str]
-) -> None:
-    """One line naming the flag when a single setting changed; else the list of what differs."""
-    changes = setting_changes(reference, identity)
-    if len(diffs) == 1 and len(changes) == 1:  # the common case: one flag changed, said as that flag
-        name, was, now = changes[0]
-        raise CheckpointError(
-            f"--resume: {source} was trained with {flag_text(name, was)}; now {flag_text(name, now)}.",
-            fix=f"resume with {flag_text(name, was)} (the checkpoint is intact); or --resume-anyway to continue "
-            "from it anyway (not an exact continuation); or --overwrite / another --output-dir to start again",
-        )
-    raise CheckpointError(
-        f"--resume: {source} belongs to a different run; what differs:\n  " + "\n  ".join(diffs),
-        fix="resume with the original inputs and settings; or --resume-anyway to continue from it "
-        "anyway (not an exact continuation); or --overwrite / another --output-dir to start again",
-    )
-
-
-def _refuse_dtype_across_fp32(reference: dict[str, Any], identity: dict[str, Any], source: Path) -> None:
-    """bf16/fp16 keep the GDN's fp32 parameters in an optimizer group of their own (model.build.make_optimizer),
-    fp32 does not: a checkpoint's optimizer state cannot be loaded across that, even with --resume-anyway."""
-    was = next((w for n, w, _ in setting_changes(reference, identity) if n == "param_dtype"), None)
-    now = identity.get("param_dtype")
-    if was is None or (was == "fp32") == (now == "fp32"):
-        return
-    raise CheckpointError(
-        f"--resume: {source} was trained with --param-dtype {was}; now --param-dtype {now}: its optimizer state "
-        "has other parameter groups (only a 16-bit dtype keeps the fp32 GDN parameters apart), so not even "
-        "--resume-anyway can continue across this change.",
-        fix=f"resume with --param-dtype {was} (the checkpoint is intact: keep it); or start the --param-dtype "
-        f"{now} run in another --output-dir",
-    )
-
-
-def _reference_identity(output: Path, checkpoint: Path | None) -> tuple[dict[str, Any] | None, Path]:
-    """The identity recorded with the checkpoint, else the folder's run.json (None: nothing recorded)."""
-    if checkpoint is not None:
-        saved = ckpt.read_trainer_state(checkpoint).get("identity")
-        if isinstance(saved, dict):
-            return saved, checkpoint
-    run_file = output / RUN_FILE
-    if run_file.is_file():
-        return read_identity(run_file), run_file
-    return None, run_file
 
 
 def claim_output(cfg: TrainConfig, plan: StartPlan) -> list[str]:
