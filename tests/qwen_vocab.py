@@ -57,6 +57,6 @@ def tokenizer_dir(factory: pytest.TempPathFactory) -> Path:
 
 
 def load(factory: pytest.TempPathFactory, **kw: Any) -> Any:
-    from kernelguard.train.inputs.data import load_tokenizer
+    from kernelguard.train.inputs.tokenizer import load_tokenizer
 
     return load_tokenizer(str(tokenizer_dir(factory)), **kw)

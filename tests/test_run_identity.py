@@ -316,7 +316,7 @@ def test_resume_refuses_a_checkpoint_trained_on_another_plan(tmp_path: Path) -> 
     """Same inputs, but without --schedule-steps the LR schedule's length follows --max-steps: a longer
     schedule extends the run (HF users resume with a larger --max-steps); a shorter one cannot continue it."""
     from kernelguard.train.loop import check_resume_plan
-    from kernelguard.train.step.step import make_plan
+    from kernelguard.train.step.plan import make_plan
 
     folder = _seal_run(tmp_path, {"seed": 0})
     state = json.loads((folder / ckpt.TRAINER_STATE).read_text())

@@ -239,7 +239,7 @@ def test_resume_with_max_steps_at_or_below_the_checkpoint_is_refused(tmp_path: P
     from kernelguard.train.output import checkpoint as ckpt
     from kernelguard.train.settings.config_cli import parse_args
     from kernelguard.train.startup.preflight import StartPlan
-    from kernelguard.train.step.step import Plan
+    from kernelguard.train.step.plan import Plan
 
     cfg = parse_args(["--model", "m", "--data", "d.jsonl", "--output-dir", str(tmp_path), "--resume",
                       "--max-steps", "2"])

@@ -54,9 +54,9 @@ def test_eval_loss_equals_a_hand_computed_loss_on_the_eval_blocks(
     from transformers import AutoModelForCausalLM
 
     from kernelguard.resolution.packed_batch import IGNORE_INDEX
-    from kernelguard.train.inputs.data import load_examples, load_tokenizer
-    from kernelguard.train.step.evaluate import pack_eval_blocks
-    from kernelguard.train.step.packing import build_packed_block
+    from kernelguard.train.inputs.data import load_examples
+    from kernelguard.train.inputs.tokenizer import load_tokenizer
+    from kernelguard.train.step.packing import build_packed_block, pack_best_fit_decreasing
 
     evals = [r for r in _records(full_run) if "eval_loss" in r]
     assert [r["step"] for r in evals] == [EVAL_EVERY, STEPS]
@@ -74,7 +74,7 @@ def test_eval_loss_equals_a_hand_computed_loss_on_the_eval_blocks(
     model = AutoModelForCausalLM.from_pretrained(str(full_run / "final"), dtype=torch.float32).eval()
     total, count = 0.0, 0
     with torch.no_grad():
-        for block in pack_eval_blocks(examples, 256, seed=0):
+        for block in pack_best_fit_decreasing(examples.lengths(), 256, seed=0):  # as the run packs its eval set
             b = build_packed_block([examples[i] for i in block], 256, tok.pad_token_id)
             inputs = {k: v for k, v in b.items() if k not in ("labels", "num_real_tokens")}
             logits = model(**inputs, use_cache=False).logits[0, :-1].float()

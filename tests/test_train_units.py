@@ -368,17 +368,18 @@ def test_eval_sets_held_out_fraction_or_separate_file(tmp_path: Path) -> None:
     never trained on; --eval-data evaluates every row of its own file and trains on all of --data."""
     import train_helpers as h
 
-    from kernelguard.train.inputs.data import load_tokenizer
-    from kernelguard.train.loop import read_examples
+    from kernelguard.train.inputs.data import read_inputs
 
-    tok = load_tokenizer(str(h.write_tokenizer(tmp_path / "tok")))
+    tok = h.write_tokenizer(tmp_path / "tok")
     data = h.write_jsonl(tmp_path / "d.jsonl", h.copy_task_rows(60))
     extra = h.write_jsonl(tmp_path / "e.jsonl", h.copy_task_rows(7, seed=5))
 
     def examples(take: str, **kw: Any) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-        cfg = TrainConfig.from_flags(model="m", data=str(data), output_dir=tmp_path / "o", max_length=256, **kw)
-        store, _ = read_examples(cfg, tok, take=take)
-        return [(tuple(ids), tuple(labels)) for ids, labels in store]
+        cfg = TrainConfig.from_flags(model="m", tokenizer=str(tok), data=str(data), output_dir=tmp_path / "o",
+                                     max_length=256, **kw)
+        inputs = read_inputs(cfg)
+        store = inputs.examples if take == "train" else inputs.eval_examples
+        return [(tuple(ids), tuple(labels)) for ids, labels in store or []]
 
     train, held = examples("train", eval_fraction=0.25), examples("eval", eval_fraction=0.25)
     assert held == examples("eval", eval_fraction=0.25) and 5 <= len(held) <= 25
@@ -618,7 +619,7 @@ def _fields(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def test_blocks_left_out_to_even_the_ranks_are_reported() -> None:
-    from kernelguard.train.step.step import dropped_blocks_note, make_plan
+    from kernelguard.train.step.plan import dropped_blocks_note, make_plan
 
     plan = make_plan([[i] for i in range(11)], world_size=2, grad_accum=2, epochs=1, max_steps=None,
                      schedule_steps=None, max_length=8)

@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     held = _write_jsonl(args.out / "eval.jsonl", eval_rows)
     write_tokenizer(args.out / "tokenizer")
     write_model_config(args.out / "model", args.size)
-    from kernelguard.train.inputs.data import load_tokenizer
+    from kernelguard.train.inputs.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(args.out / "tokenizer"))
     if args.no_unigram:

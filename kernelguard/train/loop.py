@@ -24,14 +24,8 @@ from .common.command_line import command_with, resume_command
 from .common.logs import log
 from .common.ranks import DistInfo, on_main
 from .common.run_folder import FINAL, METRICS_FILE
-from .inputs.data import (
-    chat_template_name,
-    check_eval_overlap,
-    load_examples,
-    load_tokenizer,
-    pad_token_id,
-    template_choice,
-)
+from .inputs.data import read_inputs
+from .inputs.tokenizer import chat_template_name, template_choice
 from .model.build import BuiltModel, build_model, prepare_training
 from .model.parallel import DTYPES
 from .output import checkpoint as ckpt
@@ -64,19 +58,10 @@ from .startup.preflight import (
     preflight,
     segment_limit_note,
 )
-from .step.evaluate import evaluate, pack_eval_blocks
-from .step.packing import build_batch, pack_best_fit_decreasing, packing_stats, segment_counts
-from .step.step import (
-    Plan,
-    StepResult,
-    TrainState,
-    dropped_blocks_note,
-    extended_schedule_note,
-    make_plan,
-    optimizer_step,
-    restart_schedule_at,
-    step_block_ids,
-)
+from .step.evaluate import evaluate
+from .step.packing import build_batch, pack_run, segment_counts, step_block_ids
+from .step.plan import Plan
+from .step.step import StepResult, TrainState, extended_schedule_note, optimizer_step, restart_schedule_at
 
 __all__ = ["run"]
 
@@ -153,66 +138,19 @@ def _template_line(tokenizer: Any) -> str:
 
 
 def load_training_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
-    """Tokenize, pack best-fit-decreasing into blocks and plan which blocks each step of each rank trains on."""
-    assert cfg.model.tokenizer is not None
-    tokenizer = load_tokenizer(cfg.model.tokenizer, chat_template=cfg.model.chat_template)
-    examples, dstats = read_examples(cfg, tokenizer, take="train")
-    log(info, f"data: {dstats.render()}")
-    lengths = examples.lengths()
-    blocks = pack_best_fit_decreasing(lengths, cfg.packing.max_length, seed=cfg.training.seed)
-    pstats = packing_stats(
-        blocks, lengths, cfg.packing.max_length, truncated=dstats.truncated, dropped=dstats.dropped_overlong
-    )
-    log(info, pstats.render(cfg.packing.packing))
-    plan = make_plan(
-        blocks,
-        world_size=info.world_size,
-        grad_accum=cfg.training.gradient_accumulation_steps,
-        epochs=cfg.training.num_train_epochs,
-        max_steps=cfg.training.max_steps,
-        schedule_steps=cfg.training.schedule_steps,
-        max_length=cfg.packing.max_length,
-        data=cfg.data.data,
-    )
-    note = dropped_blocks_note(
-        plan, world_size=info.world_size, grad_accum=cfg.training.gradient_accumulation_steps
-    )
-    if note:
-        log(info, note)
-    data = TrainData(tokenizer, examples, lengths, plan, pad_token_id(tokenizer))
-    if cfg.evaluation.eval_data or cfg.evaluation.eval_fraction:
-        data.eval_examples, estats = read_examples(cfg, tokenizer, take="eval")
-        # Seed 0, not --seed: runs of several seeds measure the same eval blocks.
-        data.eval_blocks = pack_eval_blocks(data.eval_examples, cfg.packing.max_length, seed=0)
-        log(info, f"eval data: {estats.render()}; {len(data.eval_blocks)} blocks")
-        note = check_eval_overlap(data.examples, data.eval_examples, source=cfg.evaluation.eval_data or cfg.data.data)
-        if note:
-            log(info, f"warning: {note}")
-    return data
-
-
-
-def read_examples(cfg: TrainConfig, tokenizer: Any, *, take: str) -> tuple[Any, Any]:
-    """The examples of one split: ``train`` (minus a held-out ``--eval-fraction``), ``eval`` (that fraction)
-    or, for ``--eval-data``, every row of that file."""
-    data, fraction, split = cfg.data.data, cfg.evaluation.eval_fraction, cfg.data.split
-    if take == "eval" and cfg.evaluation.eval_data:  # every file of an --eval-data folder is eval data
-        data, fraction, take, split = cfg.evaluation.eval_data, 0.0, "all", None
-    return load_examples(
-        data=data,
-        tokenizer=tokenizer,
-        max_length=cfg.packing.max_length,
-        column=cfg.data.messages_column,
-        split=split,
-        overlong=cfg.packing.overlong,
-        skip_bad_rows=cfg.data.skip_bad_rows,
-        assistant_only=cfg.data.assistant_only_loss,
-        dataset_format=cfg.data.dataset_format,
-        columns=cfg.data.columns,
-        eval_fraction=fraction,
-        seed=cfg.training.seed,
-        take=take,
-    )
+    """The run's examples (the inputs stage), packed into blocks and planned over the steps (the packing)."""
+    inputs = read_inputs(cfg)
+    log(info, f"data: {inputs.stats.render()}")
+    packed = pack_run(inputs, cfg, world_size=info.world_size)
+    log(info, packed.stats.render(cfg.packing.packing))
+    if packed.dropped_note:
+        log(info, packed.dropped_note)
+    if inputs.eval_stats is not None:
+        log(info, f"eval data: {inputs.eval_stats.render()}; {len(packed.eval_blocks)} blocks")
+    if inputs.eval_overlap:
+        log(info, f"warning: {inputs.eval_overlap}")
+    return TrainData(inputs.tokenizer, inputs.examples, inputs.lengths, packed.plan, inputs.pad_id,
+                     inputs.eval_examples, packed.eval_blocks)
 
 
 def step_batches(cfg: TrainConfig, info: DistInfo, data: TrainData, step: int) -> tuple[list[Any], list[int]]:

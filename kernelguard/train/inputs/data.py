@@ -17,31 +17,27 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError, DataError
 from kernelguard.resolution import IGNORE_INDEX
 
-from .. import chat_templates
 from ..chat_templates import TemplateChoice
+from ..settings.config import TrainConfig
 from .encode import encode_items
 from .rows import FORMATS, ChatItem, Item, columns_format, describe_format, detect_format, row_item
 from .sources import iter_rows
-from .tokenizer_folder import check_tokenizer_folder
+from .tokenizer import load_tokenizer, pad_token_id, template_choice
 
 __all__ = [
     "DataStats",
     "ExampleStore",
-    "chat_template_name",
+    "Inputs",
     "check_eval_overlap",
     "content_checker",
     "in_eval_split",
     "load_examples",
-    "load_tokenizer",
-    "pad_token_id",
-    "set_chat_template",
-    "template_choice",
+    "read_inputs",
 ]
 
 TAKES = ("train", "eval", "all")
@@ -158,63 +154,49 @@ def in_eval_split(index: int, *, seed: int, fraction: float) -> bool:
     return int.from_bytes(digest, "big") / 2**64 < fraction
 
 
-# ------------------------------------------------------------------------------------------- tokenizers ---
-def load_tokenizer(path: str, *, chat_template: str | Path | None = None) -> Any:
-    """A fast tokenizer plus the chat template to train with (see ``chat_template_name``): ``chat_template`` (a
-    .jinja file or a shipped template's name) if given, else the shipped training variant of a known Qwen
-    template, else the tokenizer's own. The tokenizer's own ``chat_template`` is left as it is, so a saved
-    checkpoint keeps the template people run inference with."""
-    from transformers import AutoTokenizer
+# ------------------------------------------------------------------------------------------ the stage ---
+@dataclass(slots=True)
+class Inputs:
+    """What a run trains and evaluates on, read in one call (:func:`read_inputs`)."""
 
-    check_tokenizer_folder(Path(path))
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-    except Exception as e:
-        raise ConfigError(
-            f"could not load a tokenizer from {path} (AutoTokenizer.from_pretrained: {e}); --tokenizer must be a "
-            "folder holding tokenizer.json (and tokenizer_config.json), as a Hugging Face model ships it."
-        ) from e
-    if not getattr(tok, "is_fast", False):
-        raise ConfigError(
-            f"the tokenizer at {path} is not a fast tokenizer (no offsets).", fix="ship tokenizer.json"
-        )
-    set_chat_template(tok, chat_template)
-    return tok
+    tokenizer: Any
+    examples: ExampleStore
+    lengths: list[int]  # tokens per example, in the store's order
+    stats: DataStats
+    pad_id: int
+    eval_examples: ExampleStore | None = None  # None: no eval set
+    eval_lengths: list[int] = field(default_factory=list)
+    eval_stats: DataStats | None = None
+    eval_overlap: str | None = None  # said when eval examples are also trained on
 
 
-def set_chat_template(tokenizer: Any, chat_template: str | Path | None = None) -> TemplateChoice:
-    """Choose (as ``load_tokenizer`` does) and record on ``tokenizer`` the chat template to train with."""
-    choice = chat_templates.choose(_own_template(tokenizer), chat_template)
-    tokenizer._kernelguard_template = choice
-    return choice
+def read_inputs(cfg: TrainConfig) -> Inputs:
+    """The run's tokenizer and examples: the training split (minus a held-out ``--eval-fraction``) and the eval
+    set (that fraction, or every row of ``--eval-data``), each tokenized, labelled and counted."""
+    assert cfg.model.tokenizer is not None
+    tokenizer = load_tokenizer(cfg.model.tokenizer, chat_template=cfg.model.chat_template)
+    pad_id, choice = pad_token_id(tokenizer), template_choice(tokenizer)
+    read = {
+        "tokenizer": tokenizer, "choice": choice, "max_length": cfg.packing.max_length, "overlong": cfg.packing.overlong,
+        "column": cfg.data.messages_column, "skip_bad_rows": cfg.data.skip_bad_rows,
+        "assistant_only": cfg.data.assistant_only_loss, "dataset_format": cfg.data.dataset_format,
+        "columns": cfg.data.columns, "seed": cfg.training.seed,
+    }
+    ev = cfg.evaluation
+    examples, stats = load_examples(data=cfg.data.data, split=cfg.data.split, eval_fraction=ev.eval_fraction,
+                                    take="train", **read)
+    inputs = Inputs(tokenizer, examples, examples.lengths(), stats, pad_id)
+    if ev.eval_data:  # every file of an --eval-data folder is eval data
+        inputs.eval_examples, inputs.eval_stats = load_examples(data=ev.eval_data, split=None, take="all", **read)
+    elif ev.eval_fraction:
+        inputs.eval_examples, inputs.eval_stats = load_examples(
+            data=cfg.data.data, split=cfg.data.split, eval_fraction=ev.eval_fraction, take="eval", **read)
+    if inputs.eval_examples is not None:
+        inputs.eval_lengths = inputs.eval_examples.lengths()
+        inputs.eval_overlap = check_eval_overlap(examples, inputs.eval_examples, source=ev.eval_data or cfg.data.data)
+    return inputs
 
 
-def _own_template(tokenizer: Any) -> str | None:
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):  # named templates: the default one renders plain conversations
-        template = template.get("default")
-    return template if isinstance(template, str) and template.strip() else None
-
-
-def template_choice(tokenizer: Any) -> TemplateChoice:
-    """The chat template ``load_tokenizer`` chose (computed from the tokenizer's own for other tokenizers)."""
-    choice = getattr(tokenizer, "_kernelguard_template", None)
-    return choice if choice is not None else set_chat_template(tokenizer)
-
-
-def chat_template_name(tokenizer: Any) -> str:
-    """``qwen3_training`` (a shipped one), ``file:PATH``, ``tokenizer`` (its own) or ``none``."""
-    return template_choice(tokenizer).name
-
-
-def pad_token_id(tokenizer: Any) -> int:
-    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
-        if tid is not None:
-            return int(tid)
-    return 0
-
-
-# ------------------------------------------------------------------------------------------------ load ---
 def _check_args(dataset_format: str, take: str, eval_fraction: float, overlong: str) -> None:
     if dataset_format not in ("auto", *FORMATS):
         raise ConfigError(
@@ -255,12 +237,14 @@ def load_examples(
     seed: int = 0,
     take: str = "train",
     chunk: int = 2048,
+    choice: TemplateChoice | None = None,
 ) -> tuple[ExampleStore, DataStats]:
     """Every usable example of the ``take`` split as (input_ids, labels) in an ExampleStore, plus counts.
 
     ``split`` is the dataset split read by name (``datasets``); ``take`` picks rows by the eval split
     (``eval_fraction`` > 0): "train" the others, "eval" the eval rows, "all" every row. Raises DataError on the first
-    bad row unless ``skip_bad_rows``; raises DataError when nothing usable is left."""
+    bad row unless ``skip_bad_rows``; raises DataError when nothing usable is left. ``choice``: the chat template
+    (default: the one ``load_tokenizer`` recorded on ``tokenizer``)."""
     _check_args(dataset_format, take, eval_fraction, overlong)
     stats = DataStats(take=take)
     examples = ExampleStore()
@@ -272,11 +256,10 @@ def load_examples(
     keep = _split_keeper(stats, take=take, seed=seed, fraction=eval_fraction)
     bad = _bad_row_handler(stats, skip=skip_bad_rows)
     teaches = content_checker(tokenizer)
+    template = choice or template_choice(tokenizer)
 
     def flush() -> None:
-        encoded = encode_items(
-            tokenizer, pending, choice=template_choice(tokenizer), assistant_only=assistant_only, on_error=bad
-        )
+        encoded = encode_items(tokenizer, pending, choice=template, assistant_only=assistant_only, on_error=bad)
         pending.clear()
         for ids, labels in encoded:
             _add_example(examples, stats, ids, labels, max_length=max_length, overlong=overlong, teaches=teaches)
@@ -295,7 +278,7 @@ def load_examples(
             flush()
     flush()
     stats.format = fmt
-    stats.template = chat_template_name(tokenizer) if chats else ""
+    stats.template = template.name if chats else ""
     _finish_stats(examples, stats, data=data, column=column, take=take, fraction=eval_fraction)
     return examples, stats
 

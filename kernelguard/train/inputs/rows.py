@@ -54,11 +54,11 @@ Span = tuple[int, int]
 __all__ = [
     "COLUMNS_PREFIX",
     "FORMATS",
-    "SHAREGPT",
-    "SHAREGPT_ROLES",
     "LAYOUTS",
     "REASONING_FIELDS",
     "ROLES",
+    "SHAREGPT",
+    "SHAREGPT_ROLES",
     "ChatItem",
     "Item",
     "Row",

@@ -415,7 +415,7 @@ def _export_locked(checkpoint: Path, saved: dict[str, Any], final: Path, *, max_
         if world > 1:
             dist.barrier()
         if rank == 0:
-            from ..inputs.data import load_tokenizer
+            from ..inputs.tokenizer import load_tokenizer
 
             say("adding the config, tokenizer, chat template and generation config")
             tokenizer = load_tokenizer(str(source.tokenizer), chat_template=source.chat_template)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import chat_templates
-from ..inputs.data import template_choice
+from ..inputs.tokenizer import template_choice
 
 __all__ = ["TURN_END", "fill_special_token_ids", "generation_config", "inference_template", "save_tokenizer"]
 

@@ -15,10 +15,10 @@ from typing import Any
 
 from kernelguard.errors import DataError
 
-from ..inputs.data import load_tokenizer, template_choice
 from ..inputs.encode import encode_items
 from ..inputs.rows import COLUMNS_PREFIX, Item, columns_format, describe_format, detect_format, row_item
 from ..inputs.sources import iter_rows, resolve_files
+from ..inputs.tokenizer import load_tokenizer, template_choice
 from ..settings.config import TrainConfig
 
 __all__ = ["SAMPLE_ROWS", "check_inputs_early", "check_row_formats", "check_rows"]

@@ -13,7 +13,7 @@ from typing import Any
 from kernelguard.errors import CheckpointError, ConfigError
 
 from ..common.run_folder import RUN_ARTIFACTS
-from ..inputs.tokenizer_folder import check_tokenizer_folder
+from ..inputs.tokenizer import check_tokenizer_folder
 
 __all__ = [
     "ENVIRONMENT",

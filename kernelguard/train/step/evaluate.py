@@ -21,10 +21,10 @@ import torch.distributed as dist
 from kernelguard.resolution import IGNORE_INDEX
 
 from ..settings.packing_modes import PACKED
-from .packing import build_batch, pack_best_fit_decreasing
+from .packing import build_batch
 from .step import TrainState, label_count, token_loss_sums
 
-__all__ = ["FIRST_K", "EvalResult", "evaluate", "first_k_labels", "pack_eval_blocks", "rank_eval_blocks"]
+__all__ = ["FIRST_K", "EvalResult", "evaluate", "first_k_labels", "rank_eval_blocks"]
 
 FIRST_K = 32
 
@@ -53,11 +53,6 @@ def first_k_labels(example: tuple[list[int], list[int]], k: int = FIRST_K) -> tu
             out[i] = labels[i]
             kept += 1
     return ids, out
-
-
-def pack_eval_blocks(examples: Any, max_length: int, *, seed: int) -> list[list[int]]:
-    """Example indices per eval block (best-fit decreasing, like training)."""
-    return pack_best_fit_decreasing(examples.lengths(), max_length, seed=seed)
 
 
 def rank_eval_blocks(num_blocks: int, *, rank: int, world_size: int) -> list[int | None]:

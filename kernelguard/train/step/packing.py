@@ -1,4 +1,6 @@
-"""Packing tokenized examples into fixed 1D blocks.
+"""Packing tokenized examples into fixed 1D blocks, and which blocks each step trains on.
+
+:func:`pack_run` is the stage's one call: the run's examples packed, counted and planned over the steps.
 
 Pure Python for the bin packing (no torch import at module level), torch only to build block tensors.
 
@@ -25,11 +27,16 @@ from kernelguard.resolution import (
 )
 
 from ..settings.packing_modes import NAIVE, NO_BOUNDARIES, NO_PACKING, PACKED, PACKING_MODES
+from .plan import Plan, dropped_blocks_note, make_plan
 
 if TYPE_CHECKING:
     import torch
 
+    from ..inputs.data import Inputs
+    from ..settings.config import TrainConfig
+
 __all__ = [
+    "PackedRun",
     "PackingStats",
     "build_batch",
     "build_packed_block",
@@ -37,11 +44,13 @@ __all__ = [
     "forward_rows",
     "merge_packed_blocks",
     "pack_best_fit_decreasing",
+    "pack_run",
     "pack_sequential_greedy",
     "packing_stats",
     "padded_shape",
     "segment_counts",
     "shard_blocks",
+    "step_block_ids",
 ]
 
 
@@ -171,6 +180,42 @@ def packing_stats(
         truncated=truncated,
         dropped=dropped,
     )
+
+
+@dataclass(slots=True)
+class PackedRun:
+    """The run's examples as blocks, planned over its steps (:func:`pack_run`)."""
+
+    plan: Plan
+    stats: PackingStats
+    eval_blocks: list[list[int]]  # empty: no eval set
+    dropped_note: str | None  # the blocks each epoch leaves out to even the ranks, said when there are any
+
+
+def pack_run(inputs: Inputs, cfg: TrainConfig, *, world_size: int) -> PackedRun:
+    """Best-fit-decreasing blocks of ``--max-length`` for the training examples (seeded by ``--seed``) and the
+    eval examples (seed 0, not --seed: runs of several seeds measure the same eval blocks), and the plan of
+    which blocks each optimizer step of each rank trains on."""
+    lengths, max_length = inputs.lengths, cfg.packing.max_length
+    blocks = pack_best_fit_decreasing(lengths, max_length, seed=cfg.training.seed)
+    stats = packing_stats(blocks, lengths, max_length, truncated=inputs.stats.truncated,
+                          dropped=inputs.stats.dropped_overlong)
+    eval_blocks = pack_best_fit_decreasing(inputs.eval_lengths, max_length, seed=0) if inputs.eval_lengths else []
+    training = cfg.training
+    plan = make_plan(blocks, world_size=world_size, grad_accum=training.gradient_accumulation_steps,
+                     epochs=training.num_train_epochs, max_steps=training.max_steps,
+                     schedule_steps=training.schedule_steps, max_length=max_length, data=cfg.data.data)
+    note = dropped_blocks_note(plan, world_size=world_size, grad_accum=training.gradient_accumulation_steps)
+    return PackedRun(plan, stats, eval_blocks, note)
+
+
+def step_block_ids(
+    plan: Plan, step: int, *, rank: int, world_size: int, seed: int, grad_accum: int
+) -> list[int]:
+    """Block indices this rank trains on at 0-based optimizer step ``step`` (epochs cycle)."""
+    epoch, within = divmod(step, plan.steps_per_epoch)
+    mine = shard_blocks(len(plan.blocks), rank=rank, world_size=world_size, seed=seed, epoch=epoch)
+    return mine[within * grad_accum : (within + 1) * grad_accum]
 
 
 def shard_blocks(num_blocks: int, *, rank: int, world_size: int, seed: int, epoch: int = 0) -> list[int]:

@@ -1,4 +1,4 @@
-"""One optimizer step of `kernelguard train`, and the data plan that says which blocks each step trains on.
+"""One optimizer step of `kernelguard train` (which blocks each step trains on: :mod:`.plan`).
 
 Loss normalisation: each optimizer step sums token cross-entropy over every micro-batch of every rank and
 divides by the GLOBAL number of valid label tokens of that step (all-reduced before the first forward), so
@@ -23,96 +23,32 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from kernelguard.errors import DataError
 from kernelguard.resolution import IGNORE_INDEX
 
 from ..common.ranks import DistInfo, sync_replicated_grads
 from .grad_norm import clip_divisor, clip_gradients, clip_gradients_, gradient_norm
 from .loss import linear_cross_entropy
-from .packing import forward_rows, shard_blocks
+from .packing import forward_rows
 
 __all__ = [
     "NON_MODEL_KEYS",
-    "Plan",
     "StepResult",
     "TrainState",
     "clip_gradients",
     "clip_gradients_",
-    "dropped_blocks_note",
     "extended_schedule_note",
     "forward_backward",
     "label_count",
     "lr_lambda",
-    "make_plan",
     "model_inputs",
     "optimizer_step",
     "restart_schedule_at",
-    "step_block_ids",
     "token_loss_sum",
     "token_loss_sums",
     "warmup_length",
 ]
 
 NON_MODEL_KEYS = frozenset({"labels", "num_real_tokens"})
-
-
-# ------------------------------------------------------------------------------------------------ plan ---
-@dataclass(slots=True)
-class Plan:
-    """Which packed blocks each optimizer step trains on: epochs of a seeded per-rank permutation."""
-
-    blocks: list[list[int]]
-    steps_per_epoch: int
-    total_steps: int
-    stop_step: int
-    schedule_steps: int
-
-
-def make_plan(
-    blocks: list[list[int]],
-    *,
-    world_size: int,
-    grad_accum: int,
-    epochs: int,
-    max_steps: int | None,
-    schedule_steps: int | None,
-    max_length: int,
-    data: str = "",
-) -> Plan:
-    per_rank = len(blocks) // world_size
-    steps_per_epoch = per_rank // grad_accum
-    if steps_per_epoch == 0:
-        raise DataError(
-            f"the data packs into {len(blocks)} blocks of {max_length}: not enough for one step of "
-            f"{world_size} ranks x {grad_accum} micro-batches.",
-            fix="add data, lower --grad-accum or --block-size, or use fewer ranks",
-            details={"file": data, "row": None, "field": None},
-        )
-    total = steps_per_epoch * epochs
-    stop = max_steps if max_steps is not None else total
-    return Plan(blocks, steps_per_epoch, total, stop, schedule_steps or max(total, stop))
-
-
-def dropped_blocks_note(plan: Plan, *, world_size: int, grad_accum: int) -> str | None:
-    """The blocks each epoch leaves out so that every rank and micro-step gets whole blocks, said out loud."""
-    used = plan.steps_per_epoch * grad_accum * world_size
-    dropped = len(plan.blocks) - used
-    if dropped <= 0:
-        return None
-    return (
-        f"{dropped} of {len(plan.blocks)} packed blocks are left out of each epoch to even the ranks "
-        f"({world_size} rank(s) x {grad_accum} micro-batch(es) x {plan.steps_per_epoch} steps); the blocks are "
-        "reshuffled every epoch, so a different set is left out each time"
-    )
-
-
-def step_block_ids(
-    plan: Plan, step: int, *, rank: int, world_size: int, seed: int, grad_accum: int
-) -> list[int]:
-    """Block indices this rank trains on at 0-based optimizer step ``step`` (epochs cycle)."""
-    epoch, within = divmod(step, plan.steps_per_epoch)
-    mine = shard_blocks(len(plan.blocks), rank=rank, world_size=world_size, seed=seed, epoch=epoch)
-    return mine[within * grad_accum : (within + 1) * grad_accum]
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float, kind: str = "cosine") -> Any:
