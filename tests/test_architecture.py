@@ -236,3 +236,20 @@ def test_the_run_folders_file_names_are_spelled_only_in_their_home() -> None:
 
     names = {f.RUN_FILE, f.CONFIG_FILE, f.METRICS_FILE, f.METRICS_PLOT, f.LOCK_FILE, f.FINAL_TMP}
     assert _spelled_outside(PACKAGE / "train" / "common" / "run_folder.py", names) == []
+
+
+def test_a_corrected_command_is_built_only_in_its_home() -> None:
+    """A refusal's pasteable fix (``kernelguard COMMAND ARGS`` with a value replaced or a flag added) is built by
+    ``resolution/paste.py`` for every command; the running run's own command line (the resume line) by
+    ``train/common/command_line.py``. Anywhere else, an f-string around ``shlex.join`` is a second builder whose
+    quoting and rules drift from the first."""
+    homes = {PACKAGE / "resolution" / "paste.py", PACKAGE / "train" / "common" / "command_line.py"}
+    builders = sorted(
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path in PACKAGE.rglob("*.py") if path not in homes
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.JoinedStr) and any(
+            isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Call)
+            and ast.unparse(part.value.func) == "shlex.join" for part in node.values)
+    )
+    assert builders == []

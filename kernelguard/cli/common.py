@@ -77,12 +77,6 @@ def run_command(body: Callable[[], int], command: tuple[str, list[str]] | None =
 
 
 def _with_replacement(error: KernelGuardError, name: str, argv: list[str]) -> KernelGuardError:
-    import shlex
+    from kernelguard.resolution import with_corrected_command
 
-    from kernelguard.resolution import with_value_replaced
-
-    old, new = error.details.get("replace", (None, None))
-    fixed = with_value_replaced(argv, old, new, error.details.get("flag")) if old is not None else None
-    if fixed is None:
-        return error
-    return type(error)(error.message, fix=f"kernelguard {name} {shlex.join(fixed)}", details=error.details)
+    return with_corrected_command(error, name, argv)

@@ -103,16 +103,15 @@ def _say(line: str) -> None:
 
 def _with_command(error: KernelGuardError, argv: list[str]) -> KernelGuardError:
     """The refusal with, as its fix, this command line with the checkpoint it names in place of the one given."""
-    import shlex
-
+    from kernelguard.resolution import with_corrected_command
     from kernelguard.train import FINAL
 
     old, new = error.details.get("replace", (None, None))
-    if old is None or not any(Path(a).expanduser() == Path(old) for a in argv):
+    if old is None:
         return error
-    fixed = [new if Path(a).expanduser() == Path(old) else a for a in argv]
-    given_output = any(a == "--output" or a.startswith("--output=") for a in fixed) or "--overwrite" in fixed
+    details = dict(error.details)
+    given_output = any(a == "--output" or a.startswith("--output=") for a in argv) or "--overwrite" in argv
     default = Path(new).parent.parent / FINAL
     if not given_output and default.exists():  # the default output is taken: a fix that pastes needs its own
-        fixed += ["--output", str(default.with_name(f"final-{Path(new).name}"))]
-    return type(error)(error.message, fix=f"kernelguard export {shlex.join(fixed)}", details=error.details)
+        details["add"] = ("--output", str(default.with_name(f"final-{Path(new).name}")))
+    return with_corrected_command(error, "export", argv, details=details)

@@ -22,6 +22,7 @@ __all__ = [
     "check_hub_layer",
     "CLI",
     "command_lines",
+    "corrected_command",
     "ComputeCapability",
     "CU_SEQ_LENS_K",
     "CU_SEQ_LENS_Q",
@@ -101,6 +102,7 @@ __all__ = [
     "variant_folder",
     "VARLEN_ATTENTION",
     "with_gpus",
+    "with_corrected_command",
     "with_value_replaced",
 ]
 
@@ -150,7 +152,7 @@ _OFFERS = {
         "MAX_LENGTH_Q",
         "SEQ_IDX",
     ),
-    "paste": ("command_lines", "is_command", "with_value_replaced"),
+    "paste": ("command_lines", "corrected_command", "is_command", "with_corrected_command", "with_value_replaced"),
     "policy": ("AllowPolicy", "ATTENTION", "PACKED_WITHOUT_BOUNDARIES", "POLICY_ITEMS"),
     "providers.hub": ("probe_hub_kernel",),
     "providers.hub_layers": ("check_hub_layer", "variant_folder"),
@@ -200,7 +202,7 @@ if TYPE_CHECKING:
         SEQ_IDX,
         boundary_arguments,
     )
-    from .paste import command_lines, is_command, with_value_replaced
+    from .paste import command_lines, corrected_command, is_command, with_corrected_command, with_value_replaced
     from .policy import ATTENTION, PACKED_WITHOUT_BOUNDARIES, POLICY_ITEMS, AllowPolicy
     from .providers.hub import probe_hub_kernel
     from .providers.hub_layers import check_hub_layer, variant_folder

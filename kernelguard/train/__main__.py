@@ -173,54 +173,14 @@ def _main(argv: list[str] | None) -> int:
 
 def _with_corrected_command(error: Exception, argv: list[str]) -> Exception:
     """An error that names the value to put instead (``details["replace"]``, e.g. the nearest existing
-    ``--data`` file) gets, as its fix, this whole command with that value replaced: a line that pastes."""
-    import shlex
+    ``--data`` file), a flag to add, or a fix that is one flag's value gets, as its fix, this whole command so
+    corrected: a line that pastes."""
+    from kernelguard.resolution import with_corrected_command
 
-    from kernelguard.resolution import with_value_replaced
-
-    details = getattr(error, "details", {})
-    old, new = details.get("replace", (None, None))
-    flag = details.get("flag")
-    replaced = with_value_replaced(argv, old, new, flag) if old is not None else None
-    if "add" in details and details["add"][0] not in argv and "--eval-data" not in argv:  # one layout for all
-        fixed = [*argv, *details["add"]]  # a flag this data needs (--columns for rows of other names)
-    elif old is not None and new in argv and old in argv:  # the name meant is there already: drop the typo
-        at = argv.index(old)
-        fixed = argv[:at] + argv[at + 1:]
-        if at and argv[at - 1] == flag and (at + 1 == len(argv) or argv[at + 1].startswith("-")):
-            fixed = argv[:at - 1] + argv[at + 1:]  # and its flag, now without a value
-    elif replaced is not None:
-        fixed = replaced
-    elif (setting := _flag_setting(getattr(error, "fix", None))) is not None:
-        fixed = [*_without_flag(argv, setting[0]), *setting]  # a fix that is one flag's value: the whole line
-    else:
-        return error
-    return type(error)(error.message, fix=f"kernelguard train {shlex.join(fixed)}", details=details)  # type: ignore
-
-
-def _flag_setting(fix: str | None) -> list[str] | None:
-    """``fix`` as one flag and its values (``--master-port 29500``), or None where it says anything more."""
-    import re
-    import shlex
-
-    if not fix or not re.fullmatch(r"--[a-z][a-z0-9-]*( [^ ,;()]+)*", fix.strip()):
-        return None
-    words = shlex.split(fix)
-    return words if all(not w.startswith("--") for w in words[1:]) else None
-
-
-def _without_flag(argv: list[str], flag: str) -> list[str]:
-    """``argv`` less every occurrence of ``flag`` with its values (up to the next option)."""
-    out, skipping = [], False
-    for arg in argv:
-        if arg == flag or arg.startswith(flag + "="):
-            skipping = arg == flag
-            continue
-        if skipping and not arg.startswith("-"):
-            continue
-        skipping = False
-        out.append(arg)
-    return out
+    details = getattr(error, "details", None) or {}
+    if "--eval-data" in argv:  # a flag added for --data's rows (--columns) would apply to the eval file too
+        details = {k: v for k, v in details.items() if k != "add"}
+    return with_corrected_command(error, "train", argv, details=details, flag_fix=True)
 
 
 def _early_checks(cfg: Any, *, launching: bool) -> None:

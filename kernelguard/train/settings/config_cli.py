@@ -326,7 +326,7 @@ def _normalize_flag_spelling(argv: list[str], parser: argparse.ArgumentParser) -
 def _required_missing(ns: dict[str, Any], config_file: Path | None, argv: list[str]) -> None:
     """The first required setting not given, refused with the user's own command completed: a run folder named
     after the model where kernelguard can name one, a placeholder only for what it cannot guess."""
-    import shlex
+    from kernelguard.resolution import corrected_command
 
     for cls in SECTIONS.values():
         for f in fields(cls):
@@ -337,7 +337,7 @@ def _required_missing(ns: dict[str, Any], config_file: Path | None, argv: list[s
                     value = f"runs/{Path(str(ns['model'])).name.removesuffix('.json') or 'run'}"
                 where = f" (or set {f.name} in {config_file})" if config_file else ""
                 raise ConfigError(f"{flag} is required.",
-                                  fix=f"kernelguard train {shlex.join([*argv, flag, value])}{where}")
+                                  fix=f"{corrected_command('train', argv, {'add': (flag, value)})}{where}")
 
 
 def parse_command(argv: list[str] | None) -> Command:
