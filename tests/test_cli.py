@@ -410,6 +410,18 @@ USAGE_ERRORS = {
         ),
         "qwen3_5, qwen3_5_moe, qwen3_next",  # nothing near: the names, no Fix line to guess with
     ),
+    "unknown-model-names-every-kind": (  # not only the gated-delta families: every family check knows, by kind
+        lambda p: ["check", "--model", "nope"],
+        "kernelguard: error: unknown model 'nope': not a family with fallback kernels in transformers, and not a "
+        "file. The families: gated delta net (fla): ",
+        "; Mamba (mamba-ssm): bamba, falcon_h1, falcon_mamba, granitemoehybrid, jamba, mamba, mamba2, nemotron_h",
+    ),
+    "model-typo-of-another-kind": (  # the nearest name among every family, not only the gated-delta ones
+        lambda p: ["check", "--model", "mamba_2", "--mode", "training"],
+        "kernelguard: error: unknown model 'mamba_2': not a family with fallback kernels in transformers, and not "
+        "a file; did you mean mamba2?",
+        "Fix: kernelguard check --model mamba2 --mode training\n",
+    ),
     "model-typo": (
         lambda p: ["check", "--model", "qwen3_55", "--mode", "training"],
         "kernelguard: error: unknown model 'qwen3_55': not a family with fallback kernels in transformers, and not "

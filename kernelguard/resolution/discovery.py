@@ -24,6 +24,7 @@ __all__ = [
     "TransformersSource",
     "clear_caches",
     "families",
+    "families_by_kind",
     "gated_delta_families",
     "kernels_version_window",
     "resolve_model",
@@ -179,6 +180,23 @@ def gated_delta_families(source: TransformersSource | None = None) -> list[str]:
     return [name for name, fam in families(source).items() if fam.gated_delta]
 
 
+# What a family's layers need most, by the module of its kernels: the first match names its group.
+_KINDS = (("gated delta net (fla)", "fla.ops.gated_delta_rule"), ("Kimi delta attention (fla)", "fla.ops.kda"),
+          ("Mamba (mamba-ssm)", "mamba_ssm"))
+_CONV_ONLY = "short convolution only (causal-conv1d)"
+
+
+def families_by_kind(source: TransformersSource | None = None) -> dict[str, list[str]]:
+    """Every family, grouped by the kernels its layers need most (the groups in :data:`_KINDS` order, then the
+    families whose only fast kernel is causal-conv1d's)."""
+    groups: dict[str, list[str]] = {}
+    for name, family in sorted(families(source).items()):
+        modules = [k.module or "" for k in family.kernels]
+        kind = next((label for label, prefix in _KINDS if any(m.startswith(prefix) for m in modules)), _CONV_ONLY)
+        groups.setdefault(kind, []).append(name)
+    return {kind: groups[kind] for kind in (*(label for label, _ in _KINDS), _CONV_ONLY) if kind in groups}
+
+
 def _find_family(model_type: str, known: dict[str, Family]) -> Family | None:
     if model_type in known:
         return known[model_type]
@@ -331,8 +349,7 @@ def resolve_model(model: str, source: TransformersSource | None = None) -> Model
     if family is None:
         from .terms import nearest
 
-        names = gated_delta_families(source)
-        near = nearest(model, names, n=1)
+        near = nearest(model, sorted(known), n=1)
         if near:
             raise ConfigError(
                 f"unknown model {model!r}: not a family with fallback kernels in transformers, and not a file; "
@@ -340,7 +357,8 @@ def resolve_model(model: str, source: TransformersSource | None = None) -> Model
                 details={"replace": (model, near[0]), "flag": "--model"})
         raise ConfigError(
             f"unknown model {model!r}: not a family with fallback kernels in transformers, and not a file. The "
-            f"families: {', '.join(names)}; or pass a config.json or model folder.",
+            "families: " + "; ".join(f"{kind}: {', '.join(names)}" for kind, names in families_by_kind(source).items())
+            + "; or pass a config.json or model folder.",
             fix="give a family name from the list above, or the path of a config.json or model folder",
         )
     return ModelSpec(family, None, "family name")
