@@ -347,14 +347,14 @@ def resolve_model(model: str, source: TransformersSource | None = None) -> Model
     if family is None and (broken := _dangling(path)):
         raise ConfigError(f"--model {model}: {broken}.", fix="point --model at an existing config.json or folder")
     if family is None:
-        from .terms import nearest
+        from .terms import nearest_slip
 
-        near = nearest(model, sorted(known), n=1)
+        near = nearest_slip(model, sorted(known))
         if near:
             raise ConfigError(
                 f"unknown model {model!r}: not a family with fallback kernels in transformers, and not a file; "
-                f"did you mean {near[0]}?", fix=f"--model {near[0]}",
-                details={"replace": (model, near[0]), "flag": "--model"})
+                f"did you mean {near}?", fix=f"--model {near}",
+                details={"replace": (model, near), "flag": "--model"})
         raise ConfigError(
             f"unknown model {model!r}: not a family with fallback kernels in transformers, and not a file. The "
             "families: " + "; ".join(f"{kind}: {', '.join(names)}" for kind, names in families_by_kind(source).items())

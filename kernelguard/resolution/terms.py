@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["CLI", "PYTEST", "PYTHON", "SYNTAXES", "allow_hint", "in_terms", "nearest", "option_hint",
+__all__ = ["CLI", "PYTEST", "PYTHON", "SYNTAXES", "allow_hint", "in_terms", "nearest", "nearest_slip", "option_hint",
            "usage_suggestion"]
 
 CLI = "cli"
@@ -106,6 +106,12 @@ def nearest(name: str, valid: Iterable[str], n: int = 3) -> list[str]:
     import difflib
 
     return difflib.get_close_matches(name, list(dict.fromkeys(valid)), n=n, cutoff=0.6)
+
+
+def nearest_slip(name: str, valid: Iterable[str]) -> str | None:
+    """The valid name ``name`` is a slip of (see :func:`_is_slip`), or None: a suggestion that never turns one
+    name into another (``llama`` is not a slip of ``zamba``, though difflib finds them close)."""
+    return next((n for n in nearest(name, valid) if _is_slip(name, n)), None)
 
 
 def _is_slip(typed: str, meant: str) -> bool:
