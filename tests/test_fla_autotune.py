@@ -5,6 +5,7 @@ so a pinned key must land in exactly that dict, under exactly the key Triton bui
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -149,3 +150,31 @@ def test_searches_that_missed_their_pins_are_named(fake_stack: dict[str, Any]) -
         f"chunk_fwd_kernel_o{list(other)}",
     ]
     assert fla_autotune.searched_after_pinning(fla_autotune.record(STACK)) == []
+
+
+def test_search_results_are_kept_on_disk_unless_the_user_chose() -> None:
+    env: dict[str, str] = {}
+    assert fla_autotune.keep_search_results(env) is True
+    assert env == {"TRITON_CACHE_AUTOTUNING": "1"}
+    chosen = {"TRITON_CACHE_AUTOTUNING": "0"}
+    assert fla_autotune.keep_search_results(chosen) is False
+    assert chosen == {"TRITON_CACHE_AUTOTUNING": "0"}
+
+
+def test_train_and_check_run_turn_the_search_cache_on_plain_check_does_not(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Triton reads the switch when fla's autotuners are created, so the commands that run fla's kernels set it
+    at their entry, before anything imports a provider; a plain check runs no kernel and leaves it alone."""
+    from kernelguard.cli import check as check_cli
+    from kernelguard.train.__main__ import main as train_main
+
+    monkeypatch.delenv("TRITON_CACHE_AUTOTUNING", raising=False)
+    check_cli.main(["--model", "no_such_family"])
+    assert "TRITON_CACHE_AUTOTUNING" not in os.environ
+    check_cli.main(["--model", "no_such_family", "--run"])
+    assert os.environ["TRITON_CACHE_AUTOTUNING"] == "1"
+    monkeypatch.delenv("TRITON_CACHE_AUTOTUNING")
+    assert train_main(["--help"]) == 0
+    assert os.environ["TRITON_CACHE_AUTOTUNING"] == "1"
+    capsys.readouterr()

@@ -56,6 +56,7 @@ __all__ = [
     "in_terms",
     "is_command",
     "is_decode_only",
+    "keep_search_results",
     "kernels_funcs",
     "kernels_version_window",
     "KNOWN_ISSUES",
@@ -128,7 +129,7 @@ _OFFERS = {
     "env": ("distribution_version", "Environment", "probe", "with_gpus"),
     "facts": ("Facts", "HubLoad", "HubTarget"),
     "file_kinds": ("dangling_link", "file_kind", "saved_dataset"),
-    "fla_autotune": ("fla_autotuners", "load_pins", "pin_for_this_gpu", "search_note"),
+    "fla_autotune": ("fla_autotuners", "keep_search_results", "load_pins", "pin_for_this_gpu", "search_note"),
     "fla_refusal": ("FLA_REFUSAL_FLAG", "lift_fla_hopper_refusal", "lift_for_accepted_issues"),
     "geometry": (
         "attention_dims",
@@ -186,7 +187,7 @@ if TYPE_CHECKING:
     from .env import Environment, distribution_version, probe, with_gpus
     from .facts import Facts, HubLoad, HubTarget
     from .file_kinds import dangling_link, file_kind, saved_dataset
-    from .fla_autotune import fla_autotuners, load_pins, pin_for_this_gpu, search_note
+    from .fla_autotune import fla_autotuners, keep_search_results, load_pins, pin_for_this_gpu, search_note
     from .fla_refusal import FLA_REFUSAL_FLAG, lift_fla_hopper_refusal, lift_for_accepted_issues
     from .geometry import GdnDims, attention_dims, estimated_params, field, gdn_dims, layer_types, text_config
     from .hub_load import probe_hub_load, resolve_use_hub

@@ -12,20 +12,27 @@ The pins are data (``fla_autotune_pins.json``, recorded on the GPU by ``bench/ch
 is used only for an exact key match on the exact (compute capability, Triton, fla) stack it was recorded on.
 fla's own ``FLA_CACHE_MODE``/``FLA_CONFIG_DIR`` mechanism covers only its ``fla_cache_autotune`` kernels (not the
 plain ``triton.autotune`` ones, e.g. ``chunk_scaled_dot_kkt``), so it is not used here.
+
+A key no pin covers (a model geometry nobody recorded) is searched once per process. ``keep_search_results``
+turns on Triton's own disk cache of search results (``TRITON_CACHE_AUTOTUNING``, read when each autotuner is
+created, i.e. when fla is imported), so the search costs minutes once per machine and cache folder, not at every
+start: kernelguard's commands call it before any provider import; a value the user set is left alone.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "PINS_FILE",
+    "SEARCH_CACHE_VARIABLE",
     "Stack",
     "apply",
     "config_from_dict",
@@ -33,6 +40,7 @@ __all__ = [
     "current_stack",
     "entry_for",
     "fla_autotuners",
+    "keep_search_results",
     "load_pins",
     "merge_entry",
     "pin_for_this_gpu",
@@ -42,6 +50,7 @@ __all__ = [
 ]
 
 PINS_FILE = Path(__file__).with_name("fla_autotune_pins.json")
+SEARCH_CACHE_VARIABLE = "TRITON_CACHE_AUTOTUNING"
 _CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
@@ -72,6 +81,18 @@ def current_stack(device: int = 0) -> Stack | None:
         return None
     major, minor = torch.cuda.get_device_capability(device)
     return Stack(f"{major}.{minor}", triton_version, fla_version)
+
+
+def keep_search_results(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Have Triton keep each autotune search's result in its cache folder, unless the switch is already set.
+
+    Call before fla is imported (Triton reads the switch when an autotuner is created). Returns whether the
+    environment was changed; child processes (a launcher's ranks) inherit the switch."""
+    env = os.environ if environ is None else environ
+    if SEARCH_CACHE_VARIABLE in env:
+        return False  # the user's choice, 0 included
+    env[SEARCH_CACHE_VARIABLE] = "1"
+    return True
 
 
 def _autotuner_class() -> type | None:

@@ -142,12 +142,15 @@ def _leave(code: int) -> NoReturn:
 
 
 def _main(argv: list[str] | None) -> int:
+    from kernelguard.resolution.fla_autotune import keep_search_results
+
     from .common.command_line import remember_command
     from .launch import launch, launched_by_kernelguard
     from .settings.config_cli import parse_command
 
     argv = list(sys.argv[1:] if argv is None else argv)
     remember_command(argv)  # for the --resume line a stopped run ends with
+    keep_search_results()  # before any provider import: an unpinned autotune search is paid once per machine
     try:
         cmd = parse_command(argv)
     except ConfigError as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -280,6 +281,8 @@ def train(
                 info, step + 1, result, seconds, seq_lens, built.config, peak, computed_tokens=computed
             )
             out.write(record | profile | once)
+            if once and info.device.type == "cuda":
+                _say_autotune_searches(info)
             once = {}
             done = step + 1
             if data.eval_examples is not None and _due(cfg.evaluation.eval_every, done, plan.stop_step):
@@ -302,6 +305,21 @@ def train(
         stop.deferring, stop.when = False, "during the final export; the last checkpoint is complete"
         if info.is_main:
             ckpt.remove_incomplete(cfg.checkpoint.output_dir)
+
+
+def _say_autotune_searches(info: DistInfo) -> None:
+    """After this process's first step: the fla kernel shapes searched for lack of a pin (a slow step 1's cause)."""
+    from kernelguard.resolution import search_note
+    from kernelguard.resolution.fla_autotune import SEARCH_CACHE_VARIABLE
+
+    note = search_note()
+    if note is None:
+        return
+    if os.environ.get(SEARCH_CACHE_VARIABLE) == "1":
+        note += "; their results are kept in Triton's cache folder (TRITON_CACHE_DIR): the next start here skips them"
+    else:
+        note += f"; {SEARCH_CACHE_VARIABLE} is not 1, so every start searches them again"
+    log(info, note)
 
 
 def stop_for_sigterm(
