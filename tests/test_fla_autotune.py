@@ -178,3 +178,21 @@ def test_train_and_check_run_turn_the_search_cache_on_plain_check_does_not(
     assert train_main(["--help"]) == 0
     assert os.environ["TRITON_CACHE_AUTOTUNING"] == "1"
     capsys.readouterr()
+
+
+def test_pinning_first_imports_the_pinned_kernel_modules_of_a_process_using_fla(
+    fake_stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers may import an fla kernel module only at its first call (the gate's probe): pinned then, it
+    is never searched. A process that never imported fla is left without it."""
+    import importlib
+
+    imported: list[str] = []
+    monkeypatch.setattr(importlib, "import_module", lambda name: imported.append(name))
+    entry = {"kernels": {"fla.modules.l2norm.l2norm_fwd_kernel": [], "fla.ops.common.chunk_o.chunk_fwd_kernel_o": []}}
+    monkeypatch.delitem(sys.modules, "fla", raising=False)
+    fla_autotune.apply(entry)
+    assert imported == []
+    monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))
+    fla_autotune.apply(entry)
+    assert imported == ["fla.modules.l2norm", "fla.ops.common.chunk_o"]

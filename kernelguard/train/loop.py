@@ -104,6 +104,10 @@ def run(cfg: TrainConfig, info: DistInfo) -> int:
         log(info, f"warning: {said}", logging.WARNING)  # said now, not after hours of training
     on_main(info, lambda: check_checkpoint_shapes(built.model, start.resume_from))  # before anything is written
     on_main(info, lambda: check_something_left(cfg, start.resume_from))
+    if info.device.type == "cuda":  # before the gate's probe runs fla's kernels: a pinned shape is never searched
+        from kernelguard.resolution import pin_for_this_gpu
+
+        log(info, pin_for_this_gpu())
     report = run_gate(built.model, policy=policy, packed=packed, stack=stack,
                       first_row_probe=cfg.packing.first_row_probe, command=command_with)
     try:

@@ -246,10 +246,6 @@ def prepare_training(
         _log(info, fuse_norms(model).describe())
     layout = built.layout = resolve_step_layout(cfg, info)
     _log(info, layout.line)
-    if info.device.type == "cuda":  # fla's autotune choices recorded for this stack: no minutes of search at start
-        from kernelguard.resolution import pin_for_this_gpu
-
-        _log(info, pin_for_this_gpu())
     if layout.compile:
         from .compile import compile_layers
 
