@@ -185,14 +185,23 @@ def test_pinning_first_imports_the_pinned_kernel_modules_of_a_process_using_fla(
 ) -> None:
     """transformers may import an fla kernel module only at its first call (the gate's probe): pinned then, it
     is never searched. A process that never imported fla is left without it."""
-    import importlib
-
-    imported: list[str] = []
-    monkeypatch.setattr(importlib, "import_module", lambda name: imported.append(name))
-    entry = {"kernels": {"fla.modules.l2norm.l2norm_fwd_kernel": [], "fla.ops.common.chunk_o.chunk_fwd_kernel_o": []}}
+    l2norm = types.ModuleType("fla.modules.l2norm")
+    l2norm.l2norm_fwd_kernel = FakeAutotuner(3)  # type: ignore[attr-defined]
+    entry = {**STACK.to_dict(), "kernels": {"fla.modules.l2norm.l2norm_fwd_kernel": [
+        {"key": list(KEY), "config": {"kwargs": {"BT": 32}, "num_warps": 8}}]}}
     monkeypatch.delitem(sys.modules, "fla", raising=False)
-    fla_autotune.apply(entry)
-    assert imported == []
+    monkeypatch.delitem(sys.modules, "fla.modules.l2norm", raising=False)
+    real_import = __builtins__["__import__"] if isinstance(__builtins__, dict) else __builtins__.__import__
+
+    def fake_import(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("fla"):
+            sys.modules["fla.modules.l2norm"] = l2norm  # what importing the real package does
+            return types.ModuleType(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.__import__", fake_import)
+    assert fla_autotune.apply(entry) == 0  # no fla in this process: nothing imported, nothing pinned
+    assert "fla.modules.l2norm" not in sys.modules
     monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))
-    fla_autotune.apply(entry)
-    assert imported == ["fla.modules.l2norm", "fla.ops.common.chunk_o"]
+    assert fla_autotune.apply(entry) == 1
+    assert l2norm.l2norm_fwd_kernel.cache[KEY].num_warps == 8

@@ -80,7 +80,7 @@ def check_options(args: argparse.Namespace) -> object:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.run:  # before the probe imports fla: an unpinned autotune search is paid once per machine
-        from kernelguard.resolution.fla_autotune import keep_search_results
+        from kernelguard.resolution import keep_search_results
 
         keep_search_results()
     return run_command(lambda: _check(args), command=("check", argv))

@@ -201,25 +201,24 @@ def entry_for(stack: Stack, pins: Mapping[str, Any]) -> Mapping[str, Any] | None
     return None
 
 
-def _load_pinned_modules(entry: Mapping[str, Any]) -> None:
-    """Import the fla modules ``entry`` pins kernels of, in a process that already imported fla: a kernel module
-    transformers imports only at its first call would otherwise be searched then, with its pin unused."""
+def _load_pinned_modules() -> None:
+    """Import the fla modules whose kernels the pins name (the GDN chunk kernels and the l2norm ones), in a
+    process that already imported fla: a kernel module transformers imports only at its first call would
+    otherwise be searched then, with its pin unused."""
     if "fla" not in sys.modules:
         return  # fla is not this process's provider: never drag it in
-    import importlib
-
-    for module in sorted({name.rsplit(".", 1)[0] for name in entry.get("kernels", {})}):
-        try:
-            importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - another fla layout: that module's kernels stay unpinned
-            continue
+    try:
+        import fla.modules.l2norm  # noqa: F401
+        import fla.ops.gated_delta_rule  # noqa: F401 - the chunk path: chunk_o, chunk_delta_h, wy_fast, cumsum
+    except Exception:  # noqa: BLE001 - another fla layout: its kernels stay unpinned, as before
+        return
 
 
 def apply(entry: Mapping[str, Any]) -> int:
     """Fill the loaded fla autotuners' caches from ``entry``; returns how many keys were pinned.
 
     A key the autotuner already holds (tuned or pinned earlier in this process) is left alone."""
-    _load_pinned_modules(entry)
+    _load_pinned_modules()
     wanted = entry.get("kernels", {})
     pinned = 0
     for name, tuner in fla_autotuners():

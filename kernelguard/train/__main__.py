@@ -142,7 +142,7 @@ def _leave(code: int) -> NoReturn:
 
 
 def _main(argv: list[str] | None) -> int:
-    from kernelguard.resolution.fla_autotune import keep_search_results
+    from kernelguard.resolution import keep_search_results
 
     from .common.command_line import remember_command
     from .launch import launch, launched_by_kernelguard

@@ -313,8 +313,7 @@ def train(
 
 def _say_autotune_searches(info: DistInfo) -> None:
     """After this process's first step: the fla kernel shapes searched for lack of a pin (a slow step 1's cause)."""
-    from kernelguard.resolution import search_note
-    from kernelguard.resolution.fla_autotune import SEARCH_CACHE_VARIABLE
+    from kernelguard.resolution import SEARCH_CACHE_VARIABLE, search_note
 
     note = search_note()
     if note is None:
