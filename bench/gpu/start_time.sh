@@ -13,8 +13,9 @@
 #   bash bench/gpu/start_time.sh           # GPU machine, repository root, .whl/ and .fixture/start.tgz carried
 #   PYTHON=.venv/bin/python bash bench/gpu/start_time.sh --tiny   # CPU plumbing with tests/fake_providers
 #
-# The model: LAYERS (2) layers of bench/configs/qwen3_5_27b_text.json (hidden 5120, vocab 248,320; 2 layers are
-# what one 80 GB card holds with the default step, bench/RESULTS.md 4.6), random init. The data: .fixture/start.tgz,
+# The model: LAYERS layers of bench/configs/qwen3_5_27b_text.json (hidden 5120, vocab 248,320), random init;
+# auto (the default): 2 on an 80 GB card (what the default step's plan fits, bench/RESULTS.md 4.6), 8 on a 141 GB
+# one (the plan fits 8 in 120.8 GiB without checkpointing, one block per forward, weights freed). The data: .fixture/start.tgz,
 # the chitchat conversations and the Qwen3.5 vocabulary, made on a CPU machine (the GPU machine has neither
 # package) by
 #   python bench/quality/prepare.py --out /tmp/start --size gpu --no-unigram
@@ -31,10 +32,11 @@ left() { echo $((BUDGET - ($(date +%s) - START))); }
 step() { echo; echo "================ $* ================ $(date +%T) ($(left) s left)"; }
 PY=${PYTHON:-python3}
 WORK=${WORK:-/tmp/kg-start}; rm -rf "$WORK"; mkdir -p "$WORK/fixture"
-LAYERS=${LAYERS:-2}
+LAYERS=${LAYERS:-auto}
 export TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=error PYTHONUNBUFFERED=1 TRITON_PRINT_AUTOTUNING=1
 
 if [ $TINY = 1 ]; then
+  [ "$LAYERS" = auto ] && LAYERS=2
   export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1 PYTHONPATH=$PWD:$PWD/tests/fake_providers:${PYTHONPATH:-}
   "$PY" bench/lib/make_train_fixture.py "$WORK/fixture" --examples 200 --hidden 64 --layers "$LAYERS" || exit 1
   MODEL=$WORK/fixture/model/config.json; DATA=$WORK/fixture/chat.jsonl
@@ -46,6 +48,8 @@ else
   export PYTHONPATH=$PWD:/tmp/site
   tar xzf .fixture/start.tgz -C "$WORK/fixture" || { echo "no .fixture/start.tgz (see the header)"; exit 1; }
   MODEL=$WORK/model/config.json; DATA=$WORK/fixture/train.jsonl
+  # auto: the most layers the default plan fits on this card (RESULTS 4.6: 2 on an 80 GB card; 8 on a 141 GB one)
+  [ "$LAYERS" = auto ] && LAYERS=$("$PY" -c "import torch; print(8 if torch.cuda.get_device_properties(0).total_memory > 120e9 else 2)")
   "$PY" - "$LAYERS" "$MODEL" <<'PY'
 import json, sys
 from pathlib import Path
