@@ -98,6 +98,19 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _rank_pid(launcher: int, rank: int) -> int:
+    """The launched process of ``rank``, read from its environment: the launcher's newest child is not always a
+    rank (a helper process started later), and killing a helper leaves the run to finish."""
+    for pid in _children(launcher):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and any(v.startswith(b"LOCAL_RANK=") for v in env):
+            return pid
+    raise AssertionError(f"no child of the launcher (pid {launcher}) is rank {rank}: {_children(launcher)}")
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -204,8 +217,7 @@ def test_kill_9_of_one_rank_is_reported_once(assets: dict[str, Path], reference2
     cmd = _args(assets, out, "--save-steps", "1")
     launcher = _start(cmd, ranks=2)
     _wait_for(lambda: _steps_done(out) >= 2, timeout=150, what="two steps", proc=launcher)
-    rank1 = max(_children(launcher.pid))  # any rank: killing the one started last
-    os.kill(rank1, signal.SIGKILL)
+    os.kill(_rank_pid(launcher.pid, 1), signal.SIGKILL)
     _, err = launcher.communicate(timeout=90)
     assert launcher.returncode == 137, err
     assert err.count("was killed by SIGKILL") == 1, err

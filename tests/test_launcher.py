@@ -295,3 +295,18 @@ def test_the_failing_ranks_record_wins_over_the_ranks_the_agent_then_stopped(
     code = launch_mod.launch(LaunchOptions(nproc_per_node="2"), ["--max-steps", "1"], output=tmp_path / "out")
     err = capsys.readouterr().err
     assert code == 3 and err.splitlines() == ["SLOW PATHS: the table", refused], err
+
+
+def test_a_peers_sigterm_record_does_not_hide_the_rank_killed_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kill -9 of rank 1 on a loaded machine: the agent's SIGTERM reached rank 0 first, which saved and wrote its
+    "stopped by SIGTERM" record (exit 143) while rank 1 wrote nothing. The job is rank 1's SIGKILL (137)."""
+    monkeypatch.setenv(launch_mod.LAUNCH_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    launch_mod.write_rank_error(143, "kernelguard train: stopped by SIGTERM after step 3 of 8; ...", report=None)
+    assert launch_mod._report_failure(_failure(0, 143, rank_1=-9), tmp_path) == 137
+    assert capsys.readouterr().err == "kernelguard train: rank 1 was killed by SIGKILL.\n"
+    # a scheduler's SIGTERM to the whole job is not a kill of one rank: the saved rank's line stays the news
+    assert launch_mod._report_failure(_failure(0, 143, rank_1=-15), tmp_path) == 143
+    assert "stopped by SIGTERM after step 3" in capsys.readouterr().err

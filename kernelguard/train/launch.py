@@ -272,7 +272,12 @@ def _report_failure(error: Any, folder: Path, output: Path | None = None) -> int
     # The agent SIGTERMs the other ranks once one fails: a rank killed otherwise is the cause.
     signalled = [(int(f.exitcode) == -15, f.timestamp, r) for r, f in error.failures.items() if int(f.exitcode) < 0]
     killed = [r for *_, r in sorted(signalled)]
-    if first is not None and first.get("crash") and killed:
+    # The agent's SIGTERM reached a rank (which saved and said so, exit 143) before the rank it stopped for,
+    # killed by another signal, wrote anything: the kill is the news, not its consequence.
+    consequence = first is not None and int(first.get("exit_code", 0)) == EXIT_PREEMPTED and any(
+        -int(f.exitcode) not in (0, signal.SIGTERM) for f in error.failures.values() if int(f.exitcode) < 0
+    )
+    if first is not None and killed and (first.get("crash") or consequence):
         first = None
     if first is not None:
         if first.get("report"):

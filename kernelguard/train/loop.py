@@ -267,6 +267,7 @@ def train(
     stop = stop_request()
     stop.deferring = True  # SIGTERM from here on: finish the step, save, exit 143
     once: dict[str, Any] = {}
+    finished = False
     try:
         for step in range(start, plan.stop_step + 1):
             if stop.agreed(info.device):
@@ -305,8 +306,14 @@ def train(
             log(info, profiler.summary())
         if missed := unprofiled_warning(cfg, profiler, stop_step=plan.stop_step):
             log(info, missed, logging.WARNING)
+        finished = True
     finally:
-        stop.deferring, stop.when = False, "during the final export; the last checkpoint is complete"
+        stop.deferring = False
+        # On an error (a peer rank lost mid-step) the agent's SIGTERM can come while it unwinds: not an export.
+        stop.when = (
+            "during the final export; the last checkpoint is complete" if finished
+            else "while a failed step unwound; the last complete checkpoint is kept"
+        )
         if info.is_main:
             ckpt.remove_incomplete(cfg.checkpoint.output_dir)
 
