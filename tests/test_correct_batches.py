@@ -10,6 +10,8 @@ check's own tests (tests/test_boundaries.py) and in bench/cpu/bad_inputs_sweep.p
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -66,7 +68,7 @@ def _static_cu_seq_lens(examples: list[list[int]]) -> tuple[dict[str, Any], list
     """cu_seq_lens padded to a static length with trailing repeats (compiled trainers keep shapes fixed)."""
     cu = torch.cat([_cu(examples), _cu(examples)[-1:].repeat(3)])
     longest = max(len(e) for e in examples)
-    return {"input_ids": torch.tensor([sum(examples, [])]), "position_ids": _positions(examples),
+    return {"input_ids": torch.tensor([list(itertools.chain.from_iterable(examples))]), "position_ids": _positions(examples),
             "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest,
             "seq_idx": _seq_idx(examples)}, _spans(examples)
 
@@ -95,7 +97,7 @@ def _padded(examples: list[list[int]]) -> tuple[dict[str, Any], list[slice]]:
 
 def _spans(examples: list[list[int]]) -> list[slice]:
     cu = _cu(examples).tolist()
-    return [slice(a, b) for a, b in zip(cu, cu[1:])]
+    return [slice(a, b) for a, b in itertools.pairwise(cu)]
 
 
 LAYOUTS: dict[str, Callable[[list[list[int]]], tuple[dict[str, Any], list[slice]]]] = {
@@ -135,7 +137,7 @@ def test_no_correct_batch_is_refused_and_each_matches_its_examples_alone(
                 worst[f"{examples_name}/{name}"] = max(worst.get(f"{examples_name}/{name}", 0.0),
                                                        float((got - ref).abs().max()))
             report.disarm()
-    assert all(v == v for v in worst.values()), worst  # finite: nan != nan
+    assert all(math.isfinite(v) for v in worst.values()), worst
     if dtype == "fp32":
         assert max(worst.values()) < FP32_TOLERANCE, worst
 
@@ -150,7 +152,7 @@ def test_the_corpus_can_fail_a_leaky_row_is_refused_and_is_far_from_its_examples
 
     model = tiny.tiny_model("qwen3_5")
     truth = [_alone(model, e) for e in IDS]
-    leaky = {"input_ids": torch.tensor([sum(IDS, [])]), "position_ids": _positions(IDS)}
+    leaky = {"input_ids": torch.tensor([list(itertools.chain.from_iterable(IDS))]), "position_ids": _positions(IDS)}
     guard(model, packed=True, allow=["attention"])
     with torch.no_grad(), pytest.raises(PackedWithoutBoundariesError):
         model(**leaky, use_cache=False)
