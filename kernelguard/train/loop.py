@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from kernelguard.diagnosis import CompileWatch
 from kernelguard.errors import CheckpointError, Preempted
 from kernelguard.resolution import AllowPolicy
 from kernelguard.runtime import allowed_line, check_stack, run_gate
@@ -266,6 +267,7 @@ def train(
     profiler = step_profiler(cfg, info, built.config, peak, log=say, last_step=plan.stop_step)
     stop = stop_request()
     stop.deferring = True  # SIGTERM from here on: finish the step, save, exit 143
+    compiles = CompileWatch()  # a compile after the warm-up steps: the slow path a busy GPU hides
     once: dict[str, Any] = {}
     finished = False
     try:
@@ -288,6 +290,8 @@ def train(
             out.write(record | profile | once)
             if once and info.device.type == "cuda":
                 _say_autotune_searches(info)
+            if said := compiles.step_done(step + 1):
+                log(info, said, logging.WARNING)
             once = {}
             done = step + 1
             if data.eval_examples is not None and _due(cfg.evaluation.eval_every, done, plan.stop_step):
@@ -304,6 +308,8 @@ def train(
                 save(cfg, info, state, done, plan, identity, built)
         if profiler.summary():
             log(info, profiler.summary())
+        if said := compiles.summary():
+            log(info, said, logging.WARNING)
         if missed := unprofiled_warning(cfg, profiler, stop_step=plan.stop_step):
             log(info, missed, logging.WARNING)
         finished = True
