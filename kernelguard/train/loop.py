@@ -295,23 +295,13 @@ def train(
             once = {}
             done = step + 1
             if data.eval_examples is not None and _due(cfg.evaluation.eval_every, done, plan.stop_step):
-                result = evaluate(
-                    state,
-                    data.eval_examples,
-                    data.eval_blocks,
-                    max_length=cfg.packing.max_length,
-                    pad_id=data.pad_id,
-                    packing=eval_layout(cfg.packing.packing),
-                )
-                out.write({"step": done} | result.record())
+                out.write({"step": done} | _evaluate(cfg, state, data).record())
             if _due(cfg.checkpoint.save_steps, done, plan.stop_step):
                 save(cfg, info, state, done, plan, identity, built)
-        if profiler.summary():
-            log(info, profiler.summary())
-        if said := compiles.summary():
-            log(info, said, logging.WARNING)
-        if missed := unprofiled_warning(cfg, profiler, stop_step=plan.stop_step):
-            log(info, missed, logging.WARNING)
+        for said, level in ((profiler.summary(), logging.INFO), (compiles.summary(), logging.WARNING),
+                            (unprofiled_warning(cfg, profiler, stop_step=plan.stop_step), logging.WARNING)):
+            if said:
+                log(info, said, level)
         finished = True
     finally:
         stop.deferring = False
@@ -322,6 +312,11 @@ def train(
         )
         if info.is_main:
             ckpt.remove_incomplete(cfg.checkpoint.output_dir)
+
+
+def _evaluate(cfg: TrainConfig, state: TrainState, data: TrainData) -> Any:
+    return evaluate(state, data.eval_examples, data.eval_blocks, max_length=cfg.packing.max_length,
+                    pad_id=data.pad_id, packing=eval_layout(cfg.packing.packing))
 
 
 def _say_autotune_searches(info: DistInfo) -> None:
