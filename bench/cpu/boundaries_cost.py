@@ -113,12 +113,38 @@ def main() -> None:
                 if armed is not None:
                     armed.disarm()
             result["forward_ms"][name] = {k: statistics.median(v[1:] or v) for k, v in timings.items()}
+        result["steady_forward_ms"] = _steady(model, batches["bounded_packed_row"], forwards, sync)
     text = json.dumps(result, indent=2)
     out = args.out or (Path(os.environ["OUT"]) / "boundaries_cost.json" if os.environ.get("OUT") else None)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
     print(text)
+
+
+def _steady(model: Any, batch: dict[str, Any], forwards: int, sync: Any) -> dict[str, Any]:
+    """Calls past the first host reads (the 8 first calls, and every 64th, read the row on the host; the calls
+    between compare the boundary signals on the device only): one watch armed per block, its first calls not
+    timed, then ``forwards`` timed calls, then as many unwatched ones; medians over the blocks' calls."""
+    from kernelguard.resolution.policy import AllowPolicy
+    from kernelguard.runtime.boundaries import watch_boundaries
+
+    timings: dict[str, list[float]] = {"unwatched": [], "watched": []}
+    for _ in range(3):
+        armed = watch_boundaries(model, AllowPolicy())
+        for _ in range(9):
+            model(**batch)
+        for kind in ("watched", "unwatched"):
+            for _ in range(forwards):
+                sync()
+                start = time.perf_counter()
+                model(**batch)
+                sync()
+                timings[kind].append((time.perf_counter() - start) * 1e3)
+            if kind == "watched" and armed is not None:
+                armed.disarm()
+    medians = {k: statistics.median(v) for k, v in timings.items()}
+    return medians | {"added_ms": medians["watched"] - medians["unwatched"], "calls": {k: v for k, v in timings.items()}}
 
 
 if __name__ == "__main__":
