@@ -5,10 +5,11 @@
 fla autotunes each kernel the first time a process sees its key (heads, head dims, varlen flag): a search
 compiles every candidate config, minutes on a bare machine. ``kernelguard check --run`` and
 bench/gpu/train_throughput.py fill fla's autotune caches from kernelguard/fla_autotune_pins.json (the choices
-an autotuning run made on the same arch, Triton and fla: kernelguard.resolution.fla_autotune); ``kernelguard train`` does
-not, so bench/gpu/train_diagnosis.sh spent most of a minute of acceptance.sh's call searching the proxy's
-shapes. Here the same pins go in before the run: the run, its windows and its verdicts are otherwise the
-product's own (a key without a pin still autotunes, and a window with a search inside is postponed as usual).
+an autotuning run made on the same arch, Triton and fla: kernelguard.resolution.fla_autotune). ``kernelguard train``
+pinned them only after its first-row probe had run (and searched) the forward kernels; since issue 49 it pins
+before the probe, so this wrapper now does what the product does. It stays so that the bench's commands and
+the runs recorded with it stay comparable: the run, its windows and its verdicts are the product's own (a key
+without a pin still autotunes, and a window with a search inside is postponed as usual).
 Without CUDA (``--tiny``) nothing is imported ahead and the run is exactly ``python -m kernelguard.train``.
 """
 
