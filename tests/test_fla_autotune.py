@@ -169,7 +169,8 @@ def test_train_and_check_run_turn_the_search_cache_on_plain_check_does_not(
     from kernelguard.cli import check as check_cli
     from kernelguard.train.__main__ import main as train_main
 
-    monkeypatch.delenv("TRITON_CACHE_AUTOTUNING", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "unset below")  # so the test's end removes what main sets
+    monkeypatch.delenv("TRITON_CACHE_AUTOTUNING")
     check_cli.main(["--model", "no_such_family"])
     assert "TRITON_CACHE_AUTOTUNING" not in os.environ
     check_cli.main(["--model", "no_such_family", "--run"])
