@@ -1,7 +1,7 @@
 """Builders shared by the `kernelguard check` tests (resolver, installed provider, CLI).
 
 Made-up facts (``make_env``, ``make_pkg``, ``make_ext``), a synthetic CUDA ELF writer (fatbin layout as in
-``kernelguard/resolution/providers/fatbin.py``; same bytes as tests/test_fatbin.py builds), and fake installed
+``kernelguard/resolution/providers/fatbin.py``; same bytes as tests/resolution/test_fatbin.py builds), and fake installed
 distributions written into a temporary site dir (``*.dist-info`` with METADATA and RECORD).
 """
 
@@ -11,7 +11,9 @@ import base64
 import hashlib
 import importlib
 import json
+import os
 import struct
+import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -19,8 +21,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from kernelguard.resolution import catalog, discovery
+from kernelguard.resolution.catalog import ModelSpec
 from kernelguard.resolution.env import Environment, Fact, Gpu
 from kernelguard.resolution.providers.installed import ExtensionFacts, PackageFacts
+from kernelguard.resolution.resolver import Facts, Target
 
 # ------------------------------------------------------------------------------------------- made-up facts
 
@@ -258,3 +263,78 @@ def isolated_provider_modules() -> Iterator[None]:
             del sys.modules[name]
         sys.modules.update(saved)
         importlib.invalidate_caches()
+
+
+# ------------------------------------------------------------------- `kernelguard check` in a subprocess
+ALLOW_ALL = ("--allow", "chunk_gated_delta_rule", "--allow", "causal_conv1d_fn", "--allow", "attention")
+
+
+def kg(
+    *args: str,
+    cwd: Path,
+    pythonpath: tuple[Path, ...] = (),
+    command: tuple[str, ...] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "KERNELGUARD_PROBE_DRIVER", "LOCAL_KERNELS")
+    }
+    env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1")
+    # This checkout's kernelguard, not whichever one is installed (an editable install of another worktree).
+    env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in pythonpath), str(Path(__file__).resolve().parents[1])])
+    base = command or (sys.executable, "-m", "kernelguard")
+    return subprocess.run(
+        [*base, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def kg_json(*args: str, cwd: Path, rc: int, **kwargs: Any) -> dict[str, Any]:
+    proc = kg("check", "--json", *args, cwd=cwd, **kwargs)
+    assert proc.returncode == rc, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    data: dict[str, Any] = json.loads(proc.stdout)  # stdout is exactly one JSON document
+    return data
+
+
+# ------------------------------------------------- the resolver's base case (tests/resolution/test_resolver.py)
+# An H200 node (sm 9.0), torch 2.13 + CUDA 12.8, fla 0.6.0, causal-conv1d with sm_90 SASS, kernels inside
+# transformers' window, qwen3_5 packed training.
+CHUNK = "chunk_gated_delta_rule"
+WINDOW = ("0.18.2", "0.19.0")
+MIN_VERSIONS = {"fla": "0.2.2", "causal_conv1d": None, "mamba_ssm": None, "flash_attn": "2.3.3"}
+
+
+def qwen(
+    mode: str = "training", *, packed: bool | None = None, key_dim: int | None = None
+) -> catalog.Requirements:
+    spec = discovery.resolve_model("qwen3_5")
+    if key_dim is not None:
+        spec = ModelSpec(
+            spec.family, {"model_type": "qwen3_5_text", "linear_key_head_dim": key_dim}, "config.json"
+        )
+    return catalog.requirements(
+        spec, mode, packed=mode == "training" if packed is None else packed,
+        transformers_version=discovery.transformers_source().version,
+    )
+
+
+def hopper_facts(**env: Any) -> Facts:
+    return Facts(
+        env=make_env(gpus=("9.0",), **env),
+        packages={
+            "fla.ops.gated_delta_rule": make_pkg("fla", "0.6.0"),
+            "causal_conv1d": make_pkg("causal_conv1d", "1.6.0", extensions=(make_ext(("sm_90",)),)),
+            "flash_attn": make_pkg(
+                "flash_attn", None, import_error="ModuleNotFoundError: No module named 'flash_attn'"
+            ),
+        },
+        kernels_window=WINDOW,
+        transformers_min_versions=MIN_VERSIONS,
+        torch_varlen_attention=True,
+    )
+
+
+BASE = hopper_facts()
+H200 = Target(archs=("9.0",), arch_source="made up")
+TRAIN = qwen()

@@ -56,7 +56,7 @@ SHARED_VARIANTS="fallback"  # verdict only: runs in phase 2, on the shared GPU
 # took on a bare H200 (RESULTS 2026-12-03): the train test ~85 s (three `kernelguard train` processes), the guard
 # tests ~65-115 s (four fresh interpreters, cold fla autotune), boundaries ~20-70 s + numerics ~12-35 s,
 # the trained exactness check (183 s on a bare H200 at its unpinned shapes: still over its 150 s bound, see the report) + the rest.
-GPU_GROUPS=${GPU_GROUPS:-"train=tests/test_train_gpu.py guard=tests/test_guard_gpu.py kernels=tests/test_boundaries_gpu.py,tests/test_numerics.py,tests/test_loss_gpu.py exact=tests/test_packing_exactness.py,REST"}
+GPU_GROUPS=${GPU_GROUPS:-"train=tests/train/test_train_gpu.py guard=tests/runtime/test_guard_gpu.py kernels=tests/runtime/test_boundaries_gpu.py,tests/stack/test_numerics.py,tests/train/test_loss_gpu.py exact=tests/runtime/test_packing_exactness.py,REST"}
 TIMED_EST=${TIMED_EST_S:-80}  # seconds kept per timed variant of phase 3 (measured 57-72 s each, bare H200)
 
 if [ $TINY = 1 ]; then
@@ -149,7 +149,7 @@ extra_run() {  # SCRIPT LIMIT
 }
 
 # The GPU test groups: "NAME FILE..." lines.
-gpu_files() { grep -l "pytest.mark.gpu" tests/test_*.py 2>/dev/null; }
+gpu_files() { grep -l "pytest.mark.gpu" tests/*/test_*.py 2>/dev/null; }
 test_groups() {
   if [ -n "${GPU_TESTS:-}" ]; then
     [ "$GPU_TESTS" = none ] || echo "selected $GPU_TESTS"
@@ -171,7 +171,7 @@ test_groups() {
   fi
   # --tiny: the GPU files skip without CUDA (they must import and collect cleanly); the summary's own test
   # is the plumbing that really runs in a group of its own.
-  [ $TINY = 1 ] && [ -z "${GPU_TESTS:-}" ] && echo "plumbing tests/test_acceptance_summary.py"
+  [ $TINY = 1 ] && [ -z "${GPU_TESTS:-}" ] && echo "plumbing tests/project/test_acceptance_summary.py"
 }
 
 # ================================================ phase 1: alone ==============================================

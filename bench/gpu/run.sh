@@ -9,7 +9,7 @@
 #   throughput    bench/gpu/train_throughput.py --all over $VARIANTS (default: fallback,stock_best,product,product_noac)
 #   levers        product_noac at 16,384 tokens per step, then bench/gpu/train_throughput.py --all over $LEVERS
 #                 (default: product_noac+liger,product+sac2,product_noac+compile).
-#   gpu-tests     pytest -m gpu tests/test_numerics.py
+#   gpu-tests     pytest -m gpu tests/stack/test_numerics.py
 set -u
 OUT=${OUT:-/tmp/kg-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
@@ -66,7 +66,7 @@ PY
         --out "$OUT/levers.json" ;;
     gpu-tests)
       step "gpu tests"
-      timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_numerics.py ;;
+      timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/stack/test_numerics.py ;;
     *) echo "unknown suite $suite (check, throughput, levers, gpu-tests)"; exit 2 ;;
   esac
 done

@@ -19,8 +19,8 @@ if [ -z "${SKIP_CHECK:-}" ]; then
   python3 -m kernelguard check --model bench/configs/qwen3_5_k128.json --allow fla-640-refusal --json > "$OUT/check.json"
 fi
 step "pytest -m gpu (full log: gpu_tests.log)"
-timeout "${TESTS_TIMEOUT:-400}" python3 -m pytest -p no:cacheprovider -v -rA -m gpu tests/test_guard_gpu.py \
-  tests/test_loss_gpu.py tests/test_numerics.py tests/test_train_gpu.py > "$OUT/gpu_tests.log" 2>&1
+timeout "${TESTS_TIMEOUT:-400}" python3 -m pytest -p no:cacheprovider -v -rA -m gpu tests/runtime/test_guard_gpu.py \
+  tests/train/test_loss_gpu.py tests/stack/test_numerics.py tests/train/test_train_gpu.py > "$OUT/gpu_tests.log" 2>&1
 echo "pytest exit=$? (124: timed out)"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu_tests.log" | tail -40
 step "quality: packed vs padded, same data/steps/schedule"
 timeout "${QUALITY_TIMEOUT:-300}" python3 bench/gpu/quality_packing.py --steps "${QUALITY_STEPS:-400}" --out "$OUT/quality"

@@ -6,7 +6,7 @@
 #                                          the GPU; then, alone on the GPU, the step time with the GDN decay in fp32
 #                                          (the product) against all-bf16 (bench/quality/train_all_bf16.py)
 #   PART=2 bench/quality/gpu_quality.sh    padded (--packing none) x seeds 0 1 2 and the leaky control (seed 0), side
-#                                          by side; then the exactness test (tests/test_packing_exactness.py -m gpu)
+#                                          by side; then the exactness test (tests/runtime/test_packing_exactness.py -m gpu)
 #   PART=1 bench/quality/gpu_quality.sh --tiny   the same on CPU with the fake fla/causal-conv1d (tests/fake_providers),
 #                                          fp32, a tiny model, 48 conversations cut to 4 turns, 256-token blocks,
 #                                          4 steps (PART=2 --tiny likewise; its GPU exactness test skips)
@@ -131,7 +131,7 @@ PY
 else
   step "exactness: trained model, packed == alone; leaky and naive off (pytest -m gpu)"
   KG_EXACTNESS_JSON="$OUT/exactness.json" timeout $(( $(left) > 70 ? $(left) - 15 : 60 )) $PY -m pytest -q -p no:cacheprovider -m gpu -s \
-    tests/test_packing_exactness.py 2>&1 | tail -n 25
+    tests/runtime/test_packing_exactness.py 2>&1 | tail -n 25
   echo "exactness: rc=${PIPESTATUS[0]}"
 fi
 

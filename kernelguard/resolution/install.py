@@ -61,7 +61,7 @@ BUILD_TOOLS = "setuptools wheel ninja packaging"  # what these setup.py files im
 
 # Known releases from 0.16 on, as PyPI listed them in 2026-12 (`pip index versions kernels`: no 0.18.0-0.18.2, no
 # 0.19.0); kernelguard never asks the network at run time, so a newer release is unknown here until this table is
-# updated (tests/test_fix_commands.py checks it against the index).
+# updated (tests/resolution/test_fix_commands.py checks it against the index).
 KERNELS_RELEASES = ("0.16.0", "0.16.1", "0.16.2", "0.17.0", "0.17.1", "0.17.2", "0.18.3", "0.19.1")
 # transformers release -> the kernels window it accepts (its KERNELS_MIN_VERSION / KERNELS_MAX_VERSION), 2026-12.
 TRANSFORMERS_KERNELS_WINDOWS = {"5.17.0": ("0.16", "0.17"), "5.23.0": ("0.18.2", "0.19"), "5.24.0": ("0.18.2", "0.19"),

@@ -1,4 +1,4 @@
-"""Fault injection for tests/test_faults.py, loaded by every Python process of a test run (the launcher and its
+"""Fault injection for tests/train/test_faults.py, loaded by every Python process of a test run (the launcher and its
 ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
 
 - ``export``: the final export hits a full disk: part of the first shard is written, then write(2) fails with
@@ -10,7 +10,7 @@ ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
   writing it fails with the kernel's own ENOSPC (torch's writer on a path called it "unexpected pos").
 - ``enospc-file:NAME``: every file called NAME (or NAME.tmp, .NAME.xxxx: the temporary file an atomic write
   renames onto it) that Python opens for writing (``open``, ``Path.write_text``) is opened on /dev/full, and ``os.write`` to a descriptor of a file called NAME fails with ENOSPC: the
-  kernel's own error at that one write site, the rest of the disk writable (tests/test_full_disk.py walks them).
+  kernel's own error at that one write site, the rest of the disk writable (tests/train/test_full_disk.py walks them).
 - ``teardown-marker``: a process that runs the interpreter's teardown (atexit) says so on stderr.
 - ``ctrl-c-in-torch-numpy-import``: Ctrl-C (SIGINT to this process) at the moment torch's C extension imports
   numpy, whose failures (a KeyboardInterrupt included) torch clears: the window where Ctrl-C used to be lost.
@@ -28,7 +28,7 @@ ranks) when this folder is on PYTHONPATH. ``KERNELGUARD_FAULT`` picks the fault:
   it, so the other rank fails first, for sure.
 - ``steady-steps``: not a fault but a fixed clock: the step profiler's clock ticks 0.1 s per read, so every step
   takes the same time and the profiled windows' schedule (three steady steps first) does not depend on the load
-  of the machine running the test (tests/test_profiling.py).
+  of the machine running the test (tests/diagnosis/test_profiling.py).
 """
 
 from __future__ import annotations
