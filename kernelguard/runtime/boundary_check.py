@@ -81,8 +81,9 @@ def attention_blind_reason(impl: str | None, seg: RowSegments, *, mask: bool, ca
 
 class BoundaryCheck:
     """The per-call check of one model: :meth:`check_call` with the arguments of a call of its decoder stack
-    (``root``: the module whose forward receives them). ``probe``: called on the first packed row
-    (:mod:`kernelguard.runtime.equivalence`), with ``(args, kwargs, segments)``."""
+    (``root``: the module whose forward receives them). ``probe``: called on each packed row the check reads
+    (:mod:`kernelguard.runtime.equivalence`, which measures it when what it measured last changed), with
+    ``(args, kwargs, segments)``."""
 
     def __init__(self, root: Any, facts: GdnBoundaries, policy: AllowPolicy, *, syntax: str = PYTHON,
                  allow_fix: str | None = None, probe: Callable[[Any, Any, RowSegments], Any] | None = None) -> None:
@@ -155,10 +156,10 @@ class BoundaryCheck:
         # Several ranks run the probe in lockstep, on their first call whatever their row: its forwards gather
         # sharded parameters (FSDP), so every rank must run as many as the others.
         lockstep = _ranks() > 1
-        if self.probe is not None and (packed or lockstep):
-            probe, self.probe = self.probe, None  # once: the first packed row that every static check passed
+        if self.probe is not None and (packed or lockstep):  # a row every static check passed; the probe
+            # measures it when what it last measured changed (kernelguard.runtime.equivalence.probe_key)
             args, kwargs = _as_keywords(self._names, args, kwargs)  # `model.model(input_ids, **rest)` too
-            error = probe(args, kwargs, seg, lockstep=lockstep, blind=seg.masked_packed)
+            error = self.probe(args, kwargs, seg, lockstep=lockstep, blind=seg.masked_packed)
             if error is not None and packed and not accepted:
                 self._refuse(error)
 

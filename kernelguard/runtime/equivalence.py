@@ -12,8 +12,13 @@ What is compared, per decoder layer and example: the largest per-token relative 
 ``|packed - alone| / |alone|`` (L2 over the hidden size). The first example of the row has nothing before it to
 leak from: its difference is the rounding of this model, dtype and kernels, measured the same way. A later
 example differs too much when it exceeds both ``RATIO`` times the first example's difference at that layer and
-the dtype's floor (:data:`FLOORS`). Its cost is one extra forward of the row and of each probed example, once per
-stack (bench/RESULTS.md, "What does the first-row probe cost?"). A mixture-of-experts router that breaks a near
+the dtype's floor (:data:`FLOORS`).
+
+The probe measures the path the call takes: with autograd on when the call has it (a kernel or a wrapper may run
+another path for the backward), in the module's train/eval mode. It runs again when what it measured changes
+(:func:`probe_key`): autograd switched, train/eval switched, a module below the stack wrapped, hooked, swapped or
+given its own ``forward``, or (one rank alone) a row of another length class. Its cost is one extra forward of the
+row and of each probed example per such change (bench/RESULTS.md, "What does the first-row probe cost?"). A mixture-of-experts router that breaks a near
 tie the other way alone is given the packed run's choice for that token (:mod:`kernelguard.runtime.probe_routing`).
 """
 
@@ -28,7 +33,7 @@ from kernelguard.resolution import BOUNDARY_KEYWORDS
 from kernelguard.runtime.probe_routing import Route, record_hooks, replay_hooks
 from kernelguard.runtime.segments import RowSegments
 
-__all__ = ["FLOORS", "PROBED_EXAMPLES", "RATIO", "FirstRowProbe", "LayerDifference", "probing"]
+__all__ = ["FLOORS", "PROBED_EXAMPLES", "RATIO", "FirstRowProbe", "LayerDifference", "probe_key", "probing"]
 
 PROBED_EXAMPLES = 3  # the first example (the rounding reference) and up to two after it
 RATIO = 20.0
@@ -74,7 +79,9 @@ class FirstRowProbe:
         self.stack = stack
         self.path = path
         self.compare = compare
-        self.measured: list[LayerDifference] = []
+        self.measured: list[LayerDifference] = []  # the latest run's
+        self.runs = 0  # rows measured
+        self._probed: set[tuple[Any, ...]] = set()  # the probe_key of each row measured
         self._quiet = quiet  # silences the stack's own check while the probe calls it
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], seg: RowSegments, *,
@@ -83,8 +90,13 @@ class FirstRowProbe:
         ``lockstep``: one of several ranks, which must all run the same number of forwards (FSDP gathers
         parameters in each): always ``PROBED_EXAMPLES`` examples, repeats standing in for missing ones.
         ``blind``: a row the probe cannot compare (masked tokens inside a packed row: alone, an example's
-        pads would attend); it only keeps step with the other ranks."""
+        pads would attend); it only keeps step with the other ranks.
+        Called on every call the check reads; it measures a row only when :func:`probe_key` is new (a row it
+        cannot measure leaves the key unspent, except in lockstep, where every rank must agree)."""
         if args:  # positional calls: the stack's own caller always passes keywords
+            return None
+        key = probe_key(self.stack, None if lockstep else seg.length)
+        if key in self._probed:
             return None
         spans = [] if blind else _chosen(seg)
         real = len(spans)
@@ -93,6 +105,8 @@ class FirstRowProbe:
             spans = spans[:PROBED_EXAMPLES]
         elif real < 2:
             return None
+        self._probed.add(key)
+        self.runs += 1
         self.measured = self.measure(kwargs, spans)
         if real < 2:
             self.measured = []
@@ -113,13 +127,13 @@ class FirstRowProbe:
             offsets.append(offsets[-1] + b - a)
         routes: list[Route] = []
         replayed: dict[str, int] = {}
-        try:
-            with torch.no_grad():  # the packed row's outputs are kept on the probed examples' tokens only
-                packed = _outputs(self.stack, layers, kwargs, spans, routing=record_hooks(layers, routes, spans))
-                floor = FLOORS.get(str(packed[0][1].dtype).removeprefix("torch."), FLOORS["float32"]) if packed else 0.0
-                alone = [_outputs(self.stack, layers, _alone(kwargs, a, b),
-                                  routing=replay_hooks(layers, routes, start=offsets[i], floor=floor, replayed=replayed))
-                         for i, (a, b) in enumerate(spans)]
+        try:  # autograd as the call has it, the path the step takes; the outputs kept are detached, so each
+            # forward's graph is freed when the stack returns
+            packed = _outputs(self.stack, layers, kwargs, spans, routing=record_hooks(layers, routes, spans))
+            floor = FLOORS.get(str(packed[0][1].dtype).removeprefix("torch."), FLOORS["float32"]) if packed else 0.0
+            alone = [_outputs(self.stack, layers, _alone(kwargs, a, b),
+                              routing=replay_hooks(layers, routes, start=offsets[i], floor=floor, replayed=replayed))
+                     for i, (a, b) in enumerate(spans)]
         finally:
             restore()
             _RUNNING.remove(self)
@@ -131,6 +145,22 @@ class FirstRowProbe:
             out.append(LayerDifference(name, diffs[0], diffs[worst], spans[worst], max(floor, RATIO * diffs[0]),
                                        kinds.get(name, "decoder"), replayed.get(name, 0)))
         return out
+
+
+def probe_key(stack: Any, length: int | None) -> tuple[Any, ...]:
+    """What a probe's measurement holds for: autograd on or off, the stack's train/eval mode, every module below
+    it as it is wrapped (its class, an instance ``forward``, its hooks), and the row's length class (a power of two;
+    ``None``: not part of the key, as for ranks in lockstep, whose rows may differ)."""
+    import torch
+
+    modules = tuple(
+        (type(m), id(m.__dict__.get("forward")), *(tuple(getattr(m, h, None) or ()) for h in _HOOKS))
+        for m in stack.modules()
+    )
+    return torch.is_grad_enabled(), bool(stack.training), hash(modules), None if length is None else length.bit_length()
+
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks")
 
 
 def _chosen(seg: RowSegments) -> list[tuple[int, int]]:

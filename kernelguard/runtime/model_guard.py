@@ -352,7 +352,8 @@ def guard(
     Packed rows are checked where they reach the decoder stack (:mod:`kernelguard.runtime.boundaries`);
     ``first_row_probe`` (default True) also runs the first packed row example by example and refuses when a
     decoder layer's output differs from the examples' own (:mod:`kernelguard.runtime.equivalence`; its cost: one extra
-    no-grad forward of that row and of up to three of its examples, once).
+    forward of that row and of up to three of its examples, again only when autograd, train/eval or a wrapper
+    below the stack changes).
 
     ``log_allowed=False``: the caller says which slow paths were allowed itself (`kernelguard train`: its table
     and one line), so neither the guard nor the tripwires log a line per allowed kernel.
