@@ -222,6 +222,7 @@ class HubLayerCheck:
     file: str | None = None  # where the layer's forward was read
     judged_by: str | None = None
     note: str | None = None
+    fix: str | None = None  # the command that removes ``problem``, when one does (a missing Python dependency)
 
 
 _TRUE = ("1", "ON", "YES", "TRUE")  # transformers' ENV_VARS_TRUE_VALUES: anything else is false

@@ -179,8 +179,8 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
         return rejected(
             f"build variant {probe.chosen_variant} from {probe.source}, loaded for transformers' call "
             f"{layer.call}: {layer.problem.rstrip('.')}{note}.",
-            f"use a revision of {req.hub.repo_id} whose `{req.hub.layer_name}` layer the installed kernels accepts "
-            "and that takes this call, or load without use_kernels=True and install the package",
+            layer.fix or f"use a revision of {req.hub.repo_id} whose `{req.hub.layer_name}` layer the installed "
+            "kernels accepts and that takes this call, or load without use_kernels=True and install the package",
         )
     judged = f"; {layer.judged_by} accepts its `{layer.layer_name}` layer" if layer is not None and layer.judged_by \
         else ""

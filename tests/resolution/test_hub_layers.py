@@ -7,10 +7,12 @@ CI runs against every kernels window it installs."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import textwrap
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,12 +55,13 @@ class causal_conv1d_fn(torch.nn.Module):
 
 
 def _variant(root: Path, layers: str, *, name: str = VARIANT, package: bool = False,
-             extra: dict[str, str] | None = None, init: str = "from . import layers\n") -> Path:
+             extra: dict[str, str] | None = None, init: str = "from . import layers\n",
+             depends: tuple[str, ...] = ()) -> Path:
     folder = root / "build" / name
     folder.mkdir(parents=True)
     (folder / "__init__.py").write_text(init)
     (folder / "metadata.json").write_text(json.dumps({"id": "demo", "name": "demo", "version": 1,
-                                                      "license": "Apache-2.0", "python-depends": [],
+                                                      "license": "Apache-2.0", "python-depends": list(depends),
                                                       "backend": {"type": "cpu"}}))
     target = folder / "layers" / "__init__.py" if package else folder / "layers.py"
     target.parent.mkdir(exist_ok=True)
@@ -225,3 +228,38 @@ def test_check_hub_names_the_failed_check(tmp_path: Path, monkeypatch: pytest.Mo
     assert conv_hub.status in ("selected", "accepted") and conv_hub.reason == (
         f"build variant {VARIANT} from LOCAL_KERNELS; {KERNELS} accepts its `causal_conv1d_fn` layer.")
     assert "check 1 (kernels accepts the layer)" in render(result)
+
+
+def test_a_declared_python_dependency_that_does_not_import_is_refused_with_its_install_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kernels 0.18+ refuse to load a variant whose "python-depends" do not import (`from_pretrained()` raises
+    under transformers 5.25's default); `check --hub` says so with the one command that fixes it. The same
+    variant with the dependency importable (a stub `einops` on the path) is accepted: the control."""
+    from kernels import __version__ as kernels_version
+
+    from kernelguard.stack.compose import CheckOptions, run_check
+
+    if importlib.util.find_spec("einops") is not None:
+        pytest.skip("einops is installed here: the refusal needs a machine without it")
+    fla = _variant(tmp_path / "fla", GOOD_GDN, depends=("einops",))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("KERNELS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LOCAL_KERNELS", f"kernels-community/fla={fla.parent.parent}")
+    monkeypatch.setattr(discovery, "kernels_version_window", lambda source=None: ("0", f"{kernels_version}.1"))
+
+    def hub_candidate() -> Any:
+        result = run_check(CheckOptions(model="qwen3_5", hub=True, allow=("*",)))
+        [verdict] = [v for v in result.resolution.verdicts if v.kernel == "chunk_gated_delta_rule"]
+        return next(c for c in verdict.candidates if c.kind == "hub")
+
+    refused = hub_candidate()
+    assert refused.status == "rejected" and refused.fix == "pip install einops"
+    assert refused.reason.endswith(
+        f"check 1 (kernels accepts the layer) failed: {KERNELS} refuses it for training: Kernel module `demo` "
+        "requires Python dependency `einops`. Please install with: pip install einops.")
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "einops.py").write_text("")
+    monkeypatch.syspath_prepend(str(stub))
+    assert hub_candidate().status in ("selected", "accepted")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,8 +64,9 @@ def check_hub_layer(kernel: str, repo_id: str, layer_name: str, folder: Path, ca
 
     def result(problem: str | None, file: str | None = None, judged_by: str | None = None) -> HubLayerCheck:
         note = None if verdict.asked else f"{verdict.note}; judged from the variant's source instead"
+        missing = _MISSING_DEPENDENCY.search(problem or "")
         return HubLayerCheck(kernel, repo_id, layer_name, folder.name, shown, problem, file,
-                             judged_by or _source_reading(), note)
+                             judged_by or _source_reading(), note, f"pip install {missing[1]}" if missing else None)
 
     if not verdict.asked:
         problem, file = _check_source(layer_name, folder, call.positional, keywords)
@@ -86,6 +88,10 @@ def check_hub_layer(kernel: str, repo_id: str, layer_name: str, folder: Path, ca
         return result(f"check 2 (its forward takes transformers' call) failed: `{layer_name}.forward` (kernels "
                       f"{verdict.kernels_version} accepts the layer) does not bind it: {exc}", file, judged_by)
     return result(None, file, judged_by)
+
+
+# kernels' refusal of a variant whose declared Python dependency does not import (kernels.python_deps)
+_MISSING_DEPENDENCY = re.compile(r"requires Python dependency `([^`]+)`")
 
 
 def _source_reading() -> str:

@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 __all__ = ["KernelsRelease", "import_kernels"]
@@ -40,6 +40,8 @@ class KernelsRelease:
     minver_refuses: bool = False  # True: this release refuses to load such a variant (0.16 only warns)
     # kernels' own lookup of ``<variant>.layers.<name>`` (its messages), wherever this release keeps it
     get_kernel_layer: Callable[[Any, ModuleType], Any] | None = None
+    # kernels' check of a variant's declared Python dependencies ("python-depends"), as its message (None: met)
+    python_deps_problem: Callable[[Any], str | None] | None = None
 
 
 def import_kernels() -> KernelsRelease:
@@ -61,6 +63,7 @@ def import_kernels() -> KernelsRelease:
         minver_problem=minver_problem,
         minver_refuses=minver_refuses,
         get_kernel_layer=_private_function(_internal("layer.layer", "layer"), "_get_kernel_layer"),
+        python_deps_problem=_python_deps_checker(),
     )
 
 
@@ -94,6 +97,29 @@ def _private_function(modules: tuple[str, ...], name: str) -> Any:
         if callable(found):
             return found
     return None
+
+
+def _python_deps_checker() -> Callable[[Any], str | None] | None:
+    """kernels' own check that a variant's declared Python dependencies import (0.18+ refuse to load it with
+    "Kernel module `fla` requires Python dependency `einops`"), for the backend the variant was built for (its
+    metadata's), not this machine's: a CUDA variant's CUDA-only dependencies are judged as on the GPU node."""
+    validate = _private_function(_internal("python_deps"), "validate_dependencies")
+    if validate is None:
+        return None
+
+    def problem(metadata: Any) -> str | None:
+        depends = list(getattr(metadata, "python_depends", None) or ())
+        if not depends:
+            return None
+        backend_type = getattr(getattr(metadata, "backend", None), "backend_type", None)
+        backend = SimpleNamespace(name=str(getattr(backend_type, "value", "")).lower())  # all validate reads
+        try:
+            validate(metadata.name.python_name, depends, backend)
+        except (ImportError, ValueError) as exc:  # missing, or a dependency this kernels does not know
+            return str(exc)
+        return None
+
+    return problem
 
 
 def _minver_checker() -> tuple[Callable[[Any, Path], str | None] | None, bool]:

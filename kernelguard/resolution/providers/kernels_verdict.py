@@ -15,7 +15,8 @@ Only the public API is used (``kernelize``, ``use_kernel_mapping``, ``use_kernel
 the same in kernels 0.16 through 0.19); the mapping's repository is an object of ours with kernels' repository
 protocol (``load()`` returning the layer class), which loads the variant folder the probe chose for the target
 (kernels' own repositories would choose for this machine). Its ``load()`` does what kernels' loader does:
-kernels' metadata check ("kernels-minver"; 0.17+ refuse, 0.16 only warns), the variant package imported, its
+kernels' metadata checks ("kernels-minver": 0.17+ refuse, 0.16 only warns; the declared "python-depends" import),
+the variant package imported, its
 ``layers`` attribute read with kernels' own lookup where the release has it.
 
 The variant's code runs: only ever for a repository the probe trusts (kernels-community, or
@@ -82,6 +83,10 @@ class _VariantRepository:
             problem = self.kernels.minver_problem(metadata, self.folder)
             if problem:
                 raise RuntimeError(problem)
+        if self.kernels.python_deps_problem is not None:  # kernels checks them before importing the variant
+            problem = self.kernels.python_deps_problem(metadata)
+            if problem:
+                raise ImportError(problem)
         module = self._import()
         self.loaded = self._layer(module)
         return self.loaded
