@@ -9,6 +9,7 @@ from kernelguard import lazy_face
 __all__ = [
     "ACCEPTED",
     "ALLOWED",
+    "ALL_LATEST_VAR",
     "ATTENTION",
     "BOUNDARY_KEYWORDS",
     "CLI",
@@ -148,7 +149,7 @@ _OFFERS = {
         "layer_types",
         "text_config",
     ),
-    "hub_load": ("probe_hub_load", "resolve_use_hub"),
+    "hub_load": ("ALL_LATEST_VAR", "probe_hub_load", "resolve_use_hub"),
     "install": ("DISTRIBUTION", "extra_command", "fla_backend_command", "pin_command"),
     "known_issues": ("by_id", "FLA_1077_GRID_LIMIT", "KNOWN_ISSUES"),
     "packed_batch": (
@@ -205,7 +206,7 @@ if TYPE_CHECKING:
     )
     from .fla_refusal import FLA_REFUSAL_FLAG, lift_fla_hopper_refusal, lift_for_accepted_issues
     from .geometry import GdnDims, attention_dims, estimated_params, field, gdn_dims, layer_types, text_config
-    from .hub_load import probe_hub_load, resolve_use_hub
+    from .hub_load import ALL_LATEST_VAR, probe_hub_load, resolve_use_hub
     from .install import DISTRIBUTION, extra_command, fla_backend_command, pin_command
     from .known_issues import FLA_1077_GRID_LIMIT, KNOWN_ISSUES, by_id
     from .packed_batch import (

@@ -238,6 +238,7 @@ class HubLoad:
     window: tuple[str, str] | None  # [min, max) of kernels this transformers accepts
     kernels_version: str | None  # the installed kernels (None: not installed)
     kernels_core: bool = False  # transformers requires kernels itself (5.25+), not through an extra
+    all_latest: str | None = None  # UNSTABLE_KERNELS_ALL_LATEST as set, when kernels reads it as on
 
     @property
     def env_off(self) -> bool:

@@ -23,9 +23,10 @@ from .decisions import REJECTED, Decision
 from .facts import HubLoad
 
 __all__ = [
+    "ALL_LATEST_VAR",
     "ENV_VAR",
     "LOAD",
-    "hub_default_note",
+    "hub_notes",
     "import_decision",
     "kernels_hub_status",
     "load_decision",
@@ -36,6 +37,9 @@ __all__ = [
 ]
 
 ENV_VAR = "USE_HUB_KERNELS"
+# kernels 0.19: on (1/ON/YES/TRUE), every Hub kernel loads its newest numbered version, overriding the version
+# transformers' mapping asks for and any lockfile pin, with only a warning (kernels' _use_latest_kernels)
+ALL_LATEST_VAR = "UNSTABLE_KERNELS_ALL_LATEST"
 # 5.25's from_pretrained: `use_kernels = kwargs.pop("use_kernels", None)` then `elif use_kernels is None:`
 # `use_kernels = True`; 5.17-5.24 pop it with the default False.
 _DEFAULT_NONE = re.compile(r"""use_kernels\s*=\s*kwargs\.pop\(\s*["']use_kernels["']\s*,\s*None\s*\)""")
@@ -51,8 +55,28 @@ def probe_hub_load(root: Path, transformers_version: str, window: tuple[str, str
         text = ""
     default_on = bool(_DEFAULT_NONE.search(text) and _NONE_MEANS_TRUE.search(text))
     env = os.environ if environ is None else environ
+    latest = env.get(ALL_LATEST_VAR)
     return HubLoad(transformers_version, default_on, env.get(ENV_VAR), window, kernels_version,
-                   kernels_core=_requires_kernels())
+                   kernels_core=_requires_kernels(), all_latest=latest if (latest or "").upper() in _ON else None)
+
+
+_ON = {"1", "ON", "YES", "TRUE"}  # kernels' own reading of UNSTABLE_KERNELS_ALL_LATEST
+
+
+def hub_notes(load: HubLoad | None, *, use_hub: bool, source: str) -> list[str]:
+    """What the check says about the Hub load as a whole (``source``: why the job uses the Hub)."""
+    return [n for n in (_hub_default_note(load, use_hub=use_hub, source=source),
+                        _all_latest_note(load, use_hub=use_hub)) if n]
+
+
+def _all_latest_note(load: HubLoad | None, *, use_hub: bool) -> str | None:
+    """The check's note when UNSTABLE_KERNELS_ALL_LATEST makes kernels load the newest version of every Hub
+    kernel (the variants above were judged on those)."""
+    if load is None or not use_hub or load.all_latest is None:
+        return None
+    return (f"{ALL_LATEST_VAR}={load.all_latest}: kernels loads the newest cached numbered version of every Hub "
+            "kernel, whatever version transformers asks for or a lock pins (judged here on those versions); "
+            f"unset {ALL_LATEST_VAR} to load the versions transformers asks for")
 
 
 def _requires_kernels() -> bool:
@@ -107,7 +131,7 @@ def transformers_package_devices(package: str) -> tuple[str, ...] | None:
     return tuple(str(d) for d in table[package])
 
 
-def hub_default_note(load: HubLoad | None, *, use_hub: bool, source: str) -> str | None:
+def _hub_default_note(load: HubLoad | None, *, use_hub: bool, source: str) -> str | None:
     """The check's note when Kernel Hub kernels come first because transformers loads them by default."""
     if load is None or not use_hub or not load.default_on:
         return None

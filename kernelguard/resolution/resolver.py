@@ -15,7 +15,7 @@ from .catalog import PACKED_REFERENCE, VARLEN_ATTENTION, KernelRequirement, Requ
 from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
 from .facts import Facts, PackageFacts
 from .fla_backend import backward_for
-from .hub_load import hub_default_note, import_decision, load_decision
+from .hub_load import hub_notes, import_decision, load_decision
 from .install import cuda_torch_command, install_command, upgrade_command
 from .known_issues import KNOWN_ISSUES, KnownIssue
 from .policy import AllowPolicy
@@ -432,7 +432,7 @@ def _kernels_outside_window(facts: Facts) -> str | None:
 def _global_notes(facts: Facts, target: Target, load_error: Decision | None) -> list[str]:
     outside = _kernels_outside_window(facts) if target.use_hub and load_error is None else None
     notes = [f"known issue kernels-version: {outside}; fix: {_install_fix('kernels', facts, Target())}"] if outside else []
-    notes += [n for n in (hub_default_note(facts.hub_load, use_hub=target.use_hub, source=target.hub_source),) if n]
+    notes += hub_notes(facts.hub_load, use_hub=target.use_hub, source=target.hub_source)
     if facts.env.torch_error:
         notes.append(f"torch could not be imported: {facts.env.torch_error}")
     for issue in KNOWN_ISSUES:

@@ -115,8 +115,6 @@ class FirstRowProbe:
         return _error(first, self.measured) if first is not None and self.compare else None
 
     def measure(self, kwargs: dict[str, Any], spans: list[tuple[int, int]]) -> list[LayerDifference]:
-        import torch
-
         layers = _decoder_layers(self.stack, self.path)
         kinds = {name: _kind(layer) for name, layer in layers}
         self._quiet(True)

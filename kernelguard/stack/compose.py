@@ -194,9 +194,11 @@ def _hub_target(env: Environment, capability: ComputeCapability | None) -> Any:
     )
 
 
-def _probe_hub(requirements: catalog.Requirements, target: Target, env: Environment) -> dict[str, Any]:
+def _probe_hub(requirements: catalog.Requirements, target: Target, env: Environment, load: HubLoad
+               ) -> dict[str, Any]:
     if not target.use_hub:
         return {}
+    latest = load.all_latest is not None  # kernels then takes the newest cached vN, as the probe does unpinned
     from kernelguard.resolution import probe_hub_kernel
 
     repos = {req.hub.repo_id: req.hub for req in requirements.kernels if req.hub is not None}
@@ -208,8 +210,8 @@ def _probe_hub(requirements: catalog.Requirements, target: Target, env: Environm
                 repo_id,
                 target=_hub_target(env, capability),
                 allow_untrusted=target.allow.allows_untrusted_hub(),
-                revision=repo.revision,
-                version=repo.version,
+                revision=None if latest else repo.revision,
+                version=None if latest else repo.version,
             )
             probes[repo_id] = probe
             if probe.chosen_variant is None or probe.note:
@@ -271,7 +273,7 @@ def run_check(options: CheckOptions) -> CheckResult:
     window = discovery.kernels_version_window(source)
     hub_load = probe_hub_load(source.root, source.version, window, env.version_of("kernels"))
     target = _target(options, env, hub_load)
-    hub = _probe_hub(requirements, target, env)
+    hub = _probe_hub(requirements, target, env, hub_load)
     facts = Facts(
         env=env,
         packages=packages,

@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError, LockMismatch
-from kernelguard.resolution import CLI, ComputeCapability, allow_hint, fla_backend_command, pin_command
+from kernelguard.resolution import (
+    ALL_LATEST_VAR,
+    CLI,
+    ComputeCapability,
+    allow_hint,
+    fla_backend_command,
+    pin_command,
+)
 
 from .compose import CheckOptions, CheckResult, run_check
 from .lock_arguments import rebuild_command, refuse_contradictions
@@ -114,6 +121,9 @@ def _stack(result: CheckResult) -> dict[str, Any]:
     # kernels decides whether transformers uses the Hub at all: locked only when the job does.
     if result.resolution.target.use_hub:
         stack["kernels"] = env.version_of("kernels")
+        load = result.facts.hub_load if result.facts is not None else None
+        if load is not None and load.all_latest is not None:  # every Hub pin overridden: never in a lock
+            stack[ALL_LATEST_VAR] = load.all_latest
     return stack
 
 
@@ -200,7 +210,13 @@ def build_lock(result: CheckResult) -> dict[str, Any]:
 def write_lock(result: CheckResult, path: str | os.PathLike[str]) -> Path:
     """Write ``result``'s lock to ``path`` whole or not at all (a temporary file renamed over it)."""
     target = Path(path)
-    text = json.dumps(build_lock(result), indent=2) + "\n"
+    lock = build_lock(result)
+    if ALL_LATEST_VAR in lock["stack"]:
+        raise ConfigError(
+            f"{ALL_LATEST_VAR}={lock['stack'][ALL_LATEST_VAR]} is set: kernels loads the newest version of every Hub "
+            "kernel whatever a lock pins, so this lock would pin Hub revisions the job does not load.",
+            fix=f"unset {ALL_LATEST_VAR} and write the lock again (or lock the pip packages: --no-hub)")
+    text = json.dumps(lock, indent=2) + "\n"
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
@@ -258,6 +274,10 @@ def _show(value: object) -> str:
 
 
 def _stack_fix(name: str, locked: Any, stack: Mapping[str, Any]) -> str:
+    if name == ALL_LATEST_VAR:
+        return f"unset {ALL_LATEST_VAR} (kernels then loads the Hub revisions the lock pins)"
+    if locked is None:  # a package the image did not have (flash-qla): the node must not have it either
+        return f"pip uninstall -y {name}"
     if name == "python":
         return f"run the job with Python {locked}, the image's"
     if name in ("cuda", "cxx11_abi"):
@@ -342,12 +362,14 @@ def compare(locked: Mapping[str, Any], here: Mapping[str, Any], *, syntax: str =
     """Every difference between two locks, in a stable order: stack, allow items, kernels, fla, pins."""
     out: list[Difference] = []
     had_stack, has_stack = locked.get("stack", {}), here.get("stack", {})
-    for name in had_stack:
+    for name in [*had_stack, *(n for n in has_stack if n not in had_stack)]:  # what a node adds differs too
         had, has = had_stack.get(name), has_stack.get(name)
         if name == "python":  # a lock written by hand (or by another tool) may carry a patch release: not locked
             had, has = _python(had), _python(has)
         if had != has:
-            out.append(Difference(name, _show(had), _show(has), _stack_fix(name, had, had_stack)))
+            absent = "unset" if name == ALL_LATEST_VAR else "not installed"
+            out.append(Difference(name, _show(had) if had is not None else absent,
+                                  _show(has) if has is not None else absent, _stack_fix(name, had, had_stack)))
     if sorted(locked.get("allow", [])) != sorted(here.get("allow", [])):
         items = sorted(locked.get("allow", []))
         fix = f"pass exactly the lock's: {allow_hint(items, syntax)}" if items else "pass no allow items"

@@ -17,6 +17,7 @@ from check_helpers import cuda_so, make_env, make_ext, make_pkg
 
 from kernelguard.errors import ConfigError, LockMismatch
 from kernelguard.resolution import catalog, discovery
+from kernelguard.resolution.env import Fact
 from kernelguard.resolution.facts import Facts, FlaBackend, HubKernelProbe
 from kernelguard.resolution.policy import AllowPolicy
 from kernelguard.resolution.resolver import Target, resolve
@@ -387,3 +388,61 @@ def test_a_lock_without_target_archs_is_not_said_to_be_on_sm_question_mark(
         f"this node's stack differs from {lock} (written for qwen3_5 training with no target arch (written without "
         "--arch or a GPU)): ")
     assert info.value.fix.endswith(f": kernelguard lock --model qwen3_5 --mode training --packed --output {lock}")
+
+
+def _hub_probe(revision: str) -> HubKernelProbe:
+    spec = discovery.resolve_model("qwen3_5", discovery.transformers_source())
+    repo = next(k.hub.repo_id for k in spec.family.kernels if k.hub is not None and k.kernel == "chunk_gated_delta_rule")
+    return HubKernelProbe(repo, "offline cache", "/cache", revision, "torch213-cxx11-cu128-x86_64-linux", (), True, None)
+
+
+def _all_latest(facts: Facts, value: str | None) -> Facts:
+    """The same stack read with UNSTABLE_KERNELS_ALL_LATEST set as kernels 0.19 reads it (hub_load's own reading)."""
+    from kernelguard.resolution.hub_load import probe_hub_load
+
+    environ = {} if value is None else {"UNSTABLE_KERNELS_ALL_LATEST": value}
+    return replace(facts, hub_load=probe_hub_load(Path("/nowhere"), "5.25.0", WINDOW, "0.19.1", environ=environ))
+
+
+def test_a_lock_is_never_written_while_every_hub_pin_is_overridden(tmp_path: Path) -> None:
+    """kernels 0.19's UNSTABLE_KERNELS_ALL_LATEST loads the newest version of every Hub kernel over any pin: a lock
+    written then pins revisions the job does not load. Refused before any file is written; off ("0") it is not."""
+    image = _facts(tmp_path, hub=_hub_probe("aaaa1111"))
+    with pytest.raises(ConfigError) as info:
+        _lock(tmp_path, _all_latest(image, "yes"), hub=True)
+    assert info.value.message == (
+        "UNSTABLE_KERNELS_ALL_LATEST=yes is set: kernels loads the newest version of every Hub kernel whatever a "
+        "lock pins, so this lock would pin Hub revisions the job does not load.")
+    assert info.value.fix == "unset UNSTABLE_KERNELS_ALL_LATEST and write the lock again (or lock the pip packages: --no-hub)"
+    assert not (tmp_path / "kernelguard.lock").exists()
+    assert "UNSTABLE_KERNELS_ALL_LATEST" not in json.loads(_lock(tmp_path, _all_latest(image, "0"), hub=True).read_text())["stack"]
+
+
+def test_a_node_that_overrides_the_hub_pins_differs_from_its_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    image = _facts(tmp_path, hub=_hub_probe("aaaa1111"))
+    lock = _lock(tmp_path, image, hub=True)
+    error = _refusal(monkeypatch, lock, _all_latest(image, "1"))
+    assert error.differences == (
+        "UNSTABLE_KERNELS_ALL_LATEST: lock says unset, here 1; restore: unset UNSTABLE_KERNELS_ALL_LATEST (kernels "
+        "then loads the Hub revisions the lock pins)",)
+
+
+def test_a_package_the_node_adds_to_the_locked_stack_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flash-qla is locked whenever installed (fla hands it the whole GDN op): a node that adds it runs another
+    kernel than the image verified. The comparison read only the lock's own names and let it through."""
+    image = _facts(tmp_path)
+    lock = _lock(tmp_path, image)
+    node = replace(image, env=replace(image.env, packages={**image.env.packages, "flash-qla": Fact("0.1.3", "made up")}))
+    error = _refusal(monkeypatch, lock, node)
+    assert error.differences == ("flash-qla: lock says not installed, here 0.1.3; restore: pip uninstall -y flash-qla",)
+
+
+def test_check_says_when_every_hub_pin_is_overridden_and_only_then(tmp_path: Path) -> None:
+    image = _facts(tmp_path, hub=_hub_probe("aaaa1111"))
+    note = ("UNSTABLE_KERNELS_ALL_LATEST=on: kernels loads the newest cached numbered version of every Hub kernel, "
+            "whatever version transformers asks for or a lock pins (judged here on those versions); unset "
+            "UNSTABLE_KERNELS_ALL_LATEST to load the versions transformers asks for")
+    assert note in _result(_all_latest(image, "on"), CheckOptions(archs=("9.0",), hub=True)).resolution.notes
+    for value, hub in (("on", False), ("off", True), (None, True)):  # pip kernels, or kernels reads it as off
+        notes = _result(_all_latest(image, value), CheckOptions(archs=("9.0",), hub=hub)).resolution.notes
+        assert not any("UNSTABLE_KERNELS_ALL_LATEST" in n for n in notes)
