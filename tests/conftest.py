@@ -13,6 +13,9 @@ import pytest
 # Every test sees a terminal width only where it sets one (monkeypatch.setenv("COLUMNS", ...)): pytest-xdist's
 # workers export COLUMNS=80, which a serial run does not have, and kernelguard fits its messages to it.
 os.environ.pop("COLUMNS", None)
+# No test asks the Hugging Face Hub anything: `check` with Hub kernels on asks whether the Hub answers, which
+# offline it does not; a test about that asking unsets HF_HUB_OFFLINE itself (tests/resolution/test_hub_reach.py).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:

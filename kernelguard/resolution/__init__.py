@@ -25,6 +25,7 @@ __all__ = [
     "MAX_LENGTH_K",
     "MAX_LENGTH_Q",
     "MODES",
+    "OFFLINE_VARIABLES",
     "PACKAGE",
     "PACKAGES",
     "PACKED_REFERENCE",
@@ -73,6 +74,7 @@ __all__ = [
     "fla_backend_command",
     "gdn_dims",
     "geometry",
+    "hub_endpoint",
     "hub_wrapper",
     "in_terms",
     "is_command",
@@ -84,6 +86,7 @@ __all__ = [
     "lift_fla_hopper_refusal",
     "lift_for_accepted_issues",
     "load_pins",
+    "offline_setting",
     "option_hint",
     "parse_all",
     "pin_command",
@@ -102,6 +105,7 @@ __all__ = [
     "transformers_calls",
     "transformers_compat",
     "transformers_source",
+    "unreachable_hub",
     "usage_suggestion",
     "variant_folder",
     "with_corrected_command",
@@ -150,6 +154,7 @@ _OFFERS = {
         "text_config",
     ),
     "hub_load": ("ALL_LATEST_VAR", "probe_hub_load", "resolve_use_hub"),
+    "hub_reach": ("OFFLINE_VARIABLES", "hub_endpoint", "offline_setting", "unreachable_hub"),
     "install": ("DISTRIBUTION", "extra_command", "fla_backend_command", "pin_command"),
     "known_issues": ("by_id", "FLA_1077_GRID_LIMIT", "KNOWN_ISSUES"),
     "packed_batch": (
@@ -207,6 +212,7 @@ if TYPE_CHECKING:
     from .fla_refusal import FLA_REFUSAL_FLAG, lift_fla_hopper_refusal, lift_for_accepted_issues
     from .geometry import GdnDims, attention_dims, estimated_params, field, gdn_dims, layer_types, text_config
     from .hub_load import ALL_LATEST_VAR, probe_hub_load, resolve_use_hub
+    from .hub_reach import OFFLINE_VARIABLES, hub_endpoint, offline_setting, unreachable_hub
     from .install import DISTRIBUTION, extra_command, fla_backend_command, pin_command
     from .known_issues import FLA_1077_GRID_LIMIT, KNOWN_ISSUES, by_id
     from .packed_batch import (

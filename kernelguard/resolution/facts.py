@@ -239,6 +239,7 @@ class HubLoad:
     kernels_version: str | None  # the installed kernels (None: not installed)
     kernels_core: bool = False  # transformers requires kernels itself (5.25+), not through an extra
     all_latest: str | None = None  # UNSTABLE_KERNELS_ALL_LATEST as set, when kernels reads it as on
+    unreachable: str | None = None  # why the Hub cannot be reached, where the load would ask it (hub_reach)
 
     @property
     def env_off(self) -> bool:

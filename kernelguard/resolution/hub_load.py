@@ -145,13 +145,23 @@ LOAD = "model load"  # the Decision.kernel of the load itself: not a kernel, but
 def load_decision(load: HubLoad | None, *, use_hub: bool, hub_source: str, fix: str) -> Decision | None:
     """The load's own verdict when it uses Hub kernels and ``kernels`` cannot serve: rejected, because
     from_pretrained raises (``fix``: kernelguard.resolution.install's kernels command); None when the load is fine."""
-    if load is None or not use_hub or not load.default_on:
-        return None  # before 5.25 the same raise needs an explicit use_kernels=True: said per Hub candidate
-    sentence = load_error_sentence(load)
-    if sentence is None:
+    if load is None or not use_hub:
         return None
     why = f" The job loads with Hub kernels: {hub_source}." if hub_source else ""
-    return Decision(LOAD, "from_pretrained(use_kernels=True)", "hub", REJECTED, f"{sentence}.{why}", fix)
+    # before 5.25 the window's raise needs an explicit use_kernels=True: said per Hub candidate
+    sentence = load_error_sentence(load) if load.default_on else None
+    if sentence is not None:
+        return Decision(LOAD, "from_pretrained(use_kernels=True)", "hub", REJECTED, f"{sentence}.{why}", fix)
+    if load.unreachable is None:
+        return None
+    return Decision(
+        LOAD, "from_pretrained(use_kernels=True)", "hub", REJECTED,
+        "the load asks the Hub whether each kernel's publisher is trusted before it loads it, and the Hub cannot be "
+        f"reached from here ({load.unreachable}): from_pretrained raises `ValueError: Kernel repository ... could "
+        f"not verify publisher trust status`, a network failure, not a trust problem.{why}",
+        "HF_HUB_OFFLINE=1 with the kernels in the local cache (downloaded where the Hub is reachable; `kernelguard "
+        "check` with HF_HUB_OFFLINE=1 says whether they are there), or USE_HUB_KERNELS=NO (use_kernels=False) with "
+        "the pip kernels; trust_remote_code=True changes nothing here")
 
 
 def import_decision(error: str | None, version: str | None) -> Decision | None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,14 @@ from kernelguard.resolution import (
     Target,
     catalog,
     discovery,
+    offline_setting,
     parse_all,
     probe,
     probe_hub_load,
     probe_package,
     resolve,
     resolve_use_hub,
+    unreachable_hub,
     with_gpus,
 )
 
@@ -194,6 +197,16 @@ def _hub_target(env: Environment, capability: ComputeCapability | None) -> Any:
     )
 
 
+def _with_reach(load: HubLoad, requirements: catalog.Requirements, target: Target) -> HubLoad:
+    """``load`` with whether the Hub answers, asked (one bounded connection) only where the job's load would
+    ask it: Hub kernels on, HF_HUB_OFFLINE off, a repository that LOCAL_KERNELS does not serve."""
+    local = {entry.split("=", 1)[0] for entry in os.environ.get("LOCAL_KERNELS", "").split(":") if "=" in entry}
+    repos = {req.hub.repo_id for req in requirements.kernels if req.hub is not None} - local
+    if not target.use_hub or not repos or offline_setting(("HF_HUB_OFFLINE",)):
+        return load
+    return replace(load, unreachable=unreachable_hub())
+
+
 def _probe_hub(requirements: catalog.Requirements, target: Target, env: Environment, load: HubLoad
                ) -> dict[str, Any]:
     if not target.use_hub:
@@ -273,6 +286,7 @@ def run_check(options: CheckOptions) -> CheckResult:
     window = discovery.kernels_version_window(source)
     hub_load = probe_hub_load(source.root, source.version, window, env.version_of("kernels"))
     target = _target(options, env, hub_load)
+    hub_load = _with_reach(hub_load, requirements, target)
     hub = _probe_hub(requirements, target, env, hub_load)
     facts = Facts(
         env=env,

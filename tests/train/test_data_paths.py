@@ -66,11 +66,11 @@ def test_a_hub_name_without_network_is_one_line_and_a_cached_one_is_read_offline
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    monkeypatch.setattr(sources, "_unreachable_hub_host", lambda: "huggingface.co")
+    monkeypatch.setattr(sources, "unreachable_hub", lambda: "huggingface.co does not resolve")
     assert hub_offline_error("someone/chitchat", flag="--eval-data").message == (
         "--eval-data someone/chitchat is no local file or folder, so it would be read from the Hugging Face Hub, "
-        "but huggingface.co cannot be reached from this machine (its name does not resolve) and the dataset is not "
-        "in the local cache.")
+        "but the Hub cannot be reached from this machine (huggingface.co does not resolve) and the dataset is not in "
+        "the local cache.")
     (tmp_path / "hf" / "datasets" / "someone___chitchat").mkdir(parents=True)
     assert hub_offline_error("someone/chitchat") is None
     assert os.environ["HF_HUB_OFFLINE"] == "1"  # so datasets reads the cache without retrying first

@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from kernelguard.errors import ConfigError
-from kernelguard.resolution import dangling_link, extra_command, saved_dataset
+from kernelguard.resolution import (
+    dangling_link,
+    extra_command,
+    offline_setting,
+    saved_dataset,
+    unreachable_hub,
+)
 
 from ..common.run_folder import CONFIG_FILE, METRICS_FILE, RUN_FILE
 from .rows import Row, data_error
@@ -184,10 +190,10 @@ def hub_offline_error(data: str, *, flag: str = "--data") -> ConfigError | None:
     (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``) or its host does not resolve, and the dataset is not in the
     local cache; None otherwise. Said before the guard runs, never after retries. A cached dataset with no
     network is read from the cache: ``HF_HUB_OFFLINE=1`` is set for this process and the ranks it starts."""
-    offline = next((f"{name}={os.environ[name]} is set" for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-                    if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")), None)
-    if offline is None and (host := _unreachable_hub_host()) is not None:
-        offline = f"{host} cannot be reached from this machine (its name does not resolve)"
+    setting = offline_setting()
+    offline = f"{setting} is set" if setting else None
+    if offline is None and (reason := unreachable_hub()) is not None:
+        offline = f"the Hub cannot be reached from this machine ({reason})"
         if _in_hub_cache(data):
             os.environ["HF_HUB_OFFLINE"] = "1"  # read the cached copy without six retries first
     if offline is None or _in_hub_cache(data):
@@ -197,28 +203,6 @@ def hub_offline_error(data: str, *, flag: str = "--data") -> ConfigError | None:
         f"{offline} and the dataset is not in the local cache.",
         fix=f"hf download --repo-type dataset {data}   (with network; or pass a local file as {flag})",
     )
-
-
-def _unreachable_hub_host(timeout_s: float = 2.0) -> str | None:
-    """The Hub's host name when it does not resolve within ``timeout_s`` (no network, no DNS); else None."""
-    import socket
-    import threading
-    from urllib.parse import urlparse
-
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-    found: list[bool] = []
-
-    def resolve() -> None:
-        try:
-            socket.getaddrinfo(host, 443)
-            found.append(True)
-        except OSError:
-            found.append(False)
-
-    worker = threading.Thread(target=resolve, daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    return None if found and found[0] else host
 
 
 def _in_hub_cache(data: str) -> bool:
