@@ -273,6 +273,11 @@ def _show(value: object) -> str:
     return str(value)
 
 
+# Stack entries written only when present (a package installed, a switch on): a node that has one the lock has
+# not runs other kernels than the image verified. Every other entry is compared as the lock lists it.
+_NODE_MAY_ADD = ("flash-qla", ALL_LATEST_VAR)
+
+
 def _stack_fix(name: str, locked: Any, stack: Mapping[str, Any]) -> str:
     if name == ALL_LATEST_VAR:
         return f"unset {ALL_LATEST_VAR} (kernels then loads the Hub revisions the lock pins)"
@@ -362,7 +367,7 @@ def compare(locked: Mapping[str, Any], here: Mapping[str, Any], *, syntax: str =
     """Every difference between two locks, in a stable order: stack, allow items, kernels, fla, pins."""
     out: list[Difference] = []
     had_stack, has_stack = locked.get("stack", {}), here.get("stack", {})
-    for name in [*had_stack, *(n for n in has_stack if n not in had_stack)]:  # what a node adds differs too
+    for name in [*had_stack, *(n for n in _NODE_MAY_ADD if n in has_stack and n not in had_stack)]:
         had, has = had_stack.get(name), has_stack.get(name)
         if name == "python":  # a lock written by hand (or by another tool) may carry a patch release: not locked
             had, has = _python(had), _python(has)
