@@ -17,6 +17,11 @@ as one ``--order strict_count`` run of the whole suite (ground truth and the plu
 ``--order off allowed --simultaneous`` pairs per folder (both runs of a pair start together, so they see the
 same load; CPU time is each process's own), then ``peer_suite.py combine OUT STRICT.json PAIR.json...``.
 
+``--fake-providers``: every run also finds kernelguard's CPU stand-ins for fla and causal-conv1d
+(``tests/fake_providers``), so transformers takes its fast path: ``--order off strict --simultaneous
+--fake-providers`` then lists every test that fails under ``--kernelguard`` and not without it
+(``kernelguard_failures``, with each crash line): issue 51's "with the fake providers: no kernelguard failure".
+
 Every run loads ``peer_compat`` (version-skew shims: the mirror's helpers import a few names the installed
 transformers lacks; see that file) and ``peer_report`` (one JSON record per test). Wall time and the child's
 CPU time (user + sys) are measured around each pytest process; the load average is read before each. Writes
@@ -40,6 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = Path(__file__).resolve().parent / "peer_plugins"
+FAKE_PROVIDERS = ROOT / "tests" / "fake_providers"
 FOLDERS = ("tests/models/qwen3_next", "tests/models/qwen3_5", "tests/models/qwen3_5_moe")
 # docs/pytest.md's CPU-CI recipe, with the decode kernels its note says to add when the suite generates.
 CPU_CI_ALLOW = ("causal_conv1d_fn", "chunk_gated_delta_rule", "causal_conv1d_update",
@@ -71,9 +77,11 @@ def export(git_dir: str, commit: str, dest: Path) -> None:
         link.symlink_to(Path(transformers.__file__).parent)
 
 
-def run(mode: str, tests_dir: Path, work: Path, index: int, extra: list[str], folders: list[str]) -> dict:
+def run(mode: str, tests_dir: Path, work: Path, index: int, extra: list[str], folders: list[str],
+        fakes: bool = False) -> dict:
     report, count, log = (work / f"{index}-{mode}.{n}" for n in ("report.json", "count.json", "log"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(PLUGINS)]), OMP_NUM_THREADS="2",
+    paths = [str(ROOT), str(PLUGINS), *([str(FAKE_PROVIDERS)] if fakes else [])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), OMP_NUM_THREADS="2",
                PEER_REPORT=str(report), PEER_COUNT=str(count),
                PEER_MIRROR_TESTING_UTILS=str(tests_dir / ".peer" / "testing_utils_mirror.py"))
     env.pop("CI", None)
@@ -98,6 +106,19 @@ def run(mode: str, tests_dir: Path, work: Path, index: int, extra: list[str], fo
     print(f"[{index}] {mode:8s} wall {wall:7.1f} s  cpu {cpu:7.1f} s  load {load[0]:.2f}  {out['outcomes']}",
           flush=True)
     return out
+
+
+def kernelguard_failures(runs: list[dict]) -> dict:
+    """Tests that fail with kernelguard on and pass (or skip) with it off, with their crash lines: each is a
+    kernelguard failure, since no run calls a torch reference when the stand-ins serve every kernel."""
+    off = [r for r in runs if r["mode"] == "off"]
+    on = [r for r in runs if r["mode"] != "off"]
+    skew = {t for r in off for t, v in r["tests"].items() if v["outcome"] == "failed"}
+    failures = {f"{r['index']}-{r['mode']}": {t: v.get("crash", "") for t, v in sorted(r["tests"].items())
+                                              if v["outcome"] == "failed" and t not in skew} for r in on}
+    return {"outcomes_per_run": {f"{r['index']}-{r['mode']}": r["outcomes"] for r in runs},
+            "version_skew_failures": len(skew), "kernelguard_failure_count": {k: len(v) for k, v in failures.items()},
+            "kernelguard_failures": failures}
 
 
 def _reference_calls(calls: dict[str, int]) -> bool:
@@ -234,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--folders", nargs="+", default=list(FOLDERS))
     p.add_argument("--simultaneous", action="store_true",
                    help="start the runs of --order together (A/B under the same load) instead of one by one")
+    p.add_argument("--fake-providers", action="store_true",
+                   help="every run finds tests/fake_providers (fla, causal-conv1d stand-ins): the fast path")
     p.add_argument("-k", dest="keyword", default=None, help="pytest -k, for a quick try of the bench itself")
     a = p.parse_args(argv)
     export(a.git_dir, a.commit, a.tests_dir)
@@ -242,18 +265,24 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="peer-suite-") as tmp:
         if a.simultaneous:  # every run at once: each sees the same machine load (CPU time is per process)
             with concurrent.futures.ThreadPoolExecutor(len(order)) as pool:
-                runs = list(pool.map(lambda im: run(im[1], a.tests_dir, Path(tmp), im[0], extra, a.folders),
+                runs = list(pool.map(lambda im: run(im[1], a.tests_dir, Path(tmp), im[0], extra, a.folders, a.fake_providers),
                                      enumerate(order)))
         else:
-            runs = [run(mode, a.tests_dir, Path(tmp), i, extra, a.folders) for i, mode in enumerate(order)]
-    figures = classify(runs) if any(r["mode"] in ("count", "strict_count") for r in runs) else {
+            runs = [run(mode, a.tests_dir, Path(tmp), i, extra, a.folders, a.fake_providers)
+                    for i, mode in enumerate(order)]
+    if a.fake_providers:
+        figures = kernelguard_failures(runs)
+    elif any(r["mode"] in ("count", "strict_count") for r in runs):
+        figures = classify(runs)
+    else:
+        figures = {
         "outcomes_per_run": {f"{r['index']}-{r['mode']}": r["outcomes"] for r in runs},
         "timing": _timing([r for r in runs if r["mode"] == "off"], [r for r in runs if r["mode"] == "allowed"],
                           set(), sorted(t for t, v in runs[0]["tests"].items() if v["outcome"] != "failed"))}
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
 
-    meta = {"date": "2026-12-01", "machine": f"{platform.node()} ({os.cpu_count()} CPUs, shared)",
+    meta = {"date": time.strftime("%Y-%m-%d"), "fake_providers": a.fake_providers, "machine": f"{platform.node()} ({os.cpu_count()} CPUs, shared)",
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "mirror": a.git_dir, "commit": a.commit, "folders": a.folders, "k": a.keyword, "order": order, "allow": CPU_CI_ALLOW,
             "kernelguard_commit": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -266,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {k: (len(v) if isinstance(v, (list, dict)) and k != "outcomes_per_run" else v)
                for k, v in figures.items() if k not in ("timing", "skip_after_fallback_message")}
     print(json.dumps(summary, indent=1))
-    print(json.dumps(figures["timing"], indent=1))
+    print(json.dumps(figures.get("timing"), indent=1))
     return 0
 
 

@@ -13,7 +13,7 @@ import os
 import re
 
 _RESULTS: dict[str, dict] = {}
-_KG_FRAME = re.compile(r"kernelguard/\w+\.py")
+_KG_FRAME = re.compile(r"kernelguard/(?:\w+/)*\w+\.py")
 
 
 def pytest_runtest_logreport(report):
