@@ -121,9 +121,8 @@ def _stack(result: CheckResult) -> dict[str, Any]:
     # kernels decides whether transformers uses the Hub at all: locked only when the job does.
     if result.resolution.target.use_hub:
         stack["kernels"] = env.version_of("kernels")
-        load = result.facts.hub_load if result.facts is not None else None
-        if load is not None and load.all_latest is not None:  # every Hub pin overridden: never in a lock
-            stack[ALL_LATEST_VAR] = load.all_latest
+        if (latest := getattr(getattr(result.facts, "hub_load", None), "all_latest", None)) is not None:
+            stack[ALL_LATEST_VAR] = latest  # every Hub pin overridden: write_lock refuses, a node differs
     return stack
 
 
@@ -211,11 +210,10 @@ def write_lock(result: CheckResult, path: str | os.PathLike[str]) -> Path:
     """Write ``result``'s lock to ``path`` whole or not at all (a temporary file renamed over it)."""
     target = Path(path)
     lock = build_lock(result)
-    if ALL_LATEST_VAR in lock["stack"]:
-        raise ConfigError(
-            f"{ALL_LATEST_VAR}={lock['stack'][ALL_LATEST_VAR]} is set: kernels loads the newest version of every Hub "
-            "kernel whatever a lock pins, so this lock would pin Hub revisions the job does not load.",
-            fix=f"unset {ALL_LATEST_VAR} and write the lock again (or lock the pip packages: --no-hub)")
+    if ALL_LATEST_VAR in lock["stack"]:  # kernels would load the newest of every Hub kernel, not what it pins
+        raise ConfigError(f"{ALL_LATEST_VAR}={lock['stack'][ALL_LATEST_VAR]} is set: kernels loads the newest version "
+                          "of every Hub kernel whatever a lock pins, so this lock would pin Hub revisions the job does "
+                          "not load.", fix=f"unset {ALL_LATEST_VAR} and write the lock again (or lock the pip packages: --no-hub)")
     text = json.dumps(lock, indent=2) + "\n"
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
@@ -273,16 +271,13 @@ def _show(value: object) -> str:
     return str(value)
 
 
-# Stack entries written only when present (a package installed, a switch on): a node that has one the lock has
-# not runs other kernels than the image verified. Every other entry is compared as the lock lists it.
-_NODE_MAY_ADD = ("flash-qla", ALL_LATEST_VAR)
+_NODE_MAY_ADD = ("flash-qla", ALL_LATEST_VAR)  # written only when present: one the lock lacks is a difference
 
 
 def _stack_fix(name: str, locked: Any, stack: Mapping[str, Any]) -> str:
-    if name == ALL_LATEST_VAR:
-        return f"unset {ALL_LATEST_VAR} (kernels then loads the Hub revisions the lock pins)"
-    if locked is None:  # a package the image did not have (flash-qla): the node must not have it either
-        return f"pip uninstall -y {name}"
+    if name == ALL_LATEST_VAR or locked is None:  # what the image did not have, the node must not have either
+        return f"unset {name} (kernels then loads the Hub revisions the lock pins)" if name == ALL_LATEST_VAR \
+            else f"pip uninstall -y {name}"
     if name == "python":
         return f"run the job with Python {locked}, the image's"
     if name in ("cuda", "cxx11_abi"):
@@ -373,8 +368,8 @@ def compare(locked: Mapping[str, Any], here: Mapping[str, Any], *, syntax: str =
             had, has = _python(had), _python(has)
         if had != has:
             absent = "unset" if name == ALL_LATEST_VAR else "not installed"
-            out.append(Difference(name, _show(had) if had is not None else absent,
-                                  _show(has) if has is not None else absent, _stack_fix(name, had, had_stack)))
+            shown = [_show(v) if v is not None else absent for v in (had, has)]
+            out.append(Difference(name, *shown, _stack_fix(name, had, had_stack)))
     if sorted(locked.get("allow", [])) != sorted(here.get("allow", [])):
         items = sorted(locked.get("allow", []))
         fix = f"pass exactly the lock's: {allow_hint(items, syntax)}" if items else "pass no allow items"
