@@ -195,7 +195,9 @@ def _restarts_at_zero(position_ids: Any, starts: tuple[tuple[int, ...], ...]) ->
 
 def _examples_unmasked(position_ids: Any, mask: Any) -> int:
     """The most examples a row holds among its unmasked tokens: where the positions of those tokens, in order,
-    do not continue. A padded row has one (its pads, left or right, are masked); a packed row with pads more."""
+    begin again at 0 (a packed example's start). A padded row has one (its pads, left or right, are masked), also
+    when its positions repeat or jump (generate() on a right-padded row: ``[0, 1, <pads>, 1]``); a packed row
+    with pads more."""
     positions = position_ids[0] if position_ids.dim() == 3 else position_ids
     if positions.dim() == 1:
         positions = positions.unsqueeze(0)
@@ -205,7 +207,7 @@ def _examples_unmasked(position_ids: Any, mask: Any) -> int:
     for row, keep in zip(positions, mask.bool()):
         kept = row[keep.to(row.device)]
         if kept.numel() > 1:
-            most = max(most, 1 + int((kept[1:] != kept[:-1] + 1).sum()))
+            most = max(most, 1 + int((kept[1:] == 0).sum()))
     return most
 
 

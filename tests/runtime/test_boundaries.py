@@ -561,6 +561,22 @@ def test_a_packed_row_with_masked_pads_is_checked_not_waved_through(fake_provide
         padded(**right)
 
 
+def test_generate_on_right_padded_rows_is_not_a_packed_row(fake_providers: Any, tiny: Any) -> None:
+    """transformers' own generate tests (greedy, sample, beam: `*_generate_dict_output(s)`) decode from rows padded
+    on the right: the token generated after the pads takes position 1 again (`[0, 1, <pads>, 1]`). Its unmasked
+    positions repeat but never begin again at 0, so it holds one example; it was refused as "a packed row of 2
+    examples" (12 of those suites' tests under the plugin). The control beside it: the same row whose token after
+    the pads begins again at 0 is a second example, and refused."""
+    model, _ = _guarded(tiny)
+    ids = torch.randint(3, 250, (2, 8), generator=torch.Generator().manual_seed(2))
+    mask = torch.tensor([[1, 0, 0, 0, 0, 0, 0, 1], [1, 1, 0, 0, 0, 0, 0, 1]])
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=torch.tensor([[0] * 7 + [1], [0, 1] + [0] * 5 + [1]]))
+    error = _refused(model, {"input_ids": ids, "attention_mask": mask,
+                             "position_ids": torch.tensor([[0] * 8, [0, 1] + [0] * 6])})
+    assert error.message == _message(2, "position_ids", BOTH)
+
+
 def test_a_leaking_attention_layer_is_named_as_one_with_the_attention_fix(
     fake_providers: Any, tiny: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
