@@ -126,4 +126,7 @@ for name, r in rows.items():
           f"{r.get('load_s')} | {r['autotune_searches']} | {r.get('process_wall_s')} | {r.get('export_mb_per_s')} |")
 PY
 rm -rf "$WORK"
+# Everything in one file that sorts first: the device runner returns only the first few files of $OUT (by name),
+# and the recorded pins must come back (bench/RESULTS.md 4.8 lost them).
+tar czf "$OUT/00-start_time.tgz" -C "$OUT" --exclude=00-start_time.tgz . && echo "all of \$OUT: $OUT/00-start_time.tgz"
 step "done"
