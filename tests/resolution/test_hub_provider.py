@@ -309,8 +309,12 @@ def test_nothing_found_offline(tmp_path: Path) -> None:
     assert probe.location == str(tmp_path / "empty-cache")
     assert probe.chosen_variant is None and probe.variants == ()
     assert probe.note is not None
-    assert f"hf download {REPO} --repo-type kernel" in probe.note
+    cache = tmp_path / "empty-cache"
+    assert f"`hf download {REPO} --repo-type kernel --revision main --cache-dir {cache}`" in probe.note
     assert "LOCAL_KERNELS" in probe.note
+    # the version transformers' mapping asks for is the branch kernels resolves it through: exactly that one
+    pinned = probe_hub_kernel(REPO, target=CPU_213, version=3)
+    assert f"`hf download {REPO} --repo-type kernel --revision v3 --cache-dir {cache}`" in str(pinned.note)
 
 
 def test_untrusted_org_is_marked_and_not_resolved(tmp_path: Path) -> None:

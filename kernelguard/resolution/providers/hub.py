@@ -246,16 +246,19 @@ def _from_offline_cache(
             )
         )
     except Exception as exc:  # noqa: BLE001 - LocalEntryNotFoundError, kernels' ValueError for a missing vN
-        return _Location(SOURCE_NOT_AVAILABLE, cache_dir, notes=[_not_found_message(repo_id, cache_dir, exc)])
+        ref = revision or (f"v{version}" if version is not None else "main")  # kernels' vN refs are branches
+        return _Location(SOURCE_NOT_AVAILABLE, cache_dir, notes=[_not_found_message(repo_id, cache_dir, exc, ref)])
     return _Location(SOURCE_OFFLINE_CACHE, snapshot / "build", revision=snapshot.name)
 
 
-def _not_found_message(repo_id: str, cache_dir: Path, exc: Exception) -> str:
+def _not_found_message(repo_id: str, cache_dir: Path, exc: Exception, ref: str) -> str:
+    # The revision the load asks for, into the cache folder kernels reads: the download writes the snapshot and,
+    # for a vN branch, the ref that kernels resolves the version through offline.
     return (
         f"No local copy of {repo_id} was found: LOCAL_KERNELS has no entry for it and the offline cache "
         f"{cache_dir} has no usable snapshot ({_first_sentence(exc)}). While online, run "
-        f"`hf download {repo_id} --repo-type kernel --revision <rev>` (or `kernels download <project>` "
-        f"for a locked project, or call kernels.install_kernel), or set LOCAL_KERNELS={repo_id}=<path>."
+        f"`hf download {repo_id} --repo-type kernel --revision {ref} --cache-dir {cache_dir}` (or "
+        f"`kernels download <project>` for a locked project), or set LOCAL_KERNELS={repo_id}=<path>."
     )
 
 
