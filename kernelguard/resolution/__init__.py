@@ -72,7 +72,9 @@ __all__ = [
     "fla_autotuners",
     "fla_backend",
     "fla_backend_command",
+    "delta_rule_dims",
     "gdn_dims",
+    "kda_dims",
     "geometry",
     "hub_endpoint",
     "hub_wrapper",
@@ -146,10 +148,12 @@ _OFFERS = {
     "fla_refusal": ("FLA_REFUSAL_FLAG", "lift_fla_hopper_refusal", "lift_for_accepted_issues"),
     "geometry": (
         "attention_dims",
+        "delta_rule_dims",
         "estimated_params",
         "field",
         "gdn_dims",
         "GdnDims",
+        "kda_dims",
         "layer_types",
         "text_config",
     ),
@@ -210,7 +214,17 @@ if TYPE_CHECKING:
         search_note,
     )
     from .fla_refusal import FLA_REFUSAL_FLAG, lift_fla_hopper_refusal, lift_for_accepted_issues
-    from .geometry import GdnDims, attention_dims, estimated_params, field, gdn_dims, layer_types, text_config
+    from .geometry import (
+        GdnDims,
+        attention_dims,
+        delta_rule_dims,
+        estimated_params,
+        field,
+        gdn_dims,
+        kda_dims,
+        layer_types,
+        text_config,
+    )
     from .hub_load import ALL_LATEST_VAR, probe_hub_load, resolve_use_hub
     from .hub_reach import OFFLINE_VARIABLES, hub_endpoint, offline_setting, unreachable_hub
     from .install import DISTRIBUTION, extra_command, fla_backend_command, pin_command

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kernelguard.errors import ConfigError
 
-from .geometry import key_head_dim, layer_types
+from .geometry import field, key_head_dim, layer_types, text_config
 
 __all__ = [
     "MODES",
@@ -150,7 +150,8 @@ def requirements(spec: ModelSpec, mode: str, *, packed: bool, transformers_versi
         kernels = ()  # every layer is full attention: the model never calls a gated-delta kernel
     key_dim = key_head_dim(spec.config) if spec.config else None
     if key_dim is not None:
-        key_source = f"linear_key_head_dim in {spec.origin}"
+        name = "linear_key_head_dim" if field(text_config(spec.config), "linear_key_head_dim") else "linear_head_dim"
+        key_source = f"{name} in {spec.origin}"
     else:
         key_dim = spec.family.default_key_head_dim
         key_source = f"default of {spec.family.name}'s config class" if key_dim else "unknown"

@@ -59,7 +59,8 @@ _DECORATOR = re.compile(
 )
 _INTERNAL_PATHS = re.compile(r'"(?P<kernel>\w+)"\s*:\s*"(?P<path>ops\.[\w.]+)"')
 _MODEL_TYPE = re.compile(r'^\s*model_type\s*=\s*"(\w+)"', re.MULTILINE)
-_KEY_HEAD_DIM = re.compile(r"^\s*linear_key_head_dim\s*:\s*int\s*=\s*(\d+)", re.MULTILINE)
+# GDN's linear_key_head_dim, or KDA's linear_head_dim (q and k share it).
+_KEY_HEAD_DIM = re.compile(r"^\s*linear_(?:key_)?head_dim\s*:\s*int\s*=\s*(\d+)", re.MULTILINE)
 
 
 def _read(path: Path) -> str:

@@ -20,7 +20,9 @@ __all__ = [
     "attention_dims",
     "estimated_params",
     "field",
+    "delta_rule_dims",
     "gdn_dims",
+    "kda_dims",
     "key_head_dim",
     "layer_types",
     "model_type",
@@ -93,9 +95,28 @@ def gdn_dims(config: Any) -> GdnDims | None:
     )
 
 
+def kda_dims(config: Any) -> GdnDims | None:
+    """A Kimi-delta-attention layer (kimi_linear, glm5_next, bailing_hybrid) as a GDN geometry: q, k and v
+    share ``linear_num_heads`` heads of ``linear_head_dim``; None when the config has no such fields."""
+    text = text_config(config)
+    heads, dim = field(text, "linear_num_heads"), field(text, "linear_head_dim")
+    if not heads or not dim:
+        return None
+    conv = field(text, "linear_conv_kernel_dim") or field(text, "short_conv_kernel_size") or DEFAULT_CONV_KERNEL
+    return GdnDims(num_k_heads=int(heads), num_v_heads=int(heads), key_dim=int(dim), value_dim=int(dim),
+                   conv_kernel=int(conv))
+
+
+def delta_rule_dims(config: Any) -> GdnDims | None:
+    """The linear-attention layer's geometry, GDN or KDA; None when the config has neither."""
+    return gdn_dims(config) or kda_dims(config)
+
+
 def key_head_dim(config: Any) -> int | None:
-    """``linear_key_head_dim`` of the (text) config, None when absent or zero."""
-    value = field(text_config(config), "linear_key_head_dim")
+    """The linear-attention layer's key head dim (GDN's ``linear_key_head_dim``, KDA's ``linear_head_dim``),
+    None when absent or zero."""
+    text = text_config(config)
+    value = field(text, "linear_key_head_dim") or field(text, "linear_head_dim")
     return int(value) if value else None
 
 

@@ -338,8 +338,8 @@ def _run_numerics(resolution: Resolution, spec: catalog.ModelSpec, env: Environm
     config = _numerics_config(spec)
     # The verdict is about this model: its own geometry, plus generic layouts at its key head dim (a stack
     # that is wrong only at other head dims is the known-issue table's business, not this job's).
-    key_dim = resolution.requirements.key_head_dim
     shapes = numerics.shapes_for_model(config, generic=False) if config is not None else []
+    key_dim = resolution.requirements.key_head_dim or (shapes[0].key_dim if shapes else None)
     shapes += [s for s in numerics.generic_shapes() if key_dim is None or s.key_dim == key_dim]
     lift = target.allow.lifts_fla_refusal
     return numerics.run_numerics(kernels, config=config, device="cuda", shapes=shapes, lift_fla_hopper_refusal=lift)

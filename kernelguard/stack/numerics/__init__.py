@@ -3,7 +3,7 @@
 - :mod:`.shapes`: the layer geometries and token layouts exercised (the model's own from its config, generic)
 - :mod:`.references`: the kernels, where transformers imports each, and their undecorated torch references
 - :mod:`.results`: :class:`NumericsCase` / :class:`NumericsReport`, the comparison and ``REL_TOL``
-- :mod:`.cases`: the per-kernel checks (GDN chunk and recurrent, causal conv and its decode update)
+- :mod:`.cases`: the per-kernel checks (GDN and KDA chunk and recurrent, causal conv and its decode update)
 - :mod:`.run`: :func:`run_numerics`, which ties them together, and ``python -m kernelguard.stack.numerics``
 
 Torch and the kernels are imported inside functions: importing this package costs nothing.
@@ -15,6 +15,9 @@ from .references import (
     CHUNK,
     CONV,
     CONV_UPDATE,
+    KDA_CHUNK,
+    KDA_KERNELS,
+    KDA_RECURRENT,
     KERNELS,
     RECURRENT,
     KernelSource,
@@ -33,6 +36,9 @@ __all__ = [
     "CHUNK",
     "CONV",
     "CONV_UPDATE",
+    "KDA_CHUNK",
+    "KDA_KERNELS",
+    "KDA_RECURRENT",
     "KERNELS",
     "PACKED_LAYOUT",
     "PADDED_LAYOUT",

@@ -1,20 +1,21 @@
 """The per-kernel checks of ``check --run``: each kernel and its torch reference on the same inputs.
 
 Every kernel under test runs forward (and backward where training uses it) in bf16 on small random inputs
-shaped like what a gated-delta-net layer really passes it, and is compared per tensor with the torch
+shaped like what a gated-delta-net (or Kimi delta attention) layer really passes it, and is compared per tensor with the torch
 reference run in fp32 on the *same* bf16-rounded inputs. For packed (varlen) cases the reference runs once per
 segment, which is exactly the semantics ``cu_seqlens`` / ``seq_idx`` promise.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelguard.resolution import SEQ_IDX
 
-from .references import CHUNK, CONV, CONV_UPDATE, FLA_KERNELS, RECURRENT
+from .references import CHUNK, CONV, CONV_UPDATE, FLA_KERNELS, KDA_CHUNK, KDA_KERNELS
 from .results import NumericsCase, compare, error_case
 from .shapes import GdnShape
 from .shapes import bounds as segment_bounds
@@ -38,19 +39,30 @@ def _grads(
     return list(grads)
 
 
-def _gdn_inputs(shape: GdnShape, q_heads: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+def _gdn_inputs(
+    shape: GdnShape, q_heads: int, gen: torch.Generator, *, per_key_gate: bool = False
+) -> dict[str, torch.Tensor]:
     """bf16 q/k/v and beta (post-sigmoid), fp32 log-space decay g, bf16 upstream gradient: what the layer
-    passes (it computes g in fp32 and beta = sigmoid in the model dtype)."""
+    passes (it computes g in fp32 and beta = sigmoid in the model dtype). ``per_key_gate``: KDA's g, one decay
+    per key channel ([B, T, H, K]), as its forget gate makes it: ``-exp(A_log) * softplus(f + dt_bias)`` with
+    A in [1, 16] and dt in [1e-3, 1e-1] as the layer's init draws them."""
     import torch
     import torch.nn.functional as F
 
     b, t = shape.batch, shape.seq_len
     hv, kd, vd = shape.num_v_heads, shape.key_dim, shape.value_dim
+    if per_key_gate:
+        rate = torch.empty(1, 1, hv, 1).uniform_(1.0, 16.0, generator=gen)
+        dt = torch.empty(hv, kd).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
+        dt_bias = dt + torch.log(-torch.expm1(-dt))  # softplus(dt_bias) == dt
+        g = -rate * F.softplus(torch.randn(b, t, hv, kd, generator=gen) + dt_bias)
+    else:
+        g = F.logsigmoid(torch.randn(b, t, hv, generator=gen))
     return {
         "q": torch.randn(b, t, q_heads, kd, generator=gen),
         "k": torch.randn(b, t, q_heads, kd, generator=gen),
         "v": torch.randn(b, t, hv, vd, generator=gen),
-        "g": F.logsigmoid(torch.randn(b, t, hv, generator=gen)),
+        "g": g,
         "beta": torch.randn(b, t, hv, generator=gen).sigmoid(),
         "do": torch.randn(b, t, hv, vd, generator=gen),
     }
@@ -93,6 +105,7 @@ def _reference_gdn(
 
 
 def _check_chunk(
+    kernel: str,
     fn: Callable[..., Any],
     ref: Callable[..., Any],
     shape: GdnShape,
@@ -105,7 +118,7 @@ def _check_chunk(
 ) -> list[NumericsCase]:
     import torch
 
-    raw = _gdn_inputs(shape, q_heads, gen)
+    raw = _gdn_inputs(shape, q_heads, gen, per_key_gate=kernel in KDA_KERNELS)
     names = ("q", "k", "v", "g", "beta")
     # The kernel gets what the layer gives it: bf16 q/k/v/beta, fp32 g; the reference gets the same values
     # (already bf16-rounded) in fp32, so only the kernel's arithmetic differs.
@@ -126,18 +139,19 @@ def _check_chunk(
         )
         kgrads = _grads(o, do, [kin[n] for n in names])
     except Exception as exc:  # noqa: BLE001
-        return [error_case(CHUNK, label, exc)]
+        return [error_case(kernel, label, exc)]
     try:
         ro, _ = _reference_gdn(ref, shape, rin, output_final_state=False)
         rgrads = _grads(ro, do.float(), [rin[n] for n in names])
     except Exception as exc:  # noqa: BLE001
-        return [error_case(CHUNK, label, exc, where="reference")]
-    cases = [compare(CHUNK, label, "o", o, ro, tol)]
-    cases += [compare(CHUNK, label, "d" + n, kg, rg, tol) for n, kg, rg in zip(names, kgrads, rgrads)]
+        return [error_case(kernel, label, exc, where="reference")]
+    cases = [compare(kernel, label, "o", o, ro, tol)]
+    cases += [compare(kernel, label, "d" + n, kg, rg, tol) for n, kg, rg in zip(names, kgrads, rgrads)]
     return cases
 
 
 def _check_recurrent(
+    kernel: str,
     fn: Callable[..., Any],
     ref: Callable[..., Any],
     shape: GdnShape,
@@ -161,7 +175,7 @@ def _check_recurrent(
         batch=b,
         seq_len=steps,
     )
-    raw = _gdn_inputs(small, q_heads, gen)
+    raw = _gdn_inputs(small, q_heads, gen, per_key_gate=kernel in KDA_KERNELS)
     state = torch.randn(b, shape.num_v_heads, shape.key_dim, shape.value_dim, generator=gen) * 0.1
     kin = {
         n: raw[n].to(device=device, dtype=torch.float32 if n == "g" else dtype)
@@ -186,14 +200,14 @@ def _check_recurrent(
     try:
         o, ht = decode_step(fn, kin)
     except Exception as exc:  # noqa: BLE001
-        return [error_case(RECURRENT, label, exc)]
+        return [error_case(kernel, label, exc)]
     try:
         ro, rh = decode_step(ref, rin)
     except Exception as exc:  # noqa: BLE001
-        return [error_case(RECURRENT, label, exc, where="reference")]
+        return [error_case(kernel, label, exc, where="reference")]
     return [
-        compare(RECURRENT, label, "o", o, ro, tol),
-        compare(RECURRENT, label, "final_state", ht, rh, tol),
+        compare(kernel, label, "o", o, ro, tol),
+        compare(kernel, label, "final_state", ht, rh, tol),
     ]
 
 
@@ -306,6 +320,17 @@ def conv_shapes(shapes: Sequence[GdnShape]) -> list[GdnShape]:
     return out
 
 
+def _kda_shapes(shapes: Sequence[GdnShape]) -> list[GdnShape]:
+    """KDA layers give q, k and v the same heads (transformers' reference has no grouped value heads): a
+    grouped shape is checked with as many key heads as value heads."""
+    out: list[GdnShape] = []
+    for s in shapes:
+        same = dataclasses.replace(s, num_k_heads=s.num_v_heads)
+        if same not in out:
+            out.append(same)
+    return out
+
+
 def exercise(
     kernel: str,
     fn: Callable[..., Any],
@@ -318,14 +343,14 @@ def exercise(
     dtype: torch.dtype,
     tol: float,
 ) -> list[NumericsCase]:
-    """Every case of one kernel: GDN kernels per shape, conv kernels per distinct channel geometry."""
+    """Every case of one kernel: GDN and KDA kernels per shape, conv kernels per distinct channel geometry."""
     cases: list[NumericsCase] = []
     if kernel in FLA_KERNELS:
-        check = _check_chunk if kernel == CHUNK else _check_recurrent
-        for shape in shapes:
-            q_heads = shape.num_k_heads if key_heads else shape.num_v_heads
+        check = _check_chunk if kernel in (CHUNK, KDA_CHUNK) else _check_recurrent
+        for shape in _kda_shapes(shapes) if kernel in KDA_KERNELS else shapes:
+            q_heads = shape.num_k_heads if key_heads or kernel in KDA_KERNELS else shape.num_v_heads
             label = shape.label(q_heads=q_heads)
-            cases += check(fn, ref, shape, q_heads, label, device, dtype, gen, tol)
+            cases += check(kernel, fn, ref, shape, q_heads, label, device, dtype, gen, tol)
     elif kernel == CONV:
         for shape in conv_shapes(shapes):
             cases += _check_conv(fn, ref, shape, device, dtype, gen, tol)

@@ -22,6 +22,9 @@ __all__ = [
     "CONV",
     "CONV_UPDATE",
     "FLA_KERNELS",
+    "KDA_CHUNK",
+    "KDA_KERNELS",
+    "KDA_RECURRENT",
     "KERNELS",
     "RECURRENT",
     "KernelSource",
@@ -38,12 +41,16 @@ CHUNK = "chunk_gated_delta_rule"
 RECURRENT = "fused_recurrent_gated_delta_rule"
 CONV = "causal_conv1d_fn"
 CONV_UPDATE = "causal_conv1d_update"
-KERNELS = (CHUNK, RECURRENT, CONV, CONV_UPDATE)
-FLA_KERNELS = (CHUNK, RECURRENT)
+# Kimi delta attention (kimi_linear, glm5_next, bailing_hybrid): the GDN call with a decay per key channel.
+KDA_CHUNK = "chunk_kda"
+KDA_RECURRENT = "fused_recurrent_kda"
+KERNELS = (CHUNK, RECURRENT, KDA_CHUNK, KDA_RECURRENT, CONV, CONV_UPDATE)
+FLA_KERNELS = (CHUNK, RECURRENT, KDA_CHUNK, KDA_RECURRENT)
+KDA_KERNELS = (KDA_CHUNK, KDA_RECURRENT)
 
 # Families whose modeling file is tried first for the references (when the model's own family is not known or
 # lacks a kernel); any other catalog family that calls the kernel follows, alphabetically.
-_PREFERRED_FAMILIES = ("qwen3_5", "qwen3_next")
+_PREFERRED_FAMILIES = ("qwen3_5", "qwen3_next", "kimi_linear")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +124,15 @@ def torch_references(
     kernels: Sequence[str] = KERNELS, *, family: str | None = None
 ) -> tuple[dict[str, Callable[..., Any]], str]:
     """The undecorated torch references of ``kernels``, all from ONE modeling module (the first, in the
-    catalog's preference order, that defines every one of them), and that module's name."""
+    catalog's preference order, that defines every one of them), and that module's name. When no one module
+    has them all (GDN and KDA kernels together), each group of kernels a module has comes from the first
+    module that has it, and the names are joined."""
     names_by_module: dict[str, dict[str, str]] = {}
     for kernel in kernels:
         for src in kernel_sources(kernel, family=family):
             names_by_module.setdefault(src.reference_module, {})[kernel] = src.reference_name
+    if not any(all(k in names for k in kernels) for names in names_by_module.values()):
+        return _references_from_several(kernels, family)
     errors = []
     for module_name, names in names_by_module.items():
         if any(k not in names for k in kernels):
@@ -140,6 +151,25 @@ def torch_references(
     if not errors:
         errors.append(f"no model family calls all of {', '.join(kernels)}")
     raise RuntimeError("no transformers modeling module with the torch references: " + "; ".join(errors))
+
+
+def _references_from_several(kernels: Sequence[str], family: str | None) -> tuple[dict[str, Callable[..., Any]], str]:
+    found: dict[str, Callable[..., Any]] = {}
+    modules: list[str] = []
+    for kernel in kernels:
+        if kernel in found:
+            continue
+        sources = kernel_sources(kernel, family=family)
+        if not sources:
+            raise RuntimeError(f"no transformers modeling module with the torch references: no model family calls {kernel}")
+        module = sources[0].reference_module
+        # Everything this module offers of what is still wanted, so kernels used together share a module.
+        wanted = [k for k in kernels if k not in found and any(
+            s.reference_module == module for s in kernel_sources(k, family=family))]
+        refs, name = torch_references(wanted, family=family)
+        found.update(refs)
+        modules.append(name)
+    return found, ", ".join(modules)
 
 
 def kernel_gets_key_heads(chunk_reference: Callable[..., Any]) -> bool:

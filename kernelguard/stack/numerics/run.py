@@ -17,7 +17,7 @@ from kernelguard.resolution import lift_fla_hopper_refusal as _lift_refusal
 
 from . import references as lookup
 from .cases import exercise
-from .references import CHUNK, FLA_KERNELS, KERNELS, RECURRENT
+from .references import CHUNK, FLA_KERNELS, KERNELS
 from .results import REL_TOL, NumericsCase, NumericsReport
 from .shapes import GdnShape, plan_shapes, shapes_for_model
 
@@ -62,13 +62,14 @@ def run_numerics(
     if pin_autotune and device.startswith("cuda") and any(k in FLA_KERNELS for k in provs):
         run.notes.append(_pin_note())
     try:
-        refs, ref_module = lookup.torch_references(wanted, family=family)
+        refs, ref_module = lookup.torch_references([k for k in wanted if k in provs], family=family)
     except RuntimeError as exc:
         return run.early(provs, str(exc))
     key_heads = CHUNK not in refs or lookup.kernel_gets_key_heads(refs[CHUNK])
+    heads = ("key heads (GVA inside the kernel)" if key_heads else "value heads (repeated in the layer)")
     run.notes.append(
-        f"reference: {ref_module} (fp32, per packed segment); the layer passes q/k with "
-        + ("key heads (GVA inside the kernel)" if key_heads else "value heads (repeated in the layer)")
+        f"reference: {ref_module} (fp32, per packed segment)"
+        + (f"; the GDN layer passes q/k with {heads}" if CHUNK in refs else "")
     )
     plan = plan_shapes(list(shapes) if shapes is not None else shapes_for_model(config), run.notes)
     gen = torch.Generator().manual_seed(seed)  # inputs made on CPU: identical on every device
@@ -176,7 +177,7 @@ def _search_note() -> str | None:
 
 def slow_run_note(seconds: float, kernels: Sequence[str]) -> str | None:
     """Why a run was slow, when fla's Triton kernels were among those exercised and it took > 30 s."""
-    if seconds <= SLOW_RUN_S or not any(k in (CHUNK, RECURRENT) for k in kernels):
+    if seconds <= SLOW_RUN_S or not any(k in FLA_KERNELS for k in kernels):
         return None
     return (
         f"this run took {seconds:.0f} s: fla autotunes each Triton kernel the first time a process sees its shape "

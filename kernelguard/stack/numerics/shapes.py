@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kernelguard.resolution import field, gdn_dims, text_config
+from kernelguard.resolution import delta_rule_dims, field, text_config
 
 __all__ = [
     "PACKED_LAYOUT",
@@ -116,8 +116,8 @@ def _covers(model: GdnShape, generic: GdnShape) -> bool:
 
 
 def shapes_for_model(config: Any | None, *, generic: bool = True) -> list[GdnShape]:
-    """The model's own GDN geometry (heads, GVA ratio, head dims, conv width) in a padded-batch and a packed
-    layout, followed by :func:`generic_shapes` (key head dim 64 and 128) unless ``generic=False``.
+    """The model's own GDN (or KDA) geometry (heads, GVA ratio, head dims, conv width) in a padded-batch and a
+    packed layout, followed by :func:`generic_shapes` (key head dim 64 and 128) unless ``generic=False``.
 
     The generic key-dim-64 shapes make a stack that is wrong only at small head dims (fla issue 640) fail
     even for a model whose own head dim is 128; pass ``generic=False`` to judge the model's shapes alone."""
@@ -125,10 +125,11 @@ def shapes_for_model(config: Any | None, *, generic: bool = True) -> list[GdnSha
     if config is None:
         return extra
     text = text_config(config)
-    dims = gdn_dims(text)
+    dims = delta_rule_dims(text)
     if dims is None:
         raise ValueError(
             f"{type(text).__name__} has no gated-delta-net fields (linear_num_key_heads, linear_key_head_dim, ...)"
+            " and no Kimi-delta-attention fields (linear_num_heads, linear_head_dim)"
         )
     origin = field(text, "model_type") or type(text).__name__
     common: dict[str, Any] = {

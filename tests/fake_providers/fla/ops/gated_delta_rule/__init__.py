@@ -18,26 +18,29 @@ __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
 
 # Resolved once per name: torch.compile cannot trace the closure reading below, so a model is compiled only
 # after one eager forward has filled this.
-_REFERENCES: dict[str, Callable[..., Any]] = {}
+_REFERENCES: dict[tuple[str, str], Callable[..., Any]] = {}
+_QWEN3_5 = "transformers.models.qwen3_5.modeling_qwen3_5"
 
 
-def _reference(name: str) -> Callable[..., Any]:
-    found = _REFERENCES.get(name)
+def _reference(name: str, module: str = _QWEN3_5) -> Callable[..., Any]:
+    found = _REFERENCES.get((module, name))
     if found is None:
-        found = _REFERENCES[name] = _resolve_reference(name)
+        found = _REFERENCES[(module, name)] = _resolve_reference(name, module)
     return found
 
 
-def _resolve_reference(name: str) -> Callable[..., Any]:
+def _resolve_reference(name: str, module: str) -> Callable[..., Any]:
     # Imported at call time: transformers imports *this* module while decorating those very functions.
-    from transformers.models.qwen3_5 import modeling_qwen3_5
+    import importlib
+
+    modeling = importlib.import_module(module)
 
     # The undecorated torch function, never transformers' (or kernelguard's) wrapper. With an in-window
     # `kernels` (transformers 5.17 + kernels 0.16) the module attribute is a kernels Func module that
     # dispatches back to *this* fake: read the torch function out of the decorator's closure instead.
     from kernelguard.resolution.transformers_compat import unpack_closure
 
-    obj = getattr(modeling_qwen3_5, name)
+    obj = getattr(modeling, name)
     for candidate in (obj, inspect.unwrap(obj)):  # also behind a wrapper of our own (compile's opaque)
         closure = unpack_closure(candidate)
         if closure is not None:
