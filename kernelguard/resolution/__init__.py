@@ -94,6 +94,7 @@ __all__ = [
     "pin_command",
     "pin_for_this_gpu",
     "probe",
+    "local_kernels_repos",
     "probe_hub_kernel",
     "probe_hub_load",
     "probe_package",
@@ -173,7 +174,7 @@ _OFFERS = {
     ),
     "paste": ("command_lines", "corrected_command", "is_command", "with_corrected_command", "with_value_replaced"),
     "policy": ("AllowPolicy", "ATTENTION", "PACKED_WITHOUT_BOUNDARIES", "POLICY_ITEMS"),
-    "providers.hub": ("probe_hub_kernel",),
+    "providers.hub": ("local_kernels_repos", "probe_hub_kernel"),
     "providers.hub_layers": ("check_hub_layer", "variant_folder"),
     "providers.installed": ("PackageFacts", "probe_package"),
     "resolver": ("Resolution", "resolve", "Target"),
@@ -247,7 +248,7 @@ if TYPE_CHECKING:
         with_value_replaced,
     )
     from .policy import ATTENTION, PACKED_WITHOUT_BOUNDARIES, POLICY_ITEMS, AllowPolicy
-    from .providers.hub import probe_hub_kernel
+    from .providers.hub import local_kernels_repos, probe_hub_kernel
     from .providers.hub_layers import check_hub_layer, variant_folder
     from .providers.installed import PackageFacts, probe_package
     from .resolver import Resolution, Target, resolve

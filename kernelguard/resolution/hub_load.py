@@ -161,7 +161,8 @@ def load_decision(load: HubLoad | None, *, use_hub: bool, hub_source: str, fix: 
         f"not verify publisher trust status`, a network failure, not a trust problem.{why}",
         "HF_HUB_OFFLINE=1 with the kernels in the local cache (downloaded where the Hub is reachable; `kernelguard "
         "check` with HF_HUB_OFFLINE=1 says whether they are there), or USE_HUB_KERNELS=NO (use_kernels=False) with "
-        "the pip kernels; trust_remote_code=True changes nothing here")
+        "the pip kernels. trust_remote_code=True only skips the trust request; the load's next Hub request (the "
+        "kernel's versions) fails the same way")
 
 
 def import_decision(error: str | None, version: str | None) -> Decision | None:

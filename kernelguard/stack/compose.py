@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -200,8 +199,9 @@ def _hub_target(env: Environment, capability: ComputeCapability | None) -> Any:
 def _with_reach(load: HubLoad, requirements: catalog.Requirements, target: Target) -> HubLoad:
     """``load`` with whether the Hub answers, asked (one bounded connection) only where the job's load would
     ask it: Hub kernels on, HF_HUB_OFFLINE off, a repository that LOCAL_KERNELS does not serve."""
-    local = {entry.split("=", 1)[0] for entry in os.environ.get("LOCAL_KERNELS", "").split(":") if "=" in entry}
-    repos = {req.hub.repo_id for req in requirements.kernels if req.hub is not None} - local
+    from kernelguard.resolution import local_kernels_repos
+
+    repos = {req.hub.repo_id for req in requirements.kernels if req.hub is not None} - local_kernels_repos()
     if not target.use_hub or not repos or offline_setting(("HF_HUB_OFFLINE",)):
         return load
     return replace(load, unreachable=unreachable_hub())

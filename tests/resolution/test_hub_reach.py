@@ -63,7 +63,8 @@ def test_check_predicts_the_load_that_cannot_reach_the_hub_with_the_fixes_that_w
     assert said.endswith(
         "Fix: HF_HUB_OFFLINE=1 with the kernels in the local cache (downloaded where the Hub is reachable; "
         "`kernelguard check` with HF_HUB_OFFLINE=1 says whether they are there), or USE_HUB_KERNELS=NO "
-        "(use_kernels=False) with the pip kernels; trust_remote_code=True changes nothing here")
+        "(use_kernels=False) with the pip kernels. trust_remote_code=True only skips the trust request; the load's "
+        "next Hub request (the kernel's versions) fails the same way")
 
 
 def test_the_hub_is_not_asked_offline_or_for_local_kernels_and_an_answering_hub_is_fine(

@@ -27,8 +27,8 @@ from check_helpers import (
 )
 
 from kernelguard.errors import ConfigError
-from kernelguard.resolution import discovery
-from kernelguard.resolution.catalog import HubRepo
+from kernelguard.resolution import catalog, discovery
+from kernelguard.resolution.catalog import HubRepo, ModelSpec
 from kernelguard.resolution.providers.hub import HubKernelProbe, VariantVerdict
 from kernelguard.resolution.resolver import (
     ACCEPTED,
@@ -792,3 +792,17 @@ def _verdict(ok: bool) -> KernelVerdict:
 def test_resolution_ok_truth_table(oks: tuple[bool, ...], expected: bool) -> None:
     res = Resolution(TRAIN, H200, tuple(_verdict(ok) for ok in oks), notes=("a note",), unchecked=("x",))
     assert res.ok is expected  # notes and unchecked items never change the verdict
+
+
+def test_kda_families_have_a_key_head_dim_for_the_known_issues() -> None:
+    """Kimi delta attention's q and k share ``linear_head_dim``: the fla-640 rows (decided by the key head dim)
+    apply to ``chunk_kda`` as they do to GDN's kernel, from the family default or from a config.json."""
+    family = discovery.resolve_model("kimi_linear")
+    version = discovery.transformers_source().version
+    default = catalog.requirements(family, "training", packed=True, transformers_version=version)
+    assert "chunk_kda" in [k.kernel for k in default.kernels]
+    assert (default.key_head_dim, default.key_head_dim_source) == (128, "default of kimi_linear's config class")
+    config = ModelSpec(family.family, {"model_type": "kimi_linear", "linear_num_heads": 8, "linear_head_dim": 64},
+                       "config.json")
+    small = catalog.requirements(config, "training", packed=True, transformers_version=version)
+    assert (small.key_head_dim, small.key_head_dim_source) == (64, "linear_head_dim in config.json")

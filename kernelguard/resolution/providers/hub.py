@@ -41,6 +41,7 @@ __all__ = [
     "HubKernelProbe",
     "HubTarget",
     "VariantVerdict",
+    "local_kernels_repos",
     "probe_hub_kernel",
 ]
 
@@ -98,6 +99,19 @@ def probe_hub_kernel(
         return _probe(kernels, repo_id, target, local_path, trusted, revision, version)
     except Exception as exc:  # noqa: BLE001 - kernels internals drift between releases; report, never raise
         return _empty_probe(repo_id, trusted, f"kernels failed while resolving {repo_id}: {exc!r}.")
+
+
+def local_kernels_repos() -> frozenset[str]:
+    """The repositories ``LOCAL_KERNELS`` serves from a folder, read with the installed kernels' own parser
+    (the one ``get_kernel`` uses); empty when it is unset, kernels is missing or rejects it (nothing served)."""
+    raw = os.environ.get("LOCAL_KERNELS")
+    if raw is None:
+        return frozenset()
+    try:
+        kernels = import_kernels()
+        return frozenset(kernels.parse_local_kernels(raw)) if kernels.parse_local_kernels else frozenset()
+    except Exception:  # noqa: BLE001 - no kernels, or a value it rejects: no repository is served locally
+        return frozenset()
 
 
 def _probe(
