@@ -12,11 +12,13 @@ __all__ = [
     "ALL_LATEST_VAR",
     "ATTENTION",
     "BOUNDARY_KEYWORDS",
+    "BOUNDARY_PARAMS",
     "CLI",
     "CU_SEQ_LENS_K",
     "CU_SEQ_LENS_Q",
     "DISTRIBUTION",
     "FALLBACK",
+    "FamilySupport",
     "FLA_1077_GRID_LIMIT",
     "FLA_REFUSAL_FLAG",
     "HUB",
@@ -66,6 +68,8 @@ __all__ = [
     "estimated_params",
     "extra_command",
     "family_of_model_type",
+    "packing_support",
+    "family_table",
     "field",
     "file_kind",
     "fix_alternatives",
@@ -85,6 +89,7 @@ __all__ = [
     "kernels_funcs",
     "kernels_version_window",
     "layer_types",
+    "model_type",
     "lift_fla_hopper_refusal",
     "lift_for_accepted_issues",
     "load_pins",
@@ -156,14 +161,17 @@ _OFFERS = {
         "GdnDims",
         "kda_dims",
         "layer_types",
+        "model_type",
         "text_config",
     ),
     "hub_load": ("ALL_LATEST_VAR", "probe_hub_load", "resolve_use_hub"),
     "hub_reach": ("OFFLINE_VARIABLES", "hub_endpoint", "offline_setting", "unreachable_hub"),
     "install": ("DISTRIBUTION", "extra_command", "fla_backend_command", "pin_command"),
     "known_issues": ("by_id", "FLA_1077_GRID_LIMIT", "KNOWN_ISSUES"),
+    "family_support": ("FamilySupport", "packing_support", "family_table"),
     "packed_batch": (
         "BOUNDARY_KEYWORDS",
+        "BOUNDARY_PARAMS",
         "boundary_arguments",
         "CU_SEQ_LENS_K",
         "CU_SEQ_LENS_Q",
@@ -224,14 +232,17 @@ if TYPE_CHECKING:
         gdn_dims,
         kda_dims,
         layer_types,
+        model_type,
         text_config,
     )
     from .hub_load import ALL_LATEST_VAR, probe_hub_load, resolve_use_hub
     from .hub_reach import OFFLINE_VARIABLES, hub_endpoint, offline_setting, unreachable_hub
     from .install import DISTRIBUTION, extra_command, fla_backend_command, pin_command
     from .known_issues import FLA_1077_GRID_LIMIT, KNOWN_ISSUES, by_id
+    from .family_support import FamilySupport, family_table, packing_support
     from .packed_batch import (
         BOUNDARY_KEYWORDS,
+        BOUNDARY_PARAMS,
         CU_SEQ_LENS_K,
         CU_SEQ_LENS_Q,
         IGNORE_INDEX,

@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "BOUNDARY_KEYWORDS",
+    "BOUNDARY_PARAMS",
     "CU_SEQ_LENS_K",
     "CU_SEQ_LENS_Q",
     "IGNORE_INDEX",
@@ -32,6 +33,16 @@ CU_SEQ_LENS_Q, CU_SEQ_LENS_K = "cu_seq_lens_q", "cu_seq_lens_k"
 MAX_LENGTH_Q, MAX_LENGTH_K = "max_length_q", "max_length_k"
 SEQ_IDX = "seq_idx"
 BOUNDARY_KEYWORDS = (CU_SEQ_LENS_Q, CU_SEQ_LENS_K, MAX_LENGTH_Q, MAX_LENGTH_K, SEQ_IDX)
+
+# Kernel -> (the kernel's boundary parameter, the batch keyword transformers feeds it from): the kernels whose
+# way of keeping packed examples apart kernelguard knows. causal_conv1d_fn's own parameter has the keyword's name.
+BOUNDARY_PARAMS: dict[str, tuple[str, str]] = {
+    "chunk_gated_delta_rule": ("cu_seqlens", CU_SEQ_LENS_Q),
+    "fused_recurrent_gated_delta_rule": ("cu_seqlens", CU_SEQ_LENS_Q),
+    "chunk_kda": ("cu_seqlens", CU_SEQ_LENS_Q),
+    "fused_recurrent_kda": ("cu_seqlens", CU_SEQ_LENS_Q),
+    "causal_conv1d_fn": (SEQ_IDX, SEQ_IDX),
+}
 
 # What kernelguard train hands the model from a packed block (the loss takes the labels itself).
 MODEL_INPUT_KEYWORDS = ("input_ids", "position_ids", *BOUNDARY_KEYWORDS)

@@ -14,22 +14,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kernelguard.resolution import CU_SEQ_LENS_Q, SEQ_IDX, AllowPolicy, is_decode_only, transformers_calls
+from kernelguard.resolution import BOUNDARY_PARAMS, AllowPolicy, is_decode_only, transformers_calls
 from kernelguard.resolution import transformers_compat as compat
 from kernelguard.runtime.layer_guard import is_attention_layer
 
 __all__ = ["BOUNDARY_PARAMS", "GdnBoundaries", "decoder_stacks", "gdn_boundaries"]
-
-# Kernel -> (the kernel's boundary parameter, the batch keyword transformers feeds it from).
-# causal_conv1d_fn's own parameter has the batch keyword's name.
-BOUNDARY_PARAMS: dict[str, tuple[str, str]] = {
-    "chunk_gated_delta_rule": ("cu_seqlens", CU_SEQ_LENS_Q),
-    "fused_recurrent_gated_delta_rule": ("cu_seqlens", CU_SEQ_LENS_Q),
-    "chunk_kda": ("cu_seqlens", CU_SEQ_LENS_Q),
-    "fused_recurrent_kda": ("cu_seqlens", CU_SEQ_LENS_Q),
-    "causal_conv1d_fn": (SEQ_IDX, SEQ_IDX),
-}
-
 
 @dataclass(frozen=True, slots=True)
 class GdnBoundaries:

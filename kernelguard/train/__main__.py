@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 from kernelguard.errors import (
@@ -192,7 +193,7 @@ def _early_checks(cfg: Any, *, launching: bool) -> None:
     and renders the first rows. Rank 0's preflight checks all of it again (cheap, and no rank should start for a
     run that will be refused)."""
     from .startup.input_check import check_inputs_early, check_row_formats
-    from .startup.startup_checks import check_environment, check_flags, check_inputs, check_paths
+    from .startup.startup_checks import check_environment, check_flags, check_inputs, check_model_family, check_paths
 
     check_environment()
     if cfg.checkpoint.dry_run:
@@ -200,10 +201,26 @@ def _early_checks(cfg: Any, *, launching: bool) -> None:
     check_flags(cfg)
     check_inputs(cfg)
     check_paths(cfg)
+    config = _config_json(cfg.model.model)
+    if config is not None:  # an unreadable one is preflight's to explain
+        check_model_family(config, model=str(cfg.model.model), packing=cfg.packing.packing)
     launched = bool(os.environ.get("KERNELGUARD_LAUNCH_DIR"))  # how rows of other names are read: said once
     check_row_formats(cfg, say=lambda line: None if launched else print_rank0(f"kernelguard train: {line}"))
     if launching:
         check_inputs_early(cfg)
+
+
+def _config_json(model: Any) -> dict[str, Any] | None:
+    """``--model``'s config.json as a dict (no transformers import), None when there is none to read."""
+    import json
+
+    path = Path(model)
+    path = path / "config.json" if path.is_dir() else path
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return raw if isinstance(raw, dict) else None
 
 
 def _train(cfg: Any) -> int:

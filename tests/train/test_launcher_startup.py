@@ -174,3 +174,26 @@ def test_tens_of_thousands_of_layers_are_refused_before_they_are_built(
                  str(assets["data"]), "--output-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "num_hidden_layers is 50,000; kernelguard train builds at most 1,024" in err
+
+
+def test_a_family_whose_layers_cannot_keep_packed_examples_apart_is_refused_by_name(
+    assets: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Kimi-Linear's layer hands chunk_kda the batch's keywords as they are (cu_seq_lens_q, not cu_seqlens): a
+    packed row would leak state. Refused before anything is built or written, with the one flag that trains it."""
+    from transformers import AutoConfig
+
+    if "kimi_linear" not in __import__("kernelguard.resolution", fromlist=["discovery"]).discovery.families():
+        pytest.skip("this transformers has no kimi_linear")
+    folder = tmp_path / "kimi"
+    folder.mkdir()
+    AutoConfig.for_model("kimi_linear").to_json_file(str(folder / "config.json"))
+    argv = _argv(assets, tmp_path / "out")
+    argv[argv.index(str(assets["model"]))] = str(folder)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (f"kernelguard train: error: --model {folder}: kernelguard train packs examples into one row, and "
+            "kimi_linear cannot be packed: transformers' layer does not pass `cu_seqlens` to `chunk_kda`, so its "
+            "state runs on from one packed example into the next.") in err
+    assert "Fix: kernelguard train" in err and "--packing none" in err.split("Fix:")[1]
+    assert not (tmp_path / "out").exists()

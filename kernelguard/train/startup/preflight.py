@@ -31,6 +31,7 @@ from .startup_checks import (
     check_environment,
     check_flags,
     check_inputs,
+    check_model_family,
     check_model_size,
     check_paths,
     check_profile_window,
@@ -83,6 +84,7 @@ def preflight(cfg: TrainConfig, *, world_size: int) -> StartPlan:
     check_profile_window(cfg)  # after the paths: a --profile-trace under a file is the first thing to fix
     config, _ = model_source(cfg.model.model)
     check_model_size(config, model=str(cfg.model.model))
+    check_model_family(config, model=str(cfg.model.model), packing=cfg.packing.packing)
     weights, notice = weights_to_load(cfg.model.model, init=cfg.model.init)
     check_output(cfg.checkpoint.output_dir, need_bytes=checkpoint_bytes_estimate(config, weights))
     identity = run_identity(cfg, world_size=world_size, model_config=config)

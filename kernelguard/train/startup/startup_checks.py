@@ -22,6 +22,7 @@ __all__ = [
     "check_environment",
     "check_flags",
     "check_inputs",
+    "check_model_family",
     "check_model_size",
     "check_paths",
     "check_profile_window",
@@ -102,6 +103,26 @@ def check_model_size(config: Any, *, model: str) -> None:
             f"--model {model}: num_hidden_layers is {layers:,}; kernelguard train builds at most {MAX_LAYERS:,} "
             "(no released model comes close; building this many would take minutes before anything is said): "
             "check num_hidden_layers in the config (and layer_types, which lists one type per layer).",
+        )
+
+
+def check_model_family(config: Any, *, model: str, packing: str) -> None:
+    """Refuse, before anything is built, to pack a family whose layers cannot keep packed examples apart
+    (:func:`kernelguard.resolution.packing_support`); ``--packing none`` trains it on padded batches."""
+    from kernelguard.resolution import discovery, family_of_model_type, model_type, packing_support
+
+    from ..settings.packing_modes import PACKED
+
+    family = family_of_model_type(model_type(config))
+    if packing != PACKED or family is None:  # no fast kernels: attention only, whose varlen path the guard checks
+        return
+    support = packing_support(discovery.families()[family])
+    if not support.packs:
+        raise ConfigError(
+            f"--model {model}: kernelguard train packs examples into one row, and {family} cannot be packed: "
+            f"{support.packed_problem}. Padded batches (--packing none) have nothing to keep apart; the families it "
+            "packs are listed in docs/families.md.",
+            fix="--packing none",
         )
 
 

@@ -1,0 +1,78 @@
+"""Which model families ``kernelguard train`` packs, and why not the others: one answer per catalog family.
+
+A packed row keeps its examples apart only where every kernel a layer runs in training is handed the row's
+boundaries: the delta-rule kernels ``cu_seqlens`` (from ``cu_seq_lens_q``), the conv ``seq_idx``
+(:data:`~kernelguard.resolution.packed_batch.BOUNDARY_PARAMS`). Read from the modeling source (ast, nothing
+imported), so the answer follows the installed transformers: a release whose layer starts passing the boundary
+makes its family packable with no change here. The same table renders docs/families.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .catalog import Family, is_decode_only
+from .packed_batch import BOUNDARY_PARAMS
+from .transformers_calls import call_shape
+
+__all__ = ["FamilySupport", "family_table", "packing_support"]
+
+
+@dataclass(frozen=True, slots=True)
+class FamilySupport:
+    """One family: the kernels it needs in training and, when a packed row would leak, why."""
+
+    family: str
+    model_types: tuple[str, ...]
+    kernels: tuple[str, ...]  # training kernels (decode-only ones left out)
+    packed_problem: str | None  # None: kernelguard train packs it
+
+    @property
+    def packs(self) -> bool:
+        return self.packed_problem is None
+
+
+def packing_support(family: Family) -> FamilySupport:
+    """Whether a packed row of ``family``'s examples stays apart in every layer kernel that carries state."""
+    kernels = tuple(k for k in family.kernels if not is_decode_only(k.kernel))
+    problems = []
+    for req in kernels:
+        if req.kernel not in BOUNDARY_PARAMS:
+            problems.append(f"kernelguard cannot check that `{req.kernel}` keeps packed examples apart (no boundary "
+                            "parameter it knows)")
+            continue
+        param, keyword = BOUNDARY_PARAMS[req.kernel]
+        shape = call_shape(family.source, req.call_site)
+        if shape is not None and param not in shape.keywords and not (shape.spreads and keyword == param):
+            problems.append(f"transformers' layer does not pass `{param}` to `{req.kernel}`, so its state runs on "
+                            "from one packed example into the next")
+    problem = "; ".join(dict.fromkeys(problems)) or None
+    return FamilySupport(family.name, family.model_types, tuple(dict.fromkeys(k.kernel for k in kernels)), problem)
+
+
+def family_table(families: dict[str, Family], transformers_version: str) -> str:
+    """docs/families.md: every family with fast kernels in this transformers, and whether train packs it."""
+    lines = [
+        "# Model families with fast kernels",
+        "",
+        f"Generated from transformers {transformers_version} by `python -m kernelguard.resolution.family_support`"
+        " (the list `kernelguard check --model`, its errors and `kernelguard train` share). `check`, `guard()`,"
+        " the pytest plugin and the callback judge every family below; `kernelguard train` packs the families"
+        " marked yes and refuses the others by name (train them with `--packing none`).",
+        "",
+        "| family | model types | kernels in training | `kernelguard train` packs it |",
+        "|---|---|---|---|",
+    ]
+    for name in sorted(families):
+        s = packing_support(families[name])
+        verdict = "yes" if s.packs else f"no: {s.packed_problem}"
+        lines.append(f"| {name} | {', '.join(s.model_types)} | {', '.join(s.kernels)} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover - writes the docs table
+    import sys
+
+    from .discovery import families, transformers_source
+
+    sys.stdout.write(family_table(families(), transformers_source().version))

@@ -1,0 +1,70 @@
+"""Which families ``kernelguard train`` packs (kernelguard.resolution.family_support): read from the modeling
+source of the installed transformers; the docs table is generated from the same list."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kernelguard.resolution import discovery, family_table, packing_support
+from kernelguard.resolution.catalog import Family, KernelRequirement
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _family(tmp_path: Path, call: str, kernel: str = "chunk_kda") -> Family:
+    """A made-up family whose layer forward calls its kernel's decorated function as ``call`` says."""
+    source = tmp_path / "modeling_made_up.py"
+    source.write_text(
+        "def chunk_made_up(q, k, v, **kwargs):\n    return q\n\n\n"
+        "class MadeUpLayer:\n    def forward(self, q, k, v, **kwargs):\n"
+        f"        return {call}\n"
+    )
+    req = KernelRequirement(kernel, "chunk_made_up", "fla", "fla.ops.kda", None)
+    return Family("made_up", ("made_up",), (req,), True, False, 64, str(source))
+
+
+@pytest.mark.parametrize(("call", "packs"), [
+    ("chunk_made_up(q, k, v, cu_seqlens=kwargs.pop('cu_seq_lens_q', None))", True),
+    ("chunk_made_up(q, k, v, **kwargs)", False),  # the batch's cu_seq_lens_q reaches the kernel under its own name
+    ("chunk_made_up(q, k, v)", False),
+])
+def test_a_family_packs_only_when_its_layer_hands_the_kernel_the_boundary(
+    tmp_path: Path, call: str, packs: bool
+) -> None:
+    support = packing_support(_family(tmp_path, call))
+    assert support.packs is packs
+    if not packs:
+        assert support.packed_problem == ("transformers' layer does not pass `cu_seqlens` to `chunk_kda`, so its "
+                                          "state runs on from one packed example into the next")
+
+
+def test_a_kernel_kernelguard_knows_no_boundary_for_is_not_packed(tmp_path: Path) -> None:
+    support = packing_support(_family(tmp_path, "chunk_made_up(q, k, v, seq_idx=1)", kernel="mamba_chunk_scan_combined"))
+    assert support.packed_problem == ("kernelguard cannot check that `mamba_chunk_scan_combined` keeps packed "
+                                      "examples apart (no boundary parameter it knows)")
+
+
+def test_the_installed_families_as_transformers_ships_them() -> None:
+    families = discovery.families()
+    for name in ("qwen3_5", "qwen3_next", "qwen3_5_moe"):
+        assert packing_support(families[name]).packs, name
+    if "kimi_linear" in families:  # its layer spreads **kwargs: the kernel gets cu_seq_lens_q, not cu_seqlens
+        problem = packing_support(families["kimi_linear"]).packed_problem
+        assert problem is not None and "`cu_seqlens` to `chunk_kda`" in problem
+    if "mamba2" in families:
+        problem = packing_support(families["mamba2"]).packed_problem
+        assert problem is not None and "`mamba_chunk_scan_combined`" in problem
+
+
+def test_docs_table_is_generated_from_the_one_list() -> None:
+    text = (ROOT / "docs" / "families.md").read_text(encoding="utf-8")
+    version = re.search(r"Generated from transformers (\S+) by", text)
+    assert version is not None
+    installed = discovery.transformers_source().version
+    if installed != version.group(1):
+        pytest.skip(f"docs/families.md is for transformers {version.group(1)}; this is {installed}")
+    assert text == family_table(discovery.families(), installed), (
+        "regenerate: python -m kernelguard.resolution.family_support > docs/families.md")
