@@ -14,9 +14,11 @@ _FAMILIES: dict[str, tuple[str, str, str]] = {
     "qwen3_5": ("transformers.models.qwen3_5", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
     "qwen3_next": ("transformers.models.qwen3_next", "Qwen3NextConfig", "Qwen3NextForCausalLM"),
     "qwen3_5_moe": ("transformers.models.qwen3_5_moe", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
+    # Kimi delta attention (chunk_kda) + MLA attention + MoE: the family kernelguard train does not pack
+    "kimi_linear": ("transformers.models.kimi_linear", "KimiLinearConfig", "KimiLinearForCausalLM"),
 }
 
-FAMILIES = tuple(_FAMILIES)
+FAMILIES = ("qwen3_5", "qwen3_next", "qwen3_5_moe")  # the GDN families
 
 _COMMON: dict[str, Any] = {
     "vocab_size": 256,
@@ -44,6 +46,35 @@ _MOE: dict[str, Any] = {
 }
 
 
+# Kimi-Linear's own fields (no GDN ones: a config is read as GDN when it has linear_num_key_heads).
+_KIMI: dict[str, Any] = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "linear_num_heads": 4,
+    "linear_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_token": 2,
+    "max_position_embeddings": 512,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "use_cache": False,
+    "tie_word_embeddings": False,
+}
+
+
 def _classes(family: str) -> tuple[type, type]:
     try:
         package, config_name, model_name = _FAMILIES[family]
@@ -56,7 +87,7 @@ def _classes(family: str) -> tuple[type, type]:
 def tiny_config(family: str, **overrides: Any) -> Any:
     """A config with hidden 64, vocab 256, 4 layers (3 linear_attention + 1 full_attention)."""
     config_cls, _ = _classes(family)
-    values = dict(_COMMON)
+    values = dict(_KIMI if family == "kimi_linear" else _COMMON)
     if family in ("qwen3_next", "qwen3_5_moe"):
         values.update(_MOE)
     values.update(overrides)

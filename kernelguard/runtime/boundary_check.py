@@ -17,7 +17,7 @@ from kernelguard.resolution import (
     AllowPolicy,
     allow_hint,
 )
-from kernelguard.runtime.boundary_facts import GdnBoundaries
+from kernelguard.runtime.boundary_facts import LAYER_DOES_NOT_PASS, GdnBoundaries
 from kernelguard.runtime.registry import REGISTRY, log_once
 from kernelguard.runtime.segments import (
     RowSegments,
@@ -224,8 +224,12 @@ class BoundaryCheck:
             f"kernelguard: {first}{more} got a packed row of {examples} examples (by its {source}) but "
             f"{gets}: recurrent and conv state would carry from each example into the next. {WRONG}"
         )
+        # A layer that never hands its kernel the boundary (Kimi-Linear's chunk_kda) is not mended by a collator.
+        unpassable = [why for _, why in missing if why.startswith(LAYER_DOES_NOT_PASS)]
+        fix = ("padded batches (padding_free=False, no DataCollatorWithFlattening): the model's own layer drops "
+               "the boundary, which no collator can mend" if unpassable else FIX)
         return PackedWithoutBoundariesError(
-            message, fix=f"{FIX}; or {self._allow_fix}", layer=first, examples=examples,
+            message, fix=f"{fix}; or {self._allow_fix}", layer=first, examples=examples,
             missing=tuple(p for p, _ in missing),
             details={"layers": list(self.facts.layers), "source": source, "kind": "missing"},
         )

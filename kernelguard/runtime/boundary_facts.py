@@ -18,7 +18,9 @@ from kernelguard.resolution import BOUNDARY_PARAMS, AllowPolicy, is_decode_only,
 from kernelguard.resolution import transformers_compat as compat
 from kernelguard.runtime.layer_guard import is_attention_layer
 
-__all__ = ["BOUNDARY_PARAMS", "GdnBoundaries", "decoder_stacks", "gdn_boundaries"]
+__all__ = ["BOUNDARY_PARAMS", "LAYER_DOES_NOT_PASS", "GdnBoundaries", "decoder_stacks", "gdn_boundaries"]
+
+LAYER_DOES_NOT_PASS = "transformers' layer does not pass"  # how a reason the batch cannot mend begins
 
 @dataclass(frozen=True, slots=True)
 class GdnBoundaries:
@@ -65,7 +67,7 @@ def _layer_passes(site: compat.GlobalSite, param: str) -> str | None:
     keyword = BOUNDARY_PARAMS[site.closure.kernel][1]
     if shape.spreads and keyword == param:
         return None
-    return f"transformers' layer does not pass `{param}` to `{site.closure.kernel}`"
+    return f"{LAYER_DOES_NOT_PASS} `{param}` to `{site.closure.kernel}`"
 
 
 def gdn_boundaries(layers: Iterable[tuple[str, Any]], policy: AllowPolicy, *, mode: str = "training") -> GdnBoundaries:
