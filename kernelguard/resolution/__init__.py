@@ -20,6 +20,7 @@ __all__ = [
     "FALLBACK",
     "FamilySupport",
     "FLA_1077_GRID_LIMIT",
+    "FLA_SWITCHES",
     "FLA_REFUSAL_FLAG",
     "HUB",
     "IGNORE_INDEX",
@@ -31,6 +32,7 @@ __all__ = [
     "PACKAGE",
     "PACKAGES",
     "PACKED_REFERENCE",
+    "PACKED_ROWS",
     "PACKED_WITHOUT_BOUNDARIES",
     "POLICY_ITEMS",
     "PYTHON",
@@ -109,6 +111,7 @@ __all__ = [
     "saved_dataset",
     "search_note",
     "split_fix",
+    "switch_notes",
     "text_config",
     "transformers_calls",
     "transformers_compat",
@@ -168,7 +171,8 @@ _OFFERS = {
     "hub_reach": ("OFFLINE_VARIABLES", "hub_endpoint", "offline_setting", "unreachable_hub"),
     "install": ("DISTRIBUTION", "extra_command", "fla_backend_command", "pin_command"),
     "known_issues": ("by_id", "FLA_1077_GRID_LIMIT", "KNOWN_ISSUES"),
-    "family_support": ("FamilySupport", "packing_support", "family_table"),
+    "family_support": ("FamilySupport", "packing_support", "family_table", "PACKED_ROWS"),
+    "fla_switches": ("FLA_SWITCHES", "switch_notes"),
     "packed_batch": (
         "BOUNDARY_KEYWORDS",
         "BOUNDARY_PARAMS",
@@ -239,7 +243,8 @@ if TYPE_CHECKING:
     from .hub_reach import OFFLINE_VARIABLES, hub_endpoint, offline_setting, unreachable_hub
     from .install import DISTRIBUTION, extra_command, fla_backend_command, pin_command
     from .known_issues import FLA_1077_GRID_LIMIT, KNOWN_ISSUES, by_id
-    from .family_support import FamilySupport, family_table, packing_support
+    from .family_support import PACKED_ROWS, FamilySupport, family_table, packing_support
+    from .fla_switches import FLA_SWITCHES, switch_notes
     from .packed_batch import (
         BOUNDARY_KEYWORDS,
         BOUNDARY_PARAMS,

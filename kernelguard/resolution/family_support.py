@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .catalog import Family, is_decode_only
+from .catalog import Family, Requirements, is_decode_only
+from .decisions import FALLBACK, Decision
 from .packed_batch import BOUNDARY_PARAMS
 from .transformers_calls import call_shape
 
-__all__ = ["FamilySupport", "family_table", "packing_support"]
+__all__ = ["PACKED_ROWS", "FamilySupport", "family_table", "packed_rows_decision", "packing_support"]
+
+PACKED_ROWS = "packed_rows"  # the Decision.kernel of a packed row's boundaries: not a kernel, the layers' calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,23 @@ def packing_support(family: Family) -> FamilySupport:
                             "from one packed example into the next")
     problem = "; ".join(dict.fromkeys(problems)) or None
     return FamilySupport(family.name, family.model_types, tuple(dict.fromkeys(k.kernel for k in kernels)), problem)
+
+
+def packed_rows_decision(requirements: Requirements, *, allowed: bool) -> Decision | None:
+    """For packed training of a family that cannot keep packed examples apart: the one fallback there is (a
+    leaking row), selected only when ``packed-without-boundaries`` is allowed; None for any other job."""
+    if not requirements.packed or requirements.mode != "training":
+        return None
+    support = packing_support(requirements.family)
+    if support.packs:
+        return None
+    return Decision(
+        PACKED_ROWS, f"transformers' {support.family} layers", "reference", FALLBACK,
+        f"{support.packed_problem}: a packed row's examples are not kept apart and the results are wrong"
+        + ("; explicitly allowed by --allow packed-without-boundaries." if allowed else
+           " (accept it with --allow packed-without-boundaries)."),
+        "padded batches (kernelguard check --no-packed; padding_free=False or no DataCollatorWithFlattening)",
+    )
 
 
 def family_table(families: dict[str, Family], transformers_version: str) -> str:

@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 from .decisions import REJECTED, Decision
-from .facts import HubLoad
+from .facts import Facts, HubLoad
+from .versions import base_version, version_in
 
 __all__ = [
     "ALL_LATEST_VAR",
@@ -29,6 +30,7 @@ __all__ = [
     "hub_notes",
     "import_decision",
     "kernels_hub_status",
+    "kernels_outside_window",
     "load_decision",
     "load_error_sentence",
     "probe_hub_load",
@@ -192,3 +194,13 @@ def kernels_hub_status() -> str | None:
         return None
     return f"Kernel Hub off: kernels {installed} is outside transformers' accepted range" + \
         (f" [{low}, {high})" if low and high else "")
+
+
+def kernels_outside_window(facts: Facts) -> str | None:
+    """The one place the kernels version window is judged (transformers reads it from import_utils)."""
+    window, version = facts.kernels_window, facts.env.version_of("kernels")
+    if not window or not version or version_in(base_version(version), f">={window[0]},<{window[1]}"):
+        return None
+    return (f"kernels {version} is outside [{window[0]}, {window[1]}), the range this transformers accepts, so "
+            "is_kernels_available() is False and from_pretrained(use_kernels=True) raises ValueError: Kernels are "
+            "not available")  # 5.17 through 5.25 alike; said only when the job loads with use_kernels=True

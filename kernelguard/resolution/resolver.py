@@ -14,8 +14,9 @@ from .capability import ComputeCapability, parse_all
 from .catalog import PACKED_REFERENCE, VARLEN_ATTENTION, KernelRequirement, Requirements
 from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
 from .facts import Facts, PackageFacts
+from .family_support import PACKED_ROWS, packed_rows_decision
 from .fla_backend import backward_for
-from .hub_load import hub_notes, import_decision, load_decision
+from .hub_load import hub_notes, import_decision, kernels_outside_window, load_decision
 from .install import cuda_torch_command, install_command, upgrade_command
 from .known_issues import KNOWN_ISSUES, KnownIssue
 from .policy import AllowPolicy
@@ -153,7 +154,7 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
                 and not target.allow.allows_issue(issue.id):
             return Decision(req.kernel, label, "hub", REJECTED, _issue_sentence(issue, allowed=False),
                             _install_fix("kernels", facts, Target()), (issue.id,))
-    outside = _kernels_outside_window(facts)
+    outside = kernels_outside_window(facts)
     if outside:
         return rejected(f"{outside}.", _install_fix("kernels", facts, Target()))
     probe = facts.hub.get(req.hub.repo_id)
@@ -419,18 +420,8 @@ def _resolve_attention(facts: Facts, target: Target, unchecked: list[str]) -> Ke
     return _finish(VARLEN_ATTENTION, candidates, allowed_fallback=allowed)
 
 
-def _kernels_outside_window(facts: Facts) -> str | None:
-    """The one place the kernels version window is judged (transformers reads it from import_utils)."""
-    window, version = facts.kernels_window, facts.env.version_of("kernels")
-    if not window or not version or _version_in(_base_version(version), f">={window[0]},<{window[1]}"):
-        return None
-    return (f"kernels {version} is outside [{window[0]}, {window[1]}), the range this transformers accepts, so "
-            "is_kernels_available() is False and from_pretrained(use_kernels=True) raises ValueError: Kernels are "
-            "not available")  # 5.17 through 5.25 alike; said only when the job loads with use_kernels=True
-
-
 def _global_notes(facts: Facts, target: Target, load_error: Decision | None) -> list[str]:
-    outside = _kernels_outside_window(facts) if target.use_hub and load_error is None else None
+    outside = kernels_outside_window(facts) if target.use_hub and load_error is None else None
     notes = [f"known issue kernels-version: {outside}; fix: {_install_fix('kernels', facts, Target())}"] if outside else []
     notes += hub_notes(facts.hub_load, use_hub=target.use_hub, source=target.hub_source)
     if facts.env.torch_error:
@@ -449,6 +440,9 @@ def resolve(facts: Facts, requirements: Requirements, target: Target) -> Resolut
     verdicts = [_resolve_kernel(req, facts, target, requirements, unchecked) for req in requirements.kernels]
     if requirements.needs_varlen_attention:
         verdicts.append(_resolve_attention(facts, target, unchecked))
+    leak = packed_rows_decision(requirements, allowed=target.allow.allows_packed_without_boundaries())
+    if leak is not None:
+        verdicts.append(_finish(PACKED_ROWS, [leak], allowed_fallback=target.allow.allows_packed_without_boundaries()))
     if not target.archs:
         unchecked.insert(0, "no GPU visible and no --arch given: GPU-arch checks and arch-specific known issues "
                             "were skipped (pass --arch 9.0 for an H100/H200 target)")

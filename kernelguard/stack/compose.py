@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -300,8 +301,17 @@ def run_check(options: CheckOptions) -> CheckResult:
         fla_backends=_probe_fla_backends(requirements, packages, target, env, spec),
     )
     resolution = resolve(facts, requirements, target)
+    resolution = replace(resolution, notes=(*resolution.notes, *_fla_switch_notes(resolution)))
     numerics = _run_numerics(resolution, spec, env, target) if options.run else None
     return CheckResult(options, env, resolution, spec.origin, numerics, facts=facts, spec=spec)
+
+
+def _fla_switch_notes(resolution: Resolution) -> list[str]:
+    """What the fla switches set here change, for the kernels fla serves (a FLA_* variable is read at import)."""
+    from kernelguard.resolution import switch_notes
+
+    served = [v.kernel for v in resolution.verdicts if v.selected is not None and v.selected.provider.startswith("fla")]
+    return switch_notes(os.environ, served) if served else []
 
 
 def _probe_fla_backends(requirements: catalog.Requirements, packages: dict[str, PackageFacts], target: Target,

@@ -35,6 +35,7 @@ from kernelguard.resolution import (
     ALLOWED,
     CLI,
     FALLBACK,
+    PACKED_ROWS,
     REJECTED,
     SELECTED,
     SKIPPED,
@@ -203,7 +204,8 @@ def render(result: CheckResult, *, syntax: str = CLI, width: int | None = None) 
         elif verdict.ok:
             head = "OK    torch reference, explicitly allowed"
         else:
-            head = "FAIL  no fast provider: the torch reference path would run"
+            head = ("FAIL  packed examples would run into each other: wrong results" if verdict.kernel == PACKED_ROWS
+                    else "FAIL  no fast provider: the torch reference path would run")
         lines.append(wrap_text(f"{verdict.kernel:<34} {head}", 0, columns, hanging=35))
         for decision in verdict.candidates:
             lines.append(wrap_text(f"{_MARKS[decision.status]}  {decision.provider}", 2, columns, hanging=14))
@@ -237,7 +239,8 @@ def _verdict(result: CheckResult) -> str:
     allowed = [v.kernel for v in res.verdicts if v.ok and v.selected is not None and v.selected.kind == "reference"]
     if failing:
         return (
-            f"verdict: FAIL - {len(failing)} of {len(res.verdicts)} required kernels would run a slow fallback: "
+            f"verdict: FAIL - {len(failing)} of {len(res.verdicts)} required kernels would run a slow fallback"
+            f"{' or mix packed examples' if PACKED_ROWS in failing else ''}: "
             f"{', '.join(failing)} (exit 1)"
         )
     if result.numerics is not None and not result.numerics.ok:
