@@ -18,6 +18,7 @@ __all__ = [
     "CU_SEQ_LENS_Q",
     "DISTRIBUTION",
     "FALLBACK",
+    "FetchedRepo",
     "FamilySupport",
     "FLA_1077_GRID_LIMIT",
     "FLA_SWITCHES",
@@ -41,6 +42,7 @@ __all__ = [
     "SEARCH_CACHE_VARIABLE",
     "SELECTED",
     "SEQ_IDX",
+    "SOURCE_NOT_AVAILABLE",
     "SKIPPED",
     "VARLEN_ATTENTION",
     "AllowPolicy",
@@ -66,6 +68,7 @@ __all__ = [
     "corrected_command",
     "dangling_link",
     "discovery",
+    "download_command",
     "distribution_version",
     "estimated_params",
     "extra_command",
@@ -101,6 +104,9 @@ __all__ = [
     "pin_command",
     "pin_for_this_gpu",
     "probe",
+    "kernels_cache_dir",
+    "load_repos",
+    "load_repos_isolated",
     "local_kernels_repos",
     "probe_hub_kernel",
     "probe_hub_load",
@@ -186,7 +192,8 @@ _OFFERS = {
     ),
     "paste": ("command_lines", "corrected_command", "is_command", "with_corrected_command", "with_value_replaced"),
     "policy": ("AllowPolicy", "ATTENTION", "PACKED_WITHOUT_BOUNDARIES", "POLICY_ITEMS"),
-    "providers.hub": ("local_kernels_repos", "probe_hub_kernel"),
+    "providers.hub": ("kernels_cache_dir", "local_kernels_repos", "probe_hub_kernel", "SOURCE_NOT_AVAILABLE"),
+    "hub_fetch": ("FetchedRepo", "download_command", "load_repos", "load_repos_isolated"),
     "providers.hub_layers": ("check_hub_layer", "variant_folder"),
     "providers.installed": ("PackageFacts", "probe_package"),
     "resolver": ("Resolution", "resolve", "Target"),
@@ -264,7 +271,8 @@ if TYPE_CHECKING:
         with_value_replaced,
     )
     from .policy import ATTENTION, PACKED_WITHOUT_BOUNDARIES, POLICY_ITEMS, AllowPolicy
-    from .providers.hub import local_kernels_repos, probe_hub_kernel
+    from .hub_fetch import FetchedRepo, download_command, load_repos, load_repos_isolated
+    from .providers.hub import SOURCE_NOT_AVAILABLE, kernels_cache_dir, local_kernels_repos, probe_hub_kernel
     from .providers.hub_layers import check_hub_layer, variant_folder
     from .providers.installed import PackageFacts, probe_package
     from .resolver import Resolution, Target, resolve

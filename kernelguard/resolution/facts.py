@@ -240,6 +240,10 @@ class HubLoad:
     kernels_core: bool = False  # transformers requires kernels itself (5.25+), not through an extra
     all_latest: str | None = None  # UNSTABLE_KERNELS_ALL_LATEST as set, when kernels reads it as on
     unreachable: str | None = None  # why the Hub cannot be reached, where the load would ask it (hub_reach)
+    # HF_HUB_OFFLINE: the repositories the load fetches (both modes) that the local cache lacks, as "repo (ref)",
+    # and the one command that downloads every one the load fetches
+    offline_missing: tuple[str, ...] = ()
+    offline_download: str | None = None
 
     @property
     def env_off(self) -> bool:

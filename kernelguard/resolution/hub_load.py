@@ -18,10 +18,14 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .decisions import REJECTED, Decision
 from .facts import Facts, HubLoad
 from .versions import base_version, version_in
+
+if TYPE_CHECKING:
+    from .catalog import HubRepo
 
 __all__ = [
     "ALL_LATEST_VAR",
@@ -33,6 +37,7 @@ __all__ = [
     "kernels_outside_window",
     "load_decision",
     "load_error_sentence",
+    "no_variant_fix",
     "probe_hub_load",
     "resolve_use_hub",
     "transformers_package_devices",
@@ -154,6 +159,8 @@ def load_decision(load: HubLoad | None, *, use_hub: bool, hub_source: str, fix: 
     sentence = load_error_sentence(load) if load.default_on else None
     if sentence is not None:
         return Decision(LOAD, "from_pretrained(use_kernels=True)", "hub", REJECTED, f"{sentence}.{why}", fix)
+    if load.offline_missing:
+        return _offline_decision(load, why)
     if load.unreachable is None:
         return None
     return Decision(
@@ -165,6 +172,17 @@ def load_decision(load: HubLoad | None, *, use_hub: bool, hub_source: str, fix: 
         "check` with HF_HUB_OFFLINE=1 says whether they are there), or USE_HUB_KERNELS=NO (use_kernels=False) with "
         "the pip kernels. trust_remote_code=True only skips the trust request; the load's next Hub request (the "
         "kernel's versions) fails the same way")
+
+
+def _offline_decision(load: HubLoad, why: str) -> Decision:
+    first = load.offline_missing[0].split(" ")[0]
+    return Decision(
+        LOAD, "from_pretrained(use_kernels=True)", "hub", REJECTED,
+        "the load fetches the Hub kernels every layer of this model names, for inference (it loads in eval mode) "
+        "and again for training, and HF_HUB_OFFLINE=1 allows only the local cache, which lacks "
+        f"{', '.join(load.offline_missing)}: from_pretrained raises `ValueError: Version ... of '{first}' is not "
+        f"available in the local cache and Hugging Face Hub is in offline mode`.{why}",
+        f"{load.offline_download}   (run where the Hub is reachable; or USE_HUB_KERNELS=NO with the pip kernels)")
 
 
 def import_decision(error: str | None, version: str | None) -> Decision | None:
@@ -204,3 +222,13 @@ def kernels_outside_window(facts: Facts) -> str | None:
     return (f"kernels {version} is outside [{window[0]}, {window[1]}), the range this transformers accepts, so "
             "is_kernels_available() is False and from_pretrained(use_kernels=True) raises ValueError: Kernels are "
             "not available")  # 5.17 through 5.25 alike; said only when the job loads with use_kernels=True
+
+
+def no_variant_fix(hub: HubRepo, probe: Any) -> str:
+    """The fix of a Hub candidate no build variant of which loads: nothing in the offline cache (providers.hub's
+    "not available offline"): its download; else builds for other systems only: the pip kernels."""
+    repo, ref = hub.repo_id, f"v{hub.version}" if hub.version is not None else hub.revision or "main"
+    if probe.source == "not available offline" and probe.location:
+        return (f"hf download {repo} --repo-type kernel --revision {ref} --cache-dir {probe.location}   "
+                f"(run where the Hub is reachable; or set LOCAL_KERNELS={repo}=PATH)")
+    return f"USE_HUB_KERNELS=NO with the pip kernels  (or set LOCAL_KERNELS={repo}=PATH to a build for this system)"

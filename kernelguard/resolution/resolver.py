@@ -16,7 +16,7 @@ from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
 from .facts import Facts, PackageFacts
 from .family_support import PACKED_ROWS, packed_rows_decision
 from .fla_backend import backward_for
-from .hub_load import hub_notes, import_decision, kernels_outside_window, load_decision
+from .hub_load import hub_notes, import_decision, kernels_outside_window, load_decision, no_variant_fix
 from .install import cuda_torch_command, install_command, upgrade_command
 from .known_issues import KNOWN_ISSUES, KnownIssue
 from .policy import AllowPolicy
@@ -170,10 +170,7 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
         where = f"{probe.source}" + (f" at {probe.location}" if probe.location else "")
         detail = f" Variants: {rejections}." if rejections else ""
         note = f" {probe.note}" if probe.note else ""
-        return rejected(
-            f"no build variant matches this system ({where}).{detail}{note}",
-            f"kernels download {req.hub.repo_id}  (or set LOCAL_KERNELS={req.hub.repo_id}=PATH)",
-        )
+        return rejected(f"no build variant matches this system ({where}).{detail}{note}", no_variant_fix(req.hub, probe))
     layer = facts.hub_layers.get(req.kernel)
     if layer is not None and layer.problem is not None:
         note = f" ({layer.note})" if layer.note else ""

@@ -208,6 +208,32 @@ def _with_reach(load: HubLoad, requirements: catalog.Requirements, target: Targe
     return replace(load, unreachable=unreachable_hub())
 
 
+def _with_offline_cache(load: HubLoad, spec: catalog.ModelSpec, target: Target) -> HubLoad:
+    """``load`` with the repositories it fetches that the offline cache lacks: asked only where the load fetches
+    from the cache alone (Hub kernels on, HF_HUB_OFFLINE on); a repository LOCAL_KERNELS serves is there."""
+    if not target.use_hub or not offline_setting(("HF_HUB_OFFLINE",)):
+        return load
+    from kernelguard.resolution import (
+        SOURCE_NOT_AVAILABLE,
+        download_command,
+        kernels_cache_dir,
+        load_repos_isolated,
+        local_kernels_repos,
+        probe_hub_kernel,
+    )
+
+    repos = load_repos_isolated(spec.config or {"model_type": spec.family.model_types[0]})
+    if not repos:  # none fetched, or the model could not be built: the per-kernel probes still say what they can
+        return load
+    local = local_kernels_repos()
+    missing = [f"{r.repo_id} ({r.ref})" for r in repos if r.repo_id not in local and probe_hub_kernel(
+        r.repo_id, revision=r.revision, version=r.version, allow_untrusted=True).source == SOURCE_NOT_AVAILABLE]
+    if not missing:
+        return load
+    return replace(load, offline_missing=tuple(missing),
+                   offline_download=download_command(repos, str(kernels_cache_dir())))
+
+
 def _probe_hub(requirements: catalog.Requirements, target: Target, env: Environment, load: HubLoad
                ) -> dict[str, Any]:
     if not target.use_hub:
@@ -287,7 +313,7 @@ def run_check(options: CheckOptions) -> CheckResult:
     window = discovery.kernels_version_window(source)
     hub_load = probe_hub_load(source.root, source.version, window, env.version_of("kernels"))
     target = _target(options, env, hub_load)
-    hub_load = _with_reach(hub_load, requirements, target)
+    hub_load = _with_offline_cache(_with_reach(hub_load, requirements, target), spec, target)
     hub = _probe_hub(requirements, target, env, hub_load)
     facts = Facts(
         env=env,

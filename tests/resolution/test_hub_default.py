@@ -220,9 +220,13 @@ def test_cli_in_window_kernels_stand_in_loads_and_lists_the_hub_first(tmp_path: 
     window = discovery.kernels_version_window()
     assert window is not None
     site = _kernels_stand_in(tmp_path, window[0])
-    data = kg_json(*ALLOW_ALL, "--no-packed", cwd=tmp_path, rc=0, pythonpath=(site, REPO))
+    # 5.25+ loads Hub kernels by default, and offline (the suite's default) with an empty cache that load raises
+    data = kg_json(*ALLOW_ALL, "--no-packed", cwd=tmp_path, rc=1 if HUB_DEFAULT else 0, pythonpath=(site, REPO))
     assert data["environment"]["packages"]["kernels"]["value"] == window[0]
-    assert data["load_error"] is None
+    load = data["load_error"]
+    assert (load is None) is not HUB_DEFAULT
+    assert load is None or ("HF_HUB_OFFLINE=1 allows only the local cache" in load["reason"]
+                            and "outside" not in load["reason"])
     chunk = next(k for k in data["kernels"] if k["kernel"] == "chunk_gated_delta_rule")
     first = chunk["candidates"][0]
     assert first["kind"] == "hub" and first["provider"].startswith("hub kernels-community/fla")

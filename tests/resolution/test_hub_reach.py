@@ -71,9 +71,14 @@ def test_the_hub_is_not_asked_offline_or_for_local_kernels_and_an_answering_hub_
     monkeypatch: pytest.MonkeyPatch, closed: int, listening: int
 ) -> None:
     """The controls: the same closed port, with the load not asking it; and a Hub that answers."""
-    from kernelguard.resolution import discovery
+    from transformers import AutoConfig
 
-    assert _load_error(monkeypatch, closed, HF_HUB_OFFLINE="1") is None
+    from kernelguard.resolution import discovery, load_repos
+
+    # offline, every repository the load fetches served from a folder: nothing to ask, nothing missing
+    fetched = sorted({r.repo_id for r in load_repos(AutoConfig.for_model("qwen3_5"))})
+    assert _load_error(monkeypatch, closed, HF_HUB_OFFLINE="1",
+                       LOCAL_KERNELS=":".join(f"{r}=/nowhere" for r in fetched)) is None
     repos = {k.hub.repo_id for k in discovery.resolve_model("qwen3_5").family.kernels if k.hub is not None}
     assert _load_error(monkeypatch, closed, LOCAL_KERNELS=":".join(f"{r}=/nowhere" for r in sorted(repos))) is None
     assert _load_error(monkeypatch, listening) is None

@@ -585,9 +585,8 @@ def test_hub_without_matching_variant_lists_kernels_reasons() -> None:
         "torch213-cxx11-cu130-x86_64-linux: Rejected by kernels: backend (cu130) does not match selected backend "
         "(cu128)."
     )
-    assert hub.fix == (
-        "kernels download kernels-community/fla  (or set LOCAL_KERNELS=kernels-community/fla=PATH)"
-    )
+    assert hub.fix == ("USE_HUB_KERNELS=NO with the pip kernels  (or set LOCAL_KERNELS=kernels-community/fla=PATH "
+                       "to a build for this system)")
 
 
 def test_hub_variant_reasons_end_with_one_period() -> None:

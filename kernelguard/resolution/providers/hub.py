@@ -41,6 +41,7 @@ __all__ = [
     "HubKernelProbe",
     "HubTarget",
     "VariantVerdict",
+    "kernels_cache_dir",
     "local_kernels_repos",
     "probe_hub_kernel",
 ]
@@ -204,6 +205,11 @@ def _from_local_kernels(kernels: KernelsRelease, repo_id: str) -> _Location:
         return _Location(SOURCE_LOCAL_KERNELS, None)
     notes = [] if path.is_dir() else [f"LOCAL_KERNELS maps {repo_id} to {path}, which does not exist."]
     return _Location(SOURCE_LOCAL_KERNELS, path, notes=notes)
+
+
+def kernels_cache_dir() -> Path:
+    """The folder kernels reads its Hub cache from."""
+    return _cache_dir()
 
 
 def _cache_dir() -> Path:
