@@ -528,3 +528,41 @@ def test_the_probe_option_fails_a_test_whose_kernel_ignores_its_boundaries(
                                  "example, differs from the packed run from model.layers.1 (linear attention) on*"])
     inner.makeini("[pytest]\nkernelguard_probe = true\n")
     inner.runpytest("--kernelguard", "--kernelguard-allow", "attention").assert_outcomes(failed=1)
+
+
+KDA_FAMILY_TEST = """
+import pytest
+import torch
+import tiny_models
+
+KDA = ["chunk_kda", "causal_conv1d_fn", "attention"]
+IDS = torch.randint(0, 256, (1, 8))
+BOUNDED = {"position_ids": torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]]),
+           "cu_seq_lens_q": torch.tensor([0, 3, 8], dtype=torch.int32),
+           "cu_seq_lens_k": torch.tensor([0, 3, 8], dtype=torch.int32), "max_length_q": 5, "max_length_k": 5,
+           "seq_idx": torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]], dtype=torch.int32)}
+
+@pytest.mark.kernelguard(allow=KDA)
+def test_kda_padded():
+    tiny_models.tiny_model("kimi_linear")(IDS)
+
+@pytest.mark.kernelguard(allow=KDA)
+def test_kda_packed_with_every_boundary():
+    tiny_models.tiny_model("kimi_linear")(IDS, **BOUNDED)
+"""
+
+
+def test_a_kda_family_packed_row_fails_with_the_layers_own_reason(inner: pytest.Pytester) -> None:
+    """Kimi-Linear under the plugin: a padded forward passes; a packed row carrying every boundary keyword fails,
+    because transformers' layer hands chunk_kda none of them (the same check as guard(), in pytest's terms)."""
+    pytest.importorskip("transformers.models.kimi_linear")
+    inner.makepyfile(KDA_FAMILY_TEST)
+    result = inner.runpytest("--kernelguard", "-v")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*::test_kda_packed_with_every_boundary FAILED*"])
+    text = result.stdout.str()
+    assert ("its gated-delta kernels get no `cu_seqlens` (transformers' layer does not pass `cu_seqlens` to "
+            "`chunk_kda`)") in text
+    assert ("Fix: padded batches (padding_free=False, no DataCollatorWithFlattening): the model's own layer drops "
+            "the boundary, which no collator can mend; or accept it explicitly with "
+            "@pytest.mark.kernelguard(allow=['packed-without-boundaries'])") in text
