@@ -263,3 +263,31 @@ def test_a_declared_python_dependency_that_does_not_import_is_refused_with_its_i
     (stub / "einops.py").write_text("")
     monkeypatch.syspath_prepend(str(stub))
     assert hub_candidate().status in ("selected", "accepted")
+
+
+def test_a_zip_build_is_read_in_place_when_kernels_cannot_be_asked(tmp_path: Path) -> None:
+    """kernels 0.19's "zip" layout: the package is ``<id>.zip`` beside metadata.json, no layers.py on disk. The
+    source reading finds the layer inside the archive (it said "no `layers` module" before); the control: the
+    same archive without the class is refused by name."""
+    import zipfile
+
+    broken = "raise OSError('libcudart.so.12: cannot open shared object file')\n"
+
+    def zipped(body: str, where: Path) -> Path:
+        folder = _variant(where, GOOD_GDN, init=broken)
+        layers = (folder / "layers.py").read_text()
+        (folder / "layers.py").unlink()
+        with zipfile.ZipFile(folder / "demo.zip", "w") as archive:
+            archive.writestr("__init__.py", broken)
+            archive.writestr("layers.py", layers if body == "good" else layers.replace(
+                "class chunk_gated_delta_rule", "class Other"))
+        return folder
+
+    good = check_hub_layer("chunk_gated_delta_rule", "kernels-community/fla", "chunk_gated_delta_rule",
+                           zipped("good", tmp_path / "a"), GDN_CALL, packed=True, reference=GDN_REF)
+    assert good.problem is None and good.judged_by == "kernelguard's reading of the variant's source"
+    assert good.file is not None and good.file.endswith("demo.zip/layers.py")
+    other = check_hub_layer("chunk_gated_delta_rule", "kernels-community/fla", "chunk_gated_delta_rule",
+                            zipped("other", tmp_path / "b"), GDN_CALL, packed=True, reference=GDN_REF)
+    assert other.problem == ("check 1 (the layer exists) failed: the variant's `layers` (layers.py) has no layer "
+                             "`chunk_gated_delta_rule` (it defines: Other)")

@@ -23,8 +23,10 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..facts import HubLayerCheck
 from ..packed_batch import BOUNDARY_KEYWORDS
@@ -128,13 +130,15 @@ def _describe(kernel: str, call: CallShape, spread: tuple[str, ...]) -> str:
 def _rel(file: Path, folder: Path) -> str:
     try:
         return str(file.relative_to(folder.parent))
-    except ValueError:
+    except (ValueError, AttributeError):  # a file inside a ZIP build (zipfile.Path): its own path names it
         return str(file)
 
 
 def _layers_files(folder: Path) -> list[Path]:
-    """Where kernels' ``<variant>.layers`` would come from: the variant package, or one package folder in it."""
-    roots = [folder, *sorted(p for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").is_file())]
+    """Where kernels' ``<variant>.layers`` would come from: the variant package, one package folder in it, or
+    (kernels 0.19's "zip" build layout) the ``<id>.zip`` archive beside its metadata, read in place."""
+    roots: list[Any] = [folder, *sorted(p for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").is_file())]
+    roots += [zipfile.Path(z) for z in sorted(folder.glob("*.zip"))]
     for root in roots:
         for candidate in (root / "layers.py", root / "layers" / "__init__.py"):
             if candidate.is_file():
@@ -178,7 +182,7 @@ def _relative(file: Path, level: int, module: str | None) -> Path | None:
     for _ in range(level - 1):
         base = base.parent
     target = base.joinpath(*(module or "__init__").split("."))
-    for candidate in (target.with_suffix(".py"), target / "__init__.py"):
+    for candidate in (target.parent / f"{target.name}.py", target / "__init__.py"):  # zipfile.Path too
         if candidate.is_file():
             return candidate
     return None
