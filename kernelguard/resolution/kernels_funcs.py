@@ -74,15 +74,34 @@ def serving_func(func_module: Any, copies: Iterable[Any] = ()) -> Any | None:
 
 
 def hub_kernel_of(func: Any) -> str:
-    """``repo@revision`` of the Hub kernel a kernelized Func runs (``<module>.<class>@unknown`` if not cached)."""
+    """``repo@revision`` of the Hub kernel a kernelized Func runs (``<module>.<class>@unknown`` if not cached):
+    kernels' public ``get_kernelized_layers`` (0.18+) asked about the Func itself, else its layer cache."""
     impl = _kernelized_forward(func)
-    layer_module = kernels_layer_module()
-    for repo, cls in dict(getattr(layer_module, "_CACHED_LAYER", None) or {}).items():
-        if getattr(cls, "forward", None) is impl:
-            repo_id = getattr(repo, "repo_id", None) or getattr(repo, "_repo_id", None) or str(repo)
-            revision = getattr(repo, "revision", None) or getattr(repo, "_revision", None) or "unknown"
-            return f"{repo_id}@{revision}"
+    repo = _public_repo(func)
+    if repo is None:
+        layer_module = kernels_layer_module()
+        cached = dict(getattr(layer_module, "_CACHED_LAYER", None) or {})
+        repo = next((r for r, cls in cached.items() if getattr(cls, "forward", None) is impl), None)
+    if repo is not None:
+        repo_id = getattr(repo, "repo_id", None) or getattr(repo, "_repo_id", None) or str(repo)
+        version = getattr(repo, "_version", None)
+        revision = getattr(repo, "revision", None) or getattr(repo, "_revision", None) or (
+            f"v{version}" if version is not None else "unknown")
+        return f"{repo_id}@{revision}"
     return f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}@unknown"
+
+
+def _public_repo(func: Any) -> Any | None:
+    """The repository kernels' ``get_kernelized_layers`` reports for ``func`` (a module of its own: its root)."""
+    kernels = sys.modules.get("kernels")
+    getter = getattr(kernels, "get_kernelized_layers", None)
+    if getter is None:
+        return None
+    try:
+        layer = getter(func).layers.get("")
+    except Exception:  # noqa: BLE001 - an older or odd kernels: the layer cache answers instead
+        return None
+    return getattr(layer, "repo", None)
 
 
 def _kernelized_forward(func: Any) -> Any | None:

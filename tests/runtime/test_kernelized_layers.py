@@ -116,3 +116,25 @@ def test_kernelized_after_arming_the_calls_are_served_not_refused(
         else:
             with pytest.raises(KernelFallbackError, match="causal_conv1d_fn"):
                 model(_ids())
+
+
+def test_the_hub_kernel_of_a_func_comes_from_kernels_public_inspection() -> None:
+    """kernels 0.18+: ``get_kernelized_layers`` reports the repository kernelize() recorded on the Func; the
+    control: a Func with nothing recorded and nothing cached is ``@unknown``."""
+    kernels = pytest.importorskip("kernels")
+    if not hasattr(kernels, "get_kernelized_layers"):
+        pytest.skip(f"kernels {kernels.__version__} has no get_kernelized_layers")
+    from types import MethodType
+
+    from kernelguard.resolution.kernels_funcs import hub_kernel_of
+
+    class HubChunk(torch.nn.Module):
+        def forward(self, *args: object, **kwargs: object) -> str:
+            return "hub"
+
+    func = torch.nn.Module()
+    func.forward = MethodType(HubChunk.forward, func)
+    assert hub_kernel_of(func).endswith("HubChunk.forward@unknown")
+    func.__dict__["_kernel_repo"] = kernels.LayerRepository(
+        repo_id="kernels-community/fla", layer_name="chunk_gated_delta_rule", version=3)
+    assert hub_kernel_of(func) == "kernels-community/fla@v3"
