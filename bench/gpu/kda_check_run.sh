@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `kernelguard check --run` for a Kimi-delta-attention model (issue 53): fla's chunk_kda and causal-conv1d at
-# Kimi-Linear's geometry against transformers' torch reference, as a user runs it (the console script), cold and
+# Kimi-Linear's geometry against transformers' torch reference (padded batches: --no-packed, since kimi_linear's
+# layers cannot be packed; the kernel cases still include a packed varlen row), run as `python -m kernelguard`, cold and
 # then warm with --json; then the KDA GPU tests (real kernels and the per-head-decay control).
 #
 #   bash bench/gpu/kda_check_run.sh      # on the GPU machine, repository root, wheels in .whl/ (carried)
@@ -26,8 +27,9 @@ run() {  # NAME LIMIT_S CMD...: its output, rc and wall seconds
   local t0; t0=$(date +%s%N)
   timeout "$limit" "$@" > "$R/$name.out" 2> "$R/$name.err"; local rc=$?
   echo "{\"part\": \"$name\", \"rc\": $rc, \"wall_ms\": $(( ($(date +%s%N) - t0) / 1000000 ))}" >> "$R/parts.jsonl"
+  pack  # after every part: a call cut short still brings back what finished
 }
-run check_run_cold 280 "$PY" -m kernelguard check --run --model kimi_linear --allow fla-640-refusal
-run check_run_warm_json 150 "$PY" -m kernelguard check --run --model kimi_linear --allow fla-640-refusal --json
-run kda_gpu_tests 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/stack/test_numerics_kda.py -rA
+run check_run_cold 200 "$PY" -m kernelguard check --run --model kimi_linear --no-packed --allow fla-640-refusal
+run check_run_warm_json 60 "$PY" -m kernelguard check --run --model kimi_linear --no-packed --allow fla-640-refusal --json
+run kda_gpu_tests 100 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/stack/test_numerics_kda.py -rA
 cat "$R/parts.jsonl"

@@ -12,7 +12,10 @@ from kernelguard.resolution import FetchedRepo, download_command, load_repos
 
 
 def _repos(tiny: object) -> list[FetchedRepo]:
-    return load_repos(tiny.tiny_config("qwen3_5"))  # type: ignore[attr-defined]
+    try:
+        return load_repos(tiny.tiny_config("qwen3_5"))  # type: ignore[attr-defined]
+    except ImportError as exc:  # transformers defines its mapping only with kernels installed (5.17)
+        pytest.skip(str(exc))
 
 
 def test_a_qwen3_5_load_fetches_its_gdn_and_conv_kernels_in_both_modes_and_more_for_inference(tiny: object) -> None:

@@ -76,7 +76,10 @@ def test_the_hub_is_not_asked_offline_or_for_local_kernels_and_an_answering_hub_
     from kernelguard.resolution import discovery, load_repos
 
     # offline, every repository the load fetches served from a folder: nothing to ask, nothing missing
-    fetched = sorted({r.repo_id for r in load_repos(AutoConfig.for_model("qwen3_5"))})
+    try:
+        fetched = sorted({r.repo_id for r in load_repos(AutoConfig.for_model("qwen3_5"))})
+    except ImportError:  # no Kernel Hub mapping without kernels (transformers 5.17): the load fetches nothing
+        fetched = []
     assert _load_error(monkeypatch, closed, HF_HUB_OFFLINE="1",
                        LOCAL_KERNELS=":".join(f"{r}=/nowhere" for r in fetched)) is None
     repos = {k.hub.repo_id for k in discovery.resolve_model("qwen3_5").family.kernels if k.hub is not None}

@@ -92,6 +92,10 @@ def test_gdn_and_kda_kernels_together_take_each_reference_from_its_own_family(
 )
 def test_shapes_for_kda_configs_use_the_linear_attention_geometry(family: str, heads: Any, dim: Any) -> None:
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if family not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers has no {family}")
 
     config = AutoConfig.for_model(family)
     text = config.get_text_config()
