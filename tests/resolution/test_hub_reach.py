@@ -71,15 +71,11 @@ def test_the_hub_is_not_asked_offline_or_for_local_kernels_and_an_answering_hub_
     monkeypatch: pytest.MonkeyPatch, closed: int, listening: int
 ) -> None:
     """The controls: the same closed port, with the load not asking it; and a Hub that answers."""
-    from transformers import AutoConfig
+    from kernelguard.resolution import discovery, load_repos_isolated
 
-    from kernelguard.resolution import discovery, load_repos
-
-    # offline, every repository the load fetches served from a folder: nothing to ask, nothing missing
-    try:
-        fetched = sorted({r.repo_id for r in load_repos(AutoConfig.for_model("qwen3_5"))})
-    except ImportError:  # no Kernel Hub mapping without kernels (transformers 5.17): the load fetches nothing
-        fetched = []
+    # offline, every repository the load fetches served from a folder: nothing to ask, nothing missing. Asked as
+    # check asks it (a child process); None: no Kernel Hub mapping without kernels (5.17), nothing is fetched.
+    fetched = sorted({r.repo_id for r in load_repos_isolated({"model_type": "qwen3_5"}) or []})
     assert _load_error(monkeypatch, closed, HF_HUB_OFFLINE="1",
                        LOCAL_KERNELS=":".join(f"{r}=/nowhere" for r in fetched)) is None
     repos = {k.hub.repo_id for k in discovery.resolve_model("qwen3_5").family.kernels if k.hub is not None}
