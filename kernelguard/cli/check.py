@@ -73,6 +73,7 @@ def check_options(args: argparse.Namespace) -> object:
         packed=args.packed if args.packed is not None else defaults.get("packed"),
         hub=args.hub if args.hub is not None else defaults.get("hub"),
         run=getattr(args, "run", False),
+        hub_repos=bool(getattr(args, "write_lock", None)),
         arch_source="--arch" if args.arch else "arch in [tool.kernelguard] of pyproject.toml",
     )
 

@@ -48,7 +48,10 @@ def _lock(args: argparse.Namespace) -> int:
     if Path(args.output).is_dir():  # refused before the check runs, not as IsADirectoryError after it
         raise ConfigError(f"--output {args.output} is a directory; the lock is written to a file.",
                           fix=f"--output {Path(args.output) / 'kernelguard.lock'}")
-    result = run_check(check_options(args))  # type: ignore[arg-type]
+    from dataclasses import replace
+
+    # the lock records every Hub repository the load fetches, with the commit this image's cache holds
+    result = run_check(replace(check_options(args), hub_repos=True))  # type: ignore[type-var]
     if not result.ok:  # a lock of a stack that fails its own check would only pin the failure
         print_out(render(result))
         print(f"kernelguard lock: the check fails, so {args.output} was not written.", file=sys.stderr)

@@ -52,6 +52,7 @@ __all__ = [
     "Facts",
     "GdnDims",
     "HubLoad",
+    "FetchedHubRepo",
     "HubTarget",
     "PackageFacts",
     "Resolution",
@@ -150,7 +151,7 @@ _OFFERS = {
     ),
     "discovery": ("kernels_version_window", "transformers_source"),
     "env": ("distribution_version", "Environment", "probe", "with_gpus"),
-    "facts": ("Facts", "HubLoad", "HubTarget"),
+    "facts": ("FetchedHubRepo", "Facts", "HubLoad", "HubTarget"),
     "file_kinds": ("dangling_link", "file_kind", "saved_dataset"),
     "fla_autotune": (
         "fla_autotuners",
@@ -223,7 +224,7 @@ if TYPE_CHECKING:
     )
     from .discovery import kernels_version_window, transformers_source
     from .env import Environment, distribution_version, probe, with_gpus
-    from .facts import Facts, HubLoad, HubTarget
+    from .facts import Facts, FetchedHubRepo, HubLoad, HubTarget
     from .file_kinds import dangling_link, file_kind, saved_dataset
     from .fla_autotune import (
         SEARCH_CACHE_VARIABLE,

@@ -225,6 +225,16 @@ class HubLayerCheck:
     fix: str | None = None  # the command that removes ``problem``, when one does (a missing Python dependency)
 
 
+@dataclass(frozen=True, slots=True)
+class FetchedHubRepo:
+    """One repository a Hub-kernel load fetches: the ref kernels asks for and the commit the local cache holds for
+    it (None: not cached, or served by LOCAL_KERNELS)."""
+
+    repo_id: str
+    ref: str
+    commit: str | None
+
+
 _TRUE = ("1", "ON", "YES", "TRUE")  # transformers' ENV_VARS_TRUE_VALUES: anything else is false
 
 
@@ -244,6 +254,7 @@ class HubLoad:
     # and the one command that downloads every one the load fetches
     offline_missing: tuple[str, ...] = ()
     offline_download: str | None = None
+    fetched: tuple[FetchedHubRepo, ...] | None = None  # every repository the load fetches; None: not asked
 
     @property
     def env_off(self) -> bool:

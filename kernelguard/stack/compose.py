@@ -46,6 +46,7 @@ class CheckOptions:
     packed: bool | None = None  # default: packed for training
     hub: bool | None = None  # None: what the job's plain from_pretrained does (transformers 5.25+: Hub on)
     run: bool = False
+    hub_repos: bool = False  # list every Hub repository the load fetches, with its cached commit (a lock records them)
     arch_source: str = "--arch"  # where ``archs`` came from, as the report names it
 
 
@@ -203,18 +204,22 @@ def _with_reach(load: HubLoad, requirements: catalog.Requirements, target: Targe
     from kernelguard.resolution import local_kernels_repos
 
     repos = {req.hub.repo_id for req in requirements.kernels if req.hub is not None} - local_kernels_repos()
-    if not target.use_hub or not repos or offline_setting(("HF_HUB_OFFLINE",)):
+    if not target.use_hub or not load.kernels_usable or not repos or offline_setting(("HF_HUB_OFFLINE",)):
         return load
     return replace(load, unreachable=unreachable_hub())
 
 
-def _with_offline_cache(load: HubLoad, spec: catalog.ModelSpec, target: Target) -> HubLoad:
-    """``load`` with the repositories it fetches that the offline cache lacks: asked only where the load fetches
-    from the cache alone (Hub kernels on, HF_HUB_OFFLINE on); a repository LOCAL_KERNELS serves is there."""
-    if not target.use_hub or not offline_setting(("HF_HUB_OFFLINE",)):
+def _with_fetched(load: HubLoad, spec: catalog.ModelSpec, target: Target, *, record: bool) -> HubLoad:
+    """``load`` with every repository it fetches and the commit the local cache holds for each, asked where the
+    load fetches from the cache alone (HF_HUB_OFFLINE on: the ones it lacks, and the command that downloads them)
+    or where a lock records them (``record``); only where kernels loads at all. A repository LOCAL_KERNELS serves
+    is there, with no cached commit."""
+    offline = offline_setting(("HF_HUB_OFFLINE",))
+    if not target.use_hub or not load.kernels_usable or not (offline or record):
         return load
     from kernelguard.resolution import (
         SOURCE_NOT_AVAILABLE,
+        FetchedHubRepo,
         download_command,
         kernels_cache_dir,
         load_repos_isolated,
@@ -223,12 +228,18 @@ def _with_offline_cache(load: HubLoad, spec: catalog.ModelSpec, target: Target) 
     )
 
     repos = load_repos_isolated(spec.config or {"model_type": spec.family.model_types[0]})
-    if not repos:  # none fetched, or the model could not be built: the per-kernel probes still say what they can
+    if repos is None:  # the model could not be built: the per-kernel probes still say what they can
         return load
-    local = local_kernels_repos()
-    missing = [f"{r.repo_id} ({r.ref})" for r in repos if r.repo_id not in local and probe_hub_kernel(
-        r.repo_id, revision=r.revision, version=r.version, allow_untrusted=True).source == SOURCE_NOT_AVAILABLE]
-    if not missing:
+    local, fetched, missing = local_kernels_repos(), [], []
+    for repo in repos:
+        probe = None if repo.repo_id in local else probe_hub_kernel(
+            repo.repo_id, revision=repo.revision, version=repo.version, allow_untrusted=True)
+        cached = probe is not None and probe.source != SOURCE_NOT_AVAILABLE
+        fetched.append(FetchedHubRepo(repo.repo_id, repo.ref, probe.revision if cached and probe else None))
+        if probe is not None and not cached:
+            missing.append(f"{repo.repo_id} ({repo.ref})")
+    load = replace(load, fetched=tuple(fetched))
+    if not offline or not missing:
         return load
     return replace(load, offline_missing=tuple(missing),
                    offline_download=download_command(repos, str(kernels_cache_dir())))
@@ -313,7 +324,7 @@ def run_check(options: CheckOptions) -> CheckResult:
     window = discovery.kernels_version_window(source)
     hub_load = probe_hub_load(source.root, source.version, window, env.version_of("kernels"))
     target = _target(options, env, hub_load)
-    hub_load = _with_offline_cache(_with_reach(hub_load, requirements, target), spec, target)
+    hub_load = _with_fetched(_with_reach(hub_load, requirements, target), spec, target, record=options.hub_repos)
     hub = _probe_hub(requirements, target, env, hub_load)
     facts = Facts(
         env=env,

@@ -16,7 +16,6 @@ import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -32,24 +31,22 @@ from kernelguard.resolution import (
 
 from .compose import CheckOptions, CheckResult, run_check
 from .lock_arguments import rebuild_command, refuse_contradictions
+from .lock_file import ENV_LOCK, LOCK_SCHEMA, kernelguard_version, lock_option, lock_path, read_lock
+from .lock_hub import hub_repo_differences, hub_repo_entries
 
 __all__ = [
-    "Difference",
     "ENV_LOCK",
     "LOCK_SCHEMA",
+    "Difference",
     "build_lock",
-    "kernelguard_version",
     "compare",
+    "kernelguard_version",
     "lock_option",
     "lock_path",
     "read_lock",
     "verify_lock",
     "write_lock",
 ]
-
-LOCK_SCHEMA = 1
-ENV_LOCK = "KERNELGUARD_LOCK"
-DEFAULT_LOCK = "kernelguard.lock"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,30 +60,7 @@ class Difference:
         return f"{self.what}: lock says {self.locked}, here {self.here}; restore: {self.fix}"
 
 
-def lock_path(lock: str | os.PathLike[str] | None) -> str | None:
-    """The lock a job enforces: the one it names, else ``KERNELGUARD_LOCK`` (empty or unset: none)."""
-    if lock is not None and str(lock):
-        return str(lock)
-    return os.environ.get(ENV_LOCK, "").strip() or None
-
-
-def lock_option(lock: str | os.PathLike[str] | None, option: str) -> str:
-    """How an error names the lock's source: ``option`` (--lock, lock=) when it was given, else the variable."""
-    return option if lock is not None and str(lock) else ENV_LOCK
-
-
 # ------------------------------------------------------------------------------------------------ build ---
-def kernelguard_version() -> str:
-    try:
-        from kernelguard.resolution import DISTRIBUTION
-
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:  # a source checkout on PYTHONPATH
-        from importlib import import_module
-
-        return str(getattr(import_module("kernelguard"), "__version__", "unknown"))
-
-
 def _sha256(path: str) -> str | None:
     digest = hashlib.sha256()
     try:
@@ -203,6 +177,7 @@ def build_lock(result: CheckResult) -> dict[str, Any]:
         "kernels": _kernel_entries(result),
         "fla_backend": {arch: {"forward": b.forward, "backward": b.backward} for arch, b in backends.items()},
         "fla_autotune_pins": _pins(result),
+        **({"hub_repos": repos} if (repos := hub_repo_entries(result)) is not None else {}),
     }
 
 
@@ -225,41 +200,6 @@ def write_lock(result: CheckResult, path: str | os.PathLike[str]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
-
-
-def read_lock(path: str | os.PathLike[str], *, option: str = "--lock") -> dict[str, Any]:
-    where = Path(path)
-    rewrite = "write it again where the image is built: kernelguard lock --output kernelguard.lock"
-    named = f"{ENV_LOCK}={where}" if option == ENV_LOCK else f"{option} {where}"
-    try:
-        data = json.loads(where.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        fix = f"point {ENV_LOCK} at the image's lock file, or unset it" if option == ENV_LOCK else rewrite
-        raise ConfigError(f"{named}: no such file.", fix=fix) from None
-    except IsADirectoryError:
-        inside = where / DEFAULT_LOCK
-        if inside.is_file():  # the folder holds the lock: name it
-            fix = (f"export {ENV_LOCK}={inside}" if option == ENV_LOCK
-                   else f"{option}{str(inside)!r}" if option.endswith("=") else f"{option} {inside}")
-        else:  # never a path that does not exist
-            fix = (f"point {ENV_LOCK} at the image's lock file, or unset it" if option == ENV_LOCK
-                   else f"pass the lock file itself; {rewrite}")
-        raise ConfigError(f"{named} is a directory, not a lock file.", fix=fix) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{option} {where} is not a kernelguard lock: {exc}.", fix=rewrite) from None
-    if not isinstance(data, dict) or "kernelguard_lock" not in data:
-        raise ConfigError(f"{option} {where} is not a kernelguard lock (no kernelguard_lock field).", fix=rewrite)
-    if data["kernelguard_lock"] != LOCK_SCHEMA:
-        schema, writer = data["kernelguard_lock"], (data.get("stack") or {}).get("kernelguard")
-        newer = isinstance(schema, int) and schema > LOCK_SCHEMA
-        # A newer lock is the image's truth: install the kernelguard that wrote it, never rewrite it here.
-        fix = (pin_command("kernelguard", writer) if newer and isinstance(writer, str)
-               else "pip install --upgrade kernelguard" if newer else rewrite)
-        by = f", written by kernelguard {writer}" if isinstance(writer, str) else ""
-        raise ConfigError(
-            f"{option} {where} has lock schema {schema!r}{by}; this kernelguard ({kernelguard_version()}) reads "
-            f"schema {LOCK_SCHEMA}.", fix=fix)
-    return data
 
 
 # ---------------------------------------------------------------------------------------------- compare ---
@@ -382,6 +322,11 @@ def compare(locked: Mapping[str, Any], here: Mapping[str, Any], *, syntax: str =
             out.append(Difference(kernel, "no entry for it", _entry_text(has_k[kernel]),
                                   "write the lock again where the image is built (kernelguard lock --output FILE): "
                                   "a lock without this kernel's entry cannot say which build of it the image verified"))
+    from kernelguard.resolution import kernels_cache_dir
+
+    out += [Difference(*found) for found in hub_repo_differences(
+        locked.get("hub_repos"), here.get("hub_repos"), transformers=had_stack.get("transformers"),
+        cache_dir=str(kernels_cache_dir()))]
     had_b, has_b = locked.get("fla_backend", {}), here.get("fla_backend", {})
     for arch in had_b:
         a, b = had_b[arch], has_b.get(arch, {})
@@ -441,7 +386,7 @@ def verify_lock(
     options = CheckOptions(
         model=name, mode=str(model.get("mode", "training")), archs=tuple(locked.get("target_archs", [])),
         allow=tuple(locked.get("allow", [])) if allow is None else allow, packed=model.get("packed"),
-        hub=bool(model.get("hub", False)),
+        hub=bool(model.get("hub", False)), hub_repos="hub_repos" in locked,
     )
     result = run_check(options)
     differences = _gpu_differences(result, locked, name) + compare(locked, build_lock(result), syntax=syntax)

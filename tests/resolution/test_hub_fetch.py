@@ -36,9 +36,9 @@ def test_the_download_line_names_each_ref_and_the_cache() -> None:
         "hf download org/pinned --repo-type kernel --revision abc123 --cache-dir '/c ache'")
 
 
-def _cache(cache: Path, repo: FetchedRepo) -> None:
+def _cache(cache: Path, repo: FetchedRepo, commit: str = "c" * 40) -> None:
+    """``repo``'s ref in kernels' cache, pointing at ``commit`` (as `hf download --revision vN` leaves it)."""
     storage = cache / f"kernels--{repo.repo_id.replace('/', '--')}"
-    commit = "c" * 40
     (storage / "refs").mkdir(parents=True, exist_ok=True)
     (storage / "refs" / repo.ref).write_text(commit)
     (storage / "snapshots" / commit / "build" / "torch213-cxx11-cpu-x86_64-linux").mkdir(parents=True)
@@ -74,3 +74,31 @@ def test_online_or_without_hub_kernels_nothing_is_predicted_from_the_cache(
     data = kg_json("--model", "qwen3_5", "--no-hub", "--allow", "attention", cwd=tmp_path, rc=0,
                    pythonpath=(fake_providers,))
     assert data["load_error"] is None
+
+
+def test_a_lock_records_every_fetched_repository_and_refuses_a_cache_whose_branch_moved(
+    tmp_path: Path, fake_providers: Path, monkeypatch: pytest.MonkeyPatch, tiny: object
+) -> None:
+    """`kernelguard lock` with Hub kernels on records each repository the load fetches with the commit the image's
+    cache holds; `check --lock` on a cache where one vN branch now points elsewhere names that repository."""
+    from check_helpers import kg
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("KERNELS_CACHE", str(cache))
+    repos = _repos(tiny)
+    for repo in repos:
+        _cache(cache, repo)
+    made = kg("lock", "--model", "qwen3_5", "--hub", "--allow", "attention", "--output", "kg.lock", cwd=tmp_path,
+              pythonpath=(fake_providers,))
+    assert made.returncode == 0, made.stdout + made.stderr
+    import json
+
+    recorded = json.loads((tmp_path / "kg.lock").read_text())["hub_repos"]
+    assert recorded == [{"repo": r.repo_id, "ref": r.ref, "commit": "c" * 40} for r in repos]
+    same = kg("check", "--lock", "kg.lock", cwd=tmp_path, pythonpath=(fake_providers,))
+    assert same.returncode == 0, same.stdout + same.stderr  # the control: the image's own cache
+    _cache(cache, repos[-1], commit="d" * 40)  # the branch moved and the node downloaded it again
+    moved = kg("check", "--lock", "kg.lock", cwd=tmp_path, pythonpath=(fake_providers,))
+    assert moved.returncode != 0 and "Traceback" not in moved.stderr
+    assert (f"Hub repository {repos[-1].repo_id} ({repos[-1].ref}) commit: lock says cccccccccccc, here "
+            f"dddddddddddd; restore: copy the image's kernel cache ({cache}) to this node") in " ".join(moved.stderr.split())

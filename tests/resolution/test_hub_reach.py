@@ -9,6 +9,7 @@ predicts it. The Hub is played by a socket on this machine: listening (it answer
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from collections.abc import Iterator
 
 import pytest
@@ -54,6 +55,9 @@ def _load_error(monkeypatch: pytest.MonkeyPatch, port: int, **env: str) -> str |
 def test_check_predicts_the_load_that_cannot_reach_the_hub_with_the_fixes_that_work(
     monkeypatch: pytest.MonkeyPatch, closed: int
 ) -> None:
+    load = run_check(CheckOptions(model="qwen3_5", hub=False)).facts.hub_load  # type: ignore[union-attr]
+    if load is None or not load.kernels_usable:  # the load never asks the Hub: test_..._only_where_kernels_can_load
+        pytest.skip(f"kernels {load and load.kernels_version} is not one this transformers loads Hub kernels with")
     said = _load_error(monkeypatch, closed)
     assert said is not None and said.startswith(
         "the load asks the Hub whether each kernel's publisher is trusted before it loads it, and the Hub cannot be "
@@ -81,3 +85,24 @@ def test_the_hub_is_not_asked_offline_or_for_local_kernels_and_an_answering_hub_
     repos = {k.hub.repo_id for k in discovery.resolve_model("qwen3_5").family.kernels if k.hub is not None}
     assert _load_error(monkeypatch, closed, LOCAL_KERNELS=":".join(f"{r}=/nowhere" for r in sorted(repos))) is None
     assert _load_error(monkeypatch, listening) is None
+
+
+def test_the_hub_is_asked_only_where_kernels_can_load(monkeypatch: pytest.MonkeyPatch, closed: int) -> None:
+    """Without a kernels transformers accepts, the load never reaches the Hub (it raises for lack of kernels, or
+    loads the pip kernels): saying the Hub is unreachable there names the wrong failure. Control: the same load
+    with kernels inside the window is asked, and told."""
+    from check_helpers import qwen
+
+    from kernelguard.resolution.hub_load import probe_hub_load
+    from kernelguard.resolution.resolver import Target
+    from kernelguard.stack import compose
+
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("LOCAL_KERNELS", raising=False)
+    requirements = qwen()
+    target = Target(use_hub=True)
+    for kernels, asked in ((None, False), ("0.16.0", False), ("0.18.2", True)):
+        load = probe_hub_load(Path("/nowhere"), "5.25.0", ("0.18.2", "0.19.0"), kernels, environ={})
+        reach = compose._with_reach(load, requirements, target).unreachable
+        assert (reach is not None) is asked, (kernels, reach)

@@ -446,3 +446,62 @@ def test_check_says_when_every_hub_pin_is_overridden_and_only_then(tmp_path: Pat
     for value, hub in (("on", False), ("off", True), (None, True)):  # pip kernels, or kernels reads it as off
         notes = _result(_all_latest(image, value), CheckOptions(archs=("9.0",), hub=hub)).resolution.notes
         assert not any("UNSTABLE_KERNELS_ALL_LATEST" in n for n in notes)
+
+
+def _fetching(facts: Facts, **commits: str | None) -> Facts:
+    """``facts`` whose Hub load fetches each repository named (as kernels-community/<name>) at v1, the local cache
+    holding the commit given (None: not cached); a name ending in _v4 is fetched at v4."""
+    from kernelguard.resolution.facts import FetchedHubRepo
+    from kernelguard.resolution.hub_load import probe_hub_load
+
+    fetched = tuple(FetchedHubRepo(f"kernels-community/{name.removesuffix('_v4')}", "v4" if name.endswith("_v4")
+                                   else "v1", commit) for name, commit in commits.items())
+    load = probe_hub_load(Path("/nowhere"), "5.25.0", WINDOW, "0.18.2", environ={})
+    return replace(facts, hub_load=replace(load, fetched=fetched))
+
+
+def test_the_lock_records_every_hub_repository_the_load_fetches_and_a_moved_commit_differs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kernels loads a version through its vN branch, which moves: a node whose cache holds another commit of the
+    same v1 runs another build with every version the lock pins unchanged. Repositories no kernel verdict names
+    (the activation kernels an eval-mode load fetches) are recorded too."""
+    monkeypatch.setenv("KERNELS_CACHE", "/image/cache")
+    image = _fetching(_facts(tmp_path, hub=_hub_probe("aaaa1111")), fla="a" * 40, activation="b" * 40)
+    lock = _lock(tmp_path, image, hub=True)
+    assert json.loads(lock.read_text())["hub_repos"] == [
+        {"repo": "kernels-community/fla", "ref": "v1", "commit": "a" * 40},
+        {"repo": "kernels-community/activation", "ref": "v1", "commit": "b" * 40}]
+    monkeypatch.setattr(stack_lock, "run_check", lambda options: _result(image, options))
+    assert stack_lock.verify_lock(lock).ok  # the control: the same cache is accepted
+    error = _refusal(monkeypatch, lock, _fetching(image, fla="a" * 40, activation="d" * 40))
+    assert error.differences == (
+        "Hub repository kernels-community/activation (v1) commit: lock says bbbbbbbbbbbb, here dddddddddddd; "
+        "restore: copy the image's kernel cache (/image/cache) to this node: a download of v1 takes the build that "
+        "branch holds now, not necessarily commit bbbbbbbbbbbb",)
+    uncached = _refusal(monkeypatch, lock, _fetching(image, fla="a" * 40, activation=None))
+    assert uncached.differences[0].startswith(
+        "Hub repository kernels-community/activation (v1) commit: lock says bbbbbbbbbbbb, here not in the kernel cache;")
+
+
+def test_a_node_whose_load_fetches_other_repositories_differs_with_the_transformers_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image = _fetching(_facts(tmp_path, hub=_hub_probe("aaaa1111")), fla="a" * 40, activation=None)
+    lock = _lock(tmp_path, image, hub=True)
+    error = _refusal(monkeypatch, lock, _fetching(image, fla_v4="e" * 40))
+    why = "(transformers' kernel mapping and the model's layers decide what the load fetches): pip install " \
+        f"'transformers=={json.loads(lock.read_text())['stack']['transformers']}'"
+    assert error.differences == (
+        f"Hub repository kernels-community/activation: lock says fetched at v1, here not fetched; restore: {why}",
+        f"Hub repository kernels-community/fla: lock says fetched at v1, here fetched at v4; restore: {why}")
+
+
+def test_a_lock_without_the_hub_records_no_repositories_and_a_node_listing_them_is_not_refused_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = _facts(tmp_path)
+    lock = _lock(tmp_path, plain)
+    assert "hub_repos" not in json.loads(lock.read_text())
+    monkeypatch.setattr(stack_lock, "run_check", lambda options: _result(_fetching(plain, fla="a" * 40), options))
+    assert stack_lock.verify_lock(lock).ok
