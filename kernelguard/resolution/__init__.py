@@ -18,11 +18,9 @@ __all__ = [
     "CU_SEQ_LENS_Q",
     "DISTRIBUTION",
     "FALLBACK",
-    "FetchedRepo",
-    "FamilySupport",
     "FLA_1077_GRID_LIMIT",
-    "FLA_SWITCHES",
     "FLA_REFUSAL_FLAG",
+    "FLA_SWITCHES",
     "HUB",
     "IGNORE_INDEX",
     "KNOWN_ISSUES",
@@ -42,17 +40,19 @@ __all__ = [
     "SEARCH_CACHE_VARIABLE",
     "SELECTED",
     "SEQ_IDX",
-    "SOURCE_NOT_AVAILABLE",
     "SKIPPED",
+    "SOURCE_NOT_AVAILABLE",
     "VARLEN_ATTENTION",
     "AllowPolicy",
     "ComputeCapability",
     "Decision",
     "Environment",
     "Facts",
+    "FamilySupport",
+    "FetchedHubRepo",
+    "FetchedRepo",
     "GdnDims",
     "HubLoad",
-    "FetchedHubRepo",
     "HubTarget",
     "PackageFacts",
     "Resolution",
@@ -68,13 +68,13 @@ __all__ = [
     "command_lines",
     "corrected_command",
     "dangling_link",
+    "delta_rule_dims",
     "discovery",
-    "download_command",
     "distribution_version",
+    "download_command",
     "estimated_params",
     "extra_command",
     "family_of_model_type",
-    "packing_support",
     "family_table",
     "field",
     "file_kind",
@@ -82,33 +82,33 @@ __all__ = [
     "fla_autotuners",
     "fla_backend",
     "fla_backend_command",
-    "delta_rule_dims",
     "gdn_dims",
-    "kda_dims",
     "geometry",
     "hub_endpoint",
     "hub_wrapper",
     "in_terms",
     "is_command",
     "is_decode_only",
+    "kda_dims",
     "keep_search_results",
+    "kernels_cache_dir",
     "kernels_funcs",
     "kernels_version_window",
     "layer_types",
-    "model_type",
     "lift_fla_hopper_refusal",
     "lift_for_accepted_issues",
     "load_pins",
+    "load_repos",
+    "load_repos_isolated",
+    "local_kernels_repos",
+    "model_type",
     "offline_setting",
     "option_hint",
+    "packing_support",
     "parse_all",
     "pin_command",
     "pin_for_this_gpu",
     "probe",
-    "kernels_cache_dir",
-    "load_repos",
-    "load_repos_isolated",
-    "local_kernels_repos",
     "probe_hub_kernel",
     "probe_hub_load",
     "probe_package",
@@ -225,6 +225,7 @@ if TYPE_CHECKING:
     from .discovery import kernels_version_window, transformers_source
     from .env import Environment, distribution_version, probe, with_gpus
     from .facts import Facts, FetchedHubRepo, HubLoad, HubTarget
+    from .family_support import PACKED_ROWS, FamilySupport, family_table, packing_support
     from .file_kinds import dangling_link, file_kind, saved_dataset
     from .fla_autotune import (
         SEARCH_CACHE_VARIABLE,
@@ -235,6 +236,7 @@ if TYPE_CHECKING:
         search_note,
     )
     from .fla_refusal import FLA_REFUSAL_FLAG, lift_fla_hopper_refusal, lift_for_accepted_issues
+    from .fla_switches import FLA_SWITCHES, switch_notes
     from .geometry import (
         GdnDims,
         attention_dims,
@@ -247,12 +249,11 @@ if TYPE_CHECKING:
         model_type,
         text_config,
     )
+    from .hub_fetch import FetchedRepo, download_command, load_repos, load_repos_isolated
     from .hub_load import ALL_LATEST_VAR, probe_hub_load, resolve_use_hub
     from .hub_reach import OFFLINE_VARIABLES, hub_endpoint, offline_setting, unreachable_hub
     from .install import DISTRIBUTION, extra_command, fla_backend_command, pin_command
     from .known_issues import FLA_1077_GRID_LIMIT, KNOWN_ISSUES, by_id
-    from .family_support import PACKED_ROWS, FamilySupport, family_table, packing_support
-    from .fla_switches import FLA_SWITCHES, switch_notes
     from .packed_batch import (
         BOUNDARY_KEYWORDS,
         BOUNDARY_PARAMS,
@@ -272,7 +273,6 @@ if TYPE_CHECKING:
         with_value_replaced,
     )
     from .policy import ATTENTION, PACKED_WITHOUT_BOUNDARIES, POLICY_ITEMS, AllowPolicy
-    from .hub_fetch import FetchedRepo, download_command, load_repos, load_repos_isolated
     from .providers.hub import SOURCE_NOT_AVAILABLE, kernels_cache_dir, local_kernels_repos, probe_hub_kernel
     from .providers.hub_layers import check_hub_layer, variant_folder
     from .providers.installed import PackageFacts, probe_package

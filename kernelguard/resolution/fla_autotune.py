@@ -208,7 +208,7 @@ def _load_pinned_modules() -> None:
     if "fla" not in sys.modules:
         return  # fla is not this process's provider: never drag it in
     try:
-        import fla.modules.l2norm  # noqa: F401
+        import fla.modules.l2norm
         import fla.ops.gated_delta_rule  # noqa: F401 - the chunk path: chunk_o, chunk_delta_h, wy_fast, cumsum
     except Exception:  # noqa: BLE001 - another fla layout: its kernels stay unpinned, as before
         return

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-__all__ = ["FLA_SWITCHES", "FLASH_KDA_NOTE", "switch_notes"]
+__all__ = ["FLASH_KDA_NOTE", "FLA_SWITCHES", "switch_notes"]
 
 # variable -> what it changes for a transformers model (fla's default in brackets where it matters)
 FLA_SWITCHES: dict[str, str] = {

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .versions import hub_ref
+
 __all__ = ["FetchedRepo", "download_command", "load_repos", "load_repos_isolated"]
 
 # Building the model imports its modeling module, which imports the kernel packages transformers decorates with
@@ -48,7 +50,7 @@ class FetchedRepo:
     @property
     def ref(self) -> str:
         """The Hub ref kernels downloads: the version's ``vN`` branch, else the pinned revision."""
-        return f"v{self.version}" if self.version is not None else str(self.revision or "main")
+        return hub_ref(self.version, self.revision)
 
 
 def load_repos(config: Any, *, device: str = "cuda") -> list[FetchedRepo]:

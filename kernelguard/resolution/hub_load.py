@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .decisions import REJECTED, Decision
 from .facts import Facts, HubLoad
-from .versions import base_version, version_in
+from .versions import base_version, hub_ref, version_in
 
 if TYPE_CHECKING:
     from .catalog import HubRepo
@@ -227,7 +227,7 @@ def kernels_outside_window(facts: Facts) -> str | None:
 def no_variant_fix(hub: HubRepo, probe: Any) -> str:
     """The fix of a Hub candidate no build variant of which loads: nothing in the offline cache (providers.hub's
     "not available offline"): its download; else builds for other systems only: the pip kernels."""
-    repo, ref = hub.repo_id, f"v{hub.version}" if hub.version is not None else hub.revision or "main"
+    repo, ref = hub.repo_id, hub_ref(hub.version, hub.revision)
     if probe.source == "not available offline" and probe.location:
         return (f"hf download {repo} --repo-type kernel --revision {ref} --cache-dir {probe.location}   "
                 f"(run where the Hub is reachable; or set LOCAL_KERNELS={repo}=PATH)")

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 from kernelguard import lazy_face
 
 __all__ = [
-    "check",
     "CheckOptions",
     "CheckResult",
+    "check",
     "fit_line",
     "fit_lines",
     "fit_usage",

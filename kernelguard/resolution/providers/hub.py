@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from ..facts import HubKernelProbe, HubTarget, VariantVerdict
+from ..versions import hub_ref
 from .kernels_release import KernelsRelease, import_kernels
 from .kernels_target import resolver_arguments
 
@@ -266,7 +267,7 @@ def _from_offline_cache(
             )
         )
     except Exception as exc:  # noqa: BLE001 - LocalEntryNotFoundError, kernels' ValueError for a missing vN
-        ref = revision or (f"v{version}" if version is not None else "main")  # kernels' vN refs are branches
+        ref = hub_ref(version, revision)  # kernels' vN refs are branches
         return _Location(SOURCE_NOT_AVAILABLE, cache_dir, notes=[_not_found_message(repo_id, cache_dir, exc, ref)])
     return _Location(SOURCE_OFFLINE_CACHE, snapshot / "build", revision=snapshot.name)
 
