@@ -197,7 +197,8 @@ _OFFERS = {
     "hub_fetch": ("FetchedRepo", "download_command", "load_repos", "load_repos_isolated"),
     "providers.hub_layers": ("check_hub_layer", "variant_folder"),
     "providers.installed": ("PackageFacts", "probe_package"),
-    "resolver": ("Resolution", "resolve", "Target"),
+    "resolver": ("Resolution", "resolve"),
+    "target": ("Target",),
     "terms": ("allow_hint", "CLI", "in_terms", "option_hint", "PYTHON", "usage_suggestion"),
     "transformers_calls": ("call_shape", "reference_parameters"),
     "transformers_compat": ("call_sites", "family_of_model_type", "hub_wrapper"),
@@ -276,7 +277,8 @@ if TYPE_CHECKING:
     from .providers.hub import SOURCE_NOT_AVAILABLE, kernels_cache_dir, local_kernels_repos, probe_hub_kernel
     from .providers.hub_layers import check_hub_layer, variant_folder
     from .providers.installed import PackageFacts, probe_package
-    from .resolver import Resolution, Target, resolve
+    from .resolver import Resolution, resolve
+    from .target import Target
     from .terms import CLI, PYTHON, allow_hint, in_terms, option_hint, usage_suggestion
     from .transformers_calls import call_shape, reference_parameters
     from .transformers_compat import call_sites, family_of_model_type, hub_wrapper

@@ -223,6 +223,9 @@ class HubLayerCheck:
     judged_by: str | None = None
     note: str | None = None
     fix: str | None = None  # the command that removes ``problem``, when one does (a missing Python dependency)
+    # the installed backends the variant's code hands its op to when they import (as fla's own dispatcher does
+    # with flash_qla): a known issue of that backend is then on the Hub path too
+    hands_to: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

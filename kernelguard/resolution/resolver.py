@@ -7,42 +7,24 @@ candidate, in the order transformers tries them, serves the kernel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .capability import ComputeCapability, parse_all
+from .capability import ComputeCapability
 from .catalog import PACKED_REFERENCE, VARLEN_ATTENTION, KernelRequirement, Requirements
 from .decisions import ACCEPTED, FALLBACK, REJECTED, SELECTED, SKIPPED, Decision
 from .facts import Facts, PackageFacts
 from .family_support import PACKED_ROWS, packed_rows_decision
-from .fla_backend import backward_for
 from .hub_load import hub_notes, import_decision, kernels_outside_window, load_decision, no_variant_fix
 from .install import cuda_torch_command, install_command, upgrade_command
+from .issue_match import handed_issues, issue_matches, issue_sentence
 from .known_issues import KNOWN_ISSUES, KnownIssue
-from .policy import AllowPolicy
+from .target import Target
 from .versions import base_version as _base_version
 from .versions import torch_minor as _torch_minor
 from .versions import version_in as _version_in
 
 __all__ = ["KernelVerdict", "Resolution", "Target", "resolve"]
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """What the job will run on and what the user accepts."""
-
-    archs: tuple[ComputeCapability, ...] = ()  # empty = unknown
-    arch_source: str = "unknown"
-    allow: AllowPolicy = field(default_factory=AllowPolicy)
-    use_hub: bool = False  # the job loads with use_kernels=True / calls kernelize()
-    hub_source: str = ""  # why use_hub is what it is (kernelguard.resolution.hub_load.resolve_use_hub), for the report
-
-    def __post_init__(self) -> None:
-        # Callers may pass what a user typed ("9.0", ["fla-640-refusal"]); it is parsed here, once.
-        if not all(isinstance(a, ComputeCapability) for a in self.archs):
-            object.__setattr__(self, "archs", parse_all(list(self.archs), source="target arch"))
-        if not isinstance(self.allow, AllowPolicy):
-            object.__setattr__(self, "allow", AllowPolicy.parse(self.allow, source="allow"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,60 +55,10 @@ class Resolution:
 # --------------------------------------------------------------------------------------------- helpers
 
 
-def _issue_matches(
-    issue: KnownIssue, kernel: str, provider: str | None, provider_version: str | None, facts: Facts, target: Target,
-    requirements: Requirements,
-) -> tuple[bool, str | None]:
-    """(matches, unknown) — unknown names the missing fact when the row cannot be decided here."""
-    if issue.detector is not None:
-        return False, None
-    if issue.provider is not None and issue.provider != provider:
-        return False, None
-    if issue.kernels and kernel not in issue.kernels:
-        return False, None
-    if issue.modes and requirements.mode not in issue.modes:
-        return False, None
-    if any(facts.env.version_of(d) is None for d in issue.requires_installed) or issue.installed_version and \
-            not _version_in(_base_version(facts.env.version_of(issue.installed_version[0])), issue.installed_version[1]):
-        return False, None
-    if any(facts.env.version_of(d) is not None for d in issue.unless_installed):
-        return False, None
-    if issue.triton is not None and not _version_in(_base_version(facts.env.triton_version), issue.triton):
-        return False, None
-    if issue.provider_version is not None and not _version_in(_base_version(provider_version), issue.provider_version):
-        return False, None
-    if issue.fla_backends and backward_for(facts, issue.archs, target.archs,
-                                           training=requirements.mode == "training") not in issue.fla_backends:
-        return False, None
-    key_dim = requirements.key_head_dim
-    if issue.key_head_dim_max is not None or issue.key_head_dim_min is not None:
-        if key_dim is None:
-            return False, f"known issue {issue.id} depends on the key head dim (pass --model CONFIG.json)"
-        if issue.key_head_dim_max is not None and key_dim > issue.key_head_dim_max:
-            return False, None
-        if issue.key_head_dim_min is not None and key_dim < issue.key_head_dim_min:
-            return False, None
-    if issue.archs:
-        if not target.archs:
-            return False, f"known issue {issue.id} applies on compute capability {', '.join(issue.archs)} (pass --arch)"
-        # An arch-specific target (sm_90a) is the same chip as 9.0 for a known issue.
-        if not {ComputeCapability.parse(a, source=f"known issue {issue.id}") for a in issue.archs} & {
-            arch.base for arch in target.archs
-        }:
-            return False, None
-    return True, None
-
-
-def _issue_sentence(issue: KnownIssue, allowed: bool) -> str:
-    verdict = "allowed by --allow" if allowed else "rejected"
-    measured = f" (measured: {issue.evidence})" if issue.evidence else ""
-    return f"known issue {issue.id} ({issue.source}): {issue.effect}{measured}; {verdict}"
-
-
 # --------------------------------------------------------------------------------------------- candidates
 
 
-def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decision | None:
+def _hub_decision(req: KernelRequirement, facts: Facts, target: Target, requirements: Requirements) -> Decision | None:
     if req.hub is None:
         return None
     label = f"hub {req.hub.repo_id}"
@@ -152,7 +84,7 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
         if issue.provider == "hub" and issue.kernels_version and issue.detector is None \
                 and _version_in(_base_version(facts.env.version_of("kernels")), issue.kernels_version) \
                 and not target.allow.allows_issue(issue.id):
-            return Decision(req.kernel, label, "hub", REJECTED, _issue_sentence(issue, allowed=False),
+            return Decision(req.kernel, label, "hub", REJECTED, issue_sentence(issue, allowed=False),
                             _install_fix("kernels", facts, Target()), (issue.id,))
     outside = kernels_outside_window(facts)
     if outside:
@@ -183,9 +115,12 @@ def _hub_decision(req: KernelRequirement, facts: Facts, target: Target) -> Decis
     judged = f"; {layer.judged_by} accepts its `{layer.layer_name}` layer" if layer is not None and layer.judged_by \
         else ""
     note = f" ({layer.note})" if layer is not None and layer.note else ""
+    handed, sentences = handed_issues(req.kernel, layer.hands_to if layer else (), facts, target, requirements)
+    blocking = [i for i in handed if not target.allow.allows_issue(i.id)]
     return Decision(
-        req.kernel, label, "hub", ACCEPTED, f"build variant {probe.chosen_variant} from {probe.source}{judged}{note}.",
-        None,
+        req.kernel, label, "hub", REJECTED if blocking else ACCEPTED,
+        f"build variant {probe.chosen_variant} from {probe.source}{judged}{note}{sentences}.",
+        blocking[0].fix if blocking else None, tuple(i.id for i in handed),
     )
 
 
@@ -223,21 +158,21 @@ def _package_decision(
         return rejected(arch_problems)
     matched: list[str] = []
     for issue in KNOWN_ISSUES:
-        hit, unknown = _issue_matches(issue, req.kernel, spec.import_name, found.version, facts, target, requirements)
+        hit, unknown = issue_matches(issue, req.kernel, spec.import_name, found.version, facts, target, requirements)
         if unknown:
             unchecked.append(f"{req.kernel}: {unknown}")
         if not hit:
             continue
         matched.append(issue.id)
         if not target.allow.allows_issue(issue.id):
-            return rejected(_issue_sentence(issue, allowed=False), _issue_fix(issue, facts, target), tuple(matched))
+            return rejected(issue_sentence(issue, allowed=False), _issue_fix(issue, facts, target), tuple(matched))
     reason = f"{found.distribution or spec.import_name} {found.version or '(no version)'} imports {req.module}.{req.kernel}"
     if spec.compiled and found.extensions:
         reason += f"; extensions load and contain {_describe_targets(found)}"
     reason += "."
     for issue_id in matched:
         issue = next(i for i in KNOWN_ISSUES if i.id == issue_id)
-        reason += f" Note: {_issue_sentence(issue, allowed=True)}."
+        reason += f" Note: {issue_sentence(issue, allowed=True)}."
     return Decision(req.kernel, label, "package", ACCEPTED, reason, None, tuple(matched))
 
 
@@ -360,7 +295,7 @@ def _resolve_kernel(req: KernelRequirement, facts: Facts, target: Target, requir
                     unchecked: list[str]) -> KernelVerdict:
     candidates = [
         d
-        for d in (_hub_decision(req, facts, target), _package_decision(req, facts, target, requirements, unchecked))
+        for d in (_hub_decision(req, facts, target, requirements), _package_decision(req, facts, target, requirements, unchecked))
         if d is not None
     ]
     candidates.append(_reference_decision(req.kernel, target, req.call_site, requirements))

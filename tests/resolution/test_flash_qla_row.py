@@ -99,3 +99,68 @@ def test_the_probe_reads_the_installed_flash_qla(tmp_path: Path, version: str) -
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=120)
     assert json.loads(out.stdout) == version
+
+
+# ---- the Hub path: a build that vendors fla's dispatcher hands the op to flash_qla too (issue 53, item 4) -------
+def _variant(tmp_path: Path, code: str, *, zipped: bool = False) -> Path:
+    """A Hub build variant whose package holds ``code`` (in a ZIP build: inside ``<id>.zip``, read in place)."""
+    import zipfile
+
+    folder = tmp_path / "torch213-cxx11-cu128-x86_64-linux"
+    folder.mkdir(parents=True, exist_ok=True)
+    if zipped:
+        with zipfile.ZipFile(folder / "fla_abc.zip", "w") as z:
+            z.writestr("fla/__init__.py", "")
+            z.writestr("fla/backends.py", code)
+    else:
+        (folder / "fla").mkdir(exist_ok=True)
+        (folder / "fla" / "__init__.py").write_text("")
+        (folder / "fla" / "backends.py").write_text(code)
+    return folder
+
+
+DISPATCHER = "import importlib.util\n\ndef available():\n    return importlib.util.find_spec('flash_qla') is not None\n"
+
+
+@pytest.mark.parametrize("zipped", [False, True])
+def test_a_hub_build_that_imports_flash_qla_is_read_as_handing_it_the_op(tmp_path: Path, zipped: bool) -> None:
+    from kernelguard.resolution.providers.hub_layers import hands_to
+
+    assert hands_to(_variant(tmp_path / "a", DISPATCHER, zipped=zipped)) == ("flash_qla",)
+    assert hands_to(_variant(tmp_path / "b", "try:\n    from flash_qla.ops import gdn\nexcept ImportError:\n    gdn = None\n",
+                             zipped=zipped)) == ("flash_qla",)
+    # the control: a build of its own Triton op only (a name in a comment or a longer name is not an import)
+    assert hands_to(_variant(tmp_path / "c", "# flash_qla is not used here\nimport flash_qla_extras_x\n",
+                             zipped=zipped)) == ()
+
+
+def _hub_facts(qla: str | None, hands: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    from kernelguard.resolution.facts import HubKernelProbe, HubLayerCheck
+
+    repo = next(k.hub.repo_id for k in TRAIN.kernels if k.hub is not None and k.kernel == CHUNK)
+    probe = HubKernelProbe(repo, "offline cache", "/cache/build", "abc", "torch213-cxx11-cu128-x86_64-linux", (),
+                           True, None)
+    layer = HubLayerCheck(CHUNK, repo, CHUNK, probe.chosen_variant or "", "chunk_gated_delta_rule(...)", None,
+                          judged_by="kernels 0.18.3", hands_to=hands)
+    # fla itself runs its own Triton op here: only the Hub build's hand-off can bring flash-qla in
+    return replace(_facts(qla, QLA_OFF), hub={repo: probe}, hub_layers={CHUNK: layer})
+
+
+def test_flash_qla_before_0_1_3_rejects_a_hub_build_that_hands_it_the_op() -> None:
+    target = replace(H200, use_hub=True)
+    hub = find(resolve(_hub_facts("0.1.2", ("flash_qla",)), TRAIN, target), CHUNK, "hub")
+    issue = by_id(ROW)
+    assert issue is not None
+    assert (hub.status, hub.issues, hub.fix) == (REJECTED, (ROW,), FIX)
+    assert hub.reason == (
+        "build variant torch213-cxx11-cu128-x86_64-linux from offline cache; kernels 0.18.3 accepts its "
+        f"`{CHUNK}` layer; it hands the op to flash_qla when that imports: known issue {ROW} ({issue.source}): "
+        f"{issue.effect}; rejected.")
+    allowed = find(resolve(_hub_facts("0.1.2", ("flash_qla",)), TRAIN, replace(target, allow=frozenset({ROW}))),
+                   CHUNK, "hub")
+    assert allowed.status == SELECTED and allowed.issues == (ROW,) and "allowed by --allow" in allowed.reason
+    # the controls: a build of its own op, the fixed release, no flash-qla installed, no backward run
+    for facts, mode in ((_hub_facts("0.1.2", ()), "training"), (_hub_facts("0.1.3", ("flash_qla",)), "training"),
+                        (_hub_facts(None, ("flash_qla",)), "training"), (_hub_facts("0.1.2", ("flash_qla",)), "inference")):
+        control = find(resolve(facts, qwen(mode), target), CHUNK, "hub")
+        assert control.status == SELECTED and control.issues == (), (facts.env.version_of("flash-qla"), mode)

@@ -291,3 +291,36 @@ def test_a_zip_build_is_read_in_place_when_kernels_cannot_be_asked(tmp_path: Pat
                             zipped("other", tmp_path / "b"), GDN_CALL, packed=True, reference=GDN_REF)
     assert other.problem == ("check 1 (the layer exists) failed: the variant's `layers` (layers.py) has no layer "
                              "`chunk_gated_delta_rule` (it defines: Other)")
+
+
+@pytest.mark.parametrize(("qla", "refused"), [("0.1.2", True), ("0.1.3", False)])
+def test_check_hub_refuses_a_build_that_hands_its_op_to_a_flash_qla_with_wrong_gradients(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, qla: str, refused: bool
+) -> None:
+    """A Hub fla build that vendors fla's dispatcher runs FlashQLA whenever flash_qla imports: flash-qla < 0.1.3's
+    wrong A_log / dt_bias gradients (known issue flash-qla-wrong-grads) are then on transformers 5.25's default
+    path, with no fla installed. Read from the build's own files; the fixed release is the control."""
+    from check_helpers import write_distribution
+    from kernels import __version__ as kernels_version
+
+    from kernelguard.stack.compose import CheckOptions, run_check
+
+    dispatch = "def backend():\n    try:\n        import flash_qla\n    except ImportError:\n        return 'triton'\n" \
+        "    return 'flash_qla'\n"
+    fla = _variant(tmp_path / "fla", GOOD_GDN, extra={"backends.py": dispatch})
+    site = tmp_path / "site"
+    write_distribution(site, "flash-qla", qla, {"flash_qla/__init__.py": f"__version__ = {qla!r}\n"})
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("KERNELS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LOCAL_KERNELS", f"kernels-community/fla={fla.parent.parent}")
+    monkeypatch.setattr(discovery, "kernels_version_window", lambda source=None: ("0", f"{kernels_version}.1"))
+    result = run_check(CheckOptions(model="qwen3_5", hub=True, allow=("attention",)))
+    [verdict] = [v for v in result.resolution.verdicts if v.kernel == "chunk_gated_delta_rule"]
+    hub = next(c for c in verdict.candidates if c.kind == "hub")
+    assert result.env.version_of("flash-qla") == qla
+    assert (hub.status == "rejected", hub.issues) == (refused, ("flash-qla-wrong-grads",) if refused else ())
+    if refused:
+        assert "; it hands the op to flash_qla when that imports: known issue flash-qla-wrong-grads" in hub.reason
+        assert hub.fix == "pip install 'flash-qla>=0.1.3'; or export FLA_FLASH_QLA=0 (fla then runs its own " \
+            "Triton/TileLang op)"

@@ -68,7 +68,8 @@ def check_hub_layer(kernel: str, repo_id: str, layer_name: str, folder: Path, ca
         note = None if verdict.asked else f"{verdict.note}; judged from the variant's source instead"
         missing = _MISSING_DEPENDENCY.search(problem or "")
         return HubLayerCheck(kernel, repo_id, layer_name, folder.name, shown, problem, file,
-                             judged_by or _source_reading(), note, f"pip install {missing[1]}" if missing else None)
+                             judged_by or _source_reading(), note, f"pip install {missing[1]}" if missing else None,
+                             hands_to(folder))
 
     if not verdict.asked:
         problem, file = _check_source(layer_name, folder, call.positional, keywords)
@@ -90,6 +91,37 @@ def check_hub_layer(kernel: str, repo_id: str, layer_name: str, folder: Path, ca
         return result(f"check 2 (its forward takes transformers' call) failed: `{layer_name}.forward` (kernels "
                       f"{verdict.kernels_version} accepts the layer) does not bind it: {exc}", file, judged_by)
     return result(None, file, judged_by)
+
+
+# Backends a vendored copy of fla's dispatcher hands the whole op to whenever they import (fla-core 0.6.0's
+# FlashQLABackend): the Hub build then runs that backend's code, and its known issues, with no fla installed.
+HANDOFF_BACKENDS = ("flash_qla",)
+
+
+def hands_to(folder: Path) -> tuple[str, ...]:
+    """The backends of :data:`HANDOFF_BACKENDS` the variant's Python code imports (an import statement, or the
+    name given to ``import_module`` / ``find_spec``), read with :mod:`ast` from the folder or its ZIP build."""
+    found: set[str] = set()
+    for file in _python_files(folder):
+        tree = _parse(file)
+        for node in ast.walk(tree) if tree is not None else ():
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str) else [])
+            found.update(n.split(".")[0] for n in names if n.split(".")[0] in HANDOFF_BACKENDS)
+    return tuple(sorted(found))
+
+
+def _python_files(folder: Path) -> list[Any]:
+    files: list[Any] = sorted(folder.rglob("*.py"))
+    for archive in sorted(folder.glob("*.zip")):
+        try:
+            with zipfile.ZipFile(archive) as z:
+                names = [n for n in z.namelist() if n.endswith(".py")]
+        except (OSError, zipfile.BadZipFile):
+            continue
+        files += [zipfile.Path(archive, n) for n in names]
+    return files
 
 
 # kernels' refusal of a variant whose declared Python dependency does not import (kernels.python_deps)
