@@ -27,6 +27,7 @@ __all__ = [
     "MAX_LENGTH_K",
     "MAX_LENGTH_Q",
     "MODES",
+    "NO_BOUNDARY_PARAM",
     "OFFLINE_VARIABLES",
     "PACKAGE",
     "PACKAGES",
@@ -189,6 +190,7 @@ _OFFERS = {
         "IGNORE_INDEX",
         "MAX_LENGTH_K",
         "MAX_LENGTH_Q",
+        "NO_BOUNDARY_PARAM",
         "SEQ_IDX",
     ),
     "paste": ("command_lines", "corrected_command", "is_command", "with_corrected_command", "with_value_replaced"),
@@ -263,6 +265,7 @@ if TYPE_CHECKING:
         IGNORE_INDEX,
         MAX_LENGTH_K,
         MAX_LENGTH_Q,
+        NO_BOUNDARY_PARAM,
         SEQ_IDX,
         boundary_arguments,
     )

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from .catalog import Family, Requirements, is_decode_only
 from .decisions import FALLBACK, Decision
-from .packed_batch import BOUNDARY_PARAMS
-from .transformers_calls import call_shape
+from .packed_batch import BOUNDARY_PARAMS, NO_BOUNDARY_PARAM
+from .transformers_calls import call_shape, dropped_keywords
 
 __all__ = ["PACKED_ROWS", "FamilySupport", "family_table", "packed_rows_decision", "packing_support"]
 
@@ -38,8 +38,13 @@ class FamilySupport:
 def packing_support(family: Family) -> FamilySupport:
     """Whether a packed row of ``family``'s examples stays apart in every layer kernel that carries state."""
     kernels = tuple(k for k in family.kernels if not is_decode_only(k.kernel))
-    problems = []
+    problems = [f"{dropped}, so a batch's packed-sequence keywords never reach its layers" for dropped in (
+        dropped_keywords(family.source, name) for name in _causal_lms(family.source)) if dropped]
     for req in kernels:
+        if req.kernel in NO_BOUNDARY_PARAM:
+            problems.append(f"`{req.kernel}` takes no boundary at all: its scan runs on from one packed example "
+                            "into the next")
+            continue
         if req.kernel not in BOUNDARY_PARAMS:
             problems.append(f"kernelguard cannot check that `{req.kernel}` keeps packed examples apart (no boundary "
                             "parameter it knows)")
@@ -51,6 +56,18 @@ def packing_support(family: Family) -> FamilySupport:
                             "from one packed example into the next")
     problem = "; ".join(dict.fromkeys(problems)) or None
     return FamilySupport(family.name, family.model_types, tuple(dict.fromkeys(k.kernel for k in kernels)), problem)
+
+
+def _causal_lms(source: str) -> list[str]:
+    """The causal-LM classes a modeling file defines (the entry point a training batch is given to)."""
+    import ast
+    from pathlib import Path
+
+    try:
+        tree = ast.parse(Path(source).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    return [n.name for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("ForCausalLM")]
 
 
 def packed_rows_decision(requirements: Requirements, *, allowed: bool) -> Decision | None:

@@ -22,6 +22,7 @@ __all__ = [
     "MAX_LENGTH_K",
     "MAX_LENGTH_Q",
     "MODEL_INPUT_KEYWORDS",
+    "NO_BOUNDARY_PARAM",
     "SEQ_IDX",
     "boundary_arguments",
 ]
@@ -42,7 +43,15 @@ BOUNDARY_PARAMS: dict[str, tuple[str, str]] = {
     "chunk_kda": ("cu_seqlens", CU_SEQ_LENS_Q),
     "fused_recurrent_kda": ("cu_seqlens", CU_SEQ_LENS_Q),
     "causal_conv1d_fn": (SEQ_IDX, SEQ_IDX),
+    # mamba-ssm 2.x's Mamba-2 scans take the same int32 [B, T] example index (transformers hands the kernel
+    # only the parameters its signature names, so the layer's **kwargs deliver the batch's seq_idx)
+    "mamba_chunk_scan_combined": (SEQ_IDX, SEQ_IDX),
+    "mamba_split_conv1d_scan_combined": (SEQ_IDX, SEQ_IDX),
 }
+
+# State-carrying kernels that take no boundary at all: a packed row through them runs as one sequence whatever
+# the batch carries (mamba-ssm's Mamba-1 selective scan, fused or not).
+NO_BOUNDARY_PARAM = ("mamba_inner_fn", "selective_scan_fn")
 
 # What kernelguard train hands the model from a packed block (the loss takes the labels itself).
 MODEL_INPUT_KEYWORDS = ("input_ids", "position_ids", *BOUNDARY_KEYWORDS)

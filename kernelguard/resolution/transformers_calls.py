@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CallShape", "Parameter", "call_shape", "clear_caches", "reference_parameters"]
+__all__ = ["CallShape", "Parameter", "call_shape", "clear_caches", "dropped_keywords", "reference_parameters"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +112,30 @@ def clear_caches() -> None:
     """Forget the parsed call shapes (kernelguard.runtime.registry.reset() calls this)."""
     call_shape.cache_clear()
     reference_parameters.cache_clear()
+    dropped_keywords.cache_clear()
+
+
+@functools.lru_cache(maxsize=64)
+def dropped_keywords(source: str, class_name: str) -> str | None:
+    """Where ``class_name``'s ``forward`` (a causal LM in the modeling file ``source``) calls its base model (the
+    ``self.<attribute>(...)`` call it hands ``input_ids``) without passing its ``**kwargs`` on: the call, shown
+    as the modeling file writes it; None when it passes them, or when the file cannot say. A batch's
+    packed-sequence keywords given to such a model never reach its layers."""
+    try:
+        tree = ast.parse(Path(source).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
+    forward = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "forward"), None) if cls \
+        else None
+    for node in ast.walk(forward) if forward is not None else ():
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"):
+            continue
+        given = [a.id for a in node.args if isinstance(a, ast.Name)] + [k.arg for k in node.keywords if k.arg]
+        if "input_ids" not in given:
+            continue
+        if any(k.arg is None for k in node.keywords):  # a ** spread passes them on
+            return None
+        return f"`{class_name}.forward` calls `self.{node.func.attr}(...)` without its **kwargs"
+    return None

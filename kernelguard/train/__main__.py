@@ -26,6 +26,7 @@ from kernelguard.errors import (
     ConfigError,
     DataError,
     GuardRefused,
+    KernelGuardError,
     Preempted,
     TrainingDiverged,
     exit_code_for,
@@ -255,6 +256,9 @@ def _train(cfg: Any) -> int:
     except (ConfigError, DataError, TrainingDiverged) as e:
         return _fail(exit_code_for(e), f"kernelguard train: error: {e}", is_main=info.is_main if info else None,
                      error=e)
+    except KernelGuardError as e:  # the runtime guard refused a call mid-run: its sentence and fix, no traceback
+        return _fail(exit_code_for(e), f"kernelguard train: stopped by the guard (exit {exit_code_for(e)}).\n{e}",
+                     is_main=info.is_main if info else None, error=e)
     except Exception as e:
         if not launched_by_kernelguard():
             raise
