@@ -26,7 +26,8 @@ if str(TESTS_DIR) not in sys.path:
 # Fake fast-kernel providers (owner: runtime guard). tests/fake_providers/{fla,causal_conv1d}.
 # ---------------------------------------------------------------------------------------------------------
 FAKE_PROVIDERS_DIR = TESTS_DIR / "fake_providers"
-_PURGED_PREFIXES = ("fla", "causal_conv1d", "transformers.models.")
+FAKE_MAMBA_DIR = TESTS_DIR / "fake_providers_mamba"
+_PURGED_PREFIXES = ("fla", "causal_conv1d", "mamba_ssm", "transformers.models.")
 
 
 def _is_purged(name: str) -> bool:
@@ -108,6 +109,14 @@ def fake_providers(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         if saved_devices is not None and isinstance(devices, dict):
             devices.clear()
             devices.update(saved_devices)
+
+
+@pytest.fixture
+def fake_mamba(fake_providers: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fake providers and the Mamba-2 stand-in (``mamba_ssm``): kept apart from ``fake_providers`` so the
+    tests of a machine without mamba-ssm keep that machine. Import model classes inside the test."""
+    monkeypatch.syspath_prepend(str(FAKE_MAMBA_DIR))
+    return FAKE_MAMBA_DIR
 
 
 @pytest.fixture

@@ -16,6 +16,10 @@ _FAMILIES: dict[str, tuple[str, str, str]] = {
     "qwen3_5_moe": ("transformers.models.qwen3_5_moe", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
     # Kimi delta attention (chunk_kda) + MLA attention + MoE: the family kernelguard train does not pack
     "kimi_linear": ("transformers.models.kimi_linear", "KimiLinearConfig", "KimiLinearForCausalLM"),
+    # Mamba-2 (mamba_split_conv1d_scan_combined): its causal LM drops the batch's keywords before its backbone
+    "mamba2": ("transformers.models.mamba2", "Mamba2Config", "Mamba2ForCausalLM"),
+    # Mamba-2 + attention + MoE, whose causal LM passes them on: the Mamba family kernelguard train packs
+    "nemotron_h": ("transformers.models.nemotron_h", "NemotronHConfig", "NemotronHForCausalLM"),
 }
 
 FAMILIES = ("qwen3_5", "qwen3_next", "qwen3_5_moe")  # the GDN families
@@ -75,6 +79,20 @@ _KIMI: dict[str, Any] = {
 }
 
 
+# The Mamba-2 families' own fields (4 heads of 32 = expand 2 x hidden 64; chunk 8: a 17-token row spans chunks).
+_MAMBA2: dict[str, Any] = {
+    "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_heads": 4, "head_dim": 32, "expand": 2,
+    "n_groups": 1, "state_size": 16, "chunk_size": 8, "use_cache": False, "tie_word_embeddings": False,
+    "attn_implementation": "eager",  # it has no attention: transformers refuses to build it asked for sdpa
+}
+_NEMOTRON_H: dict[str, Any] = {
+    "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 128, "mamba_num_heads": 4, "mamba_head_dim": 32, "n_groups": 1, "ssm_state_size": 16,
+    "chunk_size": 8, "use_cache": False, "tie_word_embeddings": False, "pad_token_id": 0, "eos_token_id": 2,
+}
+_OWN = {"kimi_linear": _KIMI, "mamba2": _MAMBA2, "nemotron_h": _NEMOTRON_H}
+
+
 def _classes(family: str) -> tuple[type, type]:
     try:
         package, config_name, model_name = _FAMILIES[family]
@@ -87,7 +105,7 @@ def _classes(family: str) -> tuple[type, type]:
 def tiny_config(family: str, **overrides: Any) -> Any:
     """A config with hidden 64, vocab 256, 4 layers (3 linear_attention + 1 full_attention)."""
     config_cls, _ = _classes(family)
-    values = dict(_KIMI if family == "kimi_linear" else _COMMON)
+    values = dict(_OWN.get(family, _COMMON))
     if family in ("qwen3_next", "qwen3_5_moe"):
         values.update(_MOE)
     values.update(overrides)

@@ -38,7 +38,7 @@ from typing import Any
 
 from kernelguard.resolution import PYTHON, AllowPolicy
 from kernelguard.runtime.boundary_check import BoundaryCheck
-from kernelguard.runtime.boundary_facts import GdnBoundaries, decoder_stacks, gdn_boundaries
+from kernelguard.runtime.boundary_facts import GdnBoundaries, decoder_stacks, entry_facts, gdn_boundaries
 from kernelguard.runtime.equivalence import FirstRowProbe, probing
 from kernelguard.runtime.registry import REGISTRY
 
@@ -51,13 +51,19 @@ class BoundaryWatch:
     (or leaving ``with``) removes it."""
 
     def __init__(self, stacks: list[tuple[str, Any]], facts: GdnBoundaries, policy: AllowPolicy, *,
-                 syntax: str = PYTHON, allow_fix: str | None = None, probe: bool = True) -> None:
+                 syntax: str = PYTHON, allow_fix: str | None = None, probe: bool = True,
+                 entry: tuple[Any, GdnBoundaries] | None = None) -> None:
+        # ``entry``: the model and its facts when its forward drops the batch's keywords before the stacks: a
+        # check at its own entry too (where the boundaries are still seen), without a probe of its own
+        stacks = [("", entry[0]), *stacks] if entry is not None else stacks
         self.stacks = [path for path, _ in stacks]
         self.modules = [module for _, module in stacks]
-        self.checks = [BoundaryCheck(module, facts, policy, syntax=syntax, allow_fix=allow_fix)
-                       for _, module in stacks]
+        self.checks = [BoundaryCheck(module, entry[1] if entry is not None and module is entry[0] else facts, policy,
+                                     syntax=syntax, allow_fix=allow_fix) for _, module in stacks]
         self.probes: list[FirstRowProbe] = []
         for (path, module), check in zip(stacks, self.checks) if probe else ():
+            if entry is not None and module is entry[0]:
+                continue
             check.probe = FirstRowProbe(module, path, quiet=_silencer(check))
             self.probes.append(check.probe)
         self.check = self.checks[0]
@@ -135,6 +141,7 @@ class ModelCallWatch:
         except TypeError:  # an unhashable model: no check rather than a crash
             return None
         facts = gdn_boundaries(((path or type(model).__name__, m) for path, m in model.named_modules()), self.policy)
+        facts = entry_facts(model, facts) or facts  # its forward drops the keywords: they never reach a layer
         check = BoundaryCheck(model, facts, self.policy, **self._options) if facts.layers else None
         if check is not None and self.probe:
             check.probe = FirstRowProbe(model, "", quiet=_silencer(check))
@@ -192,9 +199,11 @@ def watch_boundaries(model: Any, policy: AllowPolicy, *, mode: str = "training",
     paths = [p.removeprefix(root_name + ".") if p.startswith(root_name + ".") else p
              for p in (*facts.layers, *facts.attention) if p != root_name]
     stacks = decoder_stacks(model, paths) if paths else [("", model)]
+    entry = entry_facts(model, facts) if all(module is not model for _, module in stacks) else None
     # guard() called again on a model: the new watch replaces the old one on the same stacks (one check each)
     ours = {id(module) for _, module in stacks}
     for old in [w for w in REGISTRY.boundary_watches.values() if isinstance(w, BoundaryWatch)]:
         if ours & {id(module) for module in old.modules}:
             old.disarm()
-    return BoundaryWatch(stacks, facts, policy, syntax=syntax, allow_fix=allow_fix, probe=probe)
+    return BoundaryWatch(stacks, facts, policy, syntax=syntax, allow_fix=allow_fix, probe=probe,
+                         entry=(model, entry) if entry is not None else None)

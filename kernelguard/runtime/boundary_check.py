@@ -10,14 +10,16 @@ from typing import Any
 
 from kernelguard.errors import ConfigError, PackedWithoutBoundariesError
 from kernelguard.resolution import (
+    BOUNDARY_KEYWORDS,
     CU_SEQ_LENS_K,
     CU_SEQ_LENS_Q,
+    NO_BOUNDARY_PARAM,
     PACKED_WITHOUT_BOUNDARIES,
     PYTHON,
     AllowPolicy,
     allow_hint,
 )
-from kernelguard.runtime.boundary_facts import LAYER_DOES_NOT_PASS, GdnBoundaries
+from kernelguard.runtime.boundary_facts import GdnBoundaries, cause_of, unmendable
 from kernelguard.runtime.registry import REGISTRY, log_once
 from kernelguard.runtime.segments import (
     RowSegments,
@@ -116,7 +118,7 @@ class BoundaryCheck:
         """(kernel parameter, why) for each boundary this call's GDN kernels would not get."""
         out = []
         for keyword, (param, why) in sorted(self.facts.feeds.items()):  # cu_seq_lens_q (gated delta), then seq_idx
-            if kwargs.get(keyword) is None:
+            if keyword in BOUNDARY_KEYWORDS and kwargs.get(keyword) is None:  # else a kernel no keyword feeds
                 out.append((param, f"the batch has no `{keyword}`"))
             elif why is not None:
                 out.append((param, why))
@@ -217,6 +219,7 @@ class BoundaryCheck:
     def _error(self, examples: int, source: str, missing: list[tuple[str, str]]) -> PackedWithoutBoundariesError:
         first, more = self._layers(self.facts.layers, "GDN")
         gets = " and ".join(
+            why if p in NO_BOUNDARY_PARAM else
             f"{'its gated-delta kernels get' if p == 'cu_seqlens' else 'its conv gets'} no `{p}` ({why})"
             for p, why in missing
         )
@@ -225,9 +228,8 @@ class BoundaryCheck:
             f"{gets}: recurrent and conv state would carry from each example into the next. {WRONG}"
         )
         # A layer that never hands its kernel the boundary (Kimi-Linear's chunk_kda) is not mended by a collator.
-        unpassable = [why for _, why in missing if why.startswith(LAYER_DOES_NOT_PASS)]
-        fix = ("padded batches (padding_free=False, no DataCollatorWithFlattening): the model's own layer drops "
-               "the boundary, which no collator can mend" if unpassable else FIX)
+        fix = next((f"padded batches (padding_free=False, no DataCollatorWithFlattening): {cause_of(p, why)}, "
+                    "which no collator can mend" for p, why in missing if unmendable(p, why)), FIX)
         return PackedWithoutBoundariesError(
             message, fix=f"{fix}; or {self._allow_fix}", layer=first, examples=examples,
             missing=tuple(p for p, _ in missing),

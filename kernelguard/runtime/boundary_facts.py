@@ -11,16 +11,27 @@ import inspect
 import re
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from kernelguard.resolution import BOUNDARY_PARAMS, AllowPolicy, is_decode_only, transformers_calls
+from kernelguard.resolution import BOUNDARY_PARAMS, NO_BOUNDARY_PARAM, AllowPolicy, is_decode_only, transformers_calls
 from kernelguard.resolution import transformers_compat as compat
 from kernelguard.runtime.layer_guard import is_attention_layer
 
-__all__ = ["BOUNDARY_PARAMS", "LAYER_DOES_NOT_PASS", "GdnBoundaries", "decoder_stacks", "gdn_boundaries"]
+__all__ = [
+    "BOUNDARY_PARAMS",
+    "LAYER_DOES_NOT_PASS",
+    "MODEL_DROPS",
+    "GdnBoundaries",
+    "cause_of",
+    "decoder_stacks",
+    "entry_facts",
+    "gdn_boundaries",
+    "unmendable",
+]
 
 LAYER_DOES_NOT_PASS = "transformers' layer does not pass"  # how a reason the batch cannot mend begins
+MODEL_DROPS = "the model's own forward drops it"  # ... and another: the boundary never reaches the layers
 
 @dataclass(frozen=True, slots=True)
 class GdnBoundaries:
@@ -82,17 +93,49 @@ def gdn_boundaries(layers: Iterable[tuple[str, Any]], policy: AllowPolicy, *, mo
             attention.append(path)
             config = getattr(module, "config", None)
             impl = impl or str(getattr(config, "_attn_implementation", None) or "eager")
-        sites = [s for s in compat.layer_global_sites(module) if s.closure.kernel in BOUNDARY_PARAMS]
+        sites = [s for s in compat.layer_global_sites(module)
+                 if s.closure.kernel in BOUNDARY_PARAMS or s.closure.kernel in NO_BOUNDARY_PARAM]
         sites = [s for s in sites if mode == "inference" or not is_decode_only(s.closure.kernel)]
         if not sites:
             continue
         paths.append(path)
         for site in sites:
+            if site.closure.kernel in NO_BOUNDARY_PARAM:  # keyed by its name: no batch keyword can feed it
+                feeds[site.closure.kernel] = (site.closure.kernel, f"`{site.closure.kernel}` takes no boundary at "
+                                              "all: its scan runs on from one packed example into the next")
+                continue
             param, keyword = BOUNDARY_PARAMS[site.closure.kernel]
             why = _layer_passes(site, param) or _accepts(site.closure, param, policy)
             if keyword not in feeds or (why is not None and feeds[keyword][1] is None):
                 feeds[keyword] = (param, why)
     return GdnBoundaries(tuple(paths), feeds, tuple(attention), impl)
+
+
+def unmendable(param: str, why: str) -> bool:
+    """Whether no collator can give the kernel its boundary: the layer or the model drops it, or the kernel
+    takes none."""
+    return why.startswith((LAYER_DOES_NOT_PASS, MODEL_DROPS)) or param in NO_BOUNDARY_PARAM
+
+
+def cause_of(param: str, why: str) -> str:
+    """Why no collator can mend an :func:`unmendable` boundary, for the fix."""
+    if why.startswith(LAYER_DOES_NOT_PASS):
+        return "the model's own layer drops the boundary"
+    if why.startswith(MODEL_DROPS):
+        return "the model's own forward drops the boundary before its layers"
+    return f"`{param}` takes no boundary"
+
+
+def entry_facts(model: Any, facts: GdnBoundaries) -> GdnBoundaries | None:
+    """The facts of a check at ``model``'s own entry when its ``forward`` calls its base model without passing
+    the batch's keywords on (transformers' Mamba2ForCausalLM): every boundary is then dropped before the decoder
+    stack, where the stack's own check sees one long sequence. None when the forward passes them on."""
+    source = getattr(sys.modules.get(type(model).__module__), "__file__", None)
+    dropped = transformers_calls.dropped_keywords(source, type(model).__name__) if source else None
+    if dropped is None or not facts.feeds:
+        return None
+    feeds = {k: (p, why if k in NO_BOUNDARY_PARAM else f"{MODEL_DROPS}: {dropped}") for k, (p, why) in facts.feeds.items()}
+    return replace(facts, feeds=feeds)
 
 
 _LAYER_INDEX = re.compile(r"\.\d+(?:\.|$)")

@@ -42,9 +42,29 @@ def test_a_family_packs_only_when_its_layer_hands_the_kernel_the_boundary(
 
 
 def test_a_kernel_kernelguard_knows_no_boundary_for_is_not_packed(tmp_path: Path) -> None:
-    support = packing_support(_family(tmp_path, "chunk_made_up(q, k, v, seq_idx=1)", kernel="mamba_chunk_scan_combined"))
-    assert support.packed_problem == ("kernelguard cannot check that `mamba_chunk_scan_combined` keeps packed "
-                                      "examples apart (no boundary parameter it knows)")
+    support = packing_support(_family(tmp_path, "chunk_made_up(q, k, v, seq_idx=1)", kernel="made_up_scan"))
+    assert support.packed_problem == ("kernelguard cannot check that `made_up_scan` keeps packed examples apart "
+                                      "(no boundary parameter it knows)")
+
+
+def test_a_scan_without_a_boundary_and_a_causal_lm_that_drops_the_keywords_are_not_packed(tmp_path: Path) -> None:
+    scan = packing_support(_family(tmp_path, "chunk_made_up(q, k, v, **kwargs)", kernel="selective_scan_fn"))
+    assert scan.packed_problem == ("`selective_scan_fn` takes no boundary at all: its scan runs on from one packed "
+                                   "example into the next")
+    source = tmp_path / "modeling_made_up.py"
+    passes = "class MadeUpForCausalLM:\n    def forward(self, input_ids, **kwargs):\n" \
+        "        return self.model(input_ids=input_ids, **kwargs)\n"
+    seq = "chunk_made_up(q, k, v, **kwargs)"
+    family = _family(tmp_path, seq, kernel="mamba_chunk_scan_combined")
+    source.write_text(source.read_text() + passes)
+    assert packing_support(family).packs  # the control: the keywords reach the layer, seq_idx the scan
+    source.write_text(source.read_text().replace("input_ids=input_ids, **kwargs)", "input_ids=input_ids)"))
+    from kernelguard.resolution.transformers_calls import clear_caches
+
+    clear_caches()
+    assert packing_support(family).packed_problem == (
+        "`MadeUpForCausalLM.forward` calls `self.model(...)` without its **kwargs, so a batch's packed-sequence "
+        "keywords never reach its layers")
 
 
 def test_the_installed_families_as_transformers_ships_them() -> None:
@@ -54,9 +74,14 @@ def test_the_installed_families_as_transformers_ships_them() -> None:
     if "kimi_linear" in families:  # its layer spreads **kwargs: the kernel gets cu_seq_lens_q, not cu_seqlens
         problem = packing_support(families["kimi_linear"]).packed_problem
         assert problem is not None and "`cu_seqlens` to `chunk_kda`" in problem
-    if "mamba2" in families:
+    if "mamba2" in families:  # Mamba2ForCausalLM calls its backbone without the batch's keywords
         problem = packing_support(families["mamba2"]).packed_problem
-        assert problem is not None and "`mamba_chunk_scan_combined`" in problem
+        assert problem is not None and "`Mamba2ForCausalLM.forward` calls `self.backbone(...)`" in problem
+    if "nemotron_h" in families:  # passes them on, and seq_idx reaches each Mamba-2 scan
+        assert packing_support(families["nemotron_h"]).packs
+    if "jamba" in families:  # Mamba-1: no boundary at all
+        problem = packing_support(families["jamba"]).packed_problem
+        assert problem is not None and "`selective_scan_fn` takes no boundary at all" in problem
 
 
 def test_docs_table_is_generated_from_the_one_list() -> None:
