@@ -3,9 +3,10 @@ keeps its examples apart only where the batch's ``seq_idx`` reaches every scan.
 
 * Nemotron-H (Mamba-2 + attention + MoE) passes its keywords on: a packed row runs and equals each example alone;
   with a stand-in that ignores ``seq_idx`` the first-row probe refuses it (the control).
-* Mamba2ForCausalLM calls its backbone without its ``**kwargs``: the row's boundaries never reach a layer and
-  the backbone's own check sees one long sequence. The guard refused nothing and the examples mixed; now the
-  check at the model's entry refuses it, and the backbone called directly with the same row is fine.
+* transformers 5.24's Mamba2ForCausalLM calls its backbone without its ``**kwargs``: the row's boundaries never
+  reach a layer and the backbone's own check sees one long sequence. The guard refused nothing and the examples
+  mixed; now the check at the model's entry refuses it (5.25 passes them on: there the row runs, kept apart),
+  and the backbone called directly with the same row is fine.
 * A Mamba-1 scan takes no boundary at all: a packed row through one is refused whatever the batch carries.
 """
 
@@ -78,16 +79,39 @@ def test_a_stand_in_that_ignores_seq_idx_is_refused_by_the_first_row_probe(
                                          "the packed run from model.layers.0")
 
 
-def test_mamba2_for_causal_lm_drops_the_boundaries_and_is_refused_at_its_entry(fake_mamba: Any, tiny: Any) -> None:
+def _mamba2_drops() -> str | None:
+    """How the installed transformers' Mamba2ForCausalLM drops the batch's keywords (5.24), None where it passes
+    them on (5.25)."""
+    import transformers.models.mamba2.modeling_mamba2 as modeling
+
+    from kernelguard.resolution.transformers_calls import dropped_keywords
+
+    return dropped_keywords(modeling.__file__, "Mamba2ForCausalLM")
+
+
+def test_mamba2_for_causal_lm_given_a_packed_row_is_refused_where_its_forward_drops_the_boundaries(
+    fake_mamba: Any, tiny: Any
+) -> None:
     model = tiny.tiny_model("mamba2").train()
-    guard(model, packed=True)
     ids, boundaries = _row()
+    with torch.no_grad():  # unguarded first: what the refusal prevents (or, where passed on, what it allows)
+        packed = model(input_ids=ids, use_cache=False, **boundaries).logits
+        alone = _alone(model, ids)
+    assert (packed - alone)[:, :LENGTHS[0]].abs().max().item() < 1e-4  # the first example, which nothing precedes
+    second = (packed - alone)[:, LENGTHS[0]:].abs().max().item()
+    guard(model, packed=True)
+    dropped = _mamba2_drops()
+    if dropped is None:  # this transformers hands seq_idx on: the row is kept apart and the guard lets it run
+        assert second < 1e-4
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False, **boundaries)
+        return
+    assert second > 1e-2  # the second example saw the first: the examples mixed, and nothing raised
     with torch.no_grad(), pytest.raises(PackedWithoutBoundariesError) as info:
         model(input_ids=ids, use_cache=False, **boundaries)
     assert info.value.message == (
         "kernelguard: backbone.layers.0.mixer (and 1 more GDN layer) got a packed row of 2 examples (by its "
-        "cu_seq_lens_q) but its conv gets no `seq_idx` (the model's own forward drops it: "
-        f"`Mamba2ForCausalLM.forward` calls `self.backbone(...)` without its **kwargs): {LEAK}")
+        f"cu_seq_lens_q) but its conv gets no `seq_idx` (the model's own forward drops it: {dropped}): {LEAK}")
     assert info.value.fix == (
         "padded batches (padding_free=False, no DataCollatorWithFlattening): the model's own forward drops the "
         "boundary before its layers, which no collator can mend; or accept it explicitly with "
@@ -105,17 +129,6 @@ def test_the_controls_of_mamba2_a_padded_batch_and_the_backbone_given_the_row(fa
         first = model.backbone(input_ids=ids[:, :LENGTHS[0]])[0]
         second = model.backbone(input_ids=ids[:, LENGTHS[0]:])[0]
     assert (hidden - torch.cat([first, second], dim=1)).abs().max().item() < 1e-4
-
-
-def test_without_the_entry_check_the_row_mixes_its_examples(fake_mamba: Any, tiny: Any) -> None:
-    """What the refusal prevents, measured: Mamba2ForCausalLM given the packed row computes it as one sequence."""
-    model = tiny.tiny_model("mamba2").train()
-    ids, boundaries = _row()
-    with torch.no_grad():
-        packed = model(input_ids=ids, use_cache=False, **boundaries).logits
-        alone = _alone(model, ids)
-    assert (packed - alone)[:, LENGTHS[0]:].abs().max().item() > 1e-2  # the second example sees the first
-    assert (packed - alone)[:, :LENGTHS[0]].abs().max().item() < 1e-4  # the first, which nothing precedes
 
 
 def test_a_scan_that_takes_no_boundary_refuses_a_packed_row_whatever_it_carries() -> None:

@@ -57,8 +57,19 @@ def test_a_packed_nemotron_h_trains_and_a_leaking_scan_stops_it_at_step_1(
 def test_mamba2_is_refused_by_name_before_anything_is_written(
     assets: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """transformers 5.24's Mamba2ForCausalLM drops the batch's keywords: refused as unpackable. 5.25 passes them
+    on, and its layers sit under `backbone`, which kernelguard train does not shard: refused for that, by name.
+    Either way before anything is written, and never with a traceback (the attention-free model is built)."""
+    import transformers.models.mamba2.modeling_mamba2 as modeling
+
+    from kernelguard.resolution.transformers_calls import dropped_keywords
+
     refused = _train(assets, "mamba2", tmp_path / "out", monkeypatch)
-    assert refused.returncode == 2, refused.stderr
-    assert ("mamba2 cannot be packed: `Mamba2ForCausalLM.forward` calls `self.backbone(...)` without its **kwargs, "
-            "so a batch's packed-sequence keywords never reach its layers") in " ".join(refused.stderr.split())
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    if dropped_keywords(modeling.__file__, "Mamba2ForCausalLM") is not None:
+        assert ("mamba2 cannot be packed: `Mamba2ForCausalLM.forward` calls `self.backbone(...)` without its "
+                "**kwargs, so a batch's packed-sequence keywords never reach its layers") in said
+    else:
+        assert "Mamba2ForCausalLM" in said and "model.layers and model.language_model.layers" in said
     assert not (tmp_path / "out").exists()

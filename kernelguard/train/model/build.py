@@ -29,6 +29,7 @@ from .parallel import (
     apply_activation_checkpointing,
     apply_fsdp,
     build_meta_model,
+    decoder_layers,
     mixed_precision,
     model_source,
 )
@@ -107,6 +108,8 @@ def build_model(
     weights, _ = weights_to_load(model.model, init=model.init)  # refuses a folder without loadable weights
     attention = choose_attention(runtime.attention, info.device, padded=padded)
     meta = build_meta_model(config, attn_implementation=attention)
+    attention = str(getattr(meta.config, "_attn_implementation", None) or attention)  # eager where refused
+    decoder_layers(meta)  # a layout the trainer cannot shard is refused now, before anything is written
     # Headers only: a checkpoint that does not fit the config is refused before any memory is used.
     plan, note = plan_weights(meta, weights) if weights is not None else (None, None)
     return BuiltModel(meta, config, weights, attention, weight_plan=plan, weight_note=note)

@@ -137,11 +137,17 @@ def build_meta_model(config: Any, *, attn_implementation: str) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     config.use_cache = False
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,
+                                                    dtype=torch.float32)
+    except ValueError as e:
+        # A model with no attention of its own (Mamba2ForCausalLM) accepts only eager, which it never runs; one
+        # with attention that refuses this implementation runs eager, and the guard judges that attention.
+        if "does not support an attention implementation" not in str(e):
+            raise
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(
-            config, attn_implementation=attn_implementation, dtype=torch.float32
-        )
-    return model
+        return AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
 
 
 def full_state_on_rank0(
