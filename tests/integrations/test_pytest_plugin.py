@@ -566,3 +566,47 @@ def test_a_kda_family_packed_row_fails_with_the_layers_own_reason(inner: pytest.
     assert ("Fix: padded batches (padding_free=False, no DataCollatorWithFlattening): the model's own layer drops "
             "the boundary, which no collator can mend; or accept it explicitly with "
             "@pytest.mark.kernelguard(allow=['packed-without-boundaries'])") in text
+
+
+MAMBA2_TEST = """
+import torch
+import tiny_models
+
+IDS = torch.randint(3, 256, (1, 8))
+BOUNDED = {"position_ids": torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]]),
+           "cu_seq_lens_q": torch.tensor([0, 3, 8], dtype=torch.int32),
+           "cu_seq_lens_k": torch.tensor([0, 3, 8], dtype=torch.int32), "max_length_q": 5, "max_length_k": 5,
+           "seq_idx": torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]], dtype=torch.int32)}
+
+def test_mamba2_padded():
+    tiny_models.tiny_model("mamba2").train()(IDS, use_cache=False)
+
+def test_mamba2_packed_with_every_boundary():
+    tiny_models.tiny_model("mamba2").train()(IDS, use_cache=False, **BOUNDED)
+"""
+
+
+def test_a_causal_lm_that_drops_the_boundaries_fails_its_packed_test(
+    inner: pytest.Pytester, fake_mamba: Path, tiny: object
+) -> None:
+    """Mamba2ForCausalLM (transformers 5.24) with the Mamba-2 stand-in serving every scan: the plugin checks the
+    outermost model call, where the row still carries its seq_idx; the backbone never gets it. The plugin let the
+    row through (the kernels take seq_idx) and the examples mixed; now it fails the test with the cause. Where
+    transformers passes the keywords on (5.25), the same test passes: the row is kept apart."""
+    import transformers.models.mamba2.modeling_mamba2 as modeling
+
+    from kernelguard.resolution.transformers_calls import dropped_keywords
+
+    tiny.tiny_model("mamba2")  # type: ignore[attr-defined]  # imported with the stand-ins, before the inner run
+    inner.makepyfile(MAMBA2_TEST)
+    result = inner.runpytest("--kernelguard", "-v")
+    dropped = dropped_keywords(modeling.__file__, "Mamba2ForCausalLM")
+    if dropped is None:
+        result.assert_outcomes(passed=2)
+        return
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*::test_mamba2_packed_with_every_boundary FAILED*"])
+    text = " ".join(result.stdout.str().split())
+    assert f"its conv gets no `seq_idx` (the model's own forward drops it: {dropped})" in text
+    assert ("Fix: padded batches (padding_free=False, no DataCollatorWithFlattening): the model's own forward drops "
+            "the boundary before its layers, which no collator can mend") in text
