@@ -12,7 +12,8 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CallShape", "Parameter", "call_shape", "clear_caches", "dropped_keywords", "reference_parameters"]
+__all__ = ["CallShape", "Parameter", "call_shape", "clear_caches", "dropped_keywords", "mask_sees_positions",
+           "reference_parameters"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,7 @@ def clear_caches() -> None:
     call_shape.cache_clear()
     reference_parameters.cache_clear()
     dropped_keywords.cache_clear()
+    mask_sees_positions.cache_clear()
 
 
 @functools.lru_cache(maxsize=64)
@@ -139,3 +141,28 @@ def dropped_keywords(source: str, class_name: str) -> str | None:
             return None
         return f"`{class_name}.forward` calls `self.{node.func.attr}(...)` without its **kwargs"
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def mask_sees_positions(source: str) -> bool | None:
+    """Whether the modeling file ``source`` hands the position ids to transformers' ``create_causal_mask`` (by the
+    keyword, or in the ``mask_kwargs`` dict it spreads): the only way sdpa and eager see a packed row's
+    boundaries. None when the file builds no causal mask there (nothing to say)."""
+    try:
+        tree = ast.parse(Path(source).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    dict_keys = {  # name -> the string keys of a dict literal assigned to it
+        t.id: {k.value for k in n.value.keys if isinstance(k, ast.Constant)}
+        for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict)
+        for t in n.targets if isinstance(t, ast.Name)}
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id == "create_causal_mask"]
+    if not calls:
+        return None
+    for call in calls:
+        for k in call.keywords:
+            if k.arg == "position_ids" or (k.arg is None and isinstance(k.value, ast.Name)
+                                           and "position_ids" in dict_keys.get(k.value.id, ())):
+                return True
+    return False

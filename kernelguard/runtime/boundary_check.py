@@ -41,7 +41,8 @@ _SEP_ROW, _SEP_FIELD = "\x1e", "\x1f"
 _CHECK_IDS = itertools.count()
 
 
-def attention_blind_reason(impl: str | None, seg: RowSegments, *, mask: bool, cache: bool) -> tuple[str, str] | None:
+def attention_blind_reason(impl: str | None, seg: RowSegments, *, mask: bool, cache: bool,
+                           mask_positions: bool = True) -> tuple[str, str] | None:
     """(why attention cannot see a packed row's boundaries, the fix), or None when it can.
 
     ``kernelguard_varlen`` reads ``cu_seq_lens_q`` or the restarting positions, whatever the mask; a flash
@@ -73,6 +74,10 @@ def attention_blind_reason(impl: str | None, seg: RowSegments, *, mask: bool, ca
     if not positions:
         return (f"{impl} finds a packed row's boundaries only in its position_ids, and the batch has none "
                 "(cu_seq_lens_q is not read by it)", f"pass position_ids that restart at 0 for each example, {varlen}")
+    if not mask_positions:  # transformers' packed-mask detection reads the position ids its caller hands it
+        return (f"{impl} finds a packed row's boundaries only in the position_ids given to transformers' mask code, "
+                "and this model builds its causal mask without them",
+                f"a varlen attention (attn_implementation='flash_attention_2', or '{VARLEN_NAME}'), or padded batches")
     if cache:
         return (f"{impl} finds a packed row's boundaries in its position_ids only without a cache, and this call "
                 "builds one (use_cache=True, by the keyword or the model's config)",
@@ -151,7 +156,8 @@ class BoundaryCheck:
         if packed and missing:
             accepted = self.judge(seg.examples, seg.source, missing)
         cache = self._builds_cache(kwargs)
-        blind = attention_blind_reason(self.facts.attention_impl, seg, mask=mask is not None, cache=cache) \
+        blind = attention_blind_reason(self.facts.attention_impl, seg, mask=mask is not None, cache=cache,
+                                       mask_positions=self.facts.mask_positions) \
             if packed and self.facts.attention else None
         if blind is not None:
             accepted = self._refuse(self._attention_error(seg, *blind)) or accepted

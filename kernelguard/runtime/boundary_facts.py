@@ -44,6 +44,8 @@ class GdnBoundaries:
     feeds: dict[str, tuple[str, str | None]]
     attention: tuple[str, ...] = ()
     attention_impl: str | None = None
+    # the model hands the position ids to transformers' causal-mask code (sdpa and eager see packing only there)
+    mask_positions: bool = True
 
 
 def _accepts(closure: compat.FallbackClosure, param: str, policy: AllowPolicy) -> str | None:
@@ -87,12 +89,16 @@ def gdn_boundaries(layers: Iterable[tuple[str, Any]], policy: AllowPolicy, *, mo
     paths: list[str] = []
     attention: list[str] = []
     impl: str | None = None
+    mask_positions = True
     feeds: dict[str, tuple[str, str | None]] = {}
     for path, module in layers:
         if is_attention_layer(module):
             attention.append(path)
             config = getattr(module, "config", None)
             impl = impl or str(getattr(config, "_attn_implementation", None) or "eager")
+            source = getattr(sys.modules.get(type(module).__module__), "__file__", None)
+            mask_positions = mask_positions and transformers_calls.mask_sees_positions(source) is not False \
+                if source else mask_positions
         sites = [s for s in compat.layer_global_sites(module)
                  if s.closure.kernel in BOUNDARY_PARAMS or s.closure.kernel in NO_BOUNDARY_PARAM]
         sites = [s for s in sites if mode == "inference" or not is_decode_only(s.closure.kernel)]
@@ -108,7 +114,7 @@ def gdn_boundaries(layers: Iterable[tuple[str, Any]], policy: AllowPolicy, *, mo
             why = _layer_passes(site, param) or _accepts(site.closure, param, policy)
             if keyword not in feeds or (why is not None and feeds[keyword][1] is None):
                 feeds[keyword] = (param, why)
-    return GdnBoundaries(tuple(paths), feeds, tuple(attention), impl)
+    return GdnBoundaries(tuple(paths), feeds, tuple(attention), impl, mask_positions)
 
 
 def unmendable(param: str, why: str) -> bool:

@@ -150,3 +150,40 @@ def test_a_scan_that_takes_no_boundary_refuses_a_packed_row_whatever_it_carries(
     assert info.value.fix.startswith("padded batches (padding_free=False, no DataCollatorWithFlattening): "
                                      "`selective_scan_fn` takes no boundary, which no collator can mend")
     check.check_call((), {"input_ids": ids[:, :LENGTHS[0]]})  # the control: one example, nothing to refuse
+
+
+def test_granite_moe_hybrid_builds_its_mask_without_the_position_ids_so_sdpa_is_blind_to_a_packed_row(
+    fake_mamba: Any
+) -> None:
+    """transformers' GraniteMoeHybridModel calls create_causal_mask without the position ids, so sdpa never sees a
+    packed row's restarts: measured here, the row's second example differs from itself alone while every kernel
+    gets its seq_idx. The guard passed it until the first-row probe ran; now the attention check refuses it
+    (``allow=["attention"]`` accepts a slow attention, never a blind one)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from kernelguard.resolution.transformers_calls import mask_sees_positions
+
+    config = AutoConfig.for_model(
+        "granitemoehybrid", vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=128, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=1,
+        mamba_d_state=16, mamba_chunk_size=8, mamba_expand=2, layer_types=["mamba", "mamba", "mamba", "attention"],
+        num_local_experts=0, use_cache=False, pad_token_id=0, eos_token_id=2, bos_token_id=1)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).train()
+    import transformers.models.granitemoehybrid.modeling_granitemoehybrid as modeling
+
+    if mask_sees_positions(modeling.__file__) is not False:
+        pytest.skip("this transformers' GraniteMoeHybridModel hands its mask code the position ids")
+    ids, boundaries = _row()
+    with torch.no_grad():
+        packed = model(input_ids=ids, use_cache=False, **boundaries).logits
+        alone = _alone(model, ids)
+    assert (packed - alone)[:, LENGTHS[0]:].abs().max().item() > 1e-2  # what the refusal prevents
+    guard(model, packed=True, allow=["attention"], first_row_probe=False)  # the static check alone
+    with torch.no_grad(), pytest.raises(PackedWithoutBoundariesError) as info:
+        model(input_ids=ids, use_cache=False, **boundaries)
+    assert ("but cannot see where they begin: sdpa finds a packed row's boundaries only in the position_ids given "
+            "to transformers' mask code, and this model builds its causal mask without them.") in info.value.message
+    assert info.value.fix.startswith("a varlen attention (attn_implementation='flash_attention_2', or "
+                                     "'kernelguard_varlen'), or padded batches")
