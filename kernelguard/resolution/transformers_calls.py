@@ -118,11 +118,11 @@ def clear_caches() -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def dropped_keywords(source: str, class_name: str) -> str | None:
-    """Where ``class_name``'s ``forward`` (a causal LM in the modeling file ``source``) calls its base model (the
-    ``self.<attribute>(...)`` call it hands ``input_ids``) without passing its ``**kwargs`` on: the call, shown
-    as the modeling file writes it; None when it passes them, or when the file cannot say. A batch's
-    packed-sequence keywords given to such a model never reach its layers."""
+def dropped_keywords(source: str, class_name: str, base: str | None = None) -> str | None:
+    """Where ``class_name``'s ``forward`` (a causal LM in the modeling file ``source``) calls its base model
+    (``self.<base>(...)``; without ``base``, the ``self.<attribute>(...)`` call it hands ``input_ids``) without
+    passing its ``**kwargs`` on: the call, shown as the modeling file writes it; None when it passes them, or when
+    the file cannot say. A batch's packed-sequence keywords given to such a model never reach its layers."""
     try:
         tree = ast.parse(Path(source).read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError):
@@ -135,7 +135,7 @@ def dropped_keywords(source: str, class_name: str) -> str | None:
                 and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"):
             continue
         given = [a.id for a in node.args if isinstance(a, ast.Name)] + [k.arg for k in node.keywords if k.arg]
-        if "input_ids" not in given:
+        if node.func.attr != base if base is not None else "input_ids" not in given:
             continue
         if any(k.arg is None for k in node.keywords):  # a ** spread passes them on
             return None

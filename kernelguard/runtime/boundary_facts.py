@@ -136,8 +136,12 @@ def entry_facts(model: Any, facts: GdnBoundaries) -> GdnBoundaries | None:
     """The facts of a check at ``model``'s own entry when its ``forward`` calls its base model without passing
     the batch's keywords on (transformers' Mamba2ForCausalLM): every boundary is then dropped before the decoder
     stack, where the stack's own check sees one long sequence. None when the forward passes them on."""
+    prefix = str(getattr(model, "base_model_prefix", "") or "")
+    base = getattr(model, prefix, None) if prefix else None
+    if base is None or base is model:  # a base model itself: its forward hands the keywords to its layers
+        return None
     source = getattr(sys.modules.get(type(model).__module__), "__file__", None)
-    dropped = transformers_calls.dropped_keywords(source, type(model).__name__) if source else None
+    dropped = transformers_calls.dropped_keywords(source, type(model).__name__, prefix) if source else None
     if dropped is None or not facts.feeds:
         return None
     feeds = {k: (p, why if k in NO_BOUNDARY_PARAM else f"{MODEL_DROPS}: {dropped}") for k, (p, why) in facts.feeds.items()}

@@ -187,3 +187,21 @@ def test_granite_moe_hybrid_builds_its_mask_without_the_position_ids_so_sdpa_is_
             "to transformers' mask code, and this model builds its causal mask without them.") in info.value.message
     assert info.value.fix.startswith("a varlen attention (attn_implementation='flash_attention_2', or "
                                      "'kernelguard_varlen'), or padded batches")
+
+
+def test_the_entry_check_applies_to_a_causal_lm_that_drops_the_keywords_never_to_a_base_model(
+    fake_mamba: Any, tiny: Any
+) -> None:
+    """A base model's forward hands its embedding the input ids without **kwargs and its layers the keywords:
+    it is no wrapper that drops them (a packed row given to `model.model(...)` must not be refused for it)."""
+    from kernelguard.resolution import AllowPolicy
+    from kernelguard.runtime.boundary_facts import entry_facts, gdn_boundaries
+
+    for family in ("qwen3_5", "nemotron_h", "mamba2"):
+        model = tiny.tiny_model(family)
+        facts = gdn_boundaries(model.named_modules(), AllowPolicy())
+        base = getattr(model, model.base_model_prefix)
+        assert entry_facts(base, facts) is None, family
+        if family != "mamba2":
+            assert entry_facts(model, facts) is None, family  # their causal LM passes them on
+    assert (entry_facts(model, facts) is None) is (_mamba2_drops() is None)
