@@ -223,11 +223,9 @@ class BoundaryCheck:
         return first, f" (and {n} more {kind} layer{'s' if n > 1 else ''})" if n > 0 else ""
 
     def _error(self, examples: int, source: str, missing: list[tuple[str, str]]) -> PackedWithoutBoundariesError:
-        first, more = self._layers(self.facts.layers, "GDN")
+        first, more = self._layers(self.facts.layers, self.facts.family)
         gets = " and ".join(
-            why if p in NO_BOUNDARY_PARAM else
-            f"{'its gated-delta kernels get' if p == 'cu_seqlens' else 'its conv gets'} no `{p}` ({why})"
-            for p, why in missing
+            why if p in NO_BOUNDARY_PARAM else f"{self.facts.reader_words(p)} no `{p}` ({why})" for p, why in missing
         )
         message = (
             f"kernelguard: {first}{more} got a packed row of {examples} examples (by its {source}) but "
@@ -243,11 +241,12 @@ class BoundaryCheck:
         )
 
     def _disagree_error(self, disagreement: str, seg: RowSegments) -> PackedWithoutBoundariesError:
-        first, more = self._layers(self.facts.layers or self.facts.attention, "GDN" if self.facts.layers else "attention")
+        first, more = self._layers(self.facts.layers or self.facts.attention,
+                                   self.facts.family if self.facts.layers else "attention")
         message = (
             f"kernelguard: {first}{more} got a packed row whose {disagreement}: each layer would split the row "
-            f"where its own signal says (the gated-delta kernels by cu_seq_lens_q, the conv by seq_idx, attention "
-            f"by cu_seq_lens_q or position_ids), so examples run into each other. {WRONG}"
+            f"where its own signal says ({self.facts.splits()}, attention by cu_seq_lens_q or position_ids), so "
+            f"examples run into each other. {WRONG}"
         )
         fix = ("write every boundary from the same examples with one collator: " + FIX.split(", or ")[0]
                + f" (or TRL's padding_free=True, TRL >= 1.16); or {self._allow_fix}")

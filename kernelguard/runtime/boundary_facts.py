@@ -11,7 +11,7 @@ import inspect
 import re
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kernelguard.resolution import BOUNDARY_PARAMS, NO_BOUNDARY_PARAM, AllowPolicy, is_decode_only, transformers_calls
@@ -33,6 +33,15 @@ __all__ = [
 LAYER_DOES_NOT_PASS = "transformers' layer does not pass"  # how a reason the batch cannot mend begins
 MODEL_DROPS = "the model's own forward drops it"  # ... and another: the boundary never reaches the layers
 
+# What a boundary-consuming kernel is, in a sentence's words: the layer family it serves, and the part of the
+# layer that reads the boundary (a refusal names the layers by family, not as GDN whatever the model).
+_FAMILY = {"chunk_gated_delta_rule": "GDN", "fused_recurrent_gated_delta_rule": "GDN", "chunk_kda": "KDA",
+           "fused_recurrent_kda": "KDA", "mamba_chunk_scan_combined": "Mamba-2",
+           "mamba_split_conv1d_scan_combined": "Mamba-2", "mamba_inner_fn": "Mamba", "selective_scan_fn": "Mamba"}
+_PART = {"chunk_gated_delta_rule": ("gated-delta kernels",), "fused_recurrent_gated_delta_rule": ("gated-delta kernels",),
+         "chunk_kda": ("KDA kernels",), "fused_recurrent_kda": ("KDA kernels",), "causal_conv1d_fn": ("conv",),
+         "mamba_chunk_scan_combined": ("Mamba-2 scan",), "mamba_split_conv1d_scan_combined": ("conv", "Mamba-2 scan")}
+
 @dataclass(frozen=True, slots=True)
 class GdnBoundaries:
     """What the GDN layers of one model can be given: per batch keyword, whether every kernel fed from it
@@ -46,6 +55,30 @@ class GdnBoundaries:
     attention_impl: str | None = None
     # the model hands the position ids to transformers' causal-mask code (sdpa and eager see packing only there)
     mask_positions: bool = True
+    # kernel parameter -> the kernels that read it, in the order the layers call them
+    readers: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def family(self) -> str:
+        """The layers' family in words ("GDN", "KDA", "Mamba-2", "GDN/KDA"), from the kernels they call; "GDN"
+        when no kernel names one (the conv alone)."""
+        families = dict.fromkeys(_FAMILY[k] for kernels in self.readers.values() for k in kernels if k in _FAMILY)
+        return "/".join(families) or "GDN"
+
+    def reader_words(self, param: str) -> str:
+        """Who reads ``param`` and the verb, as a refusal says it: "its conv gets", "its KDA kernels get"."""
+        parts = list(dict.fromkeys(part for k in self.readers.get(param, ()) for part in _PART.get(k, ())))
+        if not parts:
+            parts = ["gated-delta kernels" if param == "cu_seqlens" else "conv"]
+        plural = len(parts) > 1 or parts[0].endswith("s")
+        return f"its {' and '.join(parts)} {'get' if plural else 'gets'}"
+
+    def splits(self) -> str:
+        """Where each boundary-reading part splits a row: "the gated-delta kernels by cu_seq_lens_q, the conv by
+        seq_idx"."""
+        said = [f"the {self.reader_words(param)[4:].rsplit(' ', 1)[0]} by {BOUNDARY_PARAMS[kernels[0]][1]}"
+                for param, kernels in sorted(self.readers.items()) if kernels[0] in BOUNDARY_PARAMS]
+        return ", ".join(said) or "the gated-delta kernels by cu_seq_lens_q, the conv by seq_idx"
 
 
 def _accepts(closure: compat.FallbackClosure, param: str, policy: AllowPolicy) -> str | None:
@@ -91,6 +124,7 @@ def gdn_boundaries(layers: Iterable[tuple[str, Any]], policy: AllowPolicy, *, mo
     impl: str | None = None
     mask_positions = True
     feeds: dict[str, tuple[str, str | None]] = {}
+    readers: dict[str, tuple[str, ...]] = {}
     for path, module in layers:
         if is_attention_layer(module):
             attention.append(path)
@@ -106,6 +140,9 @@ def gdn_boundaries(layers: Iterable[tuple[str, Any]], policy: AllowPolicy, *, mo
             continue
         paths.append(path)
         for site in sites:
+            param = BOUNDARY_PARAMS.get(site.closure.kernel, (site.closure.kernel,))[0]
+            if site.closure.kernel not in readers.get(param, ()):
+                readers[param] = (*readers.get(param, ()), site.closure.kernel)
             if site.closure.kernel in NO_BOUNDARY_PARAM:  # keyed by its name: no batch keyword can feed it
                 feeds[site.closure.kernel] = (site.closure.kernel, f"`{site.closure.kernel}` takes no boundary at "
                                               "all: its scan runs on from one packed example into the next")
@@ -114,7 +151,7 @@ def gdn_boundaries(layers: Iterable[tuple[str, Any]], policy: AllowPolicy, *, mo
             why = _layer_passes(site, param) or _accepts(site.closure, param, policy)
             if keyword not in feeds or (why is not None and feeds[keyword][1] is None):
                 feeds[keyword] = (param, why)
-    return GdnBoundaries(tuple(paths), feeds, tuple(attention), impl, mask_positions)
+    return GdnBoundaries(tuple(paths), feeds, tuple(attention), impl, mask_positions, readers)
 
 
 def unmendable(param: str, why: str) -> bool:

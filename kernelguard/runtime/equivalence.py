@@ -284,7 +284,7 @@ def _error(first: LayerDifference, measured: list[LayerDifference]) -> PackedWit
                "attention_mask; or give a varlen attention the boundaries (attn_implementation="
                "'kernelguard_varlen' or 'flash_attention_2', with cu_seq_lens_q/k); or train on padded batches")
     else:
-        fix = ("check that each GDN kernel honours cu_seqlens / seq_idx and that the collator writes its boundaries "
+        fix = ("check that each layer's kernels (GDN, KDA, Mamba-2 scan, conv) honour cu_seqlens / seq_idx and that the collator writes its boundaries "
                "from the same examples (DataCollatorWithFlattening(return_flash_attn_kwargs=True, "
                "return_seq_idx=True)); or train on padded batches")
     return PackedWithoutBoundariesError(

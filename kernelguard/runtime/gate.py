@@ -164,7 +164,8 @@ def allowed_line(report: GuardReport) -> str | None:
 # ------------------------------------------------------------------------------------------ why / fix ---
 ADVICE_WIDTH = 100  # the why / fix block must read in a terminal, unlike the table above it
 UNPACKED_FLAG = "--packing none"
-_PACKED_WHY = "packed: a GDN torch reference cannot honour packed example boundaries (--allow cannot help)"
+_PACKED_WHY = ("packed: a torch reference of a recurrent kernel (GDN, KDA, Mamba scan, conv) cannot honour packed "
+               "example boundaries (--allow cannot help)")
 
 
 @dataclass(frozen=True, slots=True)

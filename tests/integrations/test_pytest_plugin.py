@@ -561,7 +561,7 @@ def test_a_kda_family_packed_row_fails_with_the_layers_own_reason(inner: pytest.
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*::test_kda_packed_with_every_boundary FAILED*"])
     text = result.stdout.str()
-    assert ("its gated-delta kernels get no `cu_seqlens` (transformers' layer does not pass `cu_seqlens` to "
+    assert ("its KDA kernels get no `cu_seqlens` (transformers' layer does not pass `cu_seqlens` to "
             "`chunk_kda`)") in text
     assert ("Fix: padded batches (padding_free=False, no DataCollatorWithFlattening): the model's own layer drops "
             "the boundary, which no collator can mend; or accept it explicitly with "
@@ -607,6 +607,7 @@ def test_a_causal_lm_that_drops_the_boundaries_fails_its_packed_test(
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*::test_mamba2_packed_with_every_boundary FAILED*"])
     text = " ".join(result.stdout.str().split())
-    assert f"its conv gets no `seq_idx` (the model's own forward drops it: {dropped})" in text
+    assert "(and 1 more Mamba-2 layer) got a packed row of 2 examples" in text
+    assert f"its conv and Mamba-2 scan get no `seq_idx` (the model's own forward drops it: {dropped})" in text
     assert ("Fix: padded batches (padding_free=False, no DataCollatorWithFlattening): the model's own forward drops "
             "the boundary before its layers, which no collator can mend") in text

@@ -391,7 +391,8 @@ def test_the_first_row_probe_finds_a_leak_no_static_check_sees(
     assert error.message.startswith(
         "kernelguard: the first packed row, run example by example, differs from the packed run from "
         "model.layers.1 (linear attention) on: the example at tokens ")
-    assert error.fix.startswith("check that each GDN kernel honours cu_seqlens / seq_idx")
+    assert error.fix.startswith(
+        "check that each layer's kernels (GDN, KDA, Mamba-2 scan, conv) honour cu_seqlens / seq_idx")
     assert "The layers do not keep the row's examples apart, whatever its boundary keywords say" in error.message
     reference, worst, tolerance = error.details["layers"][1][1:]
     # measured 3.8e-5 against a 1e-6 tolerance (the fp32 floor), where a correct row's layers differ by at most

@@ -51,8 +51,8 @@ def test_a_packed_row_is_refused_because_the_layer_drops_the_boundary(fake_provi
         model(**_flattened())
     error = info.value
     assert error.message == (
-        "kernelguard: model.layers.0.self_attn (and 2 more GDN layers) got a packed row of 3 examples (by its "
-        "cu_seq_lens_q) but its gated-delta kernels get no `cu_seqlens` (transformers' layer does not pass "
+        "kernelguard: model.layers.0.self_attn (and 2 more KDA layers) got a packed row of 3 examples (by its "
+        "cu_seq_lens_q) but its KDA kernels get no `cu_seqlens` (transformers' layer does not pass "
         f"`cu_seqlens` to `chunk_kda`): {LEAK}")
     assert error.fix == ("padded batches (padding_free=False, no DataCollatorWithFlattening): the model's own layer "
                          "drops the boundary, which no collator can mend; or accept it explicitly with "

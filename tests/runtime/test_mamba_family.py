@@ -110,8 +110,8 @@ def test_mamba2_for_causal_lm_given_a_packed_row_is_refused_where_its_forward_dr
     with torch.no_grad(), pytest.raises(PackedWithoutBoundariesError) as info:
         model(input_ids=ids, use_cache=False, **boundaries)
     assert info.value.message == (
-        "kernelguard: backbone.layers.0.mixer (and 1 more GDN layer) got a packed row of 2 examples (by its "
-        f"cu_seq_lens_q) but its conv gets no `seq_idx` (the model's own forward drops it: {dropped}): {LEAK}")
+        "kernelguard: backbone.layers.0.mixer (and 1 more Mamba-2 layer) got a packed row of 2 examples (by its "
+        f"cu_seq_lens_q) but its conv and Mamba-2 scan get no `seq_idx` (the model's own forward drops it: {dropped}): {LEAK}")
     assert info.value.fix == (
         "padded batches (padding_free=False, no DataCollatorWithFlattening): the model's own forward drops the "
         "boundary before its layers, which no collator can mend; or accept it explicitly with "

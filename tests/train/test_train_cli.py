@@ -216,9 +216,10 @@ def test_refusal_ends_with_a_why_fix_block_in_cli_terms(assets: dict[str, Path])
     assert r.returncode == 3, r.stderr
     block = r.stderr.split("kernelguard train: refused to start (exit 3).\n", 1)[1]
     why, fix = block.split("\nfix:\n")
-    assert why.splitlines()[:2] == [
+    assert why.splitlines()[:3] == [
         "why:",
-        "  packed: a GDN torch reference cannot honour packed example boundaries (--allow cannot help)",
+        "  packed: a torch reference of a recurrent kernel (GDN, KDA, Mamba scan, conv) cannot honour packed",
+        "    example boundaries (--allow cannot help)",
     ]
     assert "chunk_gated_delta_rule (3 layers): `import fla.ops.gated_delta_rule` failed" in why
     assert "pip install 'flash-linear-attention" in fix and "causal-conv1d" in fix
