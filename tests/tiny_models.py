@@ -20,6 +20,11 @@ _FAMILIES: dict[str, tuple[str, str, str]] = {
     "mamba2": ("transformers.models.mamba2", "Mamba2Config", "Mamba2ForCausalLM"),
     # Mamba-2 + attention + MoE, whose causal LM passes them on: the Mamba family kernelguard train packs
     "nemotron_h": ("transformers.models.nemotron_h", "NemotronHConfig", "NemotronHForCausalLM"),
+    # the other Mamba-2 hybrids that pass their keywords on: attention every few layers (Bamba), attention and
+    # Mamba-2 side by side in every layer (Falcon-H1), one shared attention block between Mamba-2 layers (Zamba2)
+    "bamba": ("transformers.models.bamba", "BambaConfig", "BambaForCausalLM"),
+    "falcon_h1": ("transformers.models.falcon_h1", "FalconH1Config", "FalconH1ForCausalLM"),
+    "zamba2": ("transformers.models.zamba2", "Zamba2Config", "Zamba2ForCausalLM"),
 }
 
 FAMILIES = ("qwen3_5", "qwen3_next", "qwen3_5_moe")  # the GDN families
@@ -90,7 +95,19 @@ _NEMOTRON_H: dict[str, Any] = {
     "intermediate_size": 128, "mamba_num_heads": 4, "mamba_head_dim": 32, "n_groups": 1, "ssm_state_size": 16,
     "chunk_size": 8, "use_cache": False, "tie_word_embeddings": False, "pad_token_id": 0, "eos_token_id": 2,
 }
-_OWN = {"kimi_linear": _KIMI, "mamba2": _MAMBA2, "nemotron_h": _NEMOTRON_H}
+_MAMBA2_HYBRID: dict[str, Any] = {  # the fields Bamba, Falcon-H1 and Zamba2 share
+    "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 128, "use_cache": False, "tie_word_embeddings": False, "pad_token_id": 0,
+}
+_MAMBA_FIELDS = {"mamba_n_heads": 4, "mamba_d_head": 32, "mamba_n_groups": 1, "mamba_d_state": 16,
+                 "mamba_chunk_size": 8, "mamba_expand": 2}
+_BAMBA = {**_MAMBA2_HYBRID, **_MAMBA_FIELDS, "attn_layer_indices": [3]}
+_FALCON_H1 = {**_MAMBA2_HYBRID, **_MAMBA_FIELDS, "num_hidden_layers": 2, "head_dim": 16, "mamba_d_ssm": 128}
+_ZAMBA2 = {**_MAMBA2_HYBRID, "num_key_value_heads": 4, "n_mamba_heads": 4, "mamba_headdim": 32, "mamba_ngroups": 1,
+           "mamba_d_state": 16, "chunk_size": 8, "mamba_expand": 2, "hybrid_layer_ids": [3],
+           "layer_types": ["mamba", "mamba", "mamba", "hybrid"], "use_mem_rope": False}
+_OWN = {"kimi_linear": _KIMI, "mamba2": _MAMBA2, "nemotron_h": _NEMOTRON_H, "bamba": _BAMBA, "falcon_h1": _FALCON_H1,
+        "zamba2": _ZAMBA2}
 
 
 def _classes(family: str) -> tuple[type, type]:

@@ -52,8 +52,15 @@ def _alone(model: Any, ids: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
-def test_a_packed_nemotron_h_row_runs_and_equals_each_example_alone(fake_mamba: Any, tiny: Any) -> None:
-    model = tiny.tiny_model("nemotron_h").train()
+# The Mamba-2 hybrids whose causal LM hands the batch's keywords on to every layer: each packs.
+PACKABLE = ("nemotron_h", "bamba", "falcon_h1", "zamba2")
+
+
+@pytest.mark.parametrize("family", PACKABLE)
+def test_a_packed_mamba2_hybrid_row_runs_and_equals_each_example_alone(
+    fake_mamba: Any, tiny: Any, family: str
+) -> None:
+    model = tiny.tiny_model(family).train()
     report = guard(model, packed=True, allow=["attention"])
     assert {e.kernel for e in report.entries if e.status == "selected"} >= {
         "mamba_split_conv1d_scan_combined", "mamba_chunk_scan_combined"}
@@ -64,10 +71,11 @@ def test_a_packed_nemotron_h_row_runs_and_equals_each_example_alone(fake_mamba: 
     assert (packed - alone).abs().max().item() < 1e-4  # fp32: ~1e-6 here; a leak is O(1)
 
 
+@pytest.mark.parametrize("family", PACKABLE)
 def test_a_stand_in_that_ignores_seq_idx_is_refused_by_the_first_row_probe(
-    fake_mamba: Any, tiny: Any, monkeypatch: pytest.MonkeyPatch
+    fake_mamba: Any, tiny: Any, monkeypatch: pytest.MonkeyPatch, family: str
 ) -> None:
-    model = tiny.tiny_model("nemotron_h").train()
+    model = tiny.tiny_model(family).train()
     from mamba_ssm.ops.triton import ssd_combined
 
     monkeypatch.setattr(ssd_combined, "LEAK", True)

@@ -21,7 +21,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     import tiny_models
 
     found = h.write_train_assets(tmp_path_factory.mktemp("mamba"), rows=60)
-    for family in ("nemotron_h", "mamba2"):
+    for family in ("nemotron_h", "mamba2", "falcon_h1", "zamba2"):
         folder = found["root"] / family
         folder.mkdir()
         config = tiny_models.tiny_config(family, vocab_size=h.VOCAB_SIZE, pad_token_id=0, eos_token_id=2)
@@ -52,6 +52,21 @@ def test_a_packed_nemotron_h_trains_and_a_leaking_scan_stops_it_at_step_1(
     assert leaked.returncode == 1 and "Traceback" not in leaked.stderr
     assert ("kernelguard train: stopped by the guard (exit 1).\nkernelguard: the first packed row, run example by "
             "example, differs from the packed run from model.layers.0") in leaked.stderr
+
+
+@pytest.mark.parametrize("family", ["falcon_h1", "zamba2"])
+def test_the_other_mamba2_hybrid_layouts_train_packed(
+    assets: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str
+) -> None:
+    """Falcon-H1 (attention and Mamba-2 side by side in every layer; its model registers each mixer's
+    ``mup_vector``, a buffer in no checkpoint that the random init must recompute) and Zamba2 (one attention block
+    shared between Mamba-2 layers): both pack and train. Falcon-H1 stopped before step 1 when its mixer could not be
+    rebuilt alone (tests/train/test_fresh_buffers.py)."""
+    done = _train(assets, family, tmp_path / "ok", monkeypatch)
+    assert done.returncode == 0, done.stderr
+    assert "packed 60 examples" in done.stderr
+    steps = [json.loads(line) for line in (tmp_path / "ok" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if "loss" in s][-1] == 2
 
 
 def test_mamba2_is_refused_by_name_before_anything_is_written(

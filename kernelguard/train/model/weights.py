@@ -35,6 +35,7 @@ from torch import nn
 
 from kernelguard.errors import CheckpointError
 
+from .fresh_buffers import restore_buffers
 from .weight_files import BITS, FLOATS, INDEX_FILE, TensorEntry, listed, read_files, safetensors_header
 
 __all__ = [
@@ -308,31 +309,3 @@ def load_sharded(model: nn.Module, plan: WeightPlan, *, device: torch.device) ->
     state = get_model_state_dict(model)
     wanted = {plan.names[k]: v for k, v in state.items() if k in plan.names}
     dcp.load(wanted, storage_reader=HuggingFaceStorageReader(str(plan.layout.folder)))
-
-
-def restore_buffers(model: nn.Module, config: Any) -> None:
-    """Recompute the non-persistent buffers (rotary ``inv_freq``) that ``to_empty`` left uninitialised: they
-    are in no file. Each owner is rebuilt alone on CPU from its own config (transformers' rotary modules take
-    ``config``); buffers are tiny, parameters are not touched."""
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            transient = getattr(module, "_non_persistent_buffers_set", set())
-            if not transient:
-                continue
-            fresh = _rebuilt(module, name)
-            for buffer in transient:
-                target, value = getattr(module, buffer, None), getattr(fresh, buffer, None)
-                if isinstance(target, torch.Tensor) and isinstance(value, torch.Tensor):
-                    target.copy_(value.to(target.device, target.dtype))
-
-
-def _rebuilt(module: nn.Module, name: str) -> nn.Module:
-    own_config = getattr(module, "config", None)
-    try:
-        with torch.device("cpu"):
-            return type(module)(config=own_config)
-    except Exception as e:
-        raise CheckpointError(
-            f"cannot recompute the non-persistent buffers of {name} ({type(module).__name__}): {e!r}.",
-            fix="report the model class; the rank-0 load path (a random init) does not need this",
-        ) from e
