@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .catalog import Family, Requirements, is_decode_only
 from .decisions import FALLBACK, Decision
 from .packed_batch import BOUNDARY_PARAMS, NO_BOUNDARY_PARAM
-from .transformers_calls import call_shape, dropped_keywords
+from .transformers_calls import call_shape, dropped_keywords, mask_sees_positions
 
 __all__ = ["PACKED_ROWS", "FamilySupport", "family_table", "packed_rows_decision", "packing_support"]
 
@@ -29,6 +29,9 @@ class FamilySupport:
     model_types: tuple[str, ...]
     kernels: tuple[str, ...]  # training kernels (decode-only ones left out)
     packed_problem: str | None  # None: kernelguard train packs it
+    # its causal mask is built without the position ids: sdpa and eager see a packed row as one sequence, so only
+    # a varlen attention (given cu_seq_lens) keeps its examples apart (the guard refuses the others)
+    varlen_attention_only: bool = False
 
     @property
     def packs(self) -> bool:
@@ -55,7 +58,8 @@ def packing_support(family: Family) -> FamilySupport:
             problems.append(f"transformers' layer does not pass `{param}` to `{req.kernel}`, so its state runs on "
                             "from one packed example into the next")
     problem = "; ".join(dict.fromkeys(problems)) or None
-    return FamilySupport(family.name, family.model_types, tuple(dict.fromkeys(k.kernel for k in kernels)), problem)
+    return FamilySupport(family.name, family.model_types, tuple(dict.fromkeys(k.kernel for k in kernels)), problem,
+                         mask_sees_positions(family.source) is False)
 
 
 def _causal_lms(source: str) -> list[str]:
@@ -102,7 +106,9 @@ def family_table(families: dict[str, Family], transformers_version: str) -> str:
     ]
     for name in sorted(families):
         s = packing_support(families[name])
-        verdict = "yes" if s.packs else f"no: {s.packed_problem}"
+        verdict = f"no: {s.packed_problem}" if not s.packs else "yes" if not s.varlen_attention_only else (
+            "yes, with a varlen attention (flash_attention_2 or kernelguard_varlen) only: its causal mask is built "
+            "without the position ids, so sdpa and eager let a packed row's examples see each other")
         lines.append(f"| {name} | {', '.join(s.model_types)} | {', '.join(s.kernels)} | {verdict} |")
     return "\n".join(lines) + "\n"
 

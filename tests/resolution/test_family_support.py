@@ -84,6 +84,13 @@ def test_the_installed_families_as_transformers_ships_them() -> None:
             assert problem is not None and "`Mamba2ForCausalLM.forward` calls `self.backbone(...)`" in problem
     if "nemotron_h" in families:  # passes them on, and seq_idx reaches each Mamba-2 scan
         assert packing_support(families["nemotron_h"]).packs
+    if "granitemoehybrid" in families:  # packs, but its causal mask never sees the position ids
+        from kernelguard.resolution.transformers_calls import mask_sees_positions
+
+        support = packing_support(families["granitemoehybrid"])
+        assert support.packs
+        assert support.varlen_attention_only is (mask_sees_positions(families["granitemoehybrid"].source) is False)
+    assert not packing_support(families["qwen3_5"]).varlen_attention_only  # the control: its mask sees them
     if "jamba" in families:  # Mamba-1: no boundary at all
         problem = packing_support(families["jamba"]).packed_problem
         assert problem is not None and "`selective_scan_fn` takes no boundary at all" in problem
