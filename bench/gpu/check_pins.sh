@@ -8,6 +8,7 @@
 #      TRITON_PRINT_AUTOTUNING=1 so every remaining autotune search is counted.
 # Needs in .whl/: fla-core, flash-linear-attention, causal-conv1d and kernelguard's own wheel
 # (`pip wheel --no-deps -w .whl .`). Output under $OUT: check_pins.log, fla_autotune_pins.json, *.json.
+#   CHECK_ARGS="--model kimi_linear --mode training --no-packed --allow fla-640-refusal" bash bench/gpu/check_pins.sh
 set -u
 OUT=${OUT:-/tmp/kg-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/check_pins.log") 2>&1
@@ -20,17 +21,19 @@ echo "install: $(secs "$s") s"
 s=$(date +%s.%N); PYTHONPATH=/tmp/site python3 -c "import fla" 2>/dev/null; echo "import fla (first): $(secs "$s") s"
 s=$(date +%s.%N); PYTHONPATH=/tmp/site python3 -c "import fla" 2>/dev/null; echo "import fla (second): $(secs "$s") s"
 export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-ARGS="--model qwen3_5 --mode training --allow fla-640-refusal"
+PINS=kernelguard/resolution/fla_autotune_pins.json
+# CHECK_ARGS: another model's check, e.g. "--model kimi_linear --mode training --no-packed --allow fla-640-refusal"
+ARGS=${CHECK_ARGS:-"--model qwen3_5 --mode training --allow fla-640-refusal"}
 if [ -z "${SKIP_RECORD:-}" ]; then
   step "record (in-process, shipped pins applied)"
   s=$(date +%s.%N)
-  cp kernelguard/fla_autotune_pins.json "$OUT/fla_autotune_pins.json"
+  cp "$PINS" "$OUT/fla_autotune_pins.json"
   TRITON_CACHE_DIR=/tmp/tc-record PYTHONPATH=/tmp/site timeout "${RECORD_TIMEOUT:-330}" python3 bench/gpu/check_timing.py \
     --out "$OUT/record.json" --record "$OUT/fla_autotune_pins.json" -- $ARGS > "$OUT/record.out" 2>&1
   echo "record: rc=$? wall $(secs "$s") s"
   tail -n 1 "$OUT/record.out" | cut -c1-400
-  cp "$OUT/fla_autotune_pins.json" /tmp/site/kernelguard/fla_autotune_pins.json
-  cp "$OUT/fla_autotune_pins.json" kernelguard/fla_autotune_pins.json
+  cp "$OUT/fla_autotune_pins.json" "/tmp/site/$PINS"
+  cp "$OUT/fla_autotune_pins.json" "$PINS"
 fi
 export TRITON_PRINT_AUTOTUNING=1
 for name in cold warm; do

@@ -201,25 +201,28 @@ def entry_for(stack: Stack, pins: Mapping[str, Any]) -> Mapping[str, Any] | None
     return None
 
 
-def _load_pinned_modules() -> None:
-    """Import the fla modules whose kernels the pins name (the GDN chunk kernels and the l2norm ones), in a
-    process that already imported fla: a kernel module transformers imports only at its first call would
-    otherwise be searched then, with its pin unused."""
+def _load_pinned_modules(names: Iterator[str] | list[str]) -> None:
+    """Import the fla modules whose kernels the pins name (``fla.ops.kda.chunk_intra.kernel`` -> its module), in
+    a process that already imported fla: a kernel module transformers imports only at its first call (the GDN
+    chunk path, l2norm, KDA's) would otherwise be searched then, with its pin unused."""
+    import importlib
+
     if "fla" not in sys.modules:
         return  # fla is not this process's provider: never drag it in
-    try:
-        import fla.modules.l2norm
-        import fla.ops.gated_delta_rule  # noqa: F401 - the chunk path: chunk_o, chunk_delta_h, wy_fast, cumsum
-    except Exception:  # noqa: BLE001 - another fla layout: its kernels stay unpinned, as before
-        return
+    for module in dict.fromkeys(name.rsplit(".", 1)[0] for name in names):
+        if module.startswith("fla.") and module not in sys.modules:
+            try:
+                importlib.import_module(module)
+            except Exception:  # noqa: BLE001 - another fla layout: its kernels stay unpinned, as before
+                continue
 
 
 def apply(entry: Mapping[str, Any]) -> int:
     """Fill the loaded fla autotuners' caches from ``entry``; returns how many keys were pinned.
 
     A key the autotuner already holds (tuned or pinned earlier in this process) is left alone."""
-    _load_pinned_modules()
     wanted = entry.get("kernels", {})
+    _load_pinned_modules(list(wanted))
     pinned = 0
     for name, tuner in fla_autotuners():
         for row in wanted.get(name, ()):

@@ -185,24 +185,31 @@ def test_pinning_first_imports_the_pinned_kernel_modules_of_a_process_using_fla(
     fake_stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """transformers may import an fla kernel module only at its first call (the gate's probe): pinned then, it
-    is never searched. A process that never imported fla is left without it."""
-    l2norm = types.ModuleType("fla.modules.l2norm")
-    l2norm.l2norm_fwd_kernel = FakeAutotuner(3)  # type: ignore[attr-defined]
-    entry = {**STACK.to_dict(), "kernels": {"fla.modules.l2norm.l2norm_fwd_kernel": [
-        {"key": list(KEY), "config": {"kwargs": {"BT": 32}, "num_warps": 8}}]}}
+    is never searched. Whichever modules the pins name are imported (l2norm's, KDA's: not a fixed list). A
+    process that never imported fla is left without it."""
+    import importlib
+
+    modules = {name: types.ModuleType(name) for name in ("fla.modules.l2norm", "fla.ops.kda.chunk_intra")}
+    for module in modules.values():
+        module.kernel = FakeAutotuner(3)  # type: ignore[attr-defined]
+    row = {"key": list(KEY), "config": {"kwargs": {"BT": 32}, "num_warps": 8}}
+    entry = {**STACK.to_dict(), "kernels": {f"{name}.kernel": [row] for name in modules}}
     monkeypatch.delitem(sys.modules, "fla", raising=False)
-    monkeypatch.delitem(sys.modules, "fla.modules.l2norm", raising=False)
-    real_import = __builtins__["__import__"] if isinstance(__builtins__, dict) else __builtins__.__import__
+    for name in modules:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    real_import = importlib.import_module
 
-    def fake_import(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name.startswith("fla"):
-            sys.modules["fla.modules.l2norm"] = l2norm  # what importing the real package does
-            return types.ModuleType(name)
-        return real_import(name, *args, **kwargs)
+    def fake_import(name: str, package: str | None = None) -> Any:
+        if name in modules:
+            sys.modules[name] = modules[name]  # what importing the real package does
+            return modules[name]
+        return real_import(name, package)
 
-    monkeypatch.setattr("builtins.__import__", fake_import)
+    monkeypatch.setattr(importlib, "import_module", fake_import)
     assert fla_autotune.apply(entry) == 0  # no fla in this process: nothing imported, nothing pinned
-    assert "fla.modules.l2norm" not in sys.modules
+    assert not set(modules) & set(sys.modules)
     monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))
-    assert fla_autotune.apply(entry) == 1
-    assert l2norm.l2norm_fwd_kernel.cache[KEY].num_warps == 8
+    assert fla_autotune.apply(entry) == 2
+    assert all(module.kernel.cache[KEY].num_warps == 8 for module in modules.values())  # type: ignore[attr-defined]
+    for name in modules:
+        sys.modules.pop(name, None)
