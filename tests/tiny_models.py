@@ -25,6 +25,8 @@ _FAMILIES: dict[str, tuple[str, str, str]] = {
     "bamba": ("transformers.models.bamba", "BambaConfig", "BambaForCausalLM"),
     "falcon_h1": ("transformers.models.falcon_h1", "FalconH1Config", "FalconH1ForCausalLM"),
     "zamba2": ("transformers.models.zamba2", "Zamba2Config", "Zamba2ForCausalLM"),
+    # Mamba-1 (selective_scan_fn, no boundary parameter) + attention + MoE: never packed
+    "jamba": ("transformers.models.jamba", "JambaConfig", "JambaForCausalLM"),
 }
 
 FAMILIES = ("qwen3_5", "qwen3_next", "qwen3_5_moe")  # the GDN families
@@ -106,7 +108,10 @@ _FALCON_H1 = {**_MAMBA2_HYBRID, **_MAMBA_FIELDS, "num_hidden_layers": 2, "head_d
 _ZAMBA2 = {**_MAMBA2_HYBRID, "num_key_value_heads": 4, "n_mamba_heads": 4, "mamba_headdim": 32, "mamba_ngroups": 1,
            "mamba_d_state": 16, "chunk_size": 8, "mamba_expand": 2, "hybrid_layer_ids": [3],
            "layer_types": ["mamba", "mamba", "mamba", "hybrid"], "use_mem_rope": False}
-_OWN = {"kimi_linear": _KIMI, "mamba2": _MAMBA2, "nemotron_h": _NEMOTRON_H, "bamba": _BAMBA, "falcon_h1": _FALCON_H1,
+_JAMBA = {**_MAMBA2_HYBRID, "attn_layer_period": 4, "attn_layer_offset": 3, "expert_layer_period": 2,
+          "expert_layer_offset": 1, "num_experts": 4, "num_experts_per_tok": 2, "mamba_d_state": 16,
+          "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8}
+_OWN = {"jamba": _JAMBA, "kimi_linear": _KIMI, "mamba2": _MAMBA2, "nemotron_h": _NEMOTRON_H, "bamba": _BAMBA, "falcon_h1": _FALCON_H1,
         "zamba2": _ZAMBA2}
 
 

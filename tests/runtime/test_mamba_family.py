@@ -139,6 +139,31 @@ def test_the_controls_of_mamba2_a_padded_batch_and_the_backbone_given_the_row(fa
     assert (hidden - torch.cat([first, second], dim=1)).abs().max().item() < 1e-4
 
 
+def test_a_packed_jamba_row_mixes_its_examples_and_the_guard_refuses_it_by_its_mamba1_scan(
+    fake_mamba: Any, tiny: Any
+) -> None:
+    """Jamba's Mamba-1 layers run mamba-ssm's selective_scan_fn (the stand-in: its reference, which matched
+    transformers' torch path to 2e-7 on a padded batch), which takes no boundary: a packed row is one sequence."""
+    model = tiny.tiny_model("jamba").train()
+    ids, boundaries = _row()
+    with torch.no_grad():  # unguarded: what the refusal prevents
+        packed = model(input_ids=ids, use_cache=False, **boundaries).logits
+        alone = _alone(model, ids)
+    # Jamba's small init carries little state: rounding here is ~2e-7, the leak ~3e-3
+    assert (packed - alone)[:, :LENGTHS[0]].abs().max().item() < 1e-5
+    assert (packed - alone)[:, LENGTHS[0]:].abs().max().item() > 1e-4  # the second example saw the first
+    report = guard(model, packed=True, allow=["attention"])
+    assert {e.kernel for e in report.entries if e.status == "selected"} >= {"selective_scan_fn", "causal_conv1d_fn"}
+    with torch.no_grad():
+        model(input_ids=ids[:, :LENGTHS[0]], use_cache=False)  # the control: one example per row runs
+    with torch.no_grad(), pytest.raises(PackedWithoutBoundariesError) as info:
+        model(input_ids=ids, use_cache=False, **boundaries)
+    assert info.value.message == (
+        "kernelguard: model.layers.0.mamba (and 2 more Mamba layers) got a packed row of 2 examples (by its "
+        "cu_seq_lens_q) but `selective_scan_fn` takes no boundary at all: its scan runs on from one packed example "
+        f"into the next: {LEAK}")
+
+
 def test_a_scan_that_takes_no_boundary_refuses_a_packed_row_whatever_it_carries() -> None:
     """mamba-ssm's Mamba-1 selective scan has no boundary parameter (jamba, zamba): made-up facts of one such
     layer, a row carrying every signal."""

@@ -1,5 +1,6 @@
 """Test double for mamba-ssm's Mamba-2 kernels (same signatures; pure torch over transformers' own reference;
-honours ``seq_idx``: a packed row's examples never share a scan state or a conv window). It needs the
+honours ``seq_idx``: a packed row's examples never share a scan state or a conv window) and its Mamba-1 ones
+(``ops.selective_scan_interface``: no boundary parameter, as the real ones). It needs the
 causal-conv1d stand-in beside it (tests/fake_providers): its conv, and the way a stand-in tells transformers 5.25+
 the devices it runs on."""
 
