@@ -89,6 +89,9 @@ class HubRepo:
     layer_name: str
     version: int | None
     revision: str | None
+    # False where the mapping's repository says check_arch=False (kernels 0.19): a build whose declared CUDA
+    # archs miss the GPU is loaded anyway instead of refused
+    check_arch: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,8 @@ def _hub_mapping(root: str) -> dict[str, HubRepo]:
             continue
         version = re.search(r"version\s*=\s*(\d+)", window)
         revision = re.search(r'revision\s*=\s*"([^"]+)"', window)
+        call = re.search(r"Repository\((.*?)\)", window, re.DOTALL)  # the repository the fields above come from
+        entry = call.group(1) if call else window
         repos.setdefault(
             match.group(1),
             HubRepo(
@@ -90,6 +92,7 @@ def _hub_mapping(root: str) -> dict[str, HubRepo]:
                 layer.group(1),
                 int(version.group(1)) if version else None,
                 revision.group(1) if revision else None,
+                re.search(r"check_arch\s*=\s*False", entry) is None,
             ),
         )
     for kernel, community in _community_layers(text).items():

@@ -263,6 +263,7 @@ def _probe_hub(requirements: catalog.Requirements, target: Target, env: Environm
                 allow_untrusted=target.allow.allows_untrusted_hub(),
                 revision=None if latest else repo.revision,
                 version=None if latest else repo.version,
+                check_arch=repo.check_arch,
             )
             probes[repo_id] = probe
             if probe.chosen_variant is None or probe.note:

@@ -232,6 +232,35 @@ def test_gpu_capability_is_checked_against_chosen_variant_archs(tmp_path: Path) 
     assert "check_arch=False" in probe.note
 
 
+def test_a_mapping_that_turns_the_arch_check_off_is_said_to_load_a_build_that_may_crash(tmp_path: Path) -> None:
+    """kernels 0.19's LayerRepository(check_arch=False): the build whose archs miss the GPU is loaded, not refused."""
+    from kernelguard.resolution.discovery import _hub_mapping
+
+    repo = _repo(tmp_path / "repo", ["torch212-cxx11-cu128-x86_64-linux"], backend="cuda", archs=["8.0", "9.0a"])
+    blackwell = HubTarget(torch_version="2.12", cuda_version="12.8", gpu_capability=(12, 0))
+    probe = probe_hub_kernel(REPO, target=blackwell, local_path=str(repo), check_arch=False)
+    assert probe.note == (
+        "Variant torch212-cxx11-cu128-x86_64-linux declares CUDA archs 8.0, 9.0a, which do not cover compute "
+        "capability 12.0; transformers' kernel mapping passes check_arch=False, so kernels loads it anyway and it "
+        "may fail or crash the process at run time on this GPU.")
+    hopper = HubTarget(torch_version="2.12", cuda_version="12.8", gpu_capability=(9, 0))  # the control: covered
+    assert probe_hub_kernel(REPO, target=hopper, local_path=str(repo), check_arch=False).note is None
+    # read from transformers' mapping source, per kernel
+    root = tmp_path / "transformers"
+    (root / "integrations").mkdir(parents=True)
+    (root / "integrations" / "hub_kernels.py").write_text(
+        '_KERNEL_MAPPING = {\n'
+        '    "selective_scan_fn": {\n        "cuda": {\n            Mode.TRAINING: LayerRepository(\n'
+        '                repo_id="kernels-community/mamba-ssm",\n                layer_name="selective_scan_fn",\n'
+        '                version=5,\n                check_arch=False,\n            ),\n        },\n    },\n'
+        '    "causal_conv1d_fn": {\n        "cuda": {\n            Mode.TRAINING: LayerRepository(\n'
+        '                repo_id="kernels-community/causal-conv1d",\n                layer_name="causal_conv1d_fn",\n'
+        '                version=1,\n            ),\n        },\n    },\n}\n')
+    mapping = _hub_mapping(str(root))
+    assert mapping["selective_scan_fn"].check_arch is False
+    assert mapping["causal_conv1d_fn"].check_arch is True and mapping["causal_conv1d_fn"].version == 1
+
+
 def test_nothing_compatible_gives_no_choice_but_all_reasons(tmp_path: Path) -> None:
     repo = _repo(tmp_path / "repo", ["torch211-cxx11-cu130-x86_64-linux"])
     probe = probe_hub_kernel(REPO, target=CPU_213, local_path=str(repo))

@@ -85,12 +85,14 @@ def probe_hub_kernel(
     allow_untrusted: bool = False,
     revision: str | None = None,
     version: int | None = None,
+    check_arch: bool = True,
 ) -> HubKernelProbe:
     """Say which build variant of ``repo_id`` kernels would load for ``target`` (None: this system).
 
     Lookup order: ``local_path``, then ``LOCAL_KERNELS``, then the Hugging Face cache (local files only).
     ``revision``/``version`` pick the cached snapshot like ``get_kernel(revision=/version=)``; without
-    either, the newest cached ``vN`` ref, else ``main``.
+    either, the newest cached ``vN`` ref, else ``main``. ``check_arch``: as the mapping's repository passes it
+    to kernels (False: a build whose declared archs miss the GPU is loaded anyway).
     """
     trusted = _is_trusted(repo_id, allow_untrusted)
     try:
@@ -98,7 +100,7 @@ def probe_hub_kernel(
     except Exception as exc:  # noqa: BLE001 - a broken install fails with anything, not just ImportError
         return _empty_probe(repo_id, trusted, f"kernels could not be imported: {exc!r}.")
     try:
-        return _probe(kernels, repo_id, target, local_path, trusted, revision, version)
+        return _probe(kernels, repo_id, target, local_path, trusted, revision, version, check_arch)
     except Exception as exc:  # noqa: BLE001 - kernels internals drift between releases; report, never raise
         return _empty_probe(repo_id, trusted, f"kernels failed while resolving {repo_id}: {exc!r}.")
 
@@ -124,6 +126,7 @@ def _probe(
     trusted: bool,
     revision: str | None,
     version: int | None,
+    check_arch: bool = True,
 ) -> HubKernelProbe:
     located = _locate(kernels, repo_id, local_path, revision, version)
     location = str(located.path) if located.path is not None else None
@@ -138,7 +141,7 @@ def _probe(
     resolution = _resolve_location(kernels, located, target)
     notes = located.notes + resolution.notes
     if resolution.chosen is not None and resolution.variant_path is not None:
-        notes += _chosen_variant_notes(kernels, resolution.variant_path, target)
+        notes += _chosen_variant_notes(kernels, resolution.variant_path, target, check_arch)
     return HubKernelProbe(
         repo_id=repo_id,
         source=located.source,
@@ -381,7 +384,8 @@ def _verdicts_from_trace(kernels: KernelsRelease, trace: list[Any]) -> tuple[lis
 # --- checks kernels runs on the chosen variant at load time --------------------------------------------
 
 
-def _chosen_variant_notes(kernels: KernelsRelease, variant_path: Path, target: HubTarget | None) -> list[str]:
+def _chosen_variant_notes(kernels: KernelsRelease, variant_path: Path, target: HubTarget | None,
+                          check_arch: bool = True) -> list[str]:
     metadata_path = variant_path / "metadata.json"
     if not metadata_path.is_file():
         return [f"Variant {variant_path.name} has no metadata.json, so kernels would fail to load it."]
@@ -396,11 +400,12 @@ def _chosen_variant_notes(kernels: KernelsRelease, variant_path: Path, target: H
             notes.append(problem)
     capability = target.gpu_capability if target is not None else None
     if capability is not None:
-        notes += _arch_notes(kernels, metadata, variant_path.name, capability)
+        notes += _arch_notes(kernels, metadata, variant_path.name, capability, check_arch)
     return notes
 
 
-def _arch_notes(kernels: KernelsRelease, metadata: Any, variant: str, capability: tuple[int, int]) -> list[str]:
+def _arch_notes(kernels: KernelsRelease, metadata: Any, variant: str, capability: tuple[int, int],
+                check_arch: bool = True) -> list[str]:
     # Mirrors kernels.archs._check_arch_incompatibility, which reads the live device; we feed the target's.
     archs = list(metadata.backend.archs or [])
     backend_type = metadata.backend.backend_type
@@ -415,11 +420,12 @@ def _arch_notes(kernels: KernelsRelease, metadata: Any, variant: str, capability
         return [unchecked]
     if kernels.supports_capability(archs, capability):
         return []
-    message = (
-        f"Variant {variant} declares CUDA archs {', '.join(archs)}, which do not cover compute capability "
-        f"{wanted}; kernels would refuse to load it unless check_arch=False."
-    )
-    return [message]
+    declared = (f"Variant {variant} declares CUDA archs {', '.join(archs)}, which do not cover compute capability "
+                f"{wanted}")
+    if not check_arch:  # the mapping turned kernels' refusal off: it loads, and runs only if the archs undersold it
+        return [f"{declared}; transformers' kernel mapping passes check_arch=False, so kernels loads it anyway and "
+                "it may fail or crash the process at run time on this GPU."]
+    return [f"{declared}; kernels would refuse to load it unless check_arch=False."]
 
 
 def _rejected(kernels_reason: str) -> str:
