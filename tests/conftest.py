@@ -113,7 +113,7 @@ def fake_providers(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 @pytest.fixture
 def fake_mamba(fake_providers: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The fake providers and the Mamba-2 stand-in (``mamba_ssm``): kept apart from ``fake_providers`` so the
+    """The fake providers and the Mamba stand-in (``mamba_ssm``: Mamba-2 and Mamba-1 kernels): kept apart from ``fake_providers`` so the
     tests of a machine without mamba-ssm keep that machine. Import model classes inside the test."""
     monkeypatch.syspath_prepend(str(FAKE_MAMBA_DIR))
     return FAKE_MAMBA_DIR
