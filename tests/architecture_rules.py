@@ -16,6 +16,7 @@ DYNAMIC_IMPORTS = {
     "resolution.providers.installed": "the third-party kernel packages a provider names",
     "resolution.transformers_compat": "the kernel package a transformers decorator's closure names",
     "resolution.providers.kernels_release": "kernels' own modules, by release",
+    "resolution.fla_autotune": "the fla modules its pins name (only names starting with fla.)",
     "stack.numerics.references": "transformers' modeling modules and the kernel packages they import",
 }
 
