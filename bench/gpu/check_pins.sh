@@ -40,7 +40,7 @@ for name in cold warm; do
   step "console script, $name"
   [ $name = cold ] && rm -rf /tmp/tc-console
   s=$(date +%s.%N)
-  TRITON_CACHE_DIR=/tmp/tc-console PYTHONPATH=/tmp/site timeout 280 /tmp/site/bin/kernelguard check $ARGS --run --json \
+  TRITON_CACHE_DIR=/tmp/tc-console PYTHONPATH=/tmp/site timeout "${CONSOLE_TIMEOUT:-280}" /tmp/site/bin/kernelguard check $ARGS --run --json \
     > "$OUT/console_$name.out" 2>&1
   echo "console $name: rc=$? wall $(secs "$s") s; searches: $(grep -c 'Triton autotuning for function' "$OUT/console_$name.out")"
   python3 - "$OUT/console_$name.out" <<'PY'
