@@ -237,12 +237,13 @@ def _with_fetched(load: HubLoad, spec: catalog.ModelSpec, target: Target, *, rec
         cached = probe is not None and probe.source != SOURCE_NOT_AVAILABLE
         fetched.append(FetchedHubRepo(repo.repo_id, repo.ref, probe.revision if cached and probe else None))
         if probe is not None and not cached:
-            missing.append(f"{repo.repo_id} ({repo.ref})")
+            missing.append(repo)
     load = replace(load, fetched=tuple(fetched))
     if not offline or not missing:
         return load
-    return replace(load, offline_missing=tuple(missing),
-                   offline_download=download_command(repos, str(kernels_cache_dir())))
+    # only what the cache lacks: a cached or LOCAL_KERNELS-served repository needs no download
+    return replace(load, offline_missing=tuple(f"{r.repo_id} ({r.ref})" for r in missing),
+                   offline_download=download_command(missing, str(kernels_cache_dir())))
 
 
 def _probe_hub(requirements: catalog.Requirements, target: Target, env: Environment, load: HubLoad

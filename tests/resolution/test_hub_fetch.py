@@ -63,6 +63,7 @@ def test_offline_check_fails_the_load_until_every_repository_is_cached(
         _cache(cache, repo)
     one = kg_json(*args, cwd=tmp_path, rc=1, pythonpath=(fake_providers,))["load_error"]
     assert one is not None and f"lacks {repos[0].repo_id} ({repos[0].ref}): " in one["reason"]
+    assert one["fix"] == download_command(repos[:1], str(cache))  # only what the cache lacks
     _cache(cache, repos[0])
     assert kg_json(*args, cwd=tmp_path, rc=0, pythonpath=(fake_providers,))["load_error"] is None
 
