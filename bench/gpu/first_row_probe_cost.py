@@ -3,8 +3,9 @@
 One packed row of real-length examples (lognormal lengths, median ~1,100 tokens, as bench/gpu/train_throughput.py)
 through a Qwen3.5-shaped model: the guarded model's first forward with the probe and without it (each on a fresh
 guard, medians of --repeats), against one training step (forward + backward) of the same row. Also the probe's
-own figures: per layer, the first example's difference (rounding) and the largest later one, for a correct row
-and for a row whose GDN kernel ignores its boundaries (the negative control: it must differ).
+own figures: per layer, the first example's difference (rounding) and the largest later one, for a correct row;
+then (``control``) the same row with every GDN kernel call stripped of its ``cu_seqlens`` (what a kernel that
+ignores its boundaries does; no static check sees it): the probe must refuse that row.
 
   python bench/gpu/first_row_probe_cost.py --tiny            # CPU, fake providers, seconds
   python bench/gpu/first_row_probe_cost.py --device cuda     # GPU: real fla / causal-conv1d, the proxy widths
@@ -55,6 +56,58 @@ def _row(args: argparse.Namespace, vocab: int) -> dict[str, Any]:
            "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lengths), "max_length_k": max(lengths),
            "seq_idx": torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), cu.diff())[None]}
     return {k: v.to(args.device) if hasattr(v, "to") else v for k, v in row.items()}
+
+
+def _strip_cu_seqlens(model: Any) -> int:
+    """The negative control: every GDN layer's module-level kernel call gets ``cu_seqlens=None`` from now on, so
+    its state runs on from one packed example into the next. Returns how many call sites were wrapped."""
+    import functools
+
+    from kernelguard.resolution import transformers_compat as compat
+
+    wrapped = 0
+    for module in model.modules():
+        for site in compat.layer_global_sites(module):
+            names = sys.modules[site.module].__dict__
+            original = names[site.name]
+            if site.closure.kernel != "chunk_gated_delta_rule" or getattr(original, "kernelguard_leak", False):
+                continue
+
+            @functools.wraps(original)
+            def leaking(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                return _original(*args, **{**kwargs, "cu_seqlens": None})
+
+            leaking.kernelguard_leak = True  # type: ignore[attr-defined]
+            names[site.name] = leaking
+            wrapped += 1
+    return wrapped
+
+
+def _control(model: Any, row: dict[str, Any], allow: list[str]) -> dict[str, Any]:
+    """The probe on the leaking model: the refusal's first sentence, or what it measured when it passed."""
+    import torch
+
+    from kernelguard.errors import PackedWithoutBoundariesError
+    from kernelguard.runtime.model_guard import guard
+    from kernelguard.runtime.registry import REGISTRY
+
+    sites = _strip_cu_seqlens(model)
+    report = guard(model, packed=True, allow=allow, first_row_probe=True)
+    try:
+        with torch.no_grad():
+            model(**row, use_cache=False)
+    except PackedWithoutBoundariesError as e:
+        layers = e.details.get("layers", [])
+        return {"sites_stripped": sites, "refused": True, "message": e.message.split(". ")[0],
+                "layers": [{"layer": d[0], "first_example": d[1], "worst_later": d[2], "tolerance": d[3]}
+                           for d in layers]}
+    finally:
+        REGISTRY.reset()
+    watch = report.boundaries
+    measured = watch.probes[0].measured if watch and watch.probes else []
+    return {"sites_stripped": sites, "refused": False,
+            "layers": [{"layer": d.layer, "first_example": d.reference, "worst_later": d.worst,
+                        "tolerance": d.tolerance} for d in measured]}
 
 
 def _timed(fn: Any, device: str) -> float:
@@ -126,6 +179,7 @@ def main() -> None:
                    "example": d.example} for d in measured],
     }
     result["probe_vs_step"] = result["probe_s"] / result["train_step_s"]
+    result["control"] = _control(model, row, allow)  # last: it changes the model's kernel calls for good
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
