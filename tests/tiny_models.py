@@ -27,6 +27,10 @@ _FAMILIES: dict[str, tuple[str, str, str]] = {
     "zamba2": ("transformers.models.zamba2", "Zamba2Config", "Zamba2ForCausalLM"),
     # Mamba-1 (selective_scan_fn, no boundary parameter) + attention + MoE: never packed
     "jamba": ("transformers.models.jamba", "JambaConfig", "JambaForCausalLM"),
+    # short convolutions around attention and MLP whose decoder layer calls them without its **kwargs
+    "inkling": ("transformers.models.inkling", "InklingTextConfig", "InklingForCausalLM"),
+    # short convolutions (causal_conv1d_fn) + attention, whose layers hand the conv its seq_idx
+    "lfm2": ("transformers.models.lfm2", "Lfm2Config", "Lfm2ForCausalLM"),
 }
 
 FAMILIES = ("qwen3_5", "qwen3_next", "qwen3_5_moe")  # the GDN families
@@ -107,11 +111,18 @@ _BAMBA = {**_MAMBA2_HYBRID, **_MAMBA_FIELDS, "attn_layer_indices": [3]}
 _FALCON_H1 = {**_MAMBA2_HYBRID, **_MAMBA_FIELDS, "num_hidden_layers": 2, "head_dim": 16, "mamba_d_ssm": 128}
 _ZAMBA2 = {**_MAMBA2_HYBRID, "num_key_value_heads": 4, "n_mamba_heads": 4, "mamba_headdim": 32, "mamba_ngroups": 1,
            "mamba_d_state": 16, "chunk_size": 8, "mamba_expand": 2, "hybrid_layer_ids": [3],
-           "layer_types": ["mamba", "mamba", "mamba", "hybrid"], "use_mem_rope": False}
+           "layer_types": ["linear_attention", "linear_attention", "linear_attention", "hybrid"], "use_mem_rope": False}
 _JAMBA = {**_MAMBA2_HYBRID, "attn_layer_period": 4, "attn_layer_offset": 3, "expert_layer_period": 2,
           "expert_layer_offset": 1, "num_experts": 4, "num_experts_per_tok": 2, "mamba_d_state": 16,
           "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8}
-_OWN = {"jamba": _JAMBA, "kimi_linear": _KIMI, "mamba2": _MAMBA2, "nemotron_h": _NEMOTRON_H, "bamba": _BAMBA, "falcon_h1": _FALCON_H1,
+_INKLING = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "moe_intermediate_size": 32,
+            "num_experts_per_tok": 2, "n_routed_experts": 4, "pad_token_id": 0, "max_position_embeddings": 512,
+            "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid"], "use_cache": False}
+_LFM2 = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "pad_token_id": 0, "max_position_embeddings": 512,
+         "layer_types": ["conv", "conv", "conv", "full_attention"], "use_cache": False, "tie_word_embeddings": False}
+_OWN = {"inkling": _INKLING, "lfm2": _LFM2, "jamba": _JAMBA, "kimi_linear": _KIMI, "mamba2": _MAMBA2, "nemotron_h": _NEMOTRON_H, "bamba": _BAMBA, "falcon_h1": _FALCON_H1,
         "zamba2": _ZAMBA2}
 
 

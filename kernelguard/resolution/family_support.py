@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .catalog import Family, Requirements, is_decode_only
 from .decisions import FALLBACK, Decision
 from .packed_batch import BOUNDARY_PARAMS, NO_BOUNDARY_PARAM
-from .transformers_calls import call_shape, dropped_keywords, mask_sees_positions
+from .transformers_calls import call_shape, dropped_keywords, mask_sees_positions, submodule_call_drops
 
 __all__ = ["PACKED_ROWS", "FamilySupport", "family_table", "packed_rows_decision", "packing_support"]
 
@@ -57,6 +57,9 @@ def packing_support(family: Family) -> FamilySupport:
         if shape is not None and param not in shape.keywords and not (shape.spreads and keyword == param):
             problems.append(f"transformers' layer does not pass `{param}` to `{req.kernel}`, so its state runs on "
                             "from one packed example into the next")
+        elif dropped := submodule_call_drops(family.source, req.call_site, keyword):
+            problems.append(f"{dropped}, so `{keyword}` never reaches `{req.kernel}` and its state runs on from one "
+                            "packed example into the next")
     problem = "; ".join(dict.fromkeys(problems)) or None
     return FamilySupport(family.name, family.model_types, tuple(dict.fromkeys(k.kernel for k in kernels)), problem,
                          mask_sees_positions(family.source) is False)

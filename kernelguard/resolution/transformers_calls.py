@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["CallShape", "Parameter", "call_shape", "clear_caches", "dropped_keywords", "mask_sees_positions",
-           "reference_parameters"]
+           "reference_parameters", "submodule_call_drops"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +115,7 @@ def clear_caches() -> None:
     reference_parameters.cache_clear()
     dropped_keywords.cache_clear()
     mask_sees_positions.cache_clear()
+    submodule_call_drops.cache_clear()
 
 
 @functools.lru_cache(maxsize=64)
@@ -141,6 +142,60 @@ def dropped_keywords(source: str, class_name: str, base: str | None = None) -> s
             return None
         return f"`{class_name}.forward` calls `self.{node.func.attr}(...)` without its **kwargs"
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def submodule_call_drops(source: str, call_site: str, keyword: str) -> str | None:
+    """Where a module of the modeling file ``source`` calls a submodule whose ``forward`` calls ``call_site``
+    (directly or through a module-level helper) without handing it ``keyword``: neither its ``**kwargs`` nor the
+    keyword by name (transformers' Inkling decoder layer calls its short convolutions so, and their conv reads
+    ``seq_idx`` from a ``**kwargs`` that is always empty). The call as the file writes it; None when every such call
+    hands it on, or the file cannot say."""
+    try:
+        tree = ast.parse(Path(source).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    reaching, functions = {call_site}, {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    while grown := {name for name, f in functions.items() if name not in reaching and _calls(f, reaching)}:
+        reaching |= grown
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+    holders = {c.name for c in classes if (f := _method(c, "forward")) is not None and _calls(f, reaching)}
+    for cls in classes:
+        attributes = _submodules_of(cls, holders)
+        forward = _method(cls, "forward")
+        for node in ast.walk(forward) if forward is not None and attributes else ():
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"
+                    and node.func.attr in attributes):
+                continue
+            if not any(k.arg is None or k.arg == keyword for k in node.keywords):
+                return f"`{cls.name}.forward` calls `self.{node.func.attr}(...)` without its **kwargs"
+    return None
+
+
+def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
+    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def _calls(function: ast.FunctionDef, names: set[str]) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names
+               for n in ast.walk(function))
+
+
+def _submodules_of(cls: ast.ClassDef, holders: set[str]) -> set[str]:
+    """The ``self.X`` attributes ``cls.__init__`` builds from one of the ``holders`` classes (``.to(...)`` and the
+    like after the constructor call included)."""
+    init, found = _method(cls, "__init__"), set()
+    for node in ast.walk(init) if init is not None else ():
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+                and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id == "self"):
+            continue
+        value = node.value
+        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+            value = value.func.value
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in holders:
+            found.add(node.targets[0].attr)
+    return found
 
 
 @functools.lru_cache(maxsize=64)

@@ -60,10 +60,10 @@ class GdnBoundaries:
 
     @property
     def family(self) -> str:
-        """The layers' family in words ("GDN", "KDA", "Mamba-2", "GDN/KDA"), from the kernels they call; "GDN"
-        when no kernel names one (the conv alone)."""
+        """The layers' family in words ("GDN", "KDA", "Mamba-2", "GDN/KDA"; "conv" for short convolutions alone),
+        from the kernels they call; "GDN" when the facts name no kernel."""
         families = dict.fromkeys(_FAMILY[k] for kernels in self.readers.values() for k in kernels if k in _FAMILY)
-        return "/".join(families) or "GDN"
+        return "/".join(families) or ("conv" if self.readers else "GDN")
 
     def reader_words(self, param: str) -> str:
         """Who reads ``param`` and the verb, as a refusal says it: "its conv gets", "its KDA kernels get"."""
@@ -108,12 +108,11 @@ def _layer_passes(site: compat.GlobalSite, param: str) -> str | None:
     batch keyword has the same name); else why not. Read from the modeling source; unreadable: assumed passed."""
     source = getattr(sys.modules.get(site.module), "__file__", None)
     shape = transformers_calls.call_shape(source, site.name) if source else None
-    if shape is None or param in shape.keywords:
-        return None
     keyword = BOUNDARY_PARAMS[site.closure.kernel][1]
-    if shape.spreads and keyword == param:
-        return None
-    return f"{LAYER_DOES_NOT_PASS} `{param}` to `{site.closure.kernel}`"
+    if shape is not None and param not in shape.keywords and not (shape.spreads and keyword == param):
+        return f"{LAYER_DOES_NOT_PASS} `{param}` to `{site.closure.kernel}`"
+    dropped = transformers_calls.submodule_call_drops(source, site.name, keyword) if source else None
+    return f"{LAYER_DOES_NOT_PASS} `{keyword}` to `{site.closure.kernel}`: {dropped}" if dropped else None
 
 
 def gdn_boundaries(layers: Iterable[tuple[str, Any]], policy: AllowPolicy, *, mode: str = "training") -> GdnBoundaries:

@@ -28,7 +28,7 @@ def _check(*args: str) -> tuple[int, dict[str, Any]]:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_kernel_of_every_family_is_served_by_its_package(fake_mamba: Path, family: str) -> None:
-    rc, report = _check("--model", family, "--mode", "training", "--no-packed")
+    rc, report = _check("--model", family, "--mode", "training", "--no-packed", "--no-hub")
     assert rc == 0 and report["ok"], report
     assert report["kernels"], family
     for kernel in report["kernels"]:
@@ -41,7 +41,7 @@ def test_a_packed_check_refuses_exactly_the_families_that_cannot_pack(fake_mamba
     reason, and for no other family (their packed checks may still fail elsewhere: sdpa on a CPU)."""
     families = discovery.families()
     for family in FAMILIES:
-        _, report = _check("--model", family, "--mode", "training", "--allow", "attention")
+        _, report = _check("--model", family, "--mode", "training", "--allow", "attention", "--no-hub")
         rows = [k for k in report["kernels"] if k["kernel"] == "packed_rows"]
         problem = packing_support(families[family]).packed_problem
         if problem is None:

@@ -67,6 +67,42 @@ def test_a_scan_without_a_boundary_and_a_causal_lm_that_drops_the_keywords_are_n
         "keywords never reach its layers")
 
 
+SUBMODULE_FILE = """
+def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, **kwargs):
+    return x
+
+
+class ShortConv(nn.Module):
+    def forward(self, hidden_states, cache=None, **kwargs):
+        return causal_conv1d_fn(hidden_states, self.w, seq_idx=kwargs.get("seq_idx"))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config):
+        self.sconv = ShortConv(config.hidden_size).to(dtype=torch.float32)
+
+    def forward(self, hidden_states, cache=None, **kwargs):
+        return self.sconv(CALL)
+"""
+
+
+@pytest.mark.parametrize(("call", "dropped"), [
+    ("hidden_states, cache=cache", True),  # Inkling's decoder layer: the conv's **kwargs are always empty
+    ("hidden_states, cache=cache, **kwargs", False),
+    ("hidden_states, seq_idx=kwargs.get('seq_idx')", False),
+])
+def test_a_submodule_called_without_the_batch_keywords_drops_its_kernels_boundary(
+    tmp_path: Path, call: str, dropped: bool
+) -> None:
+    from kernelguard.resolution.transformers_calls import clear_caches, submodule_call_drops
+
+    source = tmp_path / "modeling_made_up.py"
+    source.write_text(SUBMODULE_FILE.replace("CALL", call))
+    clear_caches()
+    found = submodule_call_drops(str(source), "causal_conv1d_fn", "seq_idx")
+    assert found == ("`DecoderLayer.forward` calls `self.sconv(...)` without its **kwargs" if dropped else None)
+
+
 def test_the_installed_families_as_transformers_ships_them() -> None:
     families = discovery.families()
     for name in ("qwen3_5", "qwen3_next", "qwen3_5_moe"):
@@ -91,6 +127,11 @@ def test_the_installed_families_as_transformers_ships_them() -> None:
         assert support.packs
         assert support.varlen_attention_only is (mask_sees_positions(families["granitemoehybrid"].source) is False)
     assert not packing_support(families["qwen3_5"]).varlen_attention_only  # the control: its mask sees them
+    if "inkling" in families:  # its layers call their short convolutions without the batch's keywords
+        problem = packing_support(families["inkling"]).packed_problem
+        assert problem is not None and "calls `self.k_sconv(...)` without its **kwargs" in problem
+    for name in ("qwen3_5", "qwen3_next", "nemotron_h", "lfm2", "olmo_hybrid"):  # the controls: they hand them on
+        assert name not in families or packing_support(families[name]).packs, name
     if "jamba" in families:  # Mamba-1: no boundary at all
         problem = packing_support(families["jamba"]).packed_problem
         assert problem is not None and "`selective_scan_fn` takes no boundary at all" in problem
