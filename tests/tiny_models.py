@@ -159,3 +159,18 @@ def tiny_model(family: str, *, seed: int = 0, **overrides: Any) -> Any:
     config = tiny_config(family, **overrides)
     torch.manual_seed(seed)
     return model_cls(config).eval()
+
+
+def packed_row(lengths: tuple[int, ...], *, vocab: int = 256, seed: int = 1) -> tuple[Any, dict[str, Any]]:
+    """One packed row of examples of ``lengths`` (random ids) with every boundary signal
+    DataCollatorWithFlattening writes: (input_ids, the boundary keywords)."""
+    import torch
+
+    torch.manual_seed(seed)
+    ids = torch.randint(3, vocab, (1, sum(lengths)))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    return ids, {
+        "position_ids": torch.cat([torch.arange(n) for n in lengths])[None],
+        "seq_idx": torch.cat([torch.full((n,), i, dtype=torch.int32) for i, n in enumerate(lengths)])[None],
+        "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lengths), "max_length_k": max(lengths),
+    }

@@ -27,14 +27,10 @@ def _clean() -> Any:
 
 
 def _row() -> tuple[torch.Tensor, dict[str, Any]]:
-    torch.manual_seed(1)
-    ids = torch.randint(3, 256, (1, sum(LENGTHS)))
-    cu = torch.tensor([0, LENGTHS[0], sum(LENGTHS)], dtype=torch.int32)
-    return ids, {
-        "position_ids": torch.cat([torch.arange(n) for n in LENGTHS])[None],
-        "seq_idx": torch.cat([torch.full((n,), i, dtype=torch.int32) for i, n in enumerate(LENGTHS)])[None],
-        "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(LENGTHS), "max_length_k": max(LENGTHS),
-    }
+    """One packed row of LENGTHS with every boundary signal DataCollatorWithFlattening writes."""
+    import tiny_models
+
+    return tiny_models.packed_row(LENGTHS)
 
 
 def _packed_minus_alone(model: Any) -> torch.Tensor:
