@@ -65,18 +65,21 @@ class GdnBoundaries:
         families = dict.fromkeys(_FAMILY[k] for kernels in self.readers.values() for k in kernels if k in _FAMILY)
         return "/".join(families) or ("conv" if self.readers else "GDN")
 
+    def _parts(self, param: str) -> list[str]:
+        """The parts of a layer that read ``param``, in call order ("conv", "Mamba-2 scan")."""
+        parts = list(dict.fromkeys(part for k in self.readers.get(param, ()) for part in _PART.get(k, ())))
+        return parts or ["gated-delta kernels" if param == "cu_seqlens" else "conv"]
+
     def reader_words(self, param: str) -> str:
         """Who reads ``param`` and the verb, as a refusal says it: "its conv gets", "its KDA kernels get"."""
-        parts = list(dict.fromkeys(part for k in self.readers.get(param, ()) for part in _PART.get(k, ())))
-        if not parts:
-            parts = ["gated-delta kernels" if param == "cu_seqlens" else "conv"]
+        parts = self._parts(param)
         plural = len(parts) > 1 or parts[0].endswith("s")
         return f"its {' and '.join(parts)} {'get' if plural else 'gets'}"
 
     def splits(self) -> str:
         """Where each boundary-reading part splits a row: "the gated-delta kernels by cu_seq_lens_q, the conv by
         seq_idx"."""
-        said = [f"the {self.reader_words(param)[4:].rsplit(' ', 1)[0]} by {BOUNDARY_PARAMS[kernels[0]][1]}"
+        said = [f"the {' and '.join(self._parts(param))} by {BOUNDARY_PARAMS[kernels[0]][1]}"
                 for param, kernels in sorted(self.readers.items()) if kernels[0] in BOUNDARY_PARAMS]
         return ", ".join(said) or "the gated-delta kernels by cu_seq_lens_q, the conv by seq_idx"
 

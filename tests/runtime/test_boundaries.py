@@ -677,3 +677,29 @@ def test_a_shared_prefix_tree_mask_is_not_read_as_a_packed_row(fake_providers: A
         model(input_ids=ids, attention_mask=tree, position_ids=torch.tensor([[0, 1, 2, 3, 3, 3]]), use_cache=False)
         with pytest.raises(PackedWithoutBoundariesError, match="got a packed row of 2 examples"):
             model(input_ids=ids, attention_mask=tree, position_ids=torch.tensor([[0, 1, 2, 3, 0, 1]]), use_cache=False)
+
+
+@pytest.mark.parametrize(
+    ("readers", "family", "words", "splits"),
+    [
+        ({"cu_seqlens": ("chunk_gated_delta_rule",), "seq_idx": ("causal_conv1d_fn",)}, "GDN",
+         {"cu_seqlens": "its gated-delta kernels get", "seq_idx": "its conv gets"},
+         "the gated-delta kernels by cu_seq_lens_q, the conv by seq_idx"),
+        ({"seq_idx": ("mamba_split_conv1d_scan_combined",)}, "Mamba-2",
+         {"seq_idx": "its conv and Mamba-2 scan get"}, "the conv and Mamba-2 scan by seq_idx"),
+        ({"cu_seqlens": ("chunk_kda", "fused_recurrent_kda")}, "KDA",
+         {"cu_seqlens": "its KDA kernels get"}, "the KDA kernels by cu_seq_lens_q"),
+        ({"seq_idx": ("causal_conv1d_fn",)}, "conv", {"seq_idx": "its conv gets"}, "the conv by seq_idx"),
+    ],
+)  # fmt: skip
+def test_a_refusal_names_the_layers_and_the_parts_that_read_each_boundary(
+    readers: dict[str, tuple[str, ...]], family: str, words: dict[str, str], splits: str
+) -> None:
+    """The words a refusal and the packed-row explanation use, from the kernels the layers call: GDN's two
+    signals, Mamba-2's fused conv and scan on one, KDA's kernels, a conv family alone."""
+    from kernelguard.runtime.boundary_facts import GdnBoundaries
+
+    facts = GdnBoundaries(("model.layers.0.mixer",), {}, readers=readers)
+    assert facts.family == family
+    assert {param: facts.reader_words(param) for param in readers} == words
+    assert facts.splits() == splits

@@ -163,9 +163,9 @@ def reference2(assets: dict[str, Path]) -> Path:
 
 
 def test_second_run_is_refused_then_sigterm_saves_and_resume_is_exact(
-    assets: dict[str, Path], reference: Path
+    assets: dict[str, Path], reference: Path, tmp_path: Path
 ) -> None:
-    out = assets["root"] / "two-runs"
+    out = tmp_path / "two-runs"
     cmd = _args(assets, out, "--save-steps", "0")
     first = _start(cmd)
     _wait_for(lambda: _steps_done(out) >= 2, timeout=120, what="two steps", proc=first)
@@ -195,8 +195,10 @@ def test_second_run_is_refused_then_sigterm_saves_and_resume_is_exact(
     _assert_resumes_exactly(reference, out, cmd)
 
 
-def test_kill_9_of_the_launcher_takes_its_ranks_with_it(assets: dict[str, Path], reference2: Path) -> None:
-    out = assets["root"] / "launcher-killed"
+def test_kill_9_of_the_launcher_takes_its_ranks_with_it(
+    assets: dict[str, Path], reference2: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "launcher-killed"
     cmd = _args(assets, out, "--save-steps", "1")
     launcher = _start(cmd, ranks=2)
     _wait_for(lambda: _steps_done(out) >= 2, timeout=150, what="two steps", proc=launcher)
@@ -212,8 +214,8 @@ def test_kill_9_of_the_launcher_takes_its_ranks_with_it(assets: dict[str, Path],
     _assert_resumes_exactly(reference2, out, cmd, ranks=2)
 
 
-def test_kill_9_of_one_rank_is_reported_once(assets: dict[str, Path], reference2: Path) -> None:
-    out = assets["root"] / "rank-killed"
+def test_kill_9_of_one_rank_is_reported_once(assets: dict[str, Path], reference2: Path, tmp_path: Path) -> None:
+    out = tmp_path / "rank-killed"
     cmd = _args(assets, out, "--save-steps", "1")
     launcher = _start(cmd, ranks=2)
     _wait_for(lambda: _steps_done(out) >= 2, timeout=150, what="two steps", proc=launcher)
@@ -227,9 +229,9 @@ def test_kill_9_of_one_rank_is_reported_once(assets: dict[str, Path], reference2
 
 @pytest.mark.parametrize("fault", ["checkpoint:step_4", "checkpoint-rng:step_4", "export"])
 def test_disk_full_is_named_and_the_last_checkpoint_kept(
-    assets: dict[str, Path], reference: Path, fault: str
+    assets: dict[str, Path], reference: Path, fault: str, tmp_path: Path
 ) -> None:
-    out = assets["root"] / fault.replace(":", "-")
+    out = tmp_path / fault.replace(":", "-")
     cmd = _args(assets, out, "--save-steps", "2")
     r = _run(cmd, fault=fault)
     assert r.returncode == 2, r.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,9 @@ def quality_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dic
         assert r.returncode == 0, r.stderr
         runs[mode] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         runs[mode + ".stderr"] = r.stderr  # type: ignore[assignment]
+        # Only the metrics are read; each final checkpoint holds the real vocabulary's embeddings and their
+        # optimizer state, and would stay on disk for the rest of the session.
+        shutil.rmtree(out / "checkpoints")
     return runs
 
 
