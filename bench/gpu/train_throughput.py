@@ -53,12 +53,14 @@ fla_hopper_refusal_lifted: true.
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import json
 import math
 import os
 import platform
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -675,6 +677,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"variant": name, "levers": levers, "ok": False, "notes": []}
     apply_levers(levers, result["notes"])
     tmp = Path(tempfile.mkdtemp(prefix="kg-bench-"))
+    atexit.register(shutil.rmtree, tmp, True)  # the variant's config and output, read only in this process
     if "tokens2x" in levers:
         args.tokens_per_batch *= 2
     micro = variant.blocks_per_step * (2 if "accum2" in levers else 1)
