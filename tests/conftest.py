@@ -90,6 +90,16 @@ def fresh_transformers_models() -> Iterator[None]:
 
 
 @pytest.fixture
+def disarmed_after() -> Iterator[None]:
+    """Disarm every guard the test armed: the registry is process-wide, and a guard left armed would judge the
+    next test's model."""
+    yield
+    from kernelguard.runtime.registry import REGISTRY
+
+    REGISTRY.reset()
+
+
+@pytest.fixture
 def fake_providers(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Put the fake `fla` / `causal_conv1d` first on sys.path and make transformers choose again.
 

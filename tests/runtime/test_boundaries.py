@@ -28,10 +28,7 @@ CONV = "its conv gets no `seq_idx` (the batch has no `seq_idx`)"
 FEATURES = [{"input_ids": [3, 4, 5, 6, 7]}, {"input_ids": [8, 9, 10]}, {"input_ids": [11, 12, 13, 14]}]
 
 
-@pytest.fixture(autouse=True)
-def _clean() -> Any:
-    yield
-    REGISTRY.reset()
+pytestmark = pytest.mark.usefixtures("disarmed_after")
 
 
 def _model(tiny: Any, **overrides: Any) -> Any:

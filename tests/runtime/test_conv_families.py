@@ -15,15 +15,11 @@ import torch
 
 from kernelguard.errors import PackedWithoutBoundariesError
 from kernelguard.runtime.model_guard import guard
-from kernelguard.runtime.registry import REGISTRY
 
 LENGTHS = (11, 6)
 
 
-@pytest.fixture(autouse=True)
-def _clean() -> Any:
-    yield
-    REGISTRY.reset()
+pytestmark = pytest.mark.usefixtures("disarmed_after")
 
 
 def _row() -> tuple[torch.Tensor, dict[str, Any]]:

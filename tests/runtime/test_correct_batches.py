@@ -30,10 +30,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 FP32_TOLERANCE = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def _clean() -> Any:
-    yield
-    REGISTRY.reset()
+pytestmark = pytest.mark.usefixtures("disarmed_after")
 
 
 def _cu(examples: list[list[int]]) -> torch.Tensor:

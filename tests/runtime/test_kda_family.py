@@ -12,7 +12,6 @@ import torch
 
 from kernelguard.errors import PackedWithoutBoundariesError
 from kernelguard.runtime.model_guard import guard
-from kernelguard.runtime.registry import REGISTRY
 
 pytest.importorskip("transformers.models.kimi_linear", reason="this transformers has no Kimi delta attention")
 
@@ -21,10 +20,7 @@ LEAK = ("recurrent and conv state would carry from each example into the next. T
         "slow, and nothing else raises.")
 
 
-@pytest.fixture(autouse=True)
-def _clean() -> Any:
-    yield
-    REGISTRY.reset()
+pytestmark = pytest.mark.usefixtures("disarmed_after")
 
 
 def _flattened() -> dict[str, Any]:

@@ -19,17 +19,13 @@ import torch
 
 from kernelguard.errors import PackedWithoutBoundariesError
 from kernelguard.runtime.model_guard import guard
-from kernelguard.runtime.registry import REGISTRY
 
 LENGTHS = (11, 6)  # a row of two examples; with chunk 8 the first spans two chunks
 LEAK = ("recurrent and conv state would carry from each example into the next. The results are wrong, not only "
         "slow, and nothing else raises.")
 
 
-@pytest.fixture(autouse=True)
-def _clean() -> Any:
-    yield
-    REGISTRY.reset()
+pytestmark = pytest.mark.usefixtures("disarmed_after")
 
 
 def _row() -> tuple[torch.Tensor, dict[str, Any]]:

@@ -15,15 +15,11 @@ import torch
 
 from kernelguard.errors import PackedWithoutBoundariesError
 from kernelguard.runtime.model_guard import guard
-from kernelguard.runtime.registry import REGISTRY
 
 BOUNDARIES = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
-@pytest.fixture(autouse=True)
-def _clean() -> Any:
-    yield
-    REGISTRY.reset()
+pytestmark = pytest.mark.usefixtures("disarmed_after")
 
 
 def _row(*lengths: int) -> dict[str, Any]:

@@ -10,16 +10,12 @@ import pytest
 import torch
 
 from kernelguard.runtime import equivalence
-from kernelguard.runtime.registry import REGISTRY
 from kernelguard.runtime.segments import read_segments
 
 LENGTHS = (7, 9, 6)
 
 
-@pytest.fixture(autouse=True)
-def _clean() -> Any:
-    yield
-    REGISTRY.reset()
+pytestmark = pytest.mark.usefixtures("disarmed_after")
 
 
 def _row(*, cu: bool = True, seq: bool = True, positions: bool = True, mask: bool = False,

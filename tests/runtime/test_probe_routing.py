@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from kernelguard.runtime import equivalence
-from kernelguard.runtime.registry import REGISTRY
 from kernelguard.runtime.segments import read_segments
 
 LENGTHS = (7, 9, 6)
@@ -22,10 +21,7 @@ TOKEN = 10  # in the second example (tokens 7-15)
 LAYER = 1
 
 
-@pytest.fixture(autouse=True)
-def _clean() -> Any:
-    yield
-    REGISTRY.reset()
+pytestmark = pytest.mark.usefixtures("disarmed_after")
 
 
 def _row(*, boundaries: bool = True) -> dict[str, Any]:
